@@ -1,0 +1,1 @@
+"""Lightning callbacks the training recipes need beyond Lightning's own."""

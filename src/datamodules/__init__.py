@@ -1,0 +1,1 @@
+"""LightningDataModules, one per dataset. Nothing here imports models or tasks."""

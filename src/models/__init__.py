@@ -1,0 +1,1 @@
+"""Networks: the papers' architectures and generic wrappers around timm and torchvision."""

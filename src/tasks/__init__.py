@@ -1,0 +1,1 @@
+"""LightningModules: each wraps a network for one task and owns its loss, metrics and optimisation."""

@@ -1,0 +1,1 @@
+"""Helpers shared by the entry points: complexity counting and checkpoint I/O."""
