@@ -1,0 +1,60 @@
+"""Parameters and MACs of a network: ``python complexity.py model=... [data=...] [model.x=...]``.
+
+Builds the network exactly as training does (the data config only supplies the input shape and
+number of classes; no data is read), counts one forward pass with ``src.utils.complexity`` and
+prints a table, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from src.utils.complexity import measure
+from train import build_task
+
+
+def report(cfg: DictConfig) -> dict:
+    """Count the configured network; returns the JSON-ready result."""
+    datamodule, task = build_task(cfg)
+    example = datamodule.example_input(cfg.batch_size)
+    complexity = measure(task.net, example)
+    per_sample = max(cfg.batch_size, 1)
+    result = {
+        **complexity.as_dict(),
+        "macs": complexity.macs // per_sample,
+        "macs_conv": complexity.macs_conv // per_sample,
+        "macs_by_op": {op: macs // per_sample for op, macs in complexity.macs_by_op.items()},
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "data": cfg.data._target_.rsplit(".", 1)[-1],
+    }
+    return result
+
+
+def table(result: dict) -> str:
+    """A fixed-width table of the counts (MACs per sample)."""
+    rows = [
+        ("network", str(result["model"].get("name") or result["model"]["_target_"])),
+        ("data", result["data"]),
+        ("input shape", "x".join(map(str, result["input_shape"]))),
+        ("parameters", f"{result['params']:,} ({result['params'] / 1e6:.3f} M)"),
+        ("trainable", f"{result['trainable_params']:,}"),
+        ("MACs", f"{result['macs']:,} ({result['macs'] / 1e6:.2f} M)"),
+        ("MACs, conv only", f"{result['macs_conv']:,} ({result['macs_conv'] / 1e6:.2f} M)"),
+    ]
+    rows += [(f"  MACs in {op}", f"{macs:,}") for op, macs in sorted(result["macs_by_op"].items())]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="complexity")
+def main(cfg: DictConfig) -> None:
+    result = report(cfg)
+    sys.stdout.write(table(result) + "\n" + json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
