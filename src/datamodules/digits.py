@@ -147,7 +147,9 @@ class DigitsDataModule(L.LightningDataModule):
             batch_size=self.batch_size,
             shuffle=shuffle,
             num_workers=workers,
-            persistent_workers=workers > 0,
+            # fresh workers each epoch draw their seeds from the (checkpointed) main RNG,
+            # which keeps augmentation identical when a run is resumed
+            persistent_workers=False,
             drop_last=False,
         )
 

@@ -124,13 +124,15 @@ class ImageFolderDataModule(L.LightningDataModule):
         splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(
             stage or "", ["train", "val"] + (["test"] if self.has_test else [])
         )
-        for split in splits:
-            if split in self.splits:
-                continue
-            dataset = ImageFolder(str(check_split_dir(self.root, split)), self._transform(split == "train"))
+        folders = {split: check_split_dir(self.root, split) for split in splits if split not in self.splits}
+        for split, folder in folders.items():
+            try:
+                dataset = ImageFolder(str(folder), self._transform(split == "train"))
+            except FileNotFoundError as error:  # class folders without images
+                raise DatasetLayoutError(f"{error}\n{LAYOUT.format(root=self.root)}") from error
             if len(dataset.classes) != self.num_classes:
                 raise DatasetLayoutError(
-                    f"{self.root / split} has {len(dataset.classes)} class folders but "
+                    f"{folder} has {len(dataset.classes)} class folders but "
                     f"data.num_classes={self.num_classes}\n{LAYOUT.format(root=self.root)}"
                 )
             self.splits[split] = dataset
@@ -141,7 +143,9 @@ class ImageFolderDataModule(L.LightningDataModule):
             batch_size=self.batch_size,
             shuffle=shuffle,
             num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            # fresh workers each epoch draw their seeds from the (checkpointed) main RNG,
+            # which keeps augmentation identical when a run is resumed
+            persistent_workers=False,
             pin_memory=True,
             drop_last=shuffle,
         )

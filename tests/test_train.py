@@ -1,0 +1,134 @@
+"""The training entry point end to end: smoke run, exact resume, failure modes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from src.callbacks.finite_loss import NonFiniteLossError
+from src.datamodules.image_folder import DatasetLayoutError
+from train import train
+
+# a short real run: 3 epochs of 4 batches, full validation
+SHORT = [
+    "trainer.max_epochs=3",
+    "trainer.limit_train_batches=4",
+    "trainer.num_sanity_val_steps=2",
+    "data.batch_size=32",
+    "logger=csv",
+]
+
+
+def test_default_job_fast_dev_run(make_cfg) -> None:
+    cfg = make_cfg("debug=fdr")
+    summary = train(cfg)
+    written = json.loads((Path(cfg.paths.output_dir) / "metrics.json").read_text())
+    assert written == json.loads(json.dumps(summary))
+    assert written["params"] == 4_927_186  # timm resnet10t, 10 classes, 1 input channel
+    assert written["macs"] == 22_277_120  # 32x32 input
+    for key in ["test/acc", "test/loss", "val/acc", "val/loss"]:
+        assert 0.0 <= written["metrics"][key] < 10.0
+    assert written["wall_time_s"] > 0
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    return checkpoint["state_dict"]
+
+
+def test_resume_matches_uninterrupted_run(make_cfg) -> None:
+    """Resuming from the epoch-2 checkpoint ends with exactly the uninterrupted run's weights.
+
+    The EMA experiment is used so that the averaged weights' state is carried too, and one
+    data-loading worker so that augmentation seeds in worker processes are covered.
+    """
+    every_epoch = ["callbacks.model_checkpoint.save_top_k=-1", "experiment=digits_ema", "data.num_workers=1"]
+    full = make_cfg(*SHORT, *every_epoch, subdir="full")
+    train(full)
+    full_dir = Path(full.paths.output_dir)
+    mid = full_dir / "checkpoints" / "epoch001.ckpt"
+    assert torch.load(mid, weights_only=True)["epoch"] == 1
+
+    resumed = make_cfg(*SHORT, *every_epoch, f"ckpt_path={mid}", subdir="resumed")
+    train(resumed)
+    reference, result = final_weights(full_dir), final_weights(Path(resumed.paths.output_dir))
+    assert reference.keys() == result.keys()
+    for name in reference:
+        assert torch.equal(reference[name], result[name]), name
+    full_ema = torch.load(full_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
+    resumed_ema = torch.load(Path(resumed.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
+    ema_key = next(k for k in full_ema if "EMAWeightAveraging" in k)
+    assert ema_key in resumed_ema
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(make_cfg) -> None:
+    cfg = make_cfg(*SHORT)
+    with open_dict(cfg):
+        # the loss becomes NaN on the 6th training step, in the second epoch
+        cfg.model = {
+            "_target_": "tests.helpers.DivergingNet",
+            "num_classes": 10,
+            "in_chans": 1,
+            "image_size": cfg.data.image_size,
+            "diverge_at": 6,
+        }
+    with pytest.raises(NonFiniteLossError) as error:
+        train(cfg)
+    message = str(error.value)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert "global step 5" in message and str(last) in message
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["global_step"] == 4  # the end of the first epoch, before the bad step
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values())
+
+
+def test_missing_dataset_root_names_path_and_layout(make_cfg, tmp_path) -> None:
+    missing = tmp_path / "no_imagenet_here"
+    cfg = make_cfg("data=imagenet", "model=torchvision", f"data.root={missing}", "debug=fdr")
+    with pytest.raises(DatasetLayoutError) as error:
+        train(cfg)
+    message = str(error.value)
+    assert str(missing) in message and "train/<class_name>/" in message and "val/<class_name>/" in message
+
+
+def test_malformed_dataset_root_names_missing_split(make_cfg, tmp_path) -> None:
+    root = tmp_path / "half_imagenet"
+    (root / "train" / "n01440764").mkdir(parents=True)
+    cfg = make_cfg("data=imagenet", "model=torchvision", f"data.root={root}", "debug=fdr")
+    with pytest.raises(DatasetLayoutError, match="has no 'val/' folder"):
+        train(cfg)
+
+
+def test_image_folder_dataset_trains(make_cfg, tmp_path) -> None:
+    """A generated class-folder dataset (2 classes, PNG files) runs through data=image_folder."""
+    from PIL import Image
+
+    root = tmp_path / "shapes"
+    generator = torch.Generator().manual_seed(0)
+    for split, count in [("train", 6), ("val", 4), ("test", 4)]:
+        for label in ["dark", "light"]:
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                base = 40 if label == "dark" else 200
+                pixels = (base + torch.randint(0, 30, (40, 48, 3), generator=generator)).to(torch.uint8)
+                Image.fromarray(pixels.numpy()).save(folder / f"{i}.png")
+    cfg = make_cfg(
+        "data=image_folder",
+        f"data.root={root}",
+        "data.num_classes=2",
+        "data.crop_size=32",
+        "data.resize_size=36",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "model=torchvision",
+        "model.name=shufflenet_v2_x0_5",
+        "debug=fdr",
+    )
+    summary = train(cfg)
+    assert summary["input_shape"] == [1, 3, 32, 32]
+    assert 0.0 <= summary["metrics"]["test/acc"] <= 1.0 and "test/loss" in summary["metrics"]
