@@ -1,0 +1,48 @@
+"""The default job under DDP on two CPU processes (gloo): metrics are synchronised.
+
+Each process sees half of the validation and test images. If the torchmetrics states were not
+reduced across processes, rank 0 would report the accuracy of its half only; the test requires
+the DDP numbers to equal a single-process evaluation of the same checkpoint on all images.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+QUIET = ["logger=csv", "data.num_workers=0"]
+
+
+def run(script: str, log_dir: Path, *overrides: str) -> dict:
+    """Run an entry point in a fresh process; return the metrics.json of its run."""
+    command = [sys.executable, script, f"paths.log_dir={log_dir}", *QUIET, *overrides]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (metrics,) = log_dir.glob("*/runs/*/metrics.json")
+    return json.loads(metrics.read_text())
+
+
+@pytest.mark.slow
+def test_ddp_cpu_metrics_equal_single_process(tmp_path) -> None:
+    ddp = run(
+        "train.py",
+        tmp_path / "ddp",
+        "trainer=ddp_cpu",
+        "callbacks.progress_bar=null",
+        "trainer.max_epochs=3",
+    )
+    best = ddp["best_checkpoint"]
+    assert best and Path(best).is_file()
+    val = run("eval.py", tmp_path / "val", f"ckpt_path={best}", "split=val")["metrics"]
+    test = run("eval.py", tmp_path / "test", f"ckpt_path={best}", "split=test")["metrics"]
+
+    assert ddp["metrics"]["best_val/acc"] == pytest.approx(val["val/acc"], abs=1e-6)
+    assert ddp["metrics"]["test/acc"] == pytest.approx(test["test/acc"], abs=1e-6)
+    assert ddp["metrics"]["test/loss"] == pytest.approx(test["test/loss"], rel=1e-5)
+    assert 0.5 < test["test/acc"] < 1.0  # a model that has learnt something, not one class
