@@ -132,3 +132,17 @@ def test_image_folder_dataset_trains(make_cfg, tmp_path) -> None:
     summary = train(cfg)
     assert summary["input_shape"] == [1, 3, 32, 32]
     assert 0.0 <= summary["metrics"]["test/acc"] <= 1.0 and "test/loss" in summary["metrics"]
+
+
+def test_all_loggers_write_offline(make_cfg, monkeypatch) -> None:
+    """CSV, TensorBoard and W&B (offline, no account) together on a short run."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = make_cfg("logger=[csv,tensorboard,wandb]", "debug=limit", "trainer.max_epochs=1", "data.num_workers=0")
+    train(cfg)
+    out = Path(cfg.paths.output_dir)
+    (csv,) = out.glob("csv/version_*/metrics.csv")
+    header = csv.read_text().splitlines()[0].split(",")
+    assert {"val/acc", "train/loss_step", "lr-SGD"} <= set(header)
+    assert list(out.glob("tensorboard/version_*/events.out.tfevents.*"))
+    assert list(out.glob("wandb/offline-run-*/run-*.wandb"))

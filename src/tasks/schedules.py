@@ -17,7 +17,8 @@ def warmup_cosine(
     warmup_steps: int = 0,
     eta_min: float = 0.0,
 ) -> LRScheduler:
-    """Linear warm-up from ~0 over ``warmup_steps``, then cosine decay to ``eta_min``.
+    """Linear warm-up from ``lr / warmup_steps`` to ``lr`` over ``warmup_steps``, then cosine
+    decay to ``eta_min`` over the remaining steps.
 
     A run shorter than the warm-up (a debug run) gets a warm-up of ``total_steps - 1`` steps.
     """

@@ -1,0 +1,23 @@
+"""``python train.py`` with no arguments: the embedded default reaches 95% digits test accuracy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.slow
+def test_default_job_reaches_95_percent(tmp_path) -> None:
+    command = [sys.executable, "train.py", f"paths.log_dir={tmp_path}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("train/runs/*/metrics.json")
+    summary = json.loads(path.read_text())
+    assert summary["metrics"]["test/acc"] >= 0.95
+    assert summary["metrics"]["best_val/acc"] >= 0.95
+    assert str(path.parent) in done.stdout  # the run directory is printed at the end
