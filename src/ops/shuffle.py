@@ -1,0 +1,32 @@
+"""Feature (channel) shuffle: interleave the outputs of g groups so the next grouped layer mixes them.
+
+ShuffleNet's channel shuffle and DeLighT's feature shuffle are the same permutation on different
+axes: view the axis as (g, n/g), transpose to (n/g, g), flatten. Output index ``j * g + i`` holds
+input index ``i * (n / g) + j`` (group i, unit j).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def feature_shuffle(x: Tensor, groups: int, dim: int = -1) -> Tensor:
+    """Shuffle the ``dim`` axis of ``x`` across ``groups`` groups.
+
+    Shape:
+        any shape; ``x.shape[dim]`` must be divisible by ``groups``. The output has the same shape.
+    """
+    dim = dim % x.dim()
+    size = x.shape[dim]
+    if groups < 1 or size % groups:
+        raise ValueError(f"cannot shuffle {size} features into {groups} groups")
+    if groups == 1:
+        return x
+    # (..., n, ...) -> (..., g, n/g, ...) -> (..., n/g, g, ...) -> (..., n, ...)
+    grouped = x.unflatten(dim, (groups, size // groups))
+    return grouped.transpose(dim, dim + 1).flatten(dim, dim + 1)
+
+
+def channel_shuffle(x: Tensor, groups: int) -> Tensor:
+    """ShuffleNet channel shuffle of a (B, C, H, W) feature map: :func:`feature_shuffle` on dim 1."""
+    return feature_shuffle(x, groups, dim=1)
