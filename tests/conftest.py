@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -16,6 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 # the entry points (train.py, eval.py, complexity.py) live at the root
 sys.path.insert(0, str(ROOT))
+# Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors. The variable is read
+# when a kernel is defined, so it is set before any test module imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def compose_config(

@@ -1,0 +1,119 @@
+"""Speed of every op against a step-by-step PyTorch implementation of what the paper describes.
+
+Each family module in ``benchmarks/op_cases/`` lists its cases at the paper models' shapes. For
+every case and pass (forward; forward+backward) the two implementations run in the same process,
+interleaved, and the median of ``--repeats`` runs is reported. Prints a table, then one JSON line
+per op and pass: ``{"op", "pass", "shape", "ours_ms", "baseline_ms", "speedup"}`` (plus GFLOP/s
+against a dense GEMM of equal FLOPs where a case defines one).
+
+    python benchmarks/ops.py [--device cpu|cuda] [--threads 2] [--repeats 21] [--only delight]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import op_cases  # noqa: E402
+from benchmarks.op_cases import OpCase  # noqa: E402
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def one_run(fn: Callable[[], torch.Tensor], backward: bool, device: torch.device) -> float:
+    """Milliseconds of one forward (no grad) or forward+backward call."""
+    synchronize(device)
+    start = time.perf_counter()
+    if backward:
+        out = fn()
+        out.backward(torch.ones_like(out))
+    else:
+        with torch.no_grad():
+            fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def time_interleaved(fns: dict[str, Callable], backward: bool, repeats: int, device: torch.device) -> dict[str, float]:
+    """Median milliseconds of each function, run round-robin so drift affects all alike."""
+    for fn in fns.values():  # warm-up (allocations, kernel compilation)
+        for _ in range(3):
+            one_run(fn, backward, device)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            samples[name].append(one_run(fn, backward, device))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def load_cases(device: torch.device, only: list[str] | None) -> list[OpCase]:
+    cases = []
+    for module in pkgutil.iter_modules(op_cases.__path__):
+        if only and module.name not in only:
+            continue
+        cases += importlib.import_module(f"benchmarks.op_cases.{module.name}").cases(device)
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (CPU)")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--only", nargs="*", help="family modules to run, e.g. delight dice")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    rows = []
+    for case in load_cases(device, args.only):
+        for backward in (False, True):
+            fns = {"ours": case.ours, "baseline": case.baseline}
+            if case.dense is not None:
+                fns["dense"] = case.dense
+            ms = time_interleaved(fns, backward, args.repeats, device)
+            row = {
+                "op": case.op,
+                "pass": "fwd+bwd" if backward else "fwd",
+                "shape": case.shape,
+                "device": device.type,
+                "ours_ms": round(ms["ours"], 3),
+                "baseline_ms": round(ms["baseline"], 3),
+                "speedup": round(ms["baseline"] / ms["ours"], 3),
+            }
+            if case.flops is not None:
+                flops = case.flops * (3 if backward else 1)  # backward: two GEMMs per forward GEMM
+                row["ours_gflops"] = round(flops / ms["ours"] / 1e6, 2)
+                if "dense" in ms:
+                    row["dense_gflops"] = round(flops / ms["dense"] / 1e6, 2)
+                    row["fraction_of_dense"] = round(ms["dense"] / ms["ours"], 3)
+            rows.append(row)
+
+    header = f"{'op':<34}{'pass':<9}{'shape':<40}{'ours ms':>10}{'base ms':>10}{'speedup':>9}{'of dense':>10}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        dense = f"{row['fraction_of_dense']:.2f}" if "fraction_of_dense" in row else ""
+        print(
+            f"{row['op']:<34}{row['pass']:<9}{row['shape']:<40}{row['ours_ms']:>10.3f}"
+            f"{row['baseline_ms']:>10.3f}{row['speedup']:>9.2f}{dense:>10}"
+        )
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
