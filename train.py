@@ -92,8 +92,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> float | None:
     summary = train(cfg)
     # the monitored value, for Hydra sweepers that optimise it
-    monitor = cfg.get("callbacks", {}).get("model_checkpoint", {}).get("monitor")
-    return summary["metrics"].get(f"best_{monitor}")
+    checkpoint = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
+    return summary["metrics"].get(f"best_{checkpoint.get('monitor')}")
 
 
 if __name__ == "__main__":
