@@ -1,0 +1,165 @@
+"""Transformer-XL relative positional attention (Dai et al., 2019, Sec. 3.3), shared by its users.
+
+The score between query i and key j is
+
+    A_ij = (q_i + u) . k_j  +  (q_i + v) . r_{i-j}          (terms (a)+(c) and (b)+(d) of Eq. 3)
+
+with two learned biases u = ``r_w_bias``, v = ``r_r_bias`` and a key r_{i-j} for the relative
+distance. The distance keys are computed once for distances ``klen-1 ... 0`` and the second term is
+realigned with :func:`rel_shift`. Queries are the ``qlen`` current positions, keys the ``mlen``
+memory positions followed by the current ones; query i may see key j iff ``j <= mlen + i``.
+
+Layouts are batch-first: queries (B, H, T, d_head), keys (B, H, K, d_head), scores (B, H, T, K).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def relative_sinusoid(
+    klen: int,
+    d_model: int,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+) -> Tensor:
+    """Sinusoids of the distances ``klen-1, ..., 0`` (row i encodes distance ``klen-1-i``).
+
+    Row i is ``cat(sin(t * f), cos(t * f))`` (concatenated halves, not interleaved) with
+    ``f_k = 10000^(-2k / d_model)``, as in Transformer-XL's ``PositionalEmbedding``.
+
+    Shape:
+        (klen, d_model)
+    """
+    if d_model % 2:
+        raise ValueError(f"d_model must be even for sin/cos halves, got {d_model}")
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0, device=device) / d_model))
+    distance = torch.arange(klen - 1, -1, -1.0, device=device)
+    angle = torch.outer(distance, inv_freq)  # (klen, d_model / 2)
+    return torch.cat([angle.sin(), angle.cos()], dim=-1).to(dtype or torch.get_default_dtype())
+
+
+class RelativePositionTable(nn.Module):
+    """A learnable table of relative-position vectors, initialised to :func:`relative_sinusoid`.
+
+    Group-Transformer learns its positional vectors (``pos_emb.pos_enc``, one row per distance
+    ``max_len-1 ... 0``); a segment with ``klen`` keys reads the last ``klen`` rows. ``max_len`` is
+    the longest attention span (target plus memory length) the table can serve.
+
+    Args:
+        max_len: number of distances, ``tgt_len + mem_len`` in the paper's setting.
+        d_model: width of each vector.
+
+    Shape:
+        forward(klen) -> (klen, d_model), distances ``klen-1 ... 0``
+    """
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        if max_len < 1:
+            raise ValueError(f"max_len must be positive, got {max_len}")
+        self.max_len = max_len
+        self.d_model = d_model
+        self.table = nn.Parameter(torch.empty(max_len, d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.table.copy_(relative_sinusoid(self.max_len, self.d_model))
+
+    def forward(self, klen: int) -> Tensor:
+        if not 1 <= klen <= self.max_len:
+            raise ValueError(f"klen must be in [1, {self.max_len}] (the table size), got {klen}")
+        return self.table[self.max_len - klen :]
+
+    def extra_repr(self) -> str:
+        return f"max_len={self.max_len}, d_model={self.d_model}"
+
+
+def rel_shift(x: Tensor) -> Tensor:
+    """Realign scores against distance keys: ``out[..., i, j] = x[..., i, j + T - 1 - i]``.
+
+    ``x[..., i, c]`` scores query i against the distance key in column c (distance ``K-1-c``);
+    the output holds, in column j, the score for the distance ``K - T + i - j`` between query i
+    and key j. Entries with ``j > K - T + i`` (future keys, always masked) hold other rows'
+    values, as in Transformer-XL's zero-pad-and-reshape trick that this reproduces exactly.
+
+    Shape:
+        (..., T, K) -> (..., T, K), K >= T
+    """
+    *lead, qlen, klen = x.shape
+    if klen < qlen:
+        raise ValueError(f"rel_shift needs klen >= qlen, got qlen={qlen}, klen={klen}")
+    padded = F.pad(x, (1, 0))  # (..., T, K+1)
+    # reading the padded rows with row length T skips one extra element per row
+    shifted = padded.view(*lead, klen + 1, qlen)[..., 1:, :]  # (..., K, T)
+    return shifted.reshape(*lead, qlen, klen)
+
+
+def causal_memory_mask(qlen: int, mlen: int, *, device: torch.device | None = None) -> Tensor:
+    """``mask[i, j] = j > mlen + i``: True where query i must not see key j.
+
+    Shape:
+        (qlen, mlen + qlen), bool
+    """
+    query = torch.arange(qlen, device=device).unsqueeze(1)  # (T, 1)
+    return torch.arange(mlen + qlen, device=device) > query + mlen
+
+
+def relative_attention_scores(
+    q: Tensor, k: Tensor, rk: Tensor, r_w_bias: Tensor, r_r_bias: Tensor
+) -> Tensor:
+    """Unscaled relative attention scores ``(q + r_w_bias) k^T + rel_shift((q + r_r_bias) rk^T)``.
+
+    Args:
+        q: queries of the current positions.
+        k: content keys of the memory and current positions.
+        rk: distance keys for distances ``K-1 ... 0``.
+        r_w_bias: u, the content bias per head.
+        r_r_bias: v, the position bias per head.
+
+    Shape:
+        q (B, H, T, d_head), k (B, H, K, d_head), rk (H, K, d_head), biases (H, d_head)
+        -> (B, H, T, K)
+    """
+    content = torch.matmul(q + r_w_bias.unsqueeze(-2), k.transpose(-1, -2))  # (B, H, T, K)
+    position = torch.matmul(q + r_r_bias.unsqueeze(-2), rk.transpose(-1, -2))  # (B, H, T, K)
+    return content + rel_shift(position)
+
+
+def relative_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rk: Tensor,
+    r_w_bias: Tensor,
+    r_r_bias: Tensor,
+    *,
+    mask: Tensor | None,
+    dropatt: float = 0.0,
+    training: bool = False,
+) -> Tensor:
+    """Softmax attention over :func:`relative_attention_scores` scaled by ``1/sqrt(d_head)``.
+
+    Args:
+        q, k, rk, r_w_bias, r_r_bias: as in :func:`relative_attention_scores`.
+        v: values of the memory and current positions.
+        mask: True where a query must not see a key (e.g. :func:`causal_memory_mask`), or None.
+        dropatt: dropout probability on the attention probabilities.
+        training: apply ``dropatt``.
+
+    Shape:
+        q (B, H, T, d_head), k and v (B, H, K, d_head), rk (H, K, d_head), biases (H, d_head),
+        mask broadcastable to (B, H, T, K) -> (B, H, T, d_head)
+    """
+    scores = relative_attention_scores(q, k, rk, r_w_bias, r_r_bias)
+    scores = scores.mul_(1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        scores = scores.masked_fill_(mask, float("-inf"))
+    prob = F.dropout(torch.softmax(scores, dim=-1), p=dropatt, training=training)
+    return torch.matmul(prob, v)
