@@ -1,0 +1,263 @@
+"""Official EdgeNets (DiCENet, ESPNetv2) layer state dicts -> this project's ops.
+
+Each ``*_key_map(official, ours, ...)`` returns an explicit map from official keys to ours (plus a
+tensor transform where the layouts differ). ``official`` and ``ours`` are key prefixes, ``""`` or
+ending in ``"."`` (``"level3.0."``), so a network-level converter composes the layer maps under its
+own prefixes. ``*_from_official(state_dict, config)`` builds one op from the
+official constructor arguments (``config``, the official argument names) and loads the converted
+weights; :func:`from_official` dispatches on ``config["layer"]``, the official class path.
+
+Layout differences:
+
+- DiCE: the official layer applies BN + PReLU to the concatenation [channel, height, width] and
+  shuffles afterwards; our DimConv interleaves first, so those 3C parameters are permuted
+  (ours[3c + b] = official[b C + c]) unless ``shuffle`` is off.
+- DiCE ``dilation`` is (channel, width, height) in the official constructor (the order of its
+  ``conv_channel``, ``conv_width``, ``conv_height``) and (channel, height, width) here. Every
+  released model uses (1, 1, 1), so this order is not exercised by the fixtures.
+- ESPNetv2 names CBR parts ``conv``/``bn``/``act``; DiCENet uses ``cbr.0/1/2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from torch import Tensor, nn
+
+from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
+from src.ops.eesp import EESP, EESPDownsampler
+
+Transform = Callable[[Tensor], Tensor]
+KeyMap = dict[str, tuple[str, Transform | None]]
+
+BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def _weight(official: str, ours: str) -> KeyMap:
+    return {f"{official}weight": (f"{ours}weight", None)}
+
+
+def _prelu(official: str, ours: str, transform: Transform | None = None) -> KeyMap:
+    return {f"{official}weight": (f"{ours}weight", transform)}
+
+
+def _bn(official: str, ours: str, transform: Transform | None = None) -> KeyMap:
+    return {
+        f"{official}{key}": (f"{ours}{key}", None if key == "num_batches_tracked" else transform)
+        for key in BN_KEYS
+    }
+
+
+def _cbr(official: str, ours: str, *, names: tuple[str, ...], first: int = 0) -> KeyMap:
+    """conv (+ BN (+ PReLU)) ``official<names[i]>`` -> ``ours<first + i>`` (nn.Sequential)."""
+    parts = (_weight, _bn, _prelu)[: len(names)]
+    key_map: KeyMap = {}
+    for i, (part, name) in enumerate(zip(parts, names)):
+        key_map |= part(f"{official}{name}.", f"{ours}{first + i}.")
+    return key_map
+
+
+def _dicenet_cbr(official: str, ours: str, first: int = 0) -> KeyMap:
+    return _cbr(f"{official}cbr.", ours, names=("0", "1", "2"), first=first)
+
+
+def _espnet_cbr(official: str, ours: str, first: int = 0) -> KeyMap:
+    return _cbr(official, ours, names=("conv", "bn", "act"), first=first)
+
+
+def _espnet_cb(official: str, ours: str, first: int = 0) -> KeyMap:
+    return _cbr(official, ours, names=("conv", "bn"), first=first)
+
+
+def concat_to_interleaved(channels: int) -> Transform:
+    """Reorder per-channel parameters from [branch][channel] to [channel][branch] order."""
+
+    def transform(t: Tensor) -> Tensor:
+        return t.unflatten(0, (3, channels)).transpose(0, 1).flatten()  # (3C,) -> (3, C) -> (C, 3)
+
+    return transform
+
+
+def dice_key_map(official: str, ours: str, *, channels: int, shuffle: bool) -> KeyMap:
+    """Official ``DICE`` at ``official`` -> :class:`DiCE` at ``ours``."""
+    order = concat_to_interleaved(channels) if shuffle else None
+    return (
+        {
+            f"{official}conv_channel.weight": (f"{ours}dim_conv.weight_channel", None),
+            f"{official}conv_height.weight": (f"{ours}dim_conv.weight_height", None),
+            f"{official}conv_width.weight": (f"{ours}dim_conv.weight_width", None),
+        }
+        | _bn(f"{official}br_act.br.0.", f"{ours}dim_fuse.norm.", order)
+        | _prelu(f"{official}br_act.br.1.", f"{ours}dim_fuse.act.", order)
+        | _dicenet_cbr(f"{official}weight_avg_layer.", f"{ours}dim_fuse.local.")
+        | _dicenet_cbr(f"{official}proj_layer.", f"{ours}dim_fuse.spatial.")
+        | _weight(f"{official}linear_comb_layer.1.", f"{ours}dim_fuse.gate.1.")
+        | _weight(f"{official}linear_comb_layer.3.", f"{ours}dim_fuse.gate.3.")
+    )
+
+
+def strided_dice_key_map(official: str, ours: str, *, channels: int, shuffle: bool) -> KeyMap:
+    """Official ``StridedDICE`` -> :class:`StridedDiCE`."""
+    return (
+        _dicenet_cbr(f"{official}left_layer.0.", f"{ours}left.")
+        | _dicenet_cbr(f"{official}left_layer.1.", f"{ours}left.", first=3)
+        | dice_key_map(
+            f"{official}right_layer.1.", f"{ours}dice.", channels=channels, shuffle=shuffle
+        )
+        | _dicenet_cbr(f"{official}right_layer.2.", f"{ours}right.")
+    )
+
+
+def dice_shuffle_unit_key_map(official: str, ours: str, *, dice_channels: int) -> KeyMap:
+    """Official ``ShuffleDICEBlock`` -> :class:`DiCEShuffleUnit`."""
+    return _dicenet_cbr(f"{official}layer_right.0.", f"{ours}reduce.") | dice_key_map(
+        f"{official}layer_right.1.", f"{ours}dice.", channels=dice_channels, shuffle=True
+    )
+
+
+def eesp_key_map(official: str, ours: str, *, branches: int) -> KeyMap:
+    """Official ``EESP`` -> :class:`EESP`."""
+    key_map = _espnet_cbr(f"{official}proj_1x1.", f"{ours}reduce.")
+    for i in range(branches):
+        key_map |= _weight(f"{official}spp_dw.{i}.conv.", f"{ours}transform.{i}.")
+    return (
+        key_map
+        | _bn(f"{official}br_after_cat.bn.", f"{ours}fuse_norm.")
+        | _prelu(f"{official}br_after_cat.act.", f"{ours}fuse_act.")
+        | _espnet_cb(f"{official}conv_1x1_exp.", f"{ours}merge.")
+        | _prelu(f"{official}module_act.", f"{ours}act.")
+    )
+
+
+def eesp_downsampler_key_map(
+    official: str, ours: str, *, branches: int, image_shortcut: bool
+) -> KeyMap:
+    """Official ``DownSampler`` -> :class:`EESPDownsampler`."""
+    key_map = eesp_key_map(f"{official}eesp.", f"{ours}eesp.", branches=branches)
+    if image_shortcut:
+        key_map |= _espnet_cbr(f"{official}inp_reinf.0.", f"{ours}image_shortcut.")
+        key_map |= _espnet_cb(f"{official}inp_reinf.1.", f"{ours}image_shortcut.", first=3)
+    return key_map | _prelu(f"{official}act.", f"{ours}act.")
+
+
+def convert(state_dict: Mapping[str, Tensor], key_map: KeyMap) -> dict[str, Tensor]:
+    """Rename (and transform) every official tensor; KeyError listing any key either side lacks."""
+    missing = [key for key in key_map if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in key_map]
+    if missing or unexpected:
+        raise KeyError(
+            f"official state dict does not match: missing {missing}, unexpected {unexpected}"
+        )
+    return {
+        ours: state_dict[official] if transform is None else transform(state_dict[official])
+        for official, (ours, transform) in key_map.items()
+    }
+
+
+def _load(module: nn.Module, state_dict: Mapping[str, Tensor], key_map: KeyMap) -> nn.Module:
+    # strict: our side must be covered exactly too (shape mismatches raise as well)
+    module.load_state_dict(convert(state_dict, key_map), strict=True)
+    return module
+
+
+def _dice_dilation(config: Mapping) -> tuple[int, int, int]:
+    d_channel, d_width, d_height = config.get("dilation", (1, 1, 1))  # official order
+    return (d_channel, d_height, d_width)
+
+
+def dice_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> DiCE:
+    """Official ``nn_layers.dice.DICE``: channel_in, channel_out, height, width, kernel_size,
+    dilation, shuffle."""
+    channels, shuffle = config["channel_in"], config.get("shuffle", True)
+    module = DiCE(
+        channels,
+        config["channel_out"],
+        config["height"],
+        config["width"],
+        kernel_size=config.get("kernel_size", 3),
+        dilation=_dice_dilation(config),
+        shuffle=shuffle,
+    )
+    return _load(module, state_dict, dice_key_map("", "", channels=channels, shuffle=shuffle))
+
+
+def strided_dice_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> StridedDiCE:
+    """``nn_layers.dice.StridedDICE(channel_in, height, width, kernel_size, dilation, shuffle)``."""
+    channels, shuffle = config["channel_in"], config.get("shuffle", True)
+    module = StridedDiCE(
+        channels,
+        config["height"],
+        config["width"],
+        kernel_size=config.get("kernel_size", 3),
+        dilation=_dice_dilation(config),
+        shuffle=shuffle,
+    )
+    return _load(
+        module, state_dict, strided_dice_key_map("", "", channels=channels, shuffle=shuffle)
+    )
+
+
+def dice_shuffle_unit_from_official(
+    state_dict: Mapping[str, Tensor], config: Mapping
+) -> DiCEShuffleUnit:
+    """Official ``model.classification.dicenet.ShuffleDICEBlock``: inplanes, outplanes, height,
+    width, c_tag, groups."""
+    module = DiCEShuffleUnit(
+        config["inplanes"],
+        config["outplanes"],
+        config["height"],
+        config["width"],
+        split_ratio=config.get("c_tag", 0.5),
+        groups=config.get("groups", 2),
+    )
+    dice_channels = module.out_channels - module.passed
+    return _load(module, state_dict, dice_shuffle_unit_key_map("", "", dice_channels=dice_channels))
+
+
+def eesp_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> EESP:
+    """``nn_layers.eesp.EESP(nIn, nOut, stride, k, r_lim, down_method)``."""
+    module = EESP(
+        config["nIn"],
+        config["nOut"],
+        stride=config.get("stride", 1),
+        branches=config["k"],
+        r_lim=config["r_lim"],
+        down_method=config.get("down_method", "esp"),
+    )
+    return _load(module, state_dict, eesp_key_map("", "", branches=len(module.transform)))
+
+
+def eesp_downsampler_from_official(
+    state_dict: Mapping[str, Tensor], config: Mapping
+) -> EESPDownsampler:
+    """Official ``nn_layers.eesp.DownSampler``: nin, nout, k, r_lim, reinf; the image has
+    ``config_inp_reinf`` channels."""
+    reinf = config.get("reinf", True)
+    module = EESPDownsampler(
+        config["nin"],
+        config["nout"],
+        branches=config["k"],
+        r_lim=config["r_lim"],
+        image_channels=config.get("config_inp_reinf", 3) if reinf else None,
+    )
+    key_map = eesp_downsampler_key_map(
+        "", "", branches=len(module.eesp.transform), image_shortcut=reinf
+    )
+    return _load(module, state_dict, key_map)
+
+
+LAYERS: Mapping[str, Callable[[Mapping[str, Tensor], Mapping], nn.Module]] = {
+    "nn_layers.dice.DICE": dice_from_official,
+    "nn_layers.dice.StridedDICE": strided_dice_from_official,
+    "model.classification.dicenet.ShuffleDICEBlock": dice_shuffle_unit_from_official,
+    "nn_layers.eesp.EESP": eesp_from_official,
+    "nn_layers.eesp.DownSampler": eesp_downsampler_from_official,
+}
+
+
+def from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> nn.Module:
+    """Build the op for the official class ``config["layer"]`` and load ``state_dict`` into it."""
+    layer = config.get("layer")
+    if layer not in LAYERS:
+        raise ValueError(f"unknown official layer {layer!r}; known: {sorted(LAYERS)}")
+    return LAYERS[layer](state_dict, config)

@@ -1,0 +1,276 @@
+"""ESPNetv2's EESP unit, its depth-wise dilated separable convolution, and the strided down-sampler.
+
+ESPNetv2 (Mehta et al., CVPR 2019, Sec. 3; thesis ch. 2), matching the official EdgeNets ``EESP``
+and ``DownSampler``:
+
+- :class:`DepthwiseDilatedSeparableConv` (Sec. 3.1): a depth-wise dilated k x k conv followed by a
+  point-wise 1x1 conv. EESP factorises it differently (point-wise first, shared by K depth-wise
+  branches), so EESP uses :func:`depthwise_dilated_conv` for its branches.
+- :class:`EESP` (Fig. 1c): reduce (grouped 1x1 CBR, K groups, C_in -> n = C_out / K), split and
+  transform (K depth-wise dilated 3x3 convs on the n channels, no BN, strided when stride = 2),
+  hierarchical feature fusion (cumulative sum in ascending dilation), concatenate, BN + PReLU,
+  merge (grouped 1x1 conv, K groups, + BN), then the residual (when shapes agree) and PReLU. The
+  strided unit with ``down_method="avg"`` returns after the merge, as inside the down-sampler.
+  Dilations: kernel sizes 3 + 2i (i < K), each above ``r_lim`` replaced by 3, sorted;
+  d = (k - 1) / 2.
+- :class:`EESPDownsampler` (Fig. 2.4 / Fig. 1d): [AvgPool(3, 2, 1)(x), EESP(C_in -> C_out - C_in,
+  stride 2)(x)] concatenated, plus the long-range shortcut to the input image: the image
+  average-pooled (3, 2, 1) from full size until it has the output's size, a 3x3 CBR and a 1x1 conv +
+  BN to C_out, added; then PReLU. The official loop compares heights only (it assumes square
+  inputs) and pools at least once; here both height and width are compared, an image already at
+  the output size is used as is, and an image that cannot reach the output size raises
+  ``ValueError`` (the official loop would not end).
+
+"CBR" is conv (no bias) + BN + PReLU (per channel); AvgPool counts the padding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+def depthwise_dilated_conv(
+    channels: int, *, kernel_size: int = 3, dilation: int = 1, stride: int = 1
+) -> nn.Conv2d:
+    """A depth-wise k x k conv with "same" padding ``dilation * (k - 1) / 2`` and no bias.
+
+    Shape:
+        (B, C, H, W) -> (B, C, ceil(H / stride), ceil(W / stride)) for odd k.
+    """
+    if kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd, got {kernel_size}")
+    padding = dilation * (kernel_size - 1) // 2
+    return nn.Conv2d(
+        channels,
+        channels,
+        kernel_size,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=channels,
+        bias=False,
+    )
+
+
+class DepthwiseDilatedSeparableConv(nn.Module):
+    """Depth-wise dilated k x k conv, then a (grouped) point-wise 1x1 conv; no norm, no bias.
+
+    Args:
+        in_channels: C_in.
+        out_channels: C_out.
+        kernel_size: k (odd).
+        dilation: d of the depth-wise conv.
+        stride: of the depth-wise conv.
+        groups: of the point-wise conv.
+
+    Shape:
+        (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        *,
+        kernel_size: int = 3,
+        dilation: int = 1,
+        stride: int = 1,
+        groups: int = 1,
+    ) -> None:
+        super().__init__()
+        self.depthwise = depthwise_dilated_conv(
+            in_channels, kernel_size=kernel_size, dilation=dilation, stride=stride
+        )
+        self.pointwise = nn.Conv2d(in_channels, out_channels, 1, groups=groups, bias=False)
+
+    def reset_parameters(self) -> None:
+        self.depthwise.reset_parameters()
+        self.pointwise.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.pointwise(self.depthwise(x))
+
+
+def eesp_dilations(branches: int, r_lim: int) -> tuple[int, ...]:
+    """Dilation of each EESP branch: kernel sizes 3 + 2i clipped to 3 above ``r_lim``, sorted."""
+    sizes = sorted(k if k <= r_lim else 3 for k in (3 + 2 * i for i in range(branches)))
+    return tuple((k - 1) // 2 for k in sizes)
+
+
+DOWN_METHODS = ("esp", "avg")
+
+
+class EESP(nn.Module):
+    """Extremely efficient spatial pyramid of depth-wise dilated separable convolutions.
+
+    Args:
+        in_channels: C_in, divisible by ``branches``.
+        out_channels: C_out, divisible by ``branches`` squared.
+        stride: 1 or 2 (of the depth-wise branches).
+        branches: K, the number of parallel dilated branches and the 1x1 convs' groups.
+        r_lim: the receptive-field limit that sets the dilations (:func:`eesp_dilations`).
+        down_method: with stride 2, ``"avg"`` returns after the merge (no residual, no PReLU), as
+            inside :class:`EESPDownsampler`; ``"esp"`` applies the final PReLU.
+
+    Shape:
+        (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        *,
+        stride: int = 1,
+        branches: int = 4,
+        r_lim: int = 7,
+        down_method: str = "esp",
+    ) -> None:
+        super().__init__()
+        if branches < 1 or in_channels % branches or out_channels % (branches * branches):
+            raise ValueError(
+                f"in_channels ({in_channels}) must be divisible by branches ({branches}) and "
+                f"out_channels ({out_channels}) by branches**2 (the reduced width "
+                "out_channels / branches feeds a conv with branches groups)"
+            )
+        if stride not in (1, 2):
+            raise ValueError(f"stride must be 1 or 2, got {stride}")
+        if down_method not in DOWN_METHODS:
+            raise ValueError(f"down_method must be one of {DOWN_METHODS}, got {down_method!r}")
+        n = out_channels // branches
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.stride = stride
+        self.down_method = down_method
+        self.dilations = eesp_dilations(branches, r_lim)
+        self.reduce = nn.Sequential(
+            nn.Conv2d(in_channels, n, 1, groups=branches, bias=False),
+            nn.BatchNorm2d(n),
+            nn.PReLU(n),
+        )
+        self.transform = nn.ModuleList(
+            depthwise_dilated_conv(n, dilation=d, stride=stride) for d in self.dilations
+        )
+        self.fuse_norm = nn.BatchNorm2d(out_channels)
+        self.fuse_act = nn.PReLU(out_channels)
+        self.merge = nn.Sequential(
+            nn.Conv2d(out_channels, out_channels, 1, groups=branches, bias=False),
+            nn.BatchNorm2d(out_channels),
+        )
+        self.act = nn.PReLU(out_channels)
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.BatchNorm2d, nn.PReLU)):
+                module.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        reduced = self.reduce(x)  # (B, n, H, W)
+        # hierarchical feature fusion: branch k adds the fused output of branch k - 1
+        fused = [self.transform[0](reduced)]
+        for conv in self.transform[1:]:
+            fused.append(conv(reduced) + fused[-1])
+        # K x (B, n, H', W') -> (B, K n, H', W')
+        merged = self.merge(self.fuse_act(self.fuse_norm(torch.cat(fused, dim=1))))
+        if self.stride == 2 and self.down_method == "avg":
+            return merged
+        if merged.shape == x.shape:
+            merged = merged + x
+        return self.act(merged)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_channels={self.in_channels}, out_channels={self.out_channels}, "
+            f"stride={self.stride}, dilations={self.dilations}, down_method={self.down_method!r}"
+        )
+
+
+class EESPDownsampler(nn.Module):
+    """ESPNetv2's strided EESP block with the average-pool shortcut and the input-image shortcut.
+
+    Args:
+        in_channels: C_in.
+        out_channels: C_out > C_in; the strided EESP produces C_out - C_in of them.
+        branches: K of the EESP.
+        r_lim: the EESP's receptive-field limit.
+        image_channels: channels of the image given to :meth:`forward` for the long-range
+            shortcut; ``None`` builds no shortcut.
+
+    Shape:
+        x (B, C_in, H, W), image (B, image_channels, H_img, W_img) or None
+        -> (B, C_out, ceil(H / 2), ceil(W / 2))
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        *,
+        branches: int = 4,
+        r_lim: int = 9,
+        image_channels: int | None = 3,
+    ) -> None:
+        super().__init__()
+        if out_channels <= in_channels:
+            raise ValueError(
+                f"out_channels ({out_channels}) must exceed in_channels ({in_channels})"
+            )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.pool = nn.AvgPool2d(3, stride=2, padding=1)
+        self.eesp = EESP(
+            in_channels,
+            out_channels - in_channels,
+            stride=2,
+            branches=branches,
+            r_lim=r_lim,
+            down_method="avg",
+        )
+        self.image_shortcut = None
+        if image_channels is not None:
+            c = image_channels
+            self.image_shortcut = nn.Sequential(
+                nn.Conv2d(c, c, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c),
+                nn.PReLU(c),
+                nn.Conv2d(c, out_channels, 1, bias=False),
+                nn.BatchNorm2d(out_channels),
+            )
+        self.act = nn.PReLU(out_channels)
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.BatchNorm2d, nn.PReLU)):
+                module.reset_parameters()
+
+    def forward(self, x: Tensor, image: Tensor | None = None) -> Tensor:
+        pooled = self.pool(x)  # (B, C_in, H/2, W/2)
+        out = torch.cat((pooled, self.eesp(x)), dim=1)  # (B, C_out, H/2, W/2)
+        if image is not None:
+            if self.image_shortcut is None:
+                raise ValueError(
+                    "an image was given, but the block was built with image_channels=None"
+                )
+            out = out + self.image_shortcut(pool_to(image, out.shape[-2:]))
+        return self.act(out)
+
+    def extra_repr(self) -> str:
+        return f"in_channels={self.in_channels}, out_channels={self.out_channels}"
+
+
+def pool_to(image: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
+    """Average-pool (3, 2, 1) ``image`` repeatedly until its (H, W) equals ``size``.
+
+    Shape:
+        (B, C, H_img, W_img) -> (B, C, *size)
+    """
+    target = tuple(size)
+    start = tuple(image.shape[-2:])
+    while tuple(image.shape[-2:]) != target:
+        height, width = image.shape[-2:]
+        if height < target[0] or width < target[1]:
+            raise ValueError(f"cannot average-pool an image of {start} by halving to {target}")
+        image = F.avg_pool2d(image, 3, stride=2, padding=1)
+    return image

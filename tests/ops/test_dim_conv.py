@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from src.ops.dim_conv import DimConv, dim_conv_reference, resize_matrix
+
+triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
+
+
+def _weights(
+    channels: int, height: int, width: int, k: int = 3, dtype=torch.float32
+) -> list[torch.Tensor]:
+    return [
+        torch.randn(n, 1, k, k, dtype=dtype, requires_grad=True) for n in (channels, height, width)
+    ]
+
+
+def _official_dim_conv(x: torch.Tensor, wc, wh, ww, dilation=(1, 1, 1)) -> torch.Tensor:
+    """DimConv spelled out as the official code does it (transpose per branch, cat, shuffle)."""
+    _, c, h, w = x.shape
+    k = wc.shape[-1]
+    pads = [(k - 1) // 2 * d for d in dilation]
+    y_c = F.conv2d(x, wc, padding=pads[0], dilation=dilation[0], groups=c)
+    y_h = F.conv2d(
+        x.transpose(1, 2), wh, padding=pads[1], dilation=dilation[1], groups=h
+    ).transpose(1, 2)
+    y_w = F.conv2d(
+        x.transpose(1, 3), ww, padding=pads[2], dilation=dilation[2], groups=w
+    ).transpose(1, 3)
+    return F.channel_shuffle(torch.cat([y_c, y_h, y_w], dim=1), 3)
+
+
+@pytest.mark.parametrize("k, dilation", [(3, (1, 1, 1)), (3, (2, 1, 3)), (5, (1, 2, 1))])
+def test_reference_matches_the_official_formulation(k: int, dilation: tuple[int, int, int]) -> None:
+    x = torch.randn(2, 6, 7, 9)
+    weights = _weights(6, 7, 9, k)
+    out = dim_conv_reference(x, *weights, dilation=dilation)
+    torch.testing.assert_close(out, _official_dim_conv(x, *weights, dilation))
+    concat = dim_conv_reference(x, *weights, dilation=dilation, interleave=False)
+    torch.testing.assert_close(F.channel_shuffle(concat, 3), out)
+
+
+@pytest.mark.parametrize(
+    "shape, k, dilation, interleave, tile",
+    [
+        ((2, 5, 7, 9), 3, (1, 1, 1), True, None),  # odd sizes, H != W
+        ((1, 19, 6, 13), 3, (1, 2, 3), False, None),  # dilations, concatenated output
+        ((2, 3, 4, 4), 5, (1, 1, 2), True, None),  # k = 5, fewer channels than taps reach
+        # small tiles: several programs along W (partial last block) and along H ...
+        ((1, 3, 3, 11), 3, (1, 1, 1), True, 8),
+        # ... and along C (7 = 2 + 2 + 2 + 1): block edges and cross-program atomics
+        ((1, 7, 2, 2), 3, (1, 1, 1), False, 8),
+    ],
+)
+def test_triton_matches_reference_fp32(shape, k, dilation, interleave, tile, monkeypatch) -> None:
+    if tile is not None:
+        monkeypatch.setattr(triton_dim_conv, "TILE_INTERPRETER", tile)
+    torch.manual_seed(0)
+    _, c, h, w = shape
+    x = torch.randn(*shape, requires_grad=True)
+    weights = _weights(c, h, w, k)
+    kwargs = {"dilation": dilation, "interleave": interleave}
+    out = triton_dim_conv.dim_conv_triton(x, *weights, **kwargs)
+    ref = dim_conv_reference(x, *weights, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *weights], grad)
+    want = torch.autograd.grad(ref, [x, *weights], grad)
+    for name, g, r in zip(("input", "channel", "height", "width"), got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=f"grad of {name}")
+
+
+def test_triton_bf16_within_bf16_tolerance() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 5, 7, dtype=torch.bfloat16, requires_grad=True)
+    weights = _weights(6, 5, 7, dtype=torch.bfloat16)
+    out = triton_dim_conv.dim_conv_triton(x, *weights)
+    assert out.dtype == torch.bfloat16
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, *weights], grad)
+    x32 = x.detach().float().requires_grad_()
+    w32 = [w.detach().float().requires_grad_() for w in weights]
+    ref = dim_conv_reference(x32, *w32)
+    want = torch.autograd.grad(ref, [x32, *w32], grad.float())
+    # bf16 keeps 8 bits: inputs are rounded once, outputs once more; accumulation is fp32
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
+    for g, r in zip(got, want):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), r, rtol=2e-2, atol=1e-1)
+
+
+def _ran_triton(out: torch.Tensor) -> bool:
+    return "DimConvFunction" in type(out.grad_fn).__name__
+
+
+def test_module_dispatch() -> None:
+    layer = DimConv(4, 5, 6, impl="triton")
+    weights = (layer.weight_channel, layer.weight_height, layer.weight_width)
+    x = torch.randn(1, 4, 5, 6)
+    out = layer(x)
+    assert _ran_triton(out)
+    torch.testing.assert_close(out, dim_conv_reference(x, *weights))
+    # off the build size the resizing reference runs, whatever impl says
+    other = torch.randn(1, 4, 7, 3)
+    out = layer(other)
+    assert not _ran_triton(out)
+    torch.testing.assert_close(out, dim_conv_reference(other, *weights))
+    # auto on a CPU tensor is the reference
+    layer.impl = "auto"
+    assert not _ran_triton(layer(x))
+
+
+@pytest.mark.parametrize("size", [(3, 11), (8, 8), (12, 5), (1, 1)])
+def test_dynamic_size_keeps_the_input_size(size: tuple[int, int]) -> None:
+    layer = DimConv(6, 8, 8)
+    out = layer(torch.randn(2, 6, *size))
+    assert out.shape == (2, 18, *size)
+
+
+@pytest.mark.parametrize("n_in, n_out", [(20, 28), (36, 28), (16, 14), (5, 5), (1, 4), (7, 1)])
+def test_resize_matrix_matches_interpolate_and_adaptive_pool(n_in: int, n_out: int) -> None:
+    x = torch.randn(2, 3, n_in, 4, dtype=torch.float64)
+    matrix = resize_matrix(n_in, n_out, dtype=x.dtype, device=x.device)
+    if n_out > n_in:
+        want = F.interpolate(x, size=(n_out, 4), mode="bilinear", align_corners=True)
+    else:
+        want = F.adaptive_avg_pool2d(x, (n_out, 4))
+    torch.testing.assert_close(matrix @ x, want)
+
+
+@pytest.mark.parametrize("size", [(4, 5), (3, 7), (6, 2)])
+def test_reference_gradcheck(size: tuple[int, int]) -> None:
+    layer = DimConv(3, 4, 5, dilation=(1, 2, 1)).double()
+    x = torch.randn(1, 3, *size, dtype=torch.float64, requires_grad=True)
+    weights = (layer.weight_channel, layer.weight_height, layer.weight_width)
+    assert torch.autograd.gradcheck(
+        lambda x, *w: dim_conv_reference(x, *w, dilation=layer.dilation), (x, *weights)
+    )
+
+
+def test_exports_at_a_dynamic_size() -> None:
+    layer = DimConv(4, 6, 6).eval()
+    x = torch.randn(1, 4, 5, 9)
+    exported = torch.export.export(layer, (x,))
+    torch.testing.assert_close(exported.module()(x), layer(x))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="odd"):
+        DimConv(4, 5, 6, kernel_size=4)
+    with pytest.raises(ValueError, match="impl"):
+        DimConv(4, 5, 6, impl="cuda")
+    with pytest.raises(ValueError, match=r"expected \(B, 4, H, W\), got \(1, 3, 5, 6\)"):
+        DimConv(4, 5, 6)(torch.randn(1, 3, 5, 6))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", [(8, 116, 28, 28), (3, 19, 6, 70)])
+def test_triton_on_cuda_matches_reference(shape: tuple[int, int, int, int]) -> None:
+    torch.manual_seed(0)
+    _, c, h, w = shape
+    x = torch.randn(*shape, device="cuda", requires_grad=True)
+    weights = [t.cuda().detach().requires_grad_() for t in _weights(c, h, w)]
+    layer_out = triton_dim_conv.dim_conv_triton(x, *weights)
+    ref = dim_conv_reference(x, *weights)
+    torch.testing.assert_close(layer_out, ref, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(ref)
+    got = torch.autograd.grad(layer_out, [x, *weights], grad)
+    want = torch.autograd.grad(ref, [x, *weights], grad)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
