@@ -21,29 +21,75 @@ def options(group: str) -> list[str]:
 
 # overrides a data option needs to instantiate without a dataset on disk
 DATA_NEEDS = {"image_folder": ["data.root=/nonexistent", "data.num_classes=5"]}
+# overrides an experiment needs without files on disk (weights-only inits are read when fitting starts)
+EXPERIMENT_NEEDS = {
+    name: ["task.init_checkpoint=/nonexistent.ckpt"]
+    for name in ["voc_seg_stage2", "cityscapes_stage2", "coco_multilabel_finetune"]
+}
 # multi-device and GPU trainers are instantiated on one CPU device here
 CPU_ONLY = ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true"]
 
 
+def same_kind_pairs() -> list[tuple[str, str]]:
+    """(data, model) pairs of the same modality: image data with vision models, text with text."""
+    pairs = []
+    for data in options("data"):
+        text_data = "vocab_size" in OmegaConf.load(CONF / "data" / f"{data}.yaml")
+        for model in options("model"):
+            text_model = "n_token" in OmegaConf.load(CONF / "model" / f"{model}.yaml")
+            if text_data == text_model:
+                pairs.append((data, model))
+    return pairs
+
+
+def small_input(datamodule: L.LightningDataModule) -> torch.Tensor:
+    """The datamodule's example batch of 2, cut to at most 64 pixels or 32 tokens per side."""
+    x = datamodule.example_input(2)
+    if x.is_floating_point():
+        return x[..., :64, :64]
+    return x[:, :32]
+
+
+def check_output(output: torch.Tensor, x: torch.Tensor, cfg) -> None:
+    if x.is_floating_point():
+        # classifiers give (2, classes), segmentation networks (2, classes, H, W)
+        assert output.shape[:2] == (2, cfg.data.num_classes)
+    else:
+        assert output.shape == (*x.shape, cfg.data.vocab_size)  # next-token logits
+
+
 def test_groups_have_options() -> None:
-    for group in ["model", "data", "task", "trainer", "logger", "callbacks", "recipe", "experiment", "debug", "paths", "hydra"]:
+    groups = ["model", "data", "task", "trainer", "logger", "callbacks", "monitor", "recipe"]
+    for group in groups + ["experiment", "debug", "paths", "hydra"]:
         assert options(group), f"conf/{group}/ is empty"
 
 
-@pytest.mark.parametrize("data", options("data"))
-@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize(("data", "model"), same_kind_pairs())
 def test_data_model_pairs_build(data: str, model: str, tmp_path) -> None:
-    """The network for the task is built and runs forward+backward on the data's input shape."""
+    """Every data option instantiates with every model option of its modality."""
     cfg = compose_config("train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path)
     datamodule, task = build_task(cfg)
     assert isinstance(datamodule, L.LightningDataModule) and isinstance(task, L.LightningModule)
-    x = datamodule.example_input(2)
-    if x.shape[-1] > 64:  # the ImageNet crop: check shapes on a smaller input of the same layout
-        x = x[..., :64, :64]
-    logits = task(x)
-    assert logits.shape == (2, cfg.data.num_classes)
-    logits.sum().backward()
-    assert all(p.grad is not None for p in task.net.parameters() if p.requires_grad)
+    assert sum(p.numel() for p in task.parameters()) > 0
+
+
+def home_data(model: str) -> str:
+    """The first data option of the model's modality, for the forward+backward check."""
+    return next(data for data, other in same_kind_pairs() if other == model)
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_models_forward_backward(model: str, tmp_path) -> None:
+    """Each network runs forward+backward through its task on a small input of its data."""
+    data = home_data(model)
+    cfg = compose_config("train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path)
+    datamodule, task = build_task(cfg)
+    x = small_input(datamodule)
+    output = task(x)
+    output = output[0] if isinstance(output, tuple) else output
+    check_output(output, x, cfg)
+    output.float().sum().backward()
+    assert any(p.grad is not None for p in task.net.parameters())
 
 
 @pytest.mark.parametrize("trainer", options("trainer"))
@@ -86,10 +132,12 @@ def test_callbacks_instantiate(callbacks: str, tmp_path) -> None:
 
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_experiments_build(experiment: str, tmp_path) -> None:
-    cfg = compose_config("train", [f"experiment={experiment}"], tmp_path)
-    _, task = build_task(cfg)
+    cfg = compose_config("train", [f"experiment={experiment}", *EXPERIMENT_NEEDS.get(experiment, [])], tmp_path)
+    datamodule, task = build_task(cfg)
     build_trainer(cfg)
-    assert task(torch.zeros(2, cfg.data.in_chans, cfg.data.image_size, cfg.data.image_size)).shape == (2, 10)
+    x = small_input(datamodule)
+    output = task(x)
+    check_output(output[0] if isinstance(output, tuple) else output, x, cfg)
 
 
 @pytest.mark.parametrize("debug", options("debug"))
@@ -101,8 +149,10 @@ def test_debug_options_compose(debug: str, tmp_path) -> None:
 @pytest.mark.parametrize("recipe", options("recipe"))
 def test_recipe_applies_to_its_pair(recipe: str, tmp_path) -> None:
     """conf/recipe/<data>_<model>.yaml is picked up by that pairing without naming it."""
-    data, model = recipe.split("_", 1)
-    assert data in options("data") and model in options("model"), f"recipe {recipe} names no data/model pair"
+    # <data>_<model>: the longest data option the name starts with (data names contain "_")
+    data = max((d for d in options("data") if recipe.startswith(f"{d}_")), key=len, default="")
+    model = recipe[len(data) + 1 :]
+    assert data and model in options("model"), f"recipe {recipe} names no data/model pair"
     applied = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
     values = OmegaConf.load(CONF / "recipe" / f"{recipe}.yaml")
     leaves = {k: v for k, v in leaf_items(OmegaConf.to_container(values)) if not k.startswith("defaults")}
@@ -119,6 +169,16 @@ def leaf_items(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
         else:
             items.append((f"{prefix}{key}", value))
     return items
+
+
+@pytest.mark.parametrize("data", options("data"))
+def test_monitor_follows_the_task(data: str, tmp_path) -> None:
+    """Checkpoints keep the best value of the data's task metric (conf/monitor/<task>.yaml)."""
+    cfg = compose_config("train", [f"data={data}", *DATA_NEEDS.get(data, [])], tmp_path, keep_hydra=True)
+    task = cfg.hydra.runtime.choices.task
+    expected = OmegaConf.load(CONF / "monitor" / f"{task}.yaml").callbacks.model_checkpoint
+    assert cfg.callbacks.model_checkpoint.monitor == expected.monitor
+    assert cfg.callbacks.model_checkpoint.mode == expected.mode
 
 
 def test_recipe_then_command_line(tmp_path) -> None:

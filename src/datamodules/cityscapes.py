@@ -1,0 +1,147 @@
+"""Cityscapes semantic segmentation (fine annotations), read with ``torchvision.datasets.Cityscapes``.
+
+The ``gtFine/*_labelIds.png`` masks hold the 34 Cityscapes label ids; they are mapped to the 19
+train ids of the benchmark (road 0 ... bicycle 18, torchvision's ``Cityscapes.classes`` table).
+Every other label id (void, ego vehicle, parking, ...) becomes either
+
+- ``background_class=True`` (default): class 19, ``background``. The networks then have 20
+  outputs, the layout the official EdgeNets Cityscapes weights expect. The official training gives
+  this class zero loss weight and its evaluation scores only the 19 classes, which is what
+  ``ignore_index=19`` gives: background pixels are left out of the loss and of the metrics, while
+  a background prediction on a real class still counts as a miss of that class.
+- ``background_class=False``: 255, the standard 19-class benchmark with ``ignore_index=255``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision import tv_tensors
+from torchvision.datasets import Cityscapes
+from torchvision.transforms import v2
+
+from src.datamodules.image_folder import DatasetLayoutError
+from src.datamodules.segmentation import (
+    SegmentationDataModule,
+    mask_values,
+    require_dir,
+    require_files,
+    segmentation_transform,
+)
+
+NUM_TRAIN_IDS = 19
+BACKGROUND = 19
+
+LAYOUT = """expected layout:
+    {root}/
+        leftImg8bit/train/<city>/<city>_<seq>_<frame>_leftImg8bit.png
+        leftImg8bit/val/<city>/...
+        gtFine/train/<city>/<city>_<seq>_<frame>_gtFine_labelIds.png   (label ids 0..33)
+        gtFine/val/<city>/..."""
+
+
+def train_id_table(background_class: bool) -> Tensor:
+    """(256,) int64 look-up table from label id to train id; unlisted ids go to 19 or 255."""
+    table = torch.full((256,), BACKGROUND if background_class else 255, dtype=torch.int64)
+    for label in Cityscapes.classes:
+        if 0 <= label.train_id < NUM_TRAIN_IDS:
+            table[label.id] = label.train_id
+    return table
+
+
+class CityscapesTransform:
+    """Joint transform of a Cityscapes (PIL image, PIL labelIds mask) pair: map the label ids to
+    train ids, then apply ``transform`` to both.
+
+    Shape:
+        returns ((3, H, W) float32, (H, W) int64).
+    """
+
+    def __init__(self, table: Tensor, transform: v2.Transform) -> None:
+        self.table = table
+        self.transform = transform
+
+    def __call__(self, image: Image.Image, mask: Image.Image) -> tuple[Tensor, Tensor]:
+        label_ids = torch.from_numpy(mask_values(mask, mask.filename)).long()
+        pixels = tv_tensors.Image(v2.functional.pil_to_tensor(image))
+        image_t, mask_t = self.transform(pixels, tv_tensors.Mask(self.table[label_ids]))
+        return image_t.as_subclass(Tensor), mask_t.as_subclass(Tensor)
+
+
+class CityscapesDataModule(SegmentationDataModule):
+    """Cityscapes fine annotations (train / val) mapped to train ids.
+
+    Args:
+        root: folder holding ``leftImg8bit/`` and ``gtFine/``.
+        num_classes: 20 with ``background_class``, else 19.
+        crop_size: (H, W) of the network input; training crops and evaluation resizes to it
+            (the EdgeNets "512 256" is (256, 512) here).
+        batch_size: per-device batch size.
+        num_workers: data-loading worker processes.
+        in_chans: 3 (RGB).
+        background_class: unlisted label ids become class 19 (True) or 255 (False).
+        ignore_index: the mask value left out of loss and metrics: 19 with ``background_class``
+            (the official protocol), else 255.
+        crop_scale: area range of the random-resized training crop.
+
+    Shape:
+        batches are ((B, 3, H, W) float normalised, (B, H, W) int64 train ids).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        num_classes: int = 20,
+        crop_size: Sequence[int] = (256, 512),
+        batch_size: int = 25,
+        num_workers: int = 4,
+        in_chans: int = 3,
+        *,
+        background_class: bool = True,
+        ignore_index: int = BACKGROUND,
+        crop_scale: Sequence[float] = (0.0625, 0.25),
+    ) -> None:
+        super().__init__(crop_size, batch_size, num_workers, in_chans)
+        expected = (20, BACKGROUND) if background_class else (19, 255)
+        if (num_classes, ignore_index) != expected:
+            raise ValueError(
+                f"background_class={background_class} needs num_classes={expected[0]} and "
+                f"ignore_index={expected[1]}, got num_classes={num_classes}, ignore_index={ignore_index}"
+            )
+        self.root = Path(root)
+        self.num_classes = num_classes
+        self.background_class = background_class
+        self.ignore_index = ignore_index
+        self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
+
+    def _check_split(self, split: str, layout: str) -> None:
+        images = require_dir(self.root / "leftImg8bit" / split, layout)
+        masks = require_dir(self.root / "gtFine" / split, layout)
+        files = sorted(images.glob("*/*_leftImg8bit.png"))
+        if not files:
+            raise DatasetLayoutError(f"{images} holds no <city>/*_leftImg8bit.png images\n{layout}")
+        expected = [
+            masks / f.parent.name / f.name.replace("_leftImg8bit.png", "_gtFine_labelIds.png") for f in files
+        ]
+        require_files(expected, layout, f"gtFine {split} labelIds masks")
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        layout = LAYOUT.format(root=self.root)
+        if not self.root.is_dir():
+            raise DatasetLayoutError(
+                f"dataset root {self.root} does not exist; set data.root=/path/to/cityscapes\n{layout}"
+            )
+        table = train_id_table(self.background_class)
+        for split in ("train", "val"):
+            self._check_split(split, layout)
+            transform = segmentation_transform(split == "train", self.crop_size, crop_scale=self.crop_scale)
+            self.splits[split] = Cityscapes(
+                str(self.root), split=split, mode="fine", target_type="semantic",
+                transforms=CityscapesTransform(table, transform),
+            )  # fmt: skip

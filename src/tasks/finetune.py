@@ -1,0 +1,75 @@
+"""Starting a run from another run's weights: weights-only initialisation and frozen batch norm.
+
+A weights-only init (``init_checkpoint``) is not a resume: the optimiser, schedule, epoch and RNG
+start fresh. It is what the second stage of the thesis's two-stage segmentation recipe and the
+COCO multi-label fine-tuning do.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+NET_PREFIX = "net."
+
+
+def load_network_weights(net: nn.Module, path: str | Path, *, skip_mismatched: bool = False) -> list[str]:
+    """Load the network weights of a Lightning checkpoint (``state_dict`` keys ``net.*``) into ``net``.
+
+    Tensors only (``torch.load(..., weights_only=True)``). A file holding a plain network state
+    dict is accepted too. With ``skip_mismatched``, entries whose shape differs from ``net``'s (the
+    classifier of a network trained for another number of classes) keep their fresh values and
+    are returned; every other missing or unexpected key is an error.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        KeyError: keys or shapes do not fit ``net`` (listed).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"init checkpoint {path} does not exist; pass the stage-1/pre-trained .ckpt file")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict):
+        raise KeyError(f"{path} holds no state dict")
+    if any(k.startswith(NET_PREFIX) for k in state):
+        # a task checkpoint: keep the network's entries (not loss buffers such as class weights)
+        state = {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
+    expected = net.state_dict()
+    mismatched = sorted(k for k, v in expected.items() if k in state and state[k].shape != v.shape)
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    if missing or unexpected or (mismatched and not skip_mismatched):
+        shapes = [f"{k}: file {tuple(state[k].shape)} vs net {tuple(expected[k].shape)}" for k in mismatched]
+        raise KeyError(
+            f"{path} does not fit {type(net).__name__}: missing keys {missing}, unexpected keys {unexpected}, "
+            f"shape mismatches {shapes}"
+        )
+    for key in mismatched:
+        state[key] = expected[key]
+    net.load_state_dict(state)
+    log.info("initialised %s from %s; kept fresh: %s", type(net).__name__, path, mismatched or "nothing")
+    return mismatched
+
+
+def batch_norms(net: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """The batch-norm layers of ``net``."""
+    return [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def freeze_batch_norm_parameters(net: nn.Module) -> int:
+    """Stop training the affine parameters of every batch norm of ``net``; returns how many layers.
+
+    Their running statistics are kept by putting the layers in eval mode after every
+    ``train()`` call (the task does this), as the official ``--freeze-bn`` does.
+    """
+    layers = batch_norms(net)
+    for layer in layers:
+        for parameter in layer.parameters():
+            parameter.requires_grad_(False)
+    return len(layers)
