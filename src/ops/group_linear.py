@@ -9,11 +9,13 @@ so the next GLT mixes information between groups. g = 1 is an ordinary linear la
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from src.ops.triton import check_impl
+from src.ops.triton import check_impl, use_triton
 
 
 class GroupLinear(nn.Module):
@@ -55,7 +57,9 @@ class GroupLinear(nn.Module):
         self.groups = groups
         self.shuffle = shuffle
         self.impl = check_impl(impl)
-        self.weight = nn.Parameter(torch.empty(groups, in_features // groups, out_features // groups))
+        self.weight = nn.Parameter(
+            torch.empty(groups, in_features // groups, out_features // groups)
+        )
         self.bias = nn.Parameter(torch.empty(groups, out_features // groups)) if bias else None
         self.reset_parameters()
 
@@ -67,20 +71,167 @@ class GroupLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
-        return group_linear_reference(x, self.weight, self.bias, self.shuffle)
+        return group_linear(x, self.weight, self.bias, shuffle=self.shuffle, impl=self.impl)
 
     def extra_repr(self) -> str:
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}, "
-            f"bias={self.bias is not None}, shuffle={self.shuffle}, impl={self.impl!r}"
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"groups={self.groups}, bias={self.bias is not None}, shuffle={self.shuffle}, "
+            f"impl={self.impl!r}"
         )
 
 
-def group_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None, shuffle: bool) -> Tensor:
-    """The plain PyTorch GLT: one batched matrix product over the groups.
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def group_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, *, shuffle: bool, impl: str = "auto"
+) -> Tensor:
+    """The GLT of :class:`GroupLinear` as a function of its parameters.
 
     Shape:
-        x (..., g * k), weight (g, k, n), bias (g, n) -> (..., g * n)
+        x (..., g * k), weight (g, k, n), bias (g, n) or None -> (..., g * n)
+    """
+    groups, _, n = weight.shape
+    lead = x.shape[:-1]
+    # (..., g*k) -> (N, g*k): a view whenever the leading dims flatten without a copy
+    y = interleaved_group_linear(
+        (x.reshape(-1, x.shape[-1]),), weight, bias, shuffle=shuffle, impl=impl
+    )
+    return y.reshape(*lead, groups * n)
+
+
+def interleaved_group_linear(
+    parts: Sequence[Tensor],
+    weight: Tensor,
+    bias: Tensor | None,
+    *,
+    shuffle: bool,
+    impl: str = "auto",
+) -> Tensor:
+    """A GLT whose group i reads chunk i of every part in turn: [p0_i, p1_i, ...].
+
+    With one part this is the plain GLT. With parts (x0, y) it is DeLighT's input mixer followed by
+    the GLT (README "DExTra semantics"): group i's input is [x0_i, y_i], chunk i of each. The mixed
+    vector is never built: both the reference (one BLAS call per group and part, on strided views)
+    and the Triton kernel (one or two parts) read the parts in place.
+
+    Shape:
+        parts (N, d_j) with d_j divisible by g and sum_j d_j / g = k, weight (g, k, n),
+        bias (g, n) or None -> (N, g * n), feature-shuffled when ``shuffle``
+    """
+    groups, k, _ = weight.shape
+    if not parts or any(
+        p.dim() != 2 or p.shape[0] != parts[0].shape[0] or p.shape[1] % groups for p in parts
+    ):
+        raise ValueError(
+            f"parts must be (N, d_j) matrices with d_j divisible by {groups} groups, "
+            f"got {[tuple(p.shape) for p in parts]}"
+        )
+    if sum(p.shape[1] for p in parts) != groups * k:
+        raise ValueError(
+            f"parts have {sum(p.shape[1] for p in parts)} features, "
+            f"the weight {tuple(weight.shape)} expects {groups * k}"
+        )
+    # BLAS and the kernel need unit stride along the features; rows may be strided
+    parts = tuple(p if p.stride(1) == 1 else p.contiguous() for p in parts)
+    if use_triton(impl, parts[0]) and (impl == "triton" or parts[0].dtype in TRITON_DTYPES):
+        if parts[0].dtype not in TRITON_DTYPES or len(parts) > 2:
+            raise TypeError(
+                f"the Triton GLT takes one or two parts of dtype {TRITON_DTYPES}, "
+                f"got {[p.dtype for p in parts]}"
+            )
+        from src.ops.triton.group_linear import interleaved_group_linear_triton
+
+        return interleaved_group_linear_triton(parts, weight, bias, shuffle)
+    return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
+
+
+class InterleavedGroupLinearFunction(torch.autograd.Function):
+    """PyTorch reference of :func:`interleaved_group_linear`, with a backward that copies least.
+
+    Every product is one BLAS call per group on strided views: chunk i of a part is an (N, d_j/g)
+    matrix with leading dimension d_j, so the parts are never gathered. The forward stacks the g
+    (N, n) products into (N, n, g), which is the feature shuffle, as its one copy (plain: a
+    concatenation); the bias is added by the first product of each group. The backward undoes
+    the shuffle with one transpose inside each row, (N, n, g) -> (N, g, n), sums the bias
+    gradient over the rows, and writes the input and weight gradients straight into (N, d_j)
+    chunks and weight slices.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, weight: Tensor, bias: Tensor | None, shuffle: bool, *parts: Tensor
+    ) -> Tensor:
+        """parts (N, d_j) -> (N, g*n)."""
+        groups = weight.shape[0]
+        rows = parts[0].shape[0]
+        # functional ops only (no out=), so that torch.export can trace the forward
+        outs = []
+        for i in range(groups):
+            offset, y = 0, None
+            for part in parts:
+                width = part.shape[1] // groups
+                x = part[:, i * width : (i + 1) * width]  # (N, d_j/g), a view
+                w = weight[i, offset : offset + width]  # (d_j/g, n)
+                if y is not None:
+                    y = y.addmm_(x, w)
+                elif bias is not None:
+                    y = torch.addmm(bias[i], x, w)
+                else:
+                    y = torch.mm(x, w)
+                offset += width
+            outs.append(y)  # (N, n)
+        ctx.save_for_backward(weight, *parts)
+        ctx.shuffle = shuffle
+        ctx.has_bias = bias is not None
+        # shuffle: g x (N, n) -> (N, n, g); plain: -> (N, g*n); one copy either way
+        return torch.stack(outs, dim=2).view(rows, -1) if shuffle else torch.cat(outs, dim=1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        weight, *parts = ctx.saved_tensors
+        groups, _, n = weight.shape
+        grad_y = grad_y.contiguous()
+        rows = grad_y.shape[0]
+        if ctx.shuffle:
+            # (N, n, g) -> (N, g, n): the one copy of the backward
+            dy = grad_y.view(rows, n, groups).transpose(1, 2).contiguous()
+        else:
+            dy = grad_y.view(rows, groups, n)
+        want_w = ctx.needs_input_grad[0]
+        grad_w = torch.empty_like(weight) if want_w else None
+        grad_b = None
+        if ctx.has_bias and ctx.needs_input_grad[1]:
+            grad_b = grad_y.sum(0)  # (g*n)
+            # (n, g) -> (g, n) when shuffled, else (g, n)
+            grad_b = grad_b.view(n, groups).t() if ctx.shuffle else grad_b.view(groups, n)
+        grad_parts = [
+            torch.empty_like(part) if ctx.needs_input_grad[3 + j] else None
+            for j, part in enumerate(parts)
+        ]
+        for i in range(groups):
+            offset = 0
+            for part, grad_part in zip(parts, grad_parts, strict=True):
+                width = part.shape[1] // groups
+                chunk = slice(i * width, (i + 1) * width)
+                w = weight[i, offset : offset + width]  # (d_j/g, n)
+                if grad_part is not None:
+                    # dx_j,i = dy_i @ W_j,i^T, into the (N, d_j/g) chunk of the gradient
+                    torch.mm(dy[:, i], w.t(), out=grad_part[:, chunk])
+                if grad_w is not None:
+                    # dW_j,i = x_j,i^T @ dy_i, into the weight slice (d_j/g, n)
+                    torch.mm(part[:, chunk].t(), dy[:, i], out=grad_w[i, offset : offset + width])
+                offset += width
+        return (grad_w, grad_b, None, *grad_parts)
+
+
+def group_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None, shuffle: bool) -> Tensor:
+    """The GLT written plainly (autograd differentiates it): the oracle of the faster paths.
+
+    Shape:
+        x (..., g * k), weight (g, k, n), bias (g, n) or None -> (..., g * n)
     """
     groups, k, n = weight.shape
     lead = x.shape[:-1]

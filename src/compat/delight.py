@@ -1,0 +1,166 @@
+"""Official DeLighT (sacmehta/delight) state dicts -> this project's GLT and DExTra modules.
+
+Official names and layouts (README of the reference fixtures, "Parameter names and layouts"):
+
+- ``GroupLinear``: ``weights`` (g, in/g, out/g) used as ``x_i @ W_i``, ``bias`` (g, 1, out/g);
+  optional ``normalization_fn.weight/bias`` (out/g,) shared by the g chunks.
+- ``Linear`` (the dense layer; also every 1-group GLT inside DExTra): ``weights`` (out, in),
+  ``bias`` (out,); optional ``normalization_fn.weight/bias`` (out,).
+- ``DExTraUnit``: ``input_layer.*``, ``dextra_layers.<l>.*``, ``output_layer.*``.
+
+Sizes come from the official config dict and the tensors; nothing here knows a particular model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from src.ops.dextra import DExTra
+from src.ops.group_layer_norm import SharedGroupLayerNorm
+from src.ops.group_linear import GroupLinear
+
+ACTIVATIONS = {"swish": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+def _glt_params(state_dict: Mapping[str, Tensor], prefix: str, groups: int) -> dict[str, Tensor]:
+    """An official GroupLinear or Linear's weight and bias in :class:`GroupLinear`'s layout."""
+    weight = state_dict[f"{prefix}weights"]
+    params = {}
+    if weight.dim() == 2:
+        if groups != 1:
+            raise ValueError(
+                f"{prefix}weights is a dense (out, in) matrix {tuple(weight.shape)} "
+                f"but groups={groups}"
+            )
+        # Linear: (out, in) -> (1, in, out)
+        params["weight"] = weight.t().unsqueeze(0)
+    else:
+        params["weight"] = weight  # (g, in/g, out/g)
+    if f"{prefix}bias" in state_dict:
+        g, _, n = params["weight"].shape
+        # (g, 1, out/g) or (out,) -> (g, out/g)
+        params["bias"] = state_dict[f"{prefix}bias"].reshape(g, n)
+    return params
+
+
+def _norm_params(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {name: state_dict[f"{prefix}normalization_fn.{name}"] for name in ("weight", "bias")}
+
+
+def _load(module: nn.Module, params: Mapping[str, Tensor]) -> None:
+    # strict: a tensor of the wrong shape or a missing one is an error, not a silent re-init
+    with torch.no_grad():
+        module.load_state_dict(dict(params), strict=True)
+
+
+def glt_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
+    """An official ``GroupLinear`` layer as this project's modules.
+
+    Without a norm and activation in ``config`` the result is a :class:`GroupLinear`; otherwise an
+    ``nn.Sequential`` of the GroupLinear, a :class:`SharedGroupLayerNorm` (``norm_type="ln"``) and
+    the activation, in the official order. Dropout is not built (evaluation only).
+
+    Args:
+        state_dict: the layer's official tensors (``weights``, ``bias``, ``normalization_fn.*``).
+        config: the official arguments: ``in_features``, ``out_features``, ``n_groups``,
+            ``use_bias``, ``use_shuffle``, ``norm_type`` (None or "ln"), ``act_type`` (None or
+            a name).
+    """
+    groups = int(config["n_groups"])
+    glt = GroupLinear(
+        int(config["in_features"]),
+        int(config["out_features"]),
+        groups,
+        bias=bool(config["use_bias"]),
+        shuffle=bool(config["use_shuffle"]),
+    )
+    _load(glt, _glt_params(state_dict, "", groups))
+    layers: list[nn.Module] = [glt]
+    norm_type, act_type = config.get("norm_type"), config.get("act_type")
+    if norm_type is not None:
+        if norm_type != "ln":
+            raise ValueError(
+                f"unsupported norm_type {norm_type!r}; only 'ln' (per-group LayerNorm)"
+            )
+        norm = SharedGroupLayerNorm(glt.out_features, groups)
+        _load(norm, _norm_params(state_dict, ""))
+        layers.append(norm)
+    if act_type is not None:
+        if act_type not in ACTIVATIONS:
+            raise ValueError(f"unsupported act_type {act_type!r}; known: {sorted(ACTIVATIONS)}")
+        layers.append(ACTIVATIONS[act_type]())
+    return glt if len(layers) == 1 else nn.Sequential(*layers)
+
+
+def dextra_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> DExTra:
+    """An official ``DExTraUnit`` as a :class:`DExTra` with the same weights.
+
+    Args:
+        state_dict: the unit's official tensors (``input_layer.*``, ``dextra_layers.<l>.*``,
+            ``output_layer.*``).
+        config: the official arguments: ``in_features``, ``in_proj_features``, ``out_features``,
+            ``width_multiplier``, ``dextra_depth``, ``max_glt_groups``; ``act_type``,
+            ``norm_type`` and ``glt_shuffle``, when given, must be the official defaults
+            (swish, ln, True).
+    """
+    for key, official in (("act_type", "swish"), ("norm_type", "ln"), ("glt_shuffle", True)):
+        if config.get(key, official) != official:
+            raise ValueError(
+                f"DExTra is built with {key}={official!r}, the config has {config[key]!r}"
+            )
+    unit = DExTra(
+        int(config["in_features"]),
+        int(config["in_proj_features"]),
+        int(config["out_features"]),
+        width_multiplier=float(config["width_multiplier"]),
+        depth=int(config["dextra_depth"]),
+        max_groups=int(config["max_glt_groups"]),
+        dropout=float(config.get("dextra_dropout", 0.0)),
+    )
+    params: dict[str, Tensor] = {}
+    for ours, theirs in (("input", "input_layer."), ("output", "output_layer.")):
+        params[f"{ours}_layer.weight"] = state_dict[f"{theirs}weights"]  # (out, in), as nn.Linear
+        params[f"{ours}_layer.bias"] = state_dict[f"{theirs}bias"]
+        for name, tensor in _norm_params(state_dict, theirs).items():
+            params[f"{ours}_norm.{name}"] = tensor
+    for l, groups in enumerate(unit.plan.groups):
+        prefix = f"dextra_layers.{l}."
+        for name, tensor in _glt_params(state_dict, prefix, groups).items():
+            params[f"glts.{l}.{name}"] = tensor
+        for name, tensor in _norm_params(state_dict, prefix).items():
+            params[f"glt_norms.{l}.{name}"] = tensor
+    extra = sorted(set(state_dict) - _official_names(unit))
+    if extra:
+        raise ValueError(f"official DExTra tensors not mapped: {extra}")
+    _load(unit, params)
+    return unit
+
+
+def _official_names(unit: DExTra) -> set[str]:
+    names = set()
+    for prefix in ["input_layer.", "output_layer."] + [
+        f"dextra_layers.{l}." for l in range(len(unit.glts))
+    ]:
+        names |= {
+            f"{prefix}weights",
+            f"{prefix}bias",
+            f"{prefix}normalization_fn.weight",
+            f"{prefix}normalization_fn.bias",
+        }
+    return names
+
+
+def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
+    """The official layer that ``config`` describes: a DExTra unit or a single GLT."""
+    if "dextra_depth" in config:
+        return dextra_from_official(state_dict, config)
+    if "n_groups" in config:
+        return glt_from_official(state_dict, config)
+    raise ValueError(
+        "config describes neither a DExTra unit (dextra_depth) nor a GLT (n_groups): "
+        f"keys {sorted(config)}"
+    )

@@ -1,0 +1,234 @@
+"""DExTra, the DeLighT transformation: a deep, light expand-reduce stack of GLTs with input mixing.
+
+DeLighT (Mehta et al., 2021, Sec. 3.1; thesis Ch. 5): an input layer projects the d_m-dimensional
+input to p features (x0); N group linear transformations (GLTs) then first expand the width towards
+d_max = w_m * d_m and reduce it again, each followed by feature shuffle, a per-group LayerNorm and
+swish; before every GLT the *input mixer* interleaves chunks of x0 with chunks of the previous GLT's
+output; an output layer maps concat(x0, last output) to o features.
+
+This module follows the released code (sacmehta/delight), which differs from the thesis text:
+
+- Groups. Thesis Eq. 5.2: g^l = min(2^(l-1), g_max) for the ceil(N/2) expansion layers, so the first
+  GLT has one group. Code: g^l = min(2^l, g_max), so it **starts at 2 groups**. Both mirror the list
+  for the reduction layers (the middle entry twice when N is even).
+- Maximum groups. Thesis: g_max = ceil(d_m / 32). Code: 2^ceil(log2(d_m / 32)); they differ for
+  d_m = 384 (12 vs 16) and 640 (20 vs 32). See :func:`dextra_max_groups`.
+- Widths, the code's rule (both schedules here use it): int(linspace(p, w_m * d_in, ceil(N/2)))
+  mirrored, so d_max = w_m times the unit's *input* width, not w_m * p; every width but the last
+  is rounded up to a multiple of max(g^l, g^(l+1), 8), and the last GLT outputs o.
+- The mixer mixes x0 (the projected input), not the raw input, and the output layer is
+  Linear(o + p -> o) followed by LayerNorm and swish, like every other layer of the unit.
+
+``schedule="official"`` (default) reproduces the code, ``schedule="paper"`` the thesis groups;
+g_max is an argument either way (:func:`dextra_max_groups` gives both rules).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.ops.group_layer_norm import SharedGroupLayerNorm
+from src.ops.group_linear import GroupLinear, interleaved_group_linear
+from src.ops.triton import check_impl
+
+SCHEDULES = ("official", "paper")
+
+
+@dataclass(frozen=True)
+class DExTraSchedule:
+    """Per-GLT sizes of one DExTra unit: ``groups[l]``, ``in_features[l]``, ``out_features[l]``."""
+
+    groups: tuple[int, ...]
+    in_features: tuple[int, ...]
+    out_features: tuple[int, ...]
+
+
+def _check_schedule(schedule: str) -> str:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    return schedule
+
+
+def dextra_max_groups(d_m: int, *, schedule: str = "official") -> int:
+    """g_max for model width d_m: 2^ceil(log2(d_m/32)) (code) or ceil(d_m/32) (thesis)."""
+    if d_m < 1:
+        raise ValueError(f"d_m must be positive, got {d_m}")
+    if _check_schedule(schedule) == "paper":
+        return math.ceil(d_m / 32)
+    return 2 ** math.ceil(math.log2(d_m / 32)) if d_m > 32 else 1
+
+
+def _linspace(start: float, stop: float, num: int) -> list[float]:
+    # numpy.linspace's arithmetic (start + i * step, last point exactly stop), so that the
+    # truncation below matches the official schedule bit for bit
+    if num == 1:
+        return [float(start)]
+    step = (stop - start) / (num - 1)
+    return [start + i * step for i in range(num - 1)] + [float(stop)]
+
+
+def dextra_schedule(
+    in_features: int,
+    in_proj_features: int,
+    out_features: int,
+    *,
+    width_multiplier: float,
+    depth: int,
+    max_groups: int,
+    schedule: str = "official",
+) -> DExTraSchedule:
+    """Groups and widths of the N GLTs of a DExTra unit (see the module docstring).
+
+    Args:
+        in_features: d_in, the unit's input width (d_m in a block); d_max = width_multiplier * d_in.
+        in_proj_features: p, the width of x0 and of the first GLT's input.
+        out_features: o, the last GLT's output width.
+        width_multiplier: w_m.
+        depth: N, the number of GLTs.
+        max_groups: g_max.
+        schedule: ``"official"`` (groups 2, 4, ...) or ``"paper"`` (groups 1, 2, ..., Eq. 5.2).
+    """
+    if depth < 1 or max_groups < 1 or min(in_features, in_proj_features, out_features) < 1:
+        raise ValueError(
+            f"need depth >= 1, max_groups >= 1 and positive widths, got depth={depth}, "
+            f"max_groups={max_groups}, in_features={in_features}, "
+            f"in_proj_features={in_proj_features}, out_features={out_features}"
+        )
+    first = 0 if _check_schedule(schedule) == "paper" else 1
+    n_expand = math.ceil(depth / 2)
+    groups = [min(2 ** (first + l), max_groups) for l in range(n_expand)]
+    widths = [int(w) for w in _linspace(in_proj_features, width_multiplier * in_features, n_expand)]
+    # reduction mirrors the expansion; with N even the widest layer appears twice
+    keep = n_expand if depth % 2 == 0 else n_expand - 1
+    groups += groups[:keep][::-1]
+    widths += widths[:keep][::-1]
+    out = []
+    for l, width in enumerate(widths[:-1]):
+        multiple = max(groups[l], groups[l + 1], 8)
+        out.append(math.ceil(width / multiple) * multiple)
+    out.append(out_features)
+    ins = [in_proj_features] + [width + in_proj_features for width in out[:-1]]
+    return DExTraSchedule(groups=tuple(groups), in_features=tuple(ins), out_features=tuple(out))
+
+
+class DExTra(nn.Module):
+    """The DeLighT transformation (official semantics; README "DExTra semantics").
+
+    Args:
+        in_features: d_in (d_m inside a DeLighT block, the embedding width in the embedding unit).
+        in_proj_features: p, the input layer's width (x0, mixed into every GLT input).
+        out_features: o, the unit's output width.
+        width_multiplier: w_m; the widest GLT has about w_m * in_features outputs.
+        depth: N, the number of GLTs.
+        max_groups: g_max (see :func:`dextra_max_groups`).
+        schedule: ``"official"`` or ``"paper"`` group schedule (see :func:`dextra_schedule`).
+        dropout: applied after every swish, as the official ``dextra_dropout``.
+        eps: of every LayerNorm.
+        impl: the GLTs' implementation, ``"auto"``, ``"reference"`` or ``"triton"``.
+
+    Submodules: ``input_layer``/``input_norm`` (Linear(d_in -> p), LayerNorm(p)),
+    ``glts``/``glt_norms`` (the N shuffled GLTs and their :class:`SharedGroupLayerNorm`),
+    ``output_layer``/``output_norm`` (Linear(p + o -> o), LayerNorm(o)).
+
+    Shape:
+        (..., d_in) -> (..., o)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        in_proj_features: int,
+        out_features: int,
+        *,
+        width_multiplier: float,
+        depth: int,
+        max_groups: int,
+        schedule: str = "official",
+        dropout: float = 0.0,
+        eps: float = 1e-5,
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        plan = dextra_schedule(
+            in_features,
+            in_proj_features,
+            out_features,
+            width_multiplier=width_multiplier,
+            depth=depth,
+            max_groups=max_groups,
+            schedule=schedule,
+        )
+        mixed = plan.groups[1:] + (1,)
+        bad = [
+            (l, g)
+            for l, g in enumerate(plan.groups)
+            if in_proj_features % g or in_proj_features % mixed[l]
+        ]
+        bad += [(l, g) for l, g in enumerate(plan.groups) if plan.out_features[l] % mixed[l]]
+        if bad:
+            raise ValueError(
+                f"DExTra schedule {plan} cannot be built: in_proj_features={in_proj_features} "
+                "and the GLT widths must be divisible by the groups of their GLT and the next "
+                f"one; (layer, groups) {bad}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.in_features = in_features
+        self.in_proj_features = in_proj_features
+        self.out_features = out_features
+        self.plan = plan
+        self.schedule = schedule
+        self.dropout = dropout
+        self.eps = eps
+        self.impl = check_impl(impl)
+        self.input_layer = nn.Linear(in_features, in_proj_features)
+        self.input_norm = nn.LayerNorm(in_proj_features, eps=eps)
+        self.glts = nn.ModuleList(
+            GroupLinear(d_in, d_out, g, shuffle=True, impl=impl)
+            for g, d_in, d_out in zip(plan.groups, plan.in_features, plan.out_features, strict=True)
+        )
+        self.glt_norms = nn.ModuleList(
+            SharedGroupLayerNorm(d_out, g, eps=eps)
+            for g, d_out in zip(plan.groups, plan.out_features, strict=True)
+        )
+        self.output_layer = nn.Linear(in_proj_features + out_features, out_features)
+        self.output_norm = nn.LayerNorm(out_features, eps=eps)
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def _swish(self, x: Tensor) -> Tensor:
+        x = F.silu(x)
+        return F.dropout(x, self.dropout, self.training) if self.dropout > 0 else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        # (..., d_in) -> (N, d_in)
+        x = x.reshape(-1, self.in_features)
+        x0 = self._swish(self.input_norm(self.input_layer(x)))  # (N, p)
+        y = None
+        for glt, norm in zip(self.glts, self.glt_norms, strict=True):
+            # the input mixer as two parts: [x0_1, y_1, ..., x0_g, y_g] is never materialised
+            parts = (x0,) if y is None else (x0, y)
+            y = interleaved_group_linear(
+                parts, glt.weight, glt.bias, shuffle=True, impl=self.impl
+            )  # (N, out_l)
+            y = self._swish(norm(y))
+        # output layer on concat(x0, y): (N, p + o) -> (N, o)
+        out = self._swish(self.output_norm(self.output_layer(torch.cat((x0, y), dim=1))))
+        return out.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, in_proj_features={self.in_proj_features}, "
+            f"out_features={self.out_features}, groups={self.plan.groups}, "
+            f"widths={self.plan.out_features}, schedule={self.schedule!r}, "
+            f"dropout={self.dropout}, impl={self.impl!r}"
+        )

@@ -1,0 +1,218 @@
+"""Fused Triton GLT: per-group matmul + bias that reads and writes the DeLighT layouts in place.
+
+One strided grouped GEMM kernel, ``C[r, i, c] = sum_t A[r, i, t] B[i, t, c] (+ bias[i, c])``, with
+every operand addressed through its own three strides, does all three products of the layer:
+
+- forward: A = the grouped input as it lies in memory, B = W, and C = the output addressed in
+  shuffled order (feature ``j * g + i``) or plain order, so the layer needs no transpose, shuffle
+  or un-grouping copy before or after it. A may come in two parts walked one after the other:
+  DeLighT's input mixer (group i reads chunk i of x0, then chunk i of the previous GLT's output)
+  is then read in place too, with no concatenation;
+- input gradient: A = the output gradient read back through the shuffled strides, B = W^T;
+- weight gradient: A = x^T, B = the output gradient; the same programs also reduce the bias
+  gradient (the column sums of B) so no separate pass over the output gradient is needed.
+
+The PyTorch reference is :class:`src.ops.group_linear.InterleavedGroupLinearFunction`; when
+PyTorch computes only the bias gradient (weight frozen), it reduces it itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, a1_ptr, b_ptr, bias_ptr, c_ptr, colsum_ptr,
+    R, T, T1, C, n_col_blocks,
+    s_ar, s_ag, s_at,
+    s_a1r, s_a1g, s_a1t,
+    s_bg, s_bt, s_bc,
+    s_cr, s_cg, s_cc,
+    s_biasg, s_sumg,
+    HAS_A1: tl.constexpr, HAS_BIAS: tl.constexpr, COLSUM: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    pid_r = tl.program_id(0)
+    pid_gc = tl.program_id(1)
+    group = pid_gc // n_col_blocks
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (pid_gc % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    red = tl.arange(0, BLOCK_T)
+    a_base = a_ptr + group * s_ag + rows[:, None] * s_ar
+    b_base = b_ptr + group * s_bg + cols[None, :] * s_bc
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    col_sum = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + red
+        a = tl.load(
+            a_base + t[None, :] * s_at, mask=(rows[:, None] < R) & (t[None, :] < T), other=0.0
+        )
+        b = tl.load(
+            b_base + t[:, None] * s_bt, mask=(t[:, None] < T) & (cols[None, :] < C), other=0.0
+        )
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        if COLSUM:
+            col_sum += tl.sum(b.to(tl.float32), axis=0)
+    if HAS_A1:
+        # the second part continues the reduction: B rows T .. T + T1
+        a1_base = a1_ptr + group * s_a1g + rows[:, None] * s_a1r
+        for t0 in range(0, T1, BLOCK_T):
+            t = t0 + red
+            a = tl.load(
+                a1_base + t[None, :] * s_a1t,
+                mask=(rows[:, None] < R) & (t[None, :] < T1),
+                other=0.0,
+            )
+            b = tl.load(
+                b_base + (T + t)[:, None] * s_bt,
+                mask=(t[:, None] < T1) & (cols[None, :] < C),
+                other=0.0,
+            )
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + group * s_biasg + cols, mask=cols < C, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    c = c_ptr + group * s_cg + rows[:, None] * s_cr + cols[None, :] * s_cc
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < R) & (cols[None, :] < C))
+    if COLSUM:
+        # only the first row block writes: every row block reduced the same columns of B
+        tl.store(colsum_ptr + group * s_sumg + cols, col_sum.to(colsum_ptr.dtype.element_ty),
+                 mask=(cols < C) & (pid_r == 0))  # fmt: skip
+
+
+def _block(size: int, low: int, high: int) -> int:
+    return max(low, min(high, triton.next_power_of_2(size)))
+
+
+def _grouped_gemm(
+    a: Tensor,
+    b: Tensor,
+    c: Tensor,
+    *,
+    a1: Tensor | None = None,
+    bias: Tensor | None = None,
+    colsum: Tensor | None = None,
+) -> None:
+    """``c[r, i] = concat(a[r, i], a1[r, i]) @ b[i] (+ bias[i])``; ``colsum[i] = b[i].sum(0)``.
+
+    Shape:
+        a (R, g, T), a1 (R, g, T1), b (g, T + T1, C), bias (g, C), c (R, g, C), colsum (g, C);
+        any strides. a1, bias and colsum are optional.
+    """
+    rows, groups, red = a.shape
+    red1 = a1.shape[2] if a1 is not None else 0
+    cols = b.shape[2]
+    block_r = 64 if a.is_cuda else 32
+    block_t = _block(max(red, red1), 16, 32)
+    block_c = _block(cols, 16, 64)
+    # fp32 inputs: exact products unless PyTorch itself allows TF32 matmuls
+    ieee = a.dtype == torch.float32 and not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32)
+    n_col_blocks = triton.cdiv(cols, block_c)
+    # unused pointers (no second part, bias or column sums) are given c; the kernel never reads them
+    a1_arg = a1 if a1 is not None else a
+    bias_arg = bias if bias is not None else c
+    sum_arg = colsum if colsum is not None else c
+    grid = (triton.cdiv(rows, block_r), groups * n_col_blocks)
+    _grouped_gemm_kernel[grid](
+        a, a1_arg, b, bias_arg, c, sum_arg,
+        rows, red, red1, cols, n_col_blocks,
+        *a.stride(), *a1_arg.stride(), *b.stride(), *c.stride(),
+        bias_arg.stride(0), sum_arg.stride(0),
+        HAS_A1=a1 is not None, HAS_BIAS=bias is not None, COLSUM=colsum is not None, IEEE=ieee,
+        BLOCK_R=block_r, BLOCK_T=block_t, BLOCK_C=block_c,
+    )  # fmt: skip
+
+
+def _grouped_view(y: Tensor, groups: int, shuffle: bool) -> Tensor:
+    """The (N, g*n) output seen as (N, g, n): unit j of group i at ``j*g + i`` or ``i*n + j``."""
+    rows, width = y.shape
+    n = width // groups
+    if shuffle:
+        # (N, g*n) laid out as (N, n, g) -> (N, g, n)
+        return y.view(rows, n, groups).transpose(1, 2)
+    return y.view(rows, groups, n)
+
+
+class InterleavedGroupLinearTriton(torch.autograd.Function):
+    """Autograd wrapper of the fused GLT: the forward and all gradients are Triton kernels."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, weight: Tensor, bias: Tensor | None, shuffle: bool, *parts: Tensor
+    ) -> Tensor:
+        """parts (N, d_j), one or two -> (N, g*n)."""
+        groups, _, n = weight.shape
+        rows = parts[0].shape[0]
+        # (N, d_j) -> (N, g, d_j/g), views
+        grouped = [p.unflatten(1, (groups, -1)) for p in parts]
+        y = torch.empty(rows, groups * n, device=weight.device, dtype=weight.dtype)
+        a1 = grouped[1] if len(grouped) > 1 else None
+        _grouped_gemm(grouped[0], weight, _grouped_view(y, groups, shuffle), a1=a1, bias=bias)
+        ctx.save_for_backward(weight, *parts)
+        ctx.shuffle = shuffle
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        weight, *parts = ctx.saved_tensors
+        groups, _, n = weight.shape
+        # (N, g*n) read in place as (N, g, n)
+        dy = _grouped_view(grad_y.contiguous(), groups, ctx.shuffle)
+        want_w = ctx.needs_input_grad[0]
+        want_b = ctx.has_bias and ctx.needs_input_grad[1]
+        grad_w = torch.empty_like(weight) if want_w else None
+        grad_b = (
+            torch.empty(groups, n, device=weight.device, dtype=weight.dtype) if want_b else None
+        )
+        grad_parts: list[Tensor | None] = []
+        offset = 0
+        for j, part in enumerate(parts):
+            xg = part.unflatten(1, (groups, -1))  # (N, g, d_j/g)
+            width = xg.shape[2]
+            w = weight[:, offset : offset + width]  # (g, d_j/g, n)
+            if ctx.needs_input_grad[3 + j]:
+                grad_part = torch.empty_like(part)
+                # dx_j = dy @ W_j^T: W_j seen as (g, n, d_j/g)
+                _grouped_gemm(dy, w.transpose(1, 2), grad_part.unflatten(1, (groups, -1)))
+                grad_parts.append(grad_part)
+            else:
+                grad_parts.append(None)
+            if grad_w is not None:
+                # dW_j = x_j^T @ dy: x_j as (d_j/g, g, N), dy as (g, N, n), dW_j as (d_j/g, g, n);
+                # the first part's programs also reduce the bias gradient (column sums of dy)
+                _grouped_gemm(
+                    xg.permute(2, 1, 0),
+                    dy.transpose(0, 1),
+                    grad_w[:, offset : offset + width].transpose(0, 1),
+                    colsum=grad_b if j == 0 else None,
+                )
+            offset += width
+        if want_b and not want_w:
+            grad_b = dy.sum(0, dtype=torch.float32).to(weight.dtype)
+        return (grad_w, grad_b, None, *grad_parts)
+
+
+def interleaved_group_linear_triton(
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
+) -> Tensor:
+    """The fused GLT over one or two parts read in place; see :class:`InterleavedGroupLinearTriton`.
+
+    Shape:
+        parts (N, d_j) (unit feature stride), weight (g, k, n), bias (g, n) or None -> (N, g*n)
+    """
+    return InterleavedGroupLinearTriton.apply(weight, bias, shuffle, *parts)

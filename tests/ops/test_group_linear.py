@@ -1,0 +1,186 @@
+"""GroupLinear: the fast PyTorch path and the Triton kernel against the plain oracle.
+
+On a machine without CUDA the Triton kernel runs in Triton's interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), so the shapes stay tiny; rows are never a multiple of the 32-row block.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from src.ops.group_linear import (
+    GroupLinear,
+    group_linear,
+    group_linear_reference,
+    interleaved_group_linear,
+)
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def _params(
+    groups: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu", bias: bool = True
+):
+    weight = torch.randn(groups, k, n, dtype=dtype, device=device, requires_grad=True)
+    b = torch.randn(groups, n, dtype=dtype, device=device, requires_grad=True) if bias else None
+    return weight, b
+
+
+def _grads(y: torch.Tensor, inputs: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
+    grad_y = torch.randn(
+        y.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32
+    )
+    return list(torch.autograd.grad(y, inputs, grad_y.to(y)))
+
+
+def _interleave(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """The input mixer written out: [p0_1, p1_1, ..., p0_g, p1_g] as one (N, sum d_j) matrix."""
+    chunks = [p.chunk(groups, dim=1) for p in parts]
+    return torch.cat([c[i] for i in range(groups) for c in chunks], dim=1)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
+@pytest.mark.parametrize("groups", range(1, 9))
+def test_triton_matches_reference(groups: int, shuffle: bool) -> None:
+    torch.manual_seed(groups)
+    rows, k, n = 37, 3 + groups % 3, 5 + groups % 2  # odd sizes: masked tails everywhere
+    x = torch.randn(rows, groups * k, device=DEVICE, requires_grad=True)
+    weight, bias = _params(groups, k, n, torch.float32, DEVICE)
+    y = group_linear(x, weight, bias, shuffle=shuffle, impl="triton")
+    ref = group_linear_reference(x, weight, bias, shuffle)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip(_grads(y, [x, weight, bias]), _grads(ref, [x, weight, bias]), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 12), (1, 40, 12), (65, 12)], ids=str)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_triton_shapes_and_no_bias(shape: tuple[int, ...], bias: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEVICE, requires_grad=True)
+    glt = GroupLinear(12, 20, 4, bias=bias, shuffle=True, impl="triton").to(DEVICE)
+    y = glt(x)
+    ref = group_linear_reference(x, glt.weight, glt.bias, True)
+    assert y.shape == (*shape[:-1], 20)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    inputs = [x, *glt.parameters()]
+    for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
+def test_two_parts_are_the_input_mixer(impl: str, shuffle: bool) -> None:
+    torch.manual_seed(0)
+    groups, rows = 4, 33
+    x0 = torch.randn(rows, 8, device=DEVICE, requires_grad=True)
+    y_prev = torch.randn(rows, 12, device=DEVICE, requires_grad=True)
+    weight, bias = _params(groups, (8 + 12) // groups, 3, torch.float32, DEVICE)
+    y = interleaved_group_linear((x0, y_prev), weight, bias, shuffle=shuffle, impl=impl)
+    ref = group_linear_reference(_interleave([x0, y_prev], groups), weight, bias, shuffle)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    inputs = [x0, y_prev, weight, bias]
+    for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_triton_reads_strided_rows() -> None:
+    # a column slice of a wider matrix: rows strided, features unit-stride, read in place
+    torch.manual_seed(0)
+    wide = torch.randn(21, 30, device=DEVICE)
+    x = wide[:, 5:17]
+    weight, bias = _params(3, 4, 2, torch.float32, DEVICE)
+    y = group_linear(x, weight, bias, shuffle=True, impl="triton")
+    torch.testing.assert_close(
+        y, group_linear_reference(x, weight, bias, True), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_triton_float16() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(19, 16, device=DEVICE, dtype=torch.float16, requires_grad=True)
+    weight, bias = _params(4, 4, 6, torch.float16, DEVICE)
+    y = group_linear(x, weight, bias, shuffle=True, impl="triton")
+    ref = group_linear_reference(x.float(), weight.float(), bias.float(), True)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
+    inputs = [x, weight, bias]
+    for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
+        torch.testing.assert_close(got.float(), want.float(), atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not CUDA,
+    reason="bf16 needs CUDA: Triton's interpreter multiplies bf16 bit patterns in tl.dot "
+    "(triton-lang/triton#11584, not supported there)",
+)
+def test_triton_bfloat16() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight, bias = _params(8, 8, 16, torch.bfloat16, "cuda")
+    y = group_linear(x, weight, bias, shuffle=True, impl="triton")
+    ref = group_linear_reference(x.float(), weight.float(), bias.float(), True)
+    torch.testing.assert_close(y.float(), ref, atol=5e-2, rtol=2e-2)
+    inputs = [x, weight, bias]
+    for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-1, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
+def test_fast_reference_matches_oracle(shuffle: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 24, requires_grad=True)
+    glt = GroupLinear(24, 18, 3, shuffle=shuffle, impl="reference")
+    y = glt(x)
+    ref = group_linear_reference(x, glt.weight, glt.bias, shuffle)
+    torch.testing.assert_close(y, ref)
+    inputs = [x, *glt.parameters()]
+    for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
+@pytest.mark.parametrize("n_parts", [1, 2])
+def test_reference_gradcheck(n_parts: int, shuffle: bool, bias: bool) -> None:
+    torch.manual_seed(0)
+    groups = 2
+    parts = [
+        torch.randn(5, 4 * (j + 1), dtype=torch.float64, requires_grad=True) for j in range(n_parts)
+    ]
+    k = sum(p.shape[1] for p in parts) // groups
+    weight, b = _params(groups, k, 3, torch.float64, bias=bias)
+    inputs = (*parts, weight) + ((b,) if bias else ())
+
+    def fn(*args: torch.Tensor) -> torch.Tensor:
+        return interleaved_group_linear(
+            args[:n_parts],
+            args[n_parts],
+            args[n_parts + 1] if bias else None,
+            shuffle=shuffle,
+            impl="reference",
+        )
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+def test_auto_runs_reference_on_cpu_float64() -> None:
+    glt = GroupLinear(8, 4, 2, impl="auto").double()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    torch.testing.assert_close(glt(x), group_linear_reference(x, glt.weight, glt.bias, False))
+
+
+def test_bad_sizes_raise() -> None:
+    with pytest.raises(ValueError, match=r"in_features \(10\).*groups \(4\)"):
+        GroupLinear(10, 8, 4)
+    weight = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="expects 6"):
+        group_linear(torch.randn(5, 8), weight, None, shuffle=False)
+    with pytest.raises(ValueError, match="divisible by 2 groups"):
+        interleaved_group_linear(
+            (torch.randn(5, 3), torch.randn(5, 3)), weight, None, shuffle=False
+        )
+    with pytest.raises(ValueError, match="impl must be one of"):
+        GroupLinear(4, 4, 2, impl="cuda")
