@@ -1,0 +1,306 @@
+"""Transformer-XL (Dai et al., 2019) for character-level language modelling, as kimiyoung builds it.
+
+The original code's ``MemTransformerLM`` with ``attn_type=0``: a scaled token embedding
+(``E[token] * sqrt(D)``, no projection), ``L`` decoder layers of relative multi-head attention
+(Sec. 3.3, the biases ``u = r_w_bias`` and ``v = r_r_bias`` shared by all layers) and a position-wise
+feed-forward network, each either post-norm (the official default) or pre-norm, then dropout and the
+output layer (optionally tied to the embedding). Segment-level recurrence (Sec. 3.2): layer i reads,
+as its memory, the last ``mem_len`` inputs it saw in earlier segments; they are detached.
+
+Memories are a list of ``n_layer + 1`` batch-first tensors: slot 0 holds the embedding output
+(after dropout), slot i the output of layer i; layer i reads slot i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.ops.relative_position import causal_memory_mask, relative_attention, relative_sinusoid
+
+
+class RelativeMultiHeadAttention(nn.Module):
+    """Transformer-XL relative multi-head attention sublayer (kimiyoung's ``RelPartialLearnable...``).
+
+    With ``c = cat(memory, h)`` (normalised first when ``pre_norm``): ``q = c_cur Wq``, ``k = c Wk``,
+    ``v = c Wv``, distance keys ``rk = r Wr``; scores ``(q + u) k^T + shift((q + v) rk^T)`` scaled by
+    ``1/sqrt(d_head)`` under a causal mask; ``o = attn Wo``. Post-norm: ``norm(h + dropout(o))``;
+    pre-norm: ``h + dropout(o)``. Queries are computed for the current positions only (the official
+    code also projects the memory rows and discards them; the result is the same).
+
+    Args:
+        d_model: D, divisible by ``n_head``; ``d_head = D / n_head``.
+        n_head: H.
+        dropout: dropout on the sublayer output.
+        dropatt: dropout on the attention probabilities.
+        pre_norm: normalise the sublayer input (memory included) instead of the residual sum.
+
+    Parameters: ``qkv_net`` (Linear D -> 3D, rows q, k, v), ``r_net``, ``o_net`` (Linear D -> D),
+    all without bias, and ``norm`` (LayerNorm D): ``5D^2 + 2D``.
+
+    Shape:
+        h (B, T, D), r (M + T, D) distance vectors for ``M+T-1 ... 0``, r_w_bias and r_r_bias
+        (H, d_head), memory (B, M, D) or None -> (B, T, D)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        *,
+        dropout: float = 0.0,
+        dropatt: float = 0.0,
+        pre_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        if n_head < 1 or d_model % n_head:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+        self.d_model = d_model
+        self.n_head = n_head
+        self.d_head = d_model // n_head
+        self.dropout = dropout
+        self.dropatt = dropatt
+        self.pre_norm = pre_norm
+        self.qkv_net = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.r_net = nn.Linear(d_model, d_model, bias=False)
+        self.o_net = nn.Linear(d_model, d_model, bias=False)
+        self.norm = nn.LayerNorm(d_model)
+
+    def reset_parameters(self) -> None:
+        for module in self.children():
+            module.reset_parameters()
+
+    def forward(
+        self,
+        h: Tensor,
+        r: Tensor,
+        r_w_bias: Tensor,
+        r_r_bias: Tensor,
+        memory: Tensor | None = None,
+    ) -> Tensor:
+        batch, qlen, d_model = h.shape
+        context = h if memory is None else torch.cat([memory, h], dim=1)  # (B, K, D)
+        klen = context.shape[1]
+        mlen = klen - qlen
+        if r.shape != (klen, d_model):
+            raise ValueError(f"r must be (mlen + qlen, d_model) = ({klen}, {d_model}), got {tuple(r.shape)}")
+        if self.pre_norm:
+            context = self.norm(context)
+        heads = (self.n_head, self.d_head)
+        w_q, w_kv = self.qkv_net.weight.split([d_model, 2 * d_model])
+        q = F.linear(context[:, mlen:], w_q)  # (B, T, D)
+        q = q.view(batch, qlen, *heads).transpose(1, 2)  # (B, T, D) -> (B, H, T, d_head)
+        kv = F.linear(context, w_kv)  # (B, K, 2D)
+        # (B, K, 2D) -> (B, K, 2, H, d_head) -> (2, B, H, K, d_head)
+        k, v = kv.view(batch, klen, 2, *heads).permute(2, 0, 3, 1, 4)
+        rk = self.r_net(r).view(klen, *heads).transpose(0, 1)  # (K, D) -> (H, K, d_head)
+        attended = relative_attention(
+            q, k, v, rk, r_w_bias, r_r_bias,
+            mask=causal_memory_mask(qlen, mlen, device=h.device),
+            dropatt=self.dropatt, training=self.training,
+        )  # (B, H, T, d_head)
+        o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)
+        out = h + F.dropout(o, p=self.dropout, training=self.training)
+        return out if self.pre_norm else self.norm(out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, n_head={self.n_head}, dropout={self.dropout}, "
+            f"dropatt={self.dropatt}, pre_norm={self.pre_norm}"
+        )
+
+
+class PositionwiseFeedForward(nn.Module):
+    """Transformer-XL's position-wise FFN sublayer: ``y = W2 dropout(ReLU(W1 x + b1)) + b2``.
+
+    Post-norm: ``norm(x + dropout(y))``; pre-norm: ``x + dropout(y(norm(x)))``.
+
+    Args:
+        d_model: D.
+        d_inner: hidden width (4D in the papers).
+        dropout: dropout after the ReLU and on the output.
+        pre_norm: normalise the input instead of the residual sum.
+
+    Parameters: ``linear_1`` (D -> d_inner), ``linear_2`` (d_inner -> D), ``norm``:
+    ``2 D d_inner + d_inner + 3D``.
+
+    Shape:
+        (..., D) -> (..., D)
+    """
+
+    def __init__(self, d_model: int, d_inner: int, *, dropout: float = 0.0, pre_norm: bool = False) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.pre_norm = pre_norm
+        self.linear_1 = nn.Linear(d_model, d_inner)
+        self.linear_2 = nn.Linear(d_inner, d_model)
+        self.norm = nn.LayerNorm(d_model)
+
+    def reset_parameters(self) -> None:
+        for module in self.children():
+            module.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.norm(x) if self.pre_norm else x
+        y = F.dropout(torch.relu(self.linear_1(y)), p=self.dropout, training=self.training)
+        out = x + F.dropout(self.linear_2(y), p=self.dropout, training=self.training)
+        return out if self.pre_norm else self.norm(out)
+
+    def extra_repr(self) -> str:
+        return f"dropout={self.dropout}, pre_norm={self.pre_norm}"
+
+
+class RelativeDecoderLayer(nn.Module):
+    """One decoder layer: a relative-attention sublayer, then a feed-forward sublayer.
+
+    Both sublayers hold their own residual connection and norm; any attention with the signature
+    of :class:`RelativeMultiHeadAttention` (e.g. ``GroupAttention``) and any ``(..., D) -> (..., D)``
+    feed-forward (e.g. ``GroupFeedForward``) fit.
+
+    Shape:
+        h (B, T, D), r (M + T, D), biases (H, d_head), memory (B, M, D) or None -> (B, T, D)
+    """
+
+    def __init__(self, attn: nn.Module, ff: nn.Module) -> None:
+        super().__init__()
+        self.attn = attn
+        self.ff = ff
+
+    def forward(
+        self, h: Tensor, r: Tensor, r_w_bias: Tensor, r_r_bias: Tensor, memory: Tensor | None = None
+    ) -> Tensor:
+        return self.ff(self.attn(h, r, r_w_bias, r_r_bias, memory))
+
+
+def check_memories(memories: list[Tensor] | None, n_slots: int, batch: int) -> int:
+    """Validate a memory list and return its length ``M`` (0 for None or empty memories)."""
+    if memories is None:
+        return 0
+    if len(memories) != n_slots:
+        raise ValueError(f"expected {n_slots} memory tensors (n_layer + 1), got {len(memories)}")
+    mlen = memories[0].shape[1]
+    for memory in memories:
+        if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[1] != mlen:
+            raise ValueError(
+                f"memories must all be (B={batch}, M={mlen}, D), got {[tuple(m.shape) for m in memories]}"
+            )
+    return mlen
+
+
+def update_memories(hiddens: list[Tensor], memories: list[Tensor] | None, mem_len: int) -> list[Tensor] | None:
+    """The last ``mem_len`` positions of ``cat(memory, hidden)`` per slot, detached (Sec. 3.2).
+
+    Returns None when ``mem_len`` is 0 (no recurrence).
+
+    Shape:
+        hiddens: n_slots x (B, T, D); memories: n_slots x (B, M, D) or None
+        -> n_slots x (B, min(mem_len, M + T), D)
+    """
+    if mem_len == 0:
+        return None
+    with torch.no_grad():
+        if memories is None:
+            return [h[:, -mem_len:].detach() for h in hiddens]
+        return [torch.cat([m, h], dim=1)[:, -mem_len:].detach() for m, h in zip(memories, hiddens)]
+
+
+class TransformerXL(nn.Module):
+    """Transformer-XL language model (Dai et al., 2019) with segment-level recurrence.
+
+    ``emb = E[token] * sqrt(D)`` -> dropout -> L x [relative attention, FFN] -> dropout -> output
+    Linear D -> n_token (weight tied to ``E`` when ``tie_weight``). Distance vectors are the fixed
+    sinusoids of distances ``K-1 ... 0`` (dropout applied, as in the official code).
+
+    Args:
+        n_token: vocabulary size.
+        n_layer: L, number of decoder layers.
+        d_model: D, the residual width.
+        n_head: H, attention heads (``d_head = D / H``).
+        d_inner: FFN hidden width.
+        mem_len: number of past positions kept per layer (0: no recurrence); may be changed
+            between calls, e.g. longer for evaluation.
+        dropout: dropout on embeddings, distance vectors, sublayer outputs and the final hidden.
+        dropatt: dropout on attention probabilities.
+        pre_norm: pre-norm layers (the official ``pre_lnorm``); post-norm otherwise.
+        tie_weight: share the output weight with the embedding (the official enwik8 script).
+
+    Shape:
+        tokens (B, T) int64, memories ``n_layer + 1`` x (B, M, D) or None
+        -> logits (B, T, n_token), new memories ``n_layer + 1`` x (B, min(mem_len, M + T), D)
+        (None when ``mem_len == 0``)
+    """
+
+    def __init__(
+        self,
+        n_token: int,
+        n_layer: int = 9,
+        d_model: int = 256,
+        n_head: int = 8,
+        d_inner: int = 1024,
+        *,
+        mem_len: int = 512,
+        dropout: float = 0.1,
+        dropatt: float = 0.0,
+        pre_norm: bool = False,
+        tie_weight: bool = True,
+    ) -> None:
+        super().__init__()
+        if n_token < 1 or n_layer < 1 or mem_len < 0:
+            raise ValueError(f"need n_token >= 1, n_layer >= 1, mem_len >= 0, got {n_token}, {n_layer}, {mem_len}")
+        if n_head < 1 or d_model % n_head:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+        self.n_token = n_token
+        self.n_layer = n_layer
+        self.d_model = d_model
+        self.n_head = n_head
+        self.mem_len = mem_len
+        self.dropout = dropout
+        self.tie_weight = tie_weight
+        d_head = d_model // n_head
+        self.embedding = nn.Embedding(n_token, d_model)
+        self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
+        self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
+        self.layers = nn.ModuleList(
+            RelativeDecoderLayer(
+                RelativeMultiHeadAttention(d_model, n_head, dropout=dropout, dropatt=dropatt, pre_norm=pre_norm),
+                PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm),
+            )
+            for _ in range(n_layer)
+        )
+        self.output = nn.Linear(d_model, n_token)
+        if tie_weight:
+            self.output.weight = self.embedding.weight
+        self.init_weights()
+
+    def init_weights(self, std: float = 0.02) -> None:
+        """kimiyoung/transformer-xl ``train.py`` (``--init normal``): weights and the embedding
+        N(0, std), biases 0, LayerNorm gains N(1, std), ``r_w_bias``/``r_r_bias`` N(0, std)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.normal_(module.weight, mean=1.0, std=std)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.r_w_bias, std=std)
+        nn.init.normal_(self.r_r_bias, std=std)
+
+    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+        batch, qlen = tokens.shape
+        mlen = check_memories(memories, self.n_layer + 1, batch)
+        h = F.dropout(self.embedding(tokens) * math.sqrt(self.d_model), p=self.dropout, training=self.training)
+        r = relative_sinusoid(mlen + qlen, self.d_model, dtype=h.dtype, device=h.device)  # (K, D)
+        r = F.dropout(r, p=self.dropout, training=self.training)
+        hiddens = [h]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, r, self.r_w_bias, self.r_r_bias, None if memories is None else memories[i])
+            hiddens.append(h)
+        logits = self.output(F.dropout(h, p=self.dropout, training=self.training))  # (B, T, n_token)
+        return logits, update_memories(hiddens, memories, self.mem_len)
+
+    def extra_repr(self) -> str:
+        return f"mem_len={self.mem_len}, tie_weight={self.tie_weight}"
