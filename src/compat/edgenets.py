@@ -16,12 +16,20 @@ Layout differences:
   ``conv_channel``, ``conv_width``, ``conv_height``) and (channel, height, width) here. Every
   released model uses (1, 1, 1), so this order is not exercised by the fixtures.
 - ESPNetv2 names CBR parts ``conv``/``bn``/``act``; DiCENet uses ``cbr.0/1/2``.
+
+Full networks (:func:`official_key_map`, :func:`load_official_weights`): DiCENet and ESPNetv2
+ImageNet classifiers and the EdgeNets segmentation networks (``base_net.`` encoder + EPP decoder).
+The maps are built by walking our model (its widths and units), so they hold for every width.
+ESPNetv2's ``level5_0.inp_reinf.*`` (an image shortcut the official model builds but never calls)
+is dropped. This module imports no model: it recognises them by class name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
@@ -140,10 +148,15 @@ def eesp_downsampler_key_map(
     return key_map | _prelu(f"{official}act.", f"{ours}act.")
 
 
-def convert(state_dict: Mapping[str, Tensor], key_map: KeyMap) -> dict[str, Tensor]:
-    """Rename (and transform) every official tensor; KeyError listing any key either side lacks."""
+def convert(
+    state_dict: Mapping[str, Tensor], key_map: KeyMap, *, ignored: Collection[str] = ()
+) -> dict[str, Tensor]:
+    """Rename (and transform) every official tensor; KeyError listing any key either side lacks.
+
+    ``ignored`` official keys are dropped when present (parameters the official model builds but
+    never uses)."""
     missing = [key for key in key_map if key not in state_dict]
-    unexpected = [key for key in state_dict if key not in key_map]
+    unexpected = [key for key in state_dict if key not in key_map and key not in ignored]
     if missing or unexpected:
         raise KeyError(
             f"official state dict does not match: missing {missing}, unexpected {unexpected}"
@@ -152,6 +165,193 @@ def convert(state_dict: Mapping[str, Tensor], key_map: KeyMap) -> dict[str, Tens
         ours: state_dict[official] if transform is None else transform(state_dict[official])
         for official, (ours, transform) in key_map.items()
     }
+
+
+def _br(official: str, ours: str) -> KeyMap:
+    """Official ``BR`` (``official`` ends in ``br.``) or ``nn.Sequential(BN, PReLU)``."""
+    return _bn(f"{official}0.", f"{ours}0.") | _prelu(f"{official}1.", f"{ours}1.")
+
+
+def _linear(official: str, ours: str) -> KeyMap:
+    return {f"{official}{key}": (f"{ours}{key}", None) for key in ("weight", "bias")}
+
+
+def dicenet_backbone_key_map(backbone: nn.Module, official: str, ours: str) -> KeyMap:
+    """Official DiCENet levels 1, 3, 4 (and 5) -> ``DiCENetBackbone`` (any width and depth)."""
+    key_map = _dicenet_cbr(f"{official}level1.", f"{ours}level1.")
+    for level in (3, 4, 5):
+        stage = getattr(backbone, f"level{level}")
+        if stage is None:
+            continue
+        for i, unit in enumerate(stage):
+            src, dst = f"{official}level{level}.{i}.", f"{ours}level{level}.{i}."
+            known = isinstance(unit, (StridedDiCE, DiCEShuffleUnit))
+            if not known or not isinstance(unit.dice, DiCE):
+                raise ValueError(
+                    f"{dst.rstrip('.')} is a DiCE-unit ablation ({type(unit.dice).__name__}); "
+                    "official weights exist only for the DiCE unit"
+                )
+            if isinstance(unit, StridedDiCE):
+                key_map |= strided_dice_key_map(src, dst, channels=unit.in_channels, shuffle=True)
+            else:
+                if not isinstance(unit.reduce, nn.Sequential):
+                    raise ValueError(f"{dst}reduce is an ablation; official weights cannot load")
+                dice_channels = unit.out_channels - unit.passed
+                key_map |= dice_shuffle_unit_key_map(src, dst, dice_channels=dice_channels)
+    return key_map
+
+
+def _check_plain_eesp(module: nn.Module, name: str) -> None:
+    if type(module) is not EESP:
+        raise ValueError(f"{name} is an EESP ablation; official weights exist only for the EESP")
+
+
+def espnetv2_backbone_key_map(
+    backbone: nn.Module, official: str, ours: str
+) -> tuple[KeyMap, list[str]]:
+    """Official ESPNetv2 levels -> ``ESPNetv2Backbone``; also the official keys to drop.
+
+    The official level-5 down-sampler's image shortcut (``level5_0.inp_reinf``) never runs and
+    is not built here: its keys are returned as ignored."""
+    key_map = _espnet_cbr(f"{official}level1.", f"{ours}level1.")
+    ignored: list[str] = []
+    for level in (2, 3, 4, 5):
+        down = getattr(backbone, f"level{level}_0")
+        if down is None:
+            continue
+        src, dst = f"{official}level{level}_0.", f"{ours}level{level}_0."
+        _check_plain_eesp(down.eesp, f"{dst}eesp")
+        has_shortcut = down.image_shortcut is not None
+        key_map |= eesp_downsampler_key_map(
+            src, dst, branches=len(down.eesp.transform), image_shortcut=has_shortcut
+        )
+        if level == 5:
+            shortcut = _espnet_cbr(f"{src}inp_reinf.0.", "") | _espnet_cb(f"{src}inp_reinf.1.", "")
+            ignored += list(shortcut)
+        if level == 2:
+            continue
+        for i, unit in enumerate(getattr(backbone, f"level{level}")):
+            _check_plain_eesp(unit, f"{ours}level{level}.{i}")
+            key_map |= eesp_key_map(
+                f"{official}level{level}.{i}.",
+                f"{ours}level{level}.{i}.",
+                branches=len(unit.transform),
+            )
+    return key_map, ignored
+
+
+def dicenet_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
+    """Official ``model.classification.dicenet.CNNModel`` -> :class:`src.models.dicenet.DiCENet`."""
+    key_map = dicenet_backbone_key_map(model.backbone, "", "backbone.")
+    key_map |= _weight("classifier.0.", "fc_group.") | _linear("classifier.2.", "fc.")
+    return key_map, []
+
+
+def espnetv2_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
+    """Official ``model.classification.espnetv2.EESPNet`` -> ``src.models.espnetv2.ESPNetv2``."""
+    key_map, ignored = espnetv2_backbone_key_map(model.backbone, "", "backbone.")
+    units = len(model.backbone.level5)
+    key_map |= _espnet_cbr(f"level5.{units}.", "head_conv.")
+    key_map |= _espnet_cbr(f"level5.{units + 1}.", "head_conv.", first=3)
+    return key_map | _linear("classifier.", "classifier."), ignored
+
+
+# official decoder module names, coarsest first: (EPP x 4, skip projections x 3, skip BR x 3)
+DECODER_NAMES = {
+    "DiCENetBackbone": (
+        ("eff_pool_16x16", "eff_pool_32x32", "eff_pool_64x64", "eff_pool_128x128"),
+        ("proj_enc_32x32", "proj_enc_64x64", "proj_enc_128x128"),
+        ("bu_br_32x32", "bu_br_64x64", "bu_br_128x128"),
+    ),
+    "ESPNetv2Backbone": (
+        ("bu_dec_l1", "bu_dec_l2", "bu_dec_l3", "bu_dec_l4"),
+        ("merge_enc_dec_l2", "merge_enc_dec_l3", "merge_enc_dec_l4"),
+        ("bu_br_l2", "bu_br_l3", "bu_br_l4"),
+    ),
+}
+
+
+def epp_key_map(official: str, ours: str, *, last: bool) -> KeyMap:
+    """Official ``EfficientPyrPool`` -> :class:`src.models.segmentation.EfficientPyramidPooling`."""
+    key_map = _dicenet_cbr(f"{official}projection_layer.", f"{ours}project.")
+    for i in range(5):
+        key_map |= _weight(f"{official}stages.{i}.", f"{ours}stages.{i}.")
+    key_map |= _br(f"{official}merge_layer.0.br.", f"{ours}merge_norm.")
+    key_map |= _dicenet_cbr(f"{official}merge_layer.2.", f"{ours}merge.")
+    if last:
+        return key_map | _linear(f"{official}merge_layer.3.", f"{ours}expand.")
+    return (
+        key_map
+        | _weight(f"{official}merge_layer.3.", f"{ours}expand.")
+        | _br(f"{official}br.br.", f"{ours}out_norm.")
+    )
+
+
+def segmentation_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
+    """Official ``DiCENetSegmentation``/``ESPNetv2Segmentation`` -> ``EdgeNetsSegmentation``."""
+    family = type(model.backbone).__name__
+    if family == "DiCENetBackbone":
+        key_map, ignored = dicenet_backbone_key_map(model.backbone, "base_net.", "backbone."), []
+    elif family == "ESPNetv2Backbone":
+        key_map, ignored = espnetv2_backbone_key_map(model.backbone, "base_net.", "backbone.")
+    else:
+        raise ValueError(f"no official EdgeNets segmentation weights for a {family} encoder")
+    epp, skip, skip_norm = DECODER_NAMES[family]
+    for i, name in enumerate(epp):
+        key_map |= epp_key_map(f"{name}.", f"decoder.epp.{i}.", last=i == 3)
+    for i, (proj, norm) in enumerate(zip(skip, skip_norm)):
+        key_map |= _weight(f"{proj}.wt_layer.1.", f"decoder.skip.{i}.gate.1.")
+        key_map |= _dicenet_cbr(f"{proj}.expansion_layer.", f"decoder.skip.{i}.expand.")
+        key_map |= _br(f"{norm}.", f"decoder.skip_norm.{i}.")
+    return key_map, ignored
+
+
+NETWORKS: Mapping[str, Callable[[nn.Module], tuple[KeyMap, list[str]]]] = {
+    "DiCENet": dicenet_key_map,
+    "ESPNetv2": espnetv2_key_map,
+    "EdgeNetsSegmentation": segmentation_key_map,
+}
+
+
+def official_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
+    """The official -> ours key map of a whole network, and the official keys it drops."""
+    name = type(model).__name__
+    if name not in NETWORKS:
+        raise ValueError(f"no official EdgeNets key map for {name}; known: {sorted(NETWORKS)}")
+    return NETWORKS[name](model)
+
+
+def load_official_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """An official EdgeNets ``.pth`` (legacy pickle, CUDA tensors) as CPU tensors, ``module.``
+    (DataParallel) prefixes removed."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"official EdgeNets weights {path} do not exist")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{path} holds a {type(state).__name__}, not a state dict")
+    return {key.removeprefix("module."): value for key, value in state.items()}
+
+
+def load_official_weights(model: nn.Module, weights: str | Path | Mapping[str, Tensor]) -> None:
+    """Load official EdgeNets weights (a ``.pth`` path or a state dict) into ``model`` in place.
+
+    Raises ``KeyError`` listing the official keys the map expects but the file lacks, the
+    file's keys the map does not know, and shape mismatches (e.g. another width or class count).
+    """
+    state = load_official_state_dict(weights) if isinstance(weights, (str, Path)) else weights
+    key_map, ignored = official_key_map(model)
+    converted = convert(state, key_map, ignored=ignored)
+    expected = model.state_dict()
+    mismatched = [
+        f"{official} -> {key_map[official][0]}: file {tuple(state[official].shape)} vs model "
+        f"{tuple(expected[ours].shape)}"
+        for official, (ours, _) in key_map.items()
+        if ours in expected and converted[ours].shape != expected[ours].shape
+    ]
+    if mismatched:
+        raise KeyError(f"official weights do not fit {type(model).__name__}: {mismatched}")
+    model.load_state_dict(converted, strict=True)
 
 
 def _load(module: nn.Module, state_dict: Mapping[str, Tensor], key_map: KeyMap) -> nn.Module:

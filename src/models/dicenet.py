@@ -1,0 +1,430 @@
+"""DiCENet: ShuffleNetv2 with the DiCE unit in place of its depth-wise convolution (thesis ch. 3).
+
+Layout (thesis Table A.1; official EdgeNets ``model/classification/dicenet.py``): a 3x3 stride-2
+CBR (level 1), a 3x3 stride-2 max pool (level 2), three stages of one strided DiCE unit and
+[3, 7, 3] DiCENet units (levels 3-5), global average pooling, a grouped 1x1 "FC" (4 groups, no
+bias), dropout and a 1x1 classifier with bias. The DiCE layers of levels 3, 4 and 5 are built for
+the feature size of an ``input_size`` image (28, 14 and 7 for 224); other sizes are resized inside
+DimConv (thesis Fig. 3.4).
+
+Ablations of the DiCE unit (thesis Tables 3.2 and 3.3) are constructor options of the same network:
+``spatial`` ("dimconv" | "dwise"), ``fusion`` ("dimfuse" | "pointwise" | "se" | "pointwise_se")
+and ``reduce`` ("pointwise" | "dimfuse", the 1x1 conv before the spatial op). The default is the
+DiCE unit of every released model; :func:`dice_block` and :func:`reduce_block` build the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import torch
+from torch import Tensor, nn
+
+from src.compat.edgenets import load_official_weights
+from src.models.features import FeatureInfo
+from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
+from src.ops.dim_conv import DimConv
+
+# Output channels of level 1, level 2 (max pool), levels 3-5 and the grouped FC, by width s.
+# Thesis Table A.1 (s = 0.1, 0.2, 2.4; [116, 232, 464] x s in between) as rounded by the official
+# ``dicenet_config.py``; s = 0.1 is commented out there and given in Table A.1 (6.5 M FLOPs).
+DICENET_WIDTHS: Mapping[float, tuple[int, int, int, int, int, int]] = MappingProxyType(
+    {
+        0.1: (8, 8, 16, 32, 64, 512),
+        0.2: (16, 16, 32, 64, 128, 1024),
+        0.5: (24, 24, 48, 96, 192, 1024),
+        0.75: (24, 24, 86, 172, 344, 1024),
+        1.0: (24, 24, 116, 232, 464, 1024),
+        1.25: (24, 24, 144, 288, 576, 1024),
+        1.5: (24, 24, 176, 352, 704, 1024),
+        1.75: (24, 24, 210, 420, 840, 1024),
+        2.0: (24, 24, 244, 488, 976, 1024),
+        2.4: (24, 24, 278, 556, 1112, 1280),
+    }
+)
+# DiCENet units after the strided unit of levels 3, 4 and 5 (Table A.1, N_i = {3, 7, 3})
+DICENET_UNITS = (3, 7, 3)
+FC_GROUPS = 4
+
+SPATIAL_OPS = ("dimconv", "dwise")
+FUSION_OPS = ("dimfuse", "pointwise", "se", "pointwise_se")
+REDUCE_OPS = ("pointwise", "dimfuse")
+
+
+def widths_for(table: Mapping[float, tuple[int, ...]], scale: float, name: str) -> tuple[int, ...]:
+    """``table[scale]``; ValueError listing the valid widths otherwise."""
+    if scale not in table:
+        raise ValueError(f"{name} has no width s={scale}; valid widths: {sorted(table)}")
+    return table[scale]
+
+
+def _cbr(
+    c_in: int, c_out: int, kernel_size: int, *, stride: int = 1, groups: int = 1
+) -> nn.Sequential:
+    """conv (no bias) + BN + PReLU."""
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, kernel_size, stride, kernel_size // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.PReLU(c_out),
+    )
+
+
+class ChannelGate(nn.Module):
+    """Squeeze-excitation gate without BN or bias, as in DimFuse: GAP -> 1x1 C -> C//4 -> ReLU ->
+    1x1 -> C_out -> sigmoid.
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, 1, 1)
+    """
+
+    def __init__(self, channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(channels, channels // 4, 1, bias=False),
+            nn.ReLU(),
+            nn.Conv2d(channels // 4, out_channels, 1, bias=False),
+            nn.Sigmoid(),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+
+
+class GlobalFusion(nn.Module):
+    """DimFuse's global fusion alone (thesis Sec. 3.3.1): 3x3 CBR with gcd(C, C_out) groups times
+    a :class:`ChannelGate`. It fuses C channels without DimConv's 3C triples ("DWise + DimFuse",
+    Table 3.2b) and replaces the unit's point-wise conv in Table 3.3 (``reduce="dimfuse"``).
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+
+    def __init__(self, channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.spatial = _cbr(channels, out_channels, 3, groups=math.gcd(channels, out_channels))
+        self.gate = ChannelGate(channels, out_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.spatial(x) * self.gate(x)
+
+
+class SpatialFusionBlock(nn.Module):
+    """An ablation of the DiCE unit: a spatial op (DimConv or depth-wise 3x3) and a fusion op.
+
+    The spatial output is normalised (BN + PReLU). DimConv's 3C channels are first reduced to C
+    by DimFuse's local fusion (grouped 1x1 CBR, C groups) for the "se" and "dimfuse" fusions;
+    "pointwise" and "pointwise_se" fuse all 3C channels with a 1x1 CBR. This reading of Table 3.2
+    is ours (the thesis gives no code for the ablations).
+
+    Args:
+        channels: C.
+        out_channels: C_out (must equal C for ``fusion="se"``, which keeps the width).
+        height, width: DimConv's build size.
+        spatial: "dimconv" or "dwise".
+        fusion: "dimfuse", "pointwise", "se" or "pointwise_se".
+        impl: DimConv's implementation.
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        out_channels: int,
+        height: int,
+        width: int,
+        *,
+        spatial: str,
+        fusion: str,
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        if fusion == "se" and channels != out_channels:
+            raise ValueError(f"fusion='se' keeps the width; got {channels} -> {out_channels}")
+        self.spatial_op, self.fusion_op = spatial, fusion
+        if spatial == "dimconv":
+            expanded = 3 * channels
+            self.spatial = DimConv(channels, height, width, impl=impl)
+        else:
+            expanded = channels
+            self.spatial = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.norm = nn.Sequential(nn.BatchNorm2d(expanded), nn.PReLU(expanded))
+        pointwise = fusion in ("pointwise", "pointwise_se")
+        # DimFuse's local fusion: each channel's (D, H, W) triple -> one channel
+        self.local = (
+            _cbr(expanded, channels, 1, groups=channels)
+            if spatial == "dimconv" and not pointwise
+            else nn.Identity()
+        )
+        if pointwise:
+            self.fuse: nn.Module = _cbr(expanded, out_channels, 1)
+        elif fusion == "dimfuse":
+            self.fuse = GlobalFusion(channels, out_channels)
+        else:
+            self.fuse = nn.Identity()
+        self.gate = (
+            ChannelGate(out_channels, out_channels) if fusion in ("se", "pointwise_se") else None
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.fuse(self.local(self.norm(self.spatial(x))))
+        return out if self.gate is None else out * self.gate(out)
+
+    def extra_repr(self) -> str:
+        return f"spatial={self.spatial_op!r}, fusion={self.fusion_op!r}"
+
+
+def check_unit_options(spatial: str, fusion: str, reduce: str) -> None:
+    """ValueError naming the valid choices of each DiCE-unit ablation option."""
+    for name, value, valid in (
+        ("spatial", spatial, SPATIAL_OPS),
+        ("fusion", fusion, FUSION_OPS),
+        ("reduce", reduce, REDUCE_OPS),
+    ):
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+
+
+def dice_block(
+    channels: int,
+    out_channels: int,
+    height: int,
+    width: int,
+    *,
+    spatial: str = "dimconv",
+    fusion: str = "dimfuse",
+    impl: str = "auto",
+) -> nn.Module:
+    """The DiCE unit (DimConv + DimFuse) or one of its Table 3.2 ablations.
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+    if spatial == "dimconv" and fusion == "dimfuse":
+        return DiCE(channels, out_channels, height, width, impl=impl)
+    return SpatialFusionBlock(
+        channels, out_channels, height, width, spatial=spatial, fusion=fusion, impl=impl
+    )
+
+
+def reduce_block(c_in: int, c_out: int, *, reduce: str = "pointwise") -> nn.Module:
+    """The point-wise layer before the spatial op: 1x1 CBR, or DimFuse's global fusion (Table 3.3).
+
+    Shape:
+        (B, C_in, H, W) -> (B, C_out, H, W)
+    """
+    return _cbr(c_in, c_out, 1) if reduce == "pointwise" else GlobalFusion(c_in, c_out)
+
+
+def ablate_unit(
+    unit: nn.Module,
+    height: int,
+    width: int,
+    *,
+    spatial: str,
+    fusion: str,
+    reduce: str,
+    impl: str = "auto",
+) -> None:
+    """Swap a just-built unit's DiCE (and its 1x1 reduce) for a Table 3.2/3.3 ablation.
+
+    ``unit`` is a :class:`StridedDiCE` or :class:`DiCEShuffleUnit`; their forward passes call
+    ``unit.dice`` (and ``unit.reduce``), so the swap changes only that layer."""
+    dice = unit.dice
+    channels, out_channels = dice.dim_conv.channels, dice.dim_fuse.out_channels
+    if (spatial, fusion) != ("dimconv", "dimfuse"):
+        unit.dice = dice_block(
+            channels, out_channels, height, width, spatial=spatial, fusion=fusion, impl=impl
+        )
+    if reduce != "pointwise" and isinstance(unit, DiCEShuffleUnit):
+        conv = unit.reduce[0]
+        unit.reduce = reduce_block(conv.in_channels, conv.out_channels, reduce=reduce)
+
+
+def feature_sizes(input_size: int | Sequence[int], levels: int) -> list[tuple[int, int]]:
+    """(H, W) after each of ``levels`` stride-2 layers (3x3, padding 1: ceil halving).
+
+    ``input_size`` is an int (square) or (H, W)."""
+    size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"input_size must be a positive int or (H, W), got {input_size}")
+    sizes = []
+    height, width = size
+    for _ in range(levels):
+        height, width = -(-height // 2), -(-width // 2)
+        sizes.append((height, width))
+    return sizes
+
+
+def init_conv_bn_linear(module: nn.Module) -> None:
+    """EdgeNets' ``init_params`` (after He et al.): kaiming-normal (fan_out) convolutions (DimConv's
+    three kernels included, which are Conv2d there), zero conv biases, BN (1, 0), linear
+    N(0, 0.001) with zero bias. PReLU keeps PyTorch's 0.25."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, DimConv):
+            for weight in (m.weight_channel, m.weight_height, m.weight_width):
+                nn.init.kaiming_normal_(weight, mode="fan_out")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.001)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+class DiCENetBackbone(nn.Module):
+    """DiCENet levels 1 to ``depth`` (thesis Table A.1), returning every level's output.
+
+    Args:
+        scale: the width s, a key of :data:`DICENET_WIDTHS`.
+        in_chans: image channels.
+        input_size: the image size (int or (H, W)) the DiCE layers are built for; their height-
+            and width-wise kernels are fixed to its feature size at each level.
+        depth: 4 (up to stride 16, the segmentation encoder) or 5 (up to stride 32).
+        spatial, fusion, reduce: the DiCE-unit ablations (module docstring); the defaults are the
+            released DiCENet.
+        impl: DimConv's ``"auto" | "reference" | "triton"``.
+
+    Shape:
+        (B, in_chans, H, W) -> features [(B, c_l, H / 2^l, W / 2^l) for l = 1..depth]
+    """
+
+    def __init__(
+        self,
+        scale: float = 1.0,
+        in_chans: int = 3,
+        *,
+        input_size: int | Sequence[int] = 224,
+        depth: int = 5,
+        spatial: str = "dimconv",
+        fusion: str = "dimfuse",
+        reduce: str = "pointwise",
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        widths = widths_for(DICENET_WIDTHS, scale, "DiCENet")
+        check_unit_options(spatial, fusion, reduce)
+        if depth not in (4, 5):
+            raise ValueError(f"depth must be 4 or 5, got {depth}")
+        self.scale = scale
+        self.depth = depth
+        self.widths = widths
+        sizes = feature_sizes(input_size, 5)
+        self.level1 = _cbr(in_chans, widths[0], 3, stride=2)
+        self.level2 = nn.MaxPool2d(3, stride=2, padding=1)
+        stages = []
+        c_in = widths[1]
+        for level in range(3, depth + 1):
+            c_out, (height, width) = widths[level - 1], sizes[level - 1]
+            strided = StridedDiCE(c_in, height, width, impl=impl)
+            units: list[nn.Module] = [strided]
+            c_stage = 2 * c_in
+            for _ in range(DICENET_UNITS[level - 3]):
+                units.append(DiCEShuffleUnit(c_stage, c_out, height, width, impl=impl))
+                c_stage = c_out
+            for unit in units:
+                ablate_unit(
+                    unit, height, width, spatial=spatial, fusion=fusion, reduce=reduce, impl=impl
+                )
+            stages.append(nn.Sequential(*units))
+            c_in = c_out
+        self.level3 = stages[0]
+        self.level4 = stages[1]
+        self.level5 = stages[2] if depth == 5 else None
+        self.feature_info = tuple(
+            FeatureInfo(widths[0] if level < 3 else widths[level - 1], 2**level)
+            for level in range(1, depth + 1)
+        )
+
+    def forward_features(self, x: Tensor) -> list[Tensor]:
+        features = [self.level1(x)]  # (B, c0, H/2, W/2)
+        levels = [self.level2, self.level3, self.level4]
+        if self.level5 is not None:
+            levels.append(self.level5)
+        for level in levels:
+            features.append(level(features[-1]))
+        return features
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        return self.forward_features(x)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}, depth={self.depth}"
+
+
+class DiCENet(nn.Module):
+    """DiCENet for image classification (thesis Sec. 3.2.4, Table A.1).
+
+    Args:
+        scale: the width s: one of 0.1, 0.2, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.4.
+        num_classes: classifier outputs.
+        in_chans: image channels.
+        input_size: the image size the DiCE layers are built for (224 for the released models).
+        dropout: before the classifier; ``None`` is the official rule, 0.2 if s > 1 else 0.1.
+        spatial, fusion, reduce: DiCE-unit ablations (Tables 3.2, 3.3); defaults = DiCENet.
+        impl: DimConv's implementation.
+        pretrained: path of an official EdgeNets ImageNet ``.pth`` to load (by explicit key map,
+            :func:`src.compat.edgenets.load_official_weights`).
+
+    Shape:
+        (B, in_chans, H, W) -> (B, num_classes)
+    """
+
+    def __init__(
+        self,
+        scale: float = 1.0,
+        num_classes: int = 1000,
+        in_chans: int = 3,
+        *,
+        input_size: int | Sequence[int] = 224,
+        dropout: float | None = None,
+        spatial: str = "dimconv",
+        fusion: str = "dimfuse",
+        reduce: str = "pointwise",
+        impl: str = "auto",
+        pretrained: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = DiCENetBackbone(
+            scale,
+            in_chans,
+            input_size=input_size,
+            spatial=spatial,
+            fusion=fusion,
+            reduce=reduce,
+            impl=impl,
+        )
+        widths = self.backbone.widths
+        self.dropout = (0.2 if scale > 1 else 0.1) if dropout is None else dropout
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        # grouped "FC" as a 1x1 conv on the pooled (B, c4, 1, 1) map, as the official model
+        self.fc_group = nn.Conv2d(widths[4], widths[5], 1, groups=FC_GROUPS, bias=False)
+        self.drop = nn.Dropout(self.dropout)
+        self.fc = nn.Conv2d(widths[5], num_classes, 1)
+        self.feature_info = self.backbone.feature_info
+        self.init_weights()
+        if pretrained is not None:
+            load_official_weights(self, pretrained)
+
+    def init_weights(self) -> None:
+        """EdgeNets' initialisation (:func:`init_conv_bn_linear`)."""
+        init_conv_bn_linear(self)
+
+    def forward_features(self, x: Tensor) -> list[Tensor]:
+        return self.backbone.forward_features(x)
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        """(B, c4, h, w) -> (B, num_classes): GAP, grouped FC, dropout, FC (no nonlinearity)."""
+        return torch.flatten(self.fc(self.drop(self.fc_group(self.pool(x)))), 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x)[-1])

@@ -1,0 +1,59 @@
+"""Official EdgeNets segmentation weights in our networks reproduce the official outputs.
+
+Every ``edgenets/seg_*/<stem>.npz`` under ``$REFERENCE_DIR`` is checked with the weight file its
+name points to: ``<family>_s_<s>_<dataset>_<W>x<H>`` (a ``demo_style_`` prefix and a
+``_<image>_<w>x<h>`` suffix name the image the demo ran on). The fixture's stored ``input`` is
+used as is (decoding and resizing are not under test). Masks must agree on >= 99.9% of pixels and
+the stored (fp16) logits within 2e-2; the per-class logit means within 1e-4 of the float64 run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from tests.parity.reference import fixtures, reference_dir
+
+WEIGHTS_NAME = re.compile(r"(dicenet|espnetv2)_s_(\d+(?:\.\d+)?)_([a-z]+)_(\d+)x(\d+)")
+BUILDERS = {"dicenet": dicenet_segmentation, "espnetv2": espnetv2_segmentation}
+
+@pytest.fixture(autouse=True)
+def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN builds a primitive per new convolution shape; with the hundreds of small grouped
+    convolutions of these networks that dominates CPU test time (seconds vs. tens of ms)."""
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+
+
+def weights_for(fixture: Path) -> tuple[str, float, Path]:
+    match = WEIGHTS_NAME.search(fixture.stem)
+    if match is None:
+        pytest.fail(f"{fixture.name} does not name its weights (<family>_s_<s>_<data>_<W>x<H>)")
+    path = reference_dir() / "edgenets" / "weights" / f"{match.group(0)}.pth"
+    if not path.is_file():
+        pytest.fail(f"{fixture.name} needs {path}, which does not exist")
+    return match.group(1), float(match.group(2)), path
+
+
+@pytest.mark.parametrize("fixture", fixtures("edgenets", "seg_*/*.npz"))
+def test_segmentation_matches_official(fixture: Path) -> None:
+    data = np.load(fixture)
+    family, scale, weights = weights_for(fixture)
+    num_classes = data["logits"].shape[1]
+    net = BUILDERS[family](scale, num_classes, pretrained=str(weights)).eval()
+    with torch.no_grad():
+        logits = net(torch.from_numpy(data["input"]))  # (N, C, H, W)
+    assert logits.shape[-2:] == data["mask"].shape[-2:]
+    mask = logits.argmax(1).numpy()
+    agreement = (mask == data["mask"]).mean()
+    assert agreement >= 0.999, f"masks agree on {agreement:.5%} of pixels"
+    k = len(data["logits_image_index"])
+    reference = torch.from_numpy(data["logits"].astype(np.float32))
+    error = (logits[:k] - reference).abs().max().item()
+    assert error <= 2e-2, f"max logit error {error:.4g}"
+    means = logits.double().mean(dim=(2, 3)).numpy()
+    np.testing.assert_allclose(means, data["logits_mean_per_class_fp64"], rtol=0, atol=1e-4)
