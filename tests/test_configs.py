@@ -15,6 +15,12 @@ from tests.conftest import CONF, compose_config
 from train import build_task, build_trainer
 
 
+@pytest.fixture(autouse=True)
+def no_onednn(monkeypatch) -> None:
+    """oneDNN spends seconds building kernels for each new small grouped-conv shape (DiCE layers)."""
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+
+
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
