@@ -19,6 +19,8 @@ equally long slice of the stream.
 
 from __future__ import annotations
 
+import abc
+
 import hashlib
 import json
 import logging
@@ -84,7 +86,7 @@ class OrderedSegments(IterableDataset):
             yield window[:, :-1], window[:, 1:]
 
 
-class CharLMDataModule(L.LightningDataModule):
+class CharLMDataModule(L.LightningDataModule, abc.ABC):
     """Shared caching, vocabulary and ordered batching; subclasses say where the symbols come from.
 
     Args:
@@ -127,13 +129,13 @@ class CharLMDataModule(L.LightningDataModule):
         self.symbols: list[int] = []
 
     # -- what subclasses provide -------------------------------------------------------------
+    @abc.abstractmethod
     def source_signature(self) -> str:
         """Identifies the source and the split settings; a cache with another signature is rebuilt."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def read_symbols(self) -> dict[str, np.ndarray]:
         """The symbol codes (bytes or code points) of each split, keyed by ``SPLITS``."""
-        raise NotImplementedError
 
     # -- cache --------------------------------------------------------------------------------
     def cache_path(self, split: str) -> Path:
