@@ -32,7 +32,7 @@ def timm_model(
     return model
 
 
-def _replace_input_conv(model: nn.Module, in_chans: int) -> None:
+def replace_input_conv(model: nn.Module, in_chans: int) -> None:
     """Swap the first 3-channel convolution for one taking ``in_chans`` channels."""
     for parent in model.modules():
         for child_name, child in parent.named_children():
@@ -68,7 +68,7 @@ def torchvision_model(
         raise ValueError(f"torchvision has no classification model '{name}'; available: {available}")
     model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
     if in_chans != 3:
-        _replace_input_conv(model, in_chans)
+        replace_input_conv(model, in_chans)
     if weights is not None:
         load_state_dict_file(model, weights)
     return model

@@ -14,7 +14,7 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.models.segmentation.lraspp import LRASPP
 
-from src.models.hub import _replace_input_conv
+from src.models.hub import replace_input_conv
 from src.models.weights import load_state_dict_file
 
 
@@ -62,7 +62,7 @@ def torchvision_segmentation(
     model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=num_classes)
     net = TorchvisionSegmentation(model)
     if in_chans != 3:
-        _replace_input_conv(net.backbone, in_chans)
+        replace_input_conv(net.backbone, in_chans)
     if weights is not None:
         load_state_dict_file(net, weights)
     return net
