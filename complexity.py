@@ -2,7 +2,10 @@
 
 Builds the network exactly as training does (the data config only supplies the input shape and
 number of classes; no data is read), counts one forward pass with ``src.utils.complexity`` and
-prints a table, then one JSON object as the last line.
+prints a table, then one JSON object as the last line. Recurrent-memory language models (a
+``mem_len`` attribute) are also counted with a full memory of ``mem_len`` cached states
+(``macs_with_memory``, the training/evaluation steady state), and networks that define
+``paper_flops`` report their paper's own FLOP convention next to the measurement.
 """
 
 from __future__ import annotations
@@ -11,10 +14,24 @@ import json
 import sys
 
 import hydra
+import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
 
 from src.utils.complexity import measure
 from train import build_task
+
+
+class WithMemory(nn.Module):
+    """Calls a memory language model with fixed (zero) memories: ``net(tokens, memories)``."""
+
+    def __init__(self, net: nn.Module, memories: list[Tensor]) -> None:
+        super().__init__()
+        self.net = net
+        self.memories = memories
+
+    def forward(self, tokens: Tensor) -> tuple[Tensor, list[Tensor]]:
+        return self.net(tokens, self.memories)
 
 
 def report(cfg: DictConfig) -> dict:
@@ -31,6 +48,14 @@ def report(cfg: DictConfig) -> dict:
         "model": OmegaConf.to_container(cfg.model, resolve=True),
         "data": cfg.data._target_.rsplit(".", 1)[-1],
     }
+    net = task.net
+    if getattr(net, "mem_len", 0) > 0:
+        # n_layer + 1 cached hidden states (the embedding output and every layer's), each (B, M, D)
+        memories = [torch.zeros(example.shape[0], net.mem_len, net.d_model) for _ in range(net.n_layer + 1)]
+        result["memory_len"] = net.mem_len
+        result["macs_with_memory"] = measure(WithMemory(net, memories), example).macs // per_sample
+    if hasattr(net, "paper_flops"):
+        result["paper_flops"] = net.paper_flops(example.shape[-1])
     return result
 
 
@@ -46,6 +71,11 @@ def table(result: dict) -> str:
         ("MACs, conv only", f"{result['macs_conv']:,} ({result['macs_conv'] / 1e6:.2f} M)"),
     ]
     rows += [(f"  MACs in {op}", f"{macs:,}") for op, macs in sorted(result["macs_by_op"].items())]
+    if "macs_with_memory" in result:
+        memory = result["macs_with_memory"]
+        rows.append((f"MACs, {result['memory_len']} memory", f"{memory:,} ({memory / 1e6:.2f} M)"))
+    if "paper_flops" in result:
+        rows.append(("FLOPs, paper convention", f"{result['paper_flops']:,} ({result['paper_flops'] / 1e9:.2f} G)"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 

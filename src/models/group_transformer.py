@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.transformer_xl import (
+    PAPER_PER_POSITION,
     PositionwiseFeedForward,
     RelativeDecoderLayer,
     RelativeMultiHeadAttention,
@@ -97,6 +98,10 @@ class GroupTransformer(nn.Module):
         self.n_layer = n_layer
         self.d_model = d_model
         self.n_group = n_group
+        self.d_inner = d_inner
+        self.group_attention = group_attention
+        self.group_ffn = group_ffn
+        self.inter_group = inter_group
         self.mem_len = mem_len
         self.dropout = dropout
         self.tie_weight = tie_weight
@@ -151,6 +156,23 @@ class GroupTransformer(nn.Module):
         nn.init.normal_(self.embedding.weight, std=std)
         nn.init.normal_(self.r_w_bias, std=std)
         nn.init.normal_(self.r_r_bias, std=std)
+
+    def paper_flops(self, segment_len: int) -> int:
+        """FLOPs of one segment in the paper's convention (Tables 2 and 3).
+
+        ``2 * T * L * (W + 656 * D)`` with W the per-token weight MACs of a layer: group attention
+        2 D^2 + 5 D^2 / G (3 D^2 / G without inter-group maps; 5 D^2 for Transformer-XL's), and the
+        group FFN counted as 2 D d_inner / G (its true cost is higher: the paper omits the
+        inter-group path; 2 D d_inner for Transformer-XL's FFN). This is the fit in the reference
+        ``params.json`` that reproduces all of the paper's FLOP numbers; not a measurement.
+        """
+        d, g = self.d_model, self.n_group
+        if self.group_attention:
+            attention = 2 * d * d + (5 if self.inter_group else 3) * d * d // g
+        else:
+            attention = 5 * d * d
+        ffn = 2 * d * self.d_inner // (g if self.group_ffn else 1)
+        return 2 * segment_len * self.n_layer * (attention + ffn + PAPER_PER_POSITION * d)
 
     def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
         batch, qlen = tokens.shape
