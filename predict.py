@@ -1,0 +1,268 @@
+"""Predict on one image: ``python predict.py image=/path/to.jpg [ckpt_path=...] [overrides]``.
+
+The network and task are composed exactly as ``train.py`` composes them (pass the run's
+``model=``/``data=``/``experiment=`` choices); weights come from ``ckpt_path`` (a checkpoint of
+this project) or from the model config (``model.pretrained=`` for the official EdgeNets files).
+The image is read as the EdgeNets scripts read it (PIL, bilinear resize to (W, H), ``to_tensor``,
+per-channel normalisation). A network output of shape:
+
+- (1, C, H, W) (segmentation): the per-pixel argmax is drawn over the image in class colours
+  (``alpha`` opacity, at the image's own size) with a legend of the classes present underneath,
+  and written as a PNG (``output``, default ``<run dir>/<image stem>_overlay.png``);
+- (1, C) (classification): the ``top_k`` classes and their softmax probabilities are written to
+  stdout as a table and logged.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import hydra
+import lightning as L
+import numpy as np
+import torch
+import torchvision.transforms.functional as TF
+from omegaconf import DictConfig
+from PIL import Image, ImageDraw
+from torch import Tensor
+
+from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
+from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
+from src.datamodules.voc_seg import VOC_CLASSES
+from train import build_task
+
+log = logging.getLogger(__name__)
+
+# the 19 Cityscapes train ids (road 0 ... bicycle 18); EdgeNets' weights add background as 19
+CITYSCAPES_CLASSES = (
+    "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
+    "vegetation", "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle",
+    "bicycle",
+)  # fmt: skip
+# segmentation class names by number of classes
+SEGMENTATION_CLASSES: dict[int, tuple[str, ...]] = {
+    len(VOC_CLASSES): VOC_CLASSES,
+    len(CITYSCAPES_CLASSES): CITYSCAPES_CLASSES,
+    len(CITYSCAPES_CLASSES) + 1: (*CITYSCAPES_CLASSES, "background"),
+}
+SIZE_MULTIPLE = 32  # segmentation_demo.py floors the image's own size to a multiple of 32
+LEGEND_SWATCH = 12  # pixels
+LEGEND_ROW = 16  # pixels
+LEGEND_PAD = 4  # pixels
+
+
+def voc_palette(num_classes: int) -> np.ndarray:
+    """The PASCAL VOC colour map (VOCdevkit ``labelcolormap``): bits of the class id spread over
+    R, G, B from the most significant bit down. (num_classes, 3) uint8."""
+    palette = np.zeros((num_classes, 3), dtype=np.uint8)
+    for index in range(num_classes):
+        value, r, g, b = index, 0, 0, 0
+        for bit in range(7, -1, -1):
+            r |= (value & 1) << bit
+            g |= ((value >> 1) & 1) << bit
+            b |= ((value >> 2) & 1) << bit
+            value >>= 3
+        palette[index] = (r, g, b)
+    return palette
+
+
+def distinct_palette(num_classes: int) -> np.ndarray:
+    """Fixed, well-separated colours for any number of classes: hues stepped by the golden ratio,
+    alternating saturation and value so neighbours differ. (num_classes, 3) uint8."""
+    colours = [
+        colorsys.hsv_to_rgb(
+            (index * 0.618033988749895) % 1.0,
+            0.95 - 0.3 * (index % 2),
+            0.95 - 0.25 * (index // 2 % 2),
+        )
+        for index in range(num_classes)
+    ]
+    return np.round(np.array(colours) * 255).astype(np.uint8).reshape(num_classes, 3)
+
+
+def palette_for(num_classes: int) -> np.ndarray:
+    """The VOC colour map for up to 21 classes, :func:`distinct_palette` beyond."""
+    if num_classes <= len(VOC_CLASSES):
+        return voc_palette(num_classes)
+    return distinct_palette(num_classes)
+
+
+def segmentation_names(num_classes: int) -> tuple[str, ...]:
+    """VOC (21) or Cityscapes (19, or 20 with background) names, else ``class i``."""
+    return SEGMENTATION_CLASSES.get(num_classes, tuple(f"class {i}" for i in range(num_classes)))
+
+
+def classification_names(datamodule: L.LightningDataModule, num_classes: int) -> tuple[str, ...]:
+    """The digit for the digits data; class indices otherwise (folder names are not stored)."""
+    if isinstance(datamodule, DigitsDataModule):
+        return tuple(str(i) for i in range(num_classes))
+    return tuple(f"class {i}" for i in range(num_classes))
+
+
+def input_size(cfg: DictConfig, image_size: tuple[int, int]) -> tuple[int, int]:
+    """The (W, H) the network sees: ``size``, else the data config's crop (``crop_size`` (H, W) or
+    a square side, digits' ``image_size``), else ``image_size`` floored to a multiple of 32."""
+    if cfg.size is not None:
+        size = tuple(int(s) for s in cfg.size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"size must be [W, H] with positive sides, got {cfg.size}")
+        return size  # type: ignore[return-value]
+    crop = cfg.data.get("crop_size", cfg.data.get("image_size"))
+    if isinstance(crop, int):
+        return crop, crop
+    if crop is not None:
+        height, width = (int(s) for s in crop)
+        return width, height
+    width, height = (s // SIZE_MULTIPLE * SIZE_MULTIPLE for s in image_size)
+    if min(width, height) < SIZE_MULTIPLE:
+        raise ValueError(
+            f"image of size {image_size} is smaller than {SIZE_MULTIPLE} pixels; pass size=[W,H]"
+        )
+    return width, height
+
+
+def preprocess(
+    image: Image.Image, datamodule: L.LightningDataModule, size: tuple[int, int]
+) -> Tensor:
+    """Resize (PIL bilinear) to ``size`` = (W, H), ``to_tensor``, normalise with the datamodule's
+    statistics (digits: its grey mean/std, repeated over ``in_chans``; else ``mean``/``std`` or
+    ImageNet's).
+
+    Shape:
+        -> (1, in_chans, H, W)
+    """
+    in_chans = datamodule.in_chans
+    if isinstance(datamodule, DigitsDataModule):
+        mode, mean, std = "L", (DIGITS_MEAN,), (DIGITS_STD,)
+    else:
+        mode = "RGB"
+        mean = getattr(datamodule, "mean", IMAGENET_MEAN)
+        std = getattr(datamodule, "std", IMAGENET_STD)
+        if in_chans != 3:
+            raise ValueError(
+                f"images are read as RGB; {type(datamodule).__name__} has in_chans={in_chans}"
+            )
+    x = TF.to_tensor(image.convert(mode).resize(size, Image.BILINEAR))  # (c, H, W), c = 1 or 3
+    x = TF.normalize(x, list(mean), list(std))
+    return x.expand(in_chans, -1, -1).unsqueeze(0)  # (1, in_chans, H, W)
+
+
+def load_checkpoint(task: L.LightningModule, path: str | Path) -> None:
+    """Load a Lightning checkpoint of this project (tensors only) into ``task``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {path} does not exist; pass ckpt_path=/path/to/file.ckpt or null"
+        )
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise KeyError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
+    task.load_state_dict(checkpoint["state_dict"])
+
+
+def overlay(
+    image: Image.Image, mask: np.ndarray, palette: np.ndarray, names: Sequence[str], alpha: float
+) -> Image.Image:
+    """``image`` blended with the class colours of ``mask`` (resized to the image, nearest), with a
+    legend of the classes present drawn in a strip underneath.
+
+    Shape:
+        mask: (h, w) class ids; returns an RGB image (W, H + legend height) for an image (W, H).
+    """
+    image = image.convert("RGB")
+    colours = Image.fromarray(palette[mask]).resize(image.size, Image.NEAREST)  # (H, W, 3) colours
+    blended = Image.blend(image, colours, alpha)
+
+    draw = ImageDraw.Draw(blended)  # only for measuring text
+    entries = []  # (x, row, class id) of each legend entry, wrapped to the image's width
+    x, row = LEGEND_PAD, 0
+    for index in np.unique(mask).tolist():
+        text_width = int(np.ceil(draw.textlength(names[index])))
+        width = LEGEND_SWATCH + LEGEND_PAD + text_width + 2 * LEGEND_PAD
+        if x > LEGEND_PAD and x + width > image.width:
+            x, row = LEGEND_PAD, row + 1
+        entries.append((x, row, index))
+        x += width
+    rows = row + 1 if entries else 0
+    legend_height = rows * LEGEND_ROW + 2 * LEGEND_PAD
+    canvas = Image.new("RGB", (image.width, image.height + legend_height), "white")
+    canvas.paste(blended, (0, 0))
+    draw = ImageDraw.Draw(canvas)
+    for x, row, index in entries:
+        top = image.height + LEGEND_PAD + row * LEGEND_ROW
+        swatch_top = top + (LEGEND_ROW - LEGEND_SWATCH) // 2
+        colour = tuple(int(c) for c in palette[index])
+        swatch = (x, swatch_top, x + LEGEND_SWATCH - 1, swatch_top + LEGEND_SWATCH - 1)
+        draw.rectangle(swatch, fill=colour)
+        draw.text((x + LEGEND_SWATCH + LEGEND_PAD, top + 2), names[index], fill="black")
+    return canvas
+
+
+def top_k_table(probabilities: Tensor, names: Sequence[str], k: int) -> list[tuple[str, float]]:
+    """The ``k`` most probable classes (at most C), highest first.
+
+    Shape:
+        probabilities: (C,)
+    """
+    values, indices = probabilities.topk(min(k, probabilities.numel()))
+    return [(names[i], float(p)) for p, i in zip(values.tolist(), indices.tolist())]
+
+
+def predict(cfg: DictConfig) -> dict:
+    """Run the configured network on ``cfg.image``; returns what was predicted (and written)."""
+    image_path = Path(cfg.image)
+    if not image_path.is_file():
+        raise FileNotFoundError(f"image {image_path} does not exist; pass image=/path/to/file.jpg")
+    if cfg.top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {cfg.top_k}")
+    if not 0.0 <= cfg.alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {cfg.alpha}")
+    L.seed_everything(cfg.seed)
+    datamodule, task = build_task(cfg)
+    if cfg.ckpt_path is not None:
+        load_checkpoint(task, cfg.ckpt_path)
+    with Image.open(image_path) as file:
+        image = file.convert("RGB")
+    size = input_size(cfg, image.size)
+    x = preprocess(image, datamodule, size)
+    log.info("image %s (%dx%d) -> network input %s", image_path, *image.size, tuple(x.shape))
+    task.eval()
+    with torch.no_grad():
+        logits = task.net(x)
+
+    if logits.ndim == 4 and logits.shape[0] == 1:  # (1, C, H, W): segmentation
+        num_classes = logits.shape[1]
+        mask = logits[0].argmax(0).cpu().numpy()  # (H, W) class ids
+        names = segmentation_names(num_classes)
+        default = Path(cfg.paths.output_dir) / f"{image_path.stem}_overlay.png"
+        output = Path(cfg.output) if cfg.output is not None else default
+        output.parent.mkdir(parents=True, exist_ok=True)
+        overlay(image, mask, palette_for(num_classes), names, cfg.alpha).save(output)
+        ids, counts = np.unique(mask, return_counts=True)
+        present = {names[i]: round(c / mask.size, 4) for i, c in zip(ids.tolist(), counts.tolist())}
+        log.info("classes present (pixel fraction): %s", present)
+        log.info("overlay written to %s", output)
+        return {"task": "segmentation", "output": str(output), "classes": present}
+    if logits.ndim == 2 and logits.shape[0] == 1:  # (1, C): classification
+        names = classification_names(datamodule, logits.shape[1])
+        top = top_k_table(logits[0].softmax(0), names, cfg.top_k)
+        width = max(len("class"), *(len(name) for name, _ in top))
+        rows = [f"rank  {'class':<{width}}  probability"]
+        rows += [f"{rank:>4}  {name:<{width}}  {p:.4f}" for rank, (name, p) in enumerate(top, 1)]
+        sys.stdout.write("\n".join(rows) + "\n")
+        log.info("top-%d: %s", len(top), ", ".join(f"{name} {p:.4f}" for name, p in top))
+        return {"task": "classification", "top_k": top}
+    raise ValueError(f"expected network output (1, C, H, W) or (1, C), got {tuple(logits.shape)}")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+def main(cfg: DictConfig) -> None:
+    predict(cfg)
+
+
+if __name__ == "__main__":
+    main()

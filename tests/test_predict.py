@@ -1,0 +1,107 @@
+"""The prediction entry point as a subprocess: segmentation overlay, classification top-k."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from predict import LEGEND_PAD, LEGEND_ROW, voc_palette
+from tests.conftest import ROOT
+from tests.parity.reference import reference_dir
+
+WEIGHTS = "espnetv2_s_0.5_pascal_256x256"
+
+
+def run_predict(*overrides: str) -> subprocess.CompletedProcess:
+    """``python predict.py *overrides`` from the repository root; fails on a non-zero exit."""
+    command = [sys.executable, str(ROOT / "predict.py"), *overrides]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"predict.py failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def edgenets_files(image_name: str) -> tuple[Path, Path, Path]:
+    """Weights, image and official masks under ``$REFERENCE_DIR/edgenets``, or skip saying where."""
+    folder = reference_dir() / "edgenets"
+    files = (
+        folder / "weights" / f"{WEIGHTS}.pth",
+        folder / "images" / image_name,
+        folder / "seg_pascal" / f"{WEIGHTS}.npz",
+    )
+    missing = [str(path) for path in files if not path.is_file()]
+    if missing:
+        pytest.skip(
+            f"EdgeNets reference files absent: {missing}; "
+            "set REFERENCE_DIR to the folder holding edgenets/"
+        )
+    return files
+
+
+# sample8 is the documented example (all background in the official mask); sample5 has objects
+@pytest.mark.parametrize("image_name", ["sample8.jpg", "sample5.jpg"])
+def test_segmentation_overlay_matches_official_mask(tmp_path: Path, image_name: str) -> None:
+    weights, image_path, masks = edgenets_files(image_name)
+    output = tmp_path / "out.png"
+    result = run_predict(
+        "data=voc_seg", "model=espnetv2_seg", "model.scale=0.5", f"model.pretrained={weights}",
+        f"image={image_path}", "size=[256,256]", f"output={output}",
+        f"paths.log_dir={tmp_path / 'logs'}",
+        "alpha=1.0",  # pure class colours, so the overlay's colours name the predicted classes
+    )  # fmt: skip
+    assert str(output) in result.stderr + result.stdout  # the path is logged
+
+    with Image.open(image_path) as image:
+        width, height = image.size
+    with Image.open(output) as written:
+        assert written.mode == "RGB"
+        pixels = np.asarray(written)  # (H + legend, W, 3)
+    assert pixels.shape[1] == width
+    # the image, then one legend row or more
+    assert pixels.shape[0] >= height + LEGEND_ROW + 2 * LEGEND_PAD
+    image_colours, counts = np.unique(pixels[:height].reshape(-1, 3), axis=0, return_counts=True)
+    image_colours = [tuple(c) for c in image_colours.tolist()]
+    fractions = dict(zip(image_colours, counts / counts.sum()))
+
+    reference = np.load(masks)
+    # (256, 256) class ids
+    official = reference["mask"][list(reference["images"]).index(image_name)]
+    ids, id_counts = np.unique(official, return_counts=True)
+    objects = {i: c for i, c in zip(ids.tolist(), id_counts.tolist()) if i != 0}
+    palette = [tuple(c) for c in voc_palette(21).tolist()]
+    legend = {tuple(c) for c in pixels[height:].reshape(-1, 3).tolist()}
+    if objects:
+        dominant = palette[max(objects, key=objects.get)]
+        assert dominant in fractions, f"main class colour {dominant} missing: {fractions}"
+        assert dominant in legend
+    else:
+        # the official mask is all background: so (up to PIL/JPEG decoding) is ours
+        assert fractions.get(palette[0], 0.0) > 0.99, fractions
+        assert palette[0] in legend
+
+
+def test_classification_top_k(tmp_path: Path) -> None:
+    image_path = tmp_path / "digit.png"
+    grey = np.zeros((64, 48), dtype=np.uint8)
+    grey[8:56, 20:28] = 255  # a bright vertical stroke, roughly a "1"
+    Image.fromarray(grey).save(image_path)
+    result = run_predict(
+        "model=timm", "data=digits", f"image={image_path}", f"paths.log_dir={tmp_path / 'logs'}"
+    )
+
+    lines = result.stdout.splitlines()
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:3] == ["rank", "class", "probability"]
+    )
+    rows = [line.split() for line in lines[header + 1 : header + 6]]
+    assert [int(rank) for rank, _, _ in rows] == [1, 2, 3, 4, 5]
+    assert all(name in {str(d) for d in range(10)} for _, name, _ in rows)
+    assert len({name for _, name, _ in rows}) == 5
+    probabilities = [float(p) for _, _, p in rows]
+    assert all(0.0 <= p <= 1.0 for p in probabilities)
+    assert probabilities == sorted(probabilities, reverse=True)
+    assert sum(probabilities) <= 1.0 + 1e-4  # rounded to 4 decimals
