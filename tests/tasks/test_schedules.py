@@ -32,3 +32,22 @@ def test_no_warmup_and_short_runs() -> None:
     assert len(learning_rates(total=1, warmup=10)) == 1
     with pytest.raises(ValueError, match="total_steps"):
         learning_rates(total=0, warmup=0)
+
+
+def test_cyclic_warm_restarts_follows_eq_2_1() -> None:
+    from src.tasks.schedules import cyclic_warm_restarts
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    # 12 epochs of 2 steps; halved from epoch 10 on
+    scheduler = cyclic_warm_restarts(optimizer, total_steps=24, epochs=12, halve_at=[10])
+    per_epoch = []
+    for step in range(24):
+        if step % 2 == 0:
+            per_epoch.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert per_epoch == pytest.approx([0.5, 0.4, 0.3, 0.2, 0.1, 0.5, 0.4, 0.3, 0.2, 0.1, 0.25, 0.2])
+    state = scheduler.state_dict()["lr_lambdas"][0]
+    assert state["halve_at"] == [10] and state["steps_per_epoch"] == 2  # plain numbers in checkpoints
+    with pytest.raises(ValueError, match="eta_max"):
+        cyclic_warm_restarts(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), 10, epochs=2)
