@@ -1,0 +1,109 @@
+"""Generate text with a character language model: ``python generate.py ckpt_path=... prompt='...'``.
+
+The datamodule, network and task are composed exactly as ``train.py`` composes them (pass the
+run's ``model=``/``data=``/``experiment=`` choices); the checkpoint's ``state_dict`` is loaded into
+the task. The prompt is encoded with the datamodule's vocabulary (built or read from its cache
+under ``data.root``) and read in segments of the training ``tgt_len``, carrying the memories.
+Then, by ``mode``:
+
+- ``sample`` (sentence completion): ``max_new_chars`` characters drawn one at a time with
+  ``temperature`` and ``top_k``; stdout gets the prompt followed by the continuation;
+- ``words`` (word completion, Group-Transformer Table 4): beam search ranks whole-word
+  continuations of the prompt's last (partial) word by log-probability; stdout gets a table of
+  the ``num_words`` best words (the partial word plus its continuation) and their log-probabilities.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+from src.datamodules.char_lm import CharLMDataModule
+from src.tasks.generation import complete_words, decode, encode, is_boundary, sample, vocabulary_masks
+from train import build_task
+
+log = logging.getLogger(__name__)
+
+MODES = ("sample", "words")
+
+
+def load_checkpoint(task: L.LightningModule, path: str | Path) -> None:
+    """Load a Lightning checkpoint of this project (tensors only) into ``task``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist; pass ckpt_path=/path/to/file.ckpt")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise KeyError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
+    task.load_state_dict(checkpoint["state_dict"])
+
+
+def last_word(text: str) -> str:
+    """The trailing run of non-boundary characters of ``text`` (empty if it ends a word)."""
+    start = len(text)
+    while start > 0 and not is_boundary(text[start - 1]):
+        start -= 1
+    return text[start:]
+
+
+def generate(cfg: DictConfig) -> dict:
+    """Run the configured mode on ``cfg.prompt``; returns what was written to stdout, as data."""
+    if cfg.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {cfg.mode!r}")
+    prompt = str(cfg.prompt)  # a prompt like 123 arrives as a number
+    if not prompt:
+        raise ValueError("prompt is empty; pass prompt='some text'")
+    datamodule, task = build_task(cfg)
+    if not isinstance(datamodule, CharLMDataModule):
+        raise TypeError(f"generation needs a character language-model datamodule, got {type(datamodule).__name__}")
+    load_checkpoint(task, cfg.ckpt_path)
+    datamodule.setup("predict")  # builds the cache (and vocabulary) under data.root when missing
+    symbols = datamodule.symbols
+    ids = encode(prompt, symbols)
+    allowed, boundary = vocabulary_masks(symbols, datamodule.vocab_size)
+
+    device = torch.device(cfg.device)
+    net = task.net.to(device).eval()
+    tokens = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+    # the training segment length bounds one call (the position table holds tgt_len + mem_len)
+    segment_len = datamodule.tgt_len
+    log.info("prompt: %d characters, segments of %d, mem_len %d", len(ids), segment_len, net.mem_len)
+    with torch.no_grad():
+        if cfg.mode == "sample":
+            generator = torch.Generator(device).manual_seed(cfg.seed)
+            new = sample(
+                net, tokens, cfg.max_new_chars, segment_len=segment_len, temperature=cfg.temperature,
+                top_k=cfg.top_k, allowed=allowed, generator=generator,
+            )  # (1, max_new_chars)
+            continuation = decode(new[0].tolist(), symbols)
+            sys.stdout.write(prompt + continuation + "\n")
+            return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+        partial = last_word(prompt)
+        found = complete_words(
+            net, tokens, boundary, segment_len=segment_len, num_words=cfg.num_words,
+            max_word_len=cfg.max_word_len, beam_size=cfg.beam_size, allowed=allowed,
+            allow_empty=bool(partial),
+        )
+    words = [(partial + decode(path, symbols), score) for path, score in found]
+    width = max(len("word"), *(len(word) for word, _ in words)) if words else len("word")
+    rows = [f"rank  {'word':<{width}}  log_prob"]
+    rows += [f"{rank:>4}  {word:<{width}}  {score:.4f}" for rank, (word, score) in enumerate(words, 1)]
+    sys.stdout.write("\n".join(rows) + "\n")
+    if len(words) < cfg.num_words:
+        log.warning("found %d of %d words within max_word_len=%d", len(words), cfg.num_words, cfg.max_word_len)
+    return {"mode": "words", "prompt": prompt, "words": words}
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="generate")
+def main(cfg: DictConfig) -> None:
+    generate(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Text generation with a segment-level-recurrent character language model (Transformer-XL,
+Group-Transformer): sampling for sentence completion and beam search for word completion
+(Group-Transformer, Park et al., COLING 2020, Table 4).
+
+The network maps ``(tokens (B, T), memories | None) -> (logits (B, T, V), new_memories)``. The
+context is read segment by segment (at most ``segment_len`` symbols a call, the memories carried),
+and every new symbol is fed alone with the memories of everything before it, so producing ``N``
+symbols costs ``N`` single-position calls: linear in ``N``, the context bounded by ``mem_len``.
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+Memories = list[Tensor] | None
+
+
+def _check_recurrent(net: nn.Module) -> None:
+    mem_len = getattr(net, "mem_len", None)
+    if not isinstance(mem_len, int) or mem_len < 1:
+        # without memories a symbol fed alone would see no context at all
+        raise ValueError(f"generation needs a network with mem_len >= 1, got mem_len={mem_len!r}")
+
+
+def read_context(net: nn.Module, tokens: Tensor, segment_len: int, memories: Memories = None) -> tuple[Tensor, Memories]:
+    """Run ``net`` over ``tokens`` in segments of at most ``segment_len``, carrying the memories.
+
+    Args:
+        net: the recurrent language model (``mem_len >= 1``).
+        tokens: the context, at least one symbol.
+        segment_len: longest segment one call may take (the training ``tgt_len``: the
+            Group-Transformer's position table covers ``tgt_len + mem_len`` positions).
+        memories: memories of text before ``tokens``, or None.
+
+    Shape:
+        tokens: (B, T) int64, T >= 1 -> logits of the last position (B, V), the memories after it.
+    """
+    _check_recurrent(net)
+    if tokens.ndim != 2 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must be (B, T) with T >= 1, got shape {tuple(tokens.shape)}")
+    if segment_len < 1:
+        raise ValueError(f"segment_len must be >= 1, got {segment_len}")
+    logits = tokens.new_empty(0)
+    for begin in range(0, tokens.shape[1], segment_len):
+        logits, memories = net(tokens[:, begin : begin + segment_len], memories)  # (B, t, V)
+    return logits[:, -1], memories
+
+
+def _masked(logits: Tensor, allowed: Tensor | None) -> Tensor:
+    """``logits`` with the ids outside ``allowed`` at -inf. (..., V) -> (..., V)."""
+    if allowed is None:
+        return logits
+    if allowed.shape != logits.shape[-1:] or not bool(allowed.any()):
+        raise ValueError(f"allowed must be a (V,) = ({logits.shape[-1]},) mask with some True, got {tuple(allowed.shape)}")
+    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+
+def sample(
+    net: nn.Module,
+    prompt: Tensor,
+    num_symbols: int,
+    *,
+    segment_len: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    allowed: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue ``prompt`` by ``num_symbols`` symbols drawn one at a time from
+    ``softmax(logits / temperature)``, restricted to the ``top_k`` most probable ids when ``top_k > 0``
+    (``top_k=1`` is greedy decoding).
+
+    Args:
+        net: the recurrent language model (``mem_len >= 1``), in eval mode.
+        prompt: the context (see :func:`read_context`).
+        num_symbols: how many symbols to produce (0 returns an empty continuation).
+        segment_len: longest segment one call may take while reading the prompt.
+        temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
+        top_k: keep only the k most probable ids (0: all).
+        allowed: ids that may be produced (e.g. the symbols of the vocabulary), or None for all.
+        generator: random source, for reproducible samples.
+
+    Shape:
+        prompt: (B, T) int64 -> (B, num_symbols) int64
+    """
+    if num_symbols < 0:
+        raise ValueError(f"num_symbols must be >= 0, got {num_symbols}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0: no top-k), got {top_k}")
+    out = prompt.new_empty(prompt.shape[0], num_symbols)
+    if num_symbols == 0:
+        return out
+    logits, memories = read_context(net, prompt, segment_len)
+    for i in range(num_symbols):
+        scores = _masked(logits.float(), allowed) / temperature  # (B, V)
+        if 0 < top_k < scores.shape[-1]:
+            kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = scores.softmax(-1)  # (B, V)
+        out[:, i] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        if i + 1 < num_symbols:
+            logits, memories = net(out[:, i : i + 1], memories)  # (B, 1, V): one new position
+            logits = logits[:, -1]
+    return out
+
+
+def complete_words(
+    net: nn.Module,
+    prefix: Tensor,
+    boundary: Tensor,
+    *,
+    segment_len: int,
+    num_words: int = 5,
+    max_word_len: int = 20,
+    beam_size: int = 16,
+    allowed: Tensor | None = None,
+    allow_empty: bool = False,
+) -> list[tuple[list[int], float]]:
+    """The most probable whole-word continuations of ``prefix``, ranked (Table 4's word completion).
+
+    A continuation is a string ``w`` of non-boundary symbols followed by any boundary symbol (space,
+    punctuation); its score is ``log P(w, then a boundary | prefix)`` = the sum of the symbols'
+    log-probabilities plus the log of the total probability of the boundary symbols after ``w``.
+    Beam search over symbols keeps the ``beam_size`` best unfinished continuations per step; it
+    stops after ``max_word_len`` symbols, or earlier once no unfinished one can still beat the
+    ``num_words``-th best word (scores only decrease as a word grows).
+
+    Args:
+        net: the recurrent language model (``mem_len >= 1``), in eval mode.
+        prefix: the context, one sequence.
+        boundary: ids that end a word.
+        segment_len: longest segment one call may take while reading the prefix.
+        num_words: how many words to return (fewer if fewer are found).
+        max_word_len: longest continuation, in symbols.
+        beam_size: unfinished continuations kept per step.
+        allowed: ids that may be produced, or None for all.
+        allow_empty: whether the empty continuation counts (the prefix already ends a word).
+
+    Shape:
+        prefix: (1, T) int64, boundary: (V,) bool -> up to ``num_words`` (symbol ids, log-probability)
+        pairs, best first.
+    """
+    if prefix.ndim != 2 or prefix.shape[0] != 1:
+        raise ValueError(f"prefix must be one sequence (1, T), got shape {tuple(prefix.shape)}")
+    if num_words < 1 or max_word_len < 1 or beam_size < 1:
+        raise ValueError(
+            f"need num_words, max_word_len, beam_size >= 1, got {num_words}, {max_word_len}, {beam_size}"
+        )
+    logits, memories = read_context(net, prefix, segment_len)  # (1, V)
+    if boundary.dtype != torch.bool or boundary.shape != logits.shape[-1:]:
+        raise ValueError(f"boundary must be a ({logits.shape[-1]},) bool mask, got {boundary.dtype} {tuple(boundary.shape)}")
+    boundary = boundary.to(logits.device)
+    if allowed is not None:
+        boundary = boundary & allowed.to(logits.device)
+    if not bool(boundary.any()):
+        raise ValueError("no allowed symbol ends a word (boundary is empty)")
+
+    words: list[tuple[list[int], float]] = []
+    paths: list[list[int]] = [[]]
+    scores = logits.new_zeros(1, dtype=torch.float)  # (K,) log-probability of each unfinished path
+    for length in range(max_word_len + 1):
+        log_probs = (scores[:, None] + _masked(logits.float(), allowed).log_softmax(-1))  # (K, V)
+        if length > 0 or allow_empty:
+            ended = log_probs[:, boundary].logsumexp(-1)  # (K,)
+            words += [(path, score) for path, score in zip(paths, ended.tolist()) if score > float("-inf")]
+            words.sort(key=lambda word: -word[1])
+            del words[num_words:]
+        if length == max_word_len:
+            break
+        grown = log_probs.masked_fill(boundary, float("-inf")).flatten()  # (K * V,)
+        k = min(beam_size, int(torch.isfinite(grown).sum()))
+        if k == 0:
+            break
+        scores, index = grown.topk(k)  # (k,)
+        if len(words) == num_words and float(scores[0]) <= words[-1][1]:
+            break  # every longer word scores below the ones kept
+        origin, symbol = index // logits.shape[-1], index % logits.shape[-1]  # (k,), (k,)
+        paths = [paths[o] + [s] for o, s in zip(origin.tolist(), symbol.tolist())]
+        if memories is not None:
+            memories = [m.index_select(0, origin) for m in memories]  # (K, M, D) -> (k, M, D)
+        out, memories = net(symbol[:, None], memories)  # (k, 1, V)
+        logits = out[:, -1]
+    return words
+
+
+def encode(text: str, symbols: Sequence[int]) -> list[int]:
+    """The symbol ids of ``text``: id i is the character with code point ``symbols[i]`` (the
+    vocabulary of ``src.datamodules.char_lm``). Raises ``ValueError`` naming every character the
+    vocabulary lacks."""
+    index = {code: i for i, code in enumerate(symbols)}
+    missing = sorted({ch for ch in text if ord(ch) not in index})
+    if missing:
+        raise ValueError(
+            f"characters not in the vocabulary ({len(symbols)} symbols): "
+            + ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in missing)
+        )
+    return [index[ord(ch)] for ch in text]
+
+
+def decode(ids: Sequence[int], symbols: Sequence[int]) -> str:
+    """The text of symbol ids: id i is the character with code point ``symbols[i]``."""
+    return "".join(chr(symbols[i]) for i in ids)
+
+
+def is_boundary(ch: str) -> bool:
+    """Whether ``ch`` ends a word: white space, ASCII punctuation or a Unicode punctuation mark."""
+    return ch.isspace() or ch in string.punctuation or unicodedata.category(ch).startswith("P")
+
+
+def vocabulary_masks(symbols: Sequence[int], vocab_size: int) -> tuple[Tensor, Tensor]:
+    """Masks over the model's ids: those that are symbols of the corpus (the model may have more
+    ids than the corpus has symbols; they are never trained) and those that end a word.
+
+    Shape:
+        -> allowed (vocab_size,) bool, boundary (vocab_size,) bool
+    """
+    if len(symbols) > vocab_size:
+        raise ValueError(f"{len(symbols)} symbols do not fit a vocabulary of {vocab_size} ids")
+    allowed = torch.zeros(vocab_size, dtype=torch.bool)
+    allowed[: len(symbols)] = True
+    boundary = torch.zeros(vocab_size, dtype=torch.bool)
+    boundary[: len(symbols)] = torch.tensor([is_boundary(chr(code)) for code in symbols], dtype=torch.bool)
+    return allowed, boundary

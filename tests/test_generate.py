@@ -1,0 +1,213 @@
+"""Text generation: the algorithms on a hand-made Markov "network" (exact outputs), and the
+``generate.py`` entry point as a subprocess on a small untrained Group-Transformer checkpoint."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from generate import last_word
+from src.tasks.generation import complete_words, decode, encode, read_context, sample, vocabulary_masks
+from tests.conftest import ROOT, compose_config
+from train import build_task
+
+# symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c
+TOY_SYMBOLS = [ord(" "), ord("a"), ord("b"), ord("c")]
+# P(next | last) of the toy Markov chain, rows by the last id (" ", a, b, c)
+TOY_TRANSITIONS = torch.tensor(
+    [
+        [0.0, 0.5, 0.3, 0.2],
+        [0.6, 0.0, 0.4, 0.0],
+        [0.9, 0.1, 0.0, 0.0],
+        [1.0, 0.0, 0.0, 0.0],
+    ]
+)
+
+
+class MarkovNet(nn.Module):
+    """Logits ``log table[last token]``; the memory holds the past token ids; records each call's
+    segment length and memory length."""
+
+    def __init__(self, table: Tensor, mem_len: int = 4) -> None:
+        super().__init__()
+        self.log_table = nn.Parameter(table.log(), requires_grad=False)  # (V, V)
+        self.mem_len = mem_len
+        self.calls: list[tuple[int, int]] = []
+
+    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+        self.calls.append((tokens.shape[1], 0 if memories is None else memories[0].shape[1]))
+        h = tokens.float().unsqueeze(-1)  # (B, T, 1)
+        new = h if memories is None else torch.cat([memories[0], h], 1)
+        return self.log_table[tokens], [new[:, -self.mem_len :]]  # (B, T, V)
+
+
+def constant_table(preferred: int, vocab: int = 4) -> Tensor:
+    """Every row prefers ``preferred`` (probability 0.7), the rest share 0.3."""
+    table = torch.full((vocab, vocab), 0.3 / (vocab - 1))
+    table[:, preferred] = 0.7
+    return table
+
+
+# -- the algorithms ---------------------------------------------------------------------------
+def test_read_context_feeds_segments_and_carries_memories() -> None:
+    net = MarkovNet(TOY_TRANSITIONS, mem_len=4)
+    logits, memories = read_context(net, torch.tensor([[1, 2, 0, 1, 2, 0, 3, 0, 1, 2]]), segment_len=4)
+    assert net.calls == [(4, 0), (4, 4), (2, 4)]
+    assert torch.equal(logits, TOY_TRANSITIONS[2].log()[None])  # after the last id, 2
+    assert memories[0].flatten().tolist() == [3.0, 0.0, 1.0, 2.0]  # the last mem_len ids
+
+
+def test_sample_top1_follows_the_preferred_symbol_one_position_per_call() -> None:
+    net = MarkovNet(constant_table(preferred=3))
+    out = sample(net, torch.tensor([[0, 1, 2]]), 5, segment_len=2, top_k=1)
+    assert out.tolist() == [[3, 3, 3, 3, 3]]
+    # the prompt in segments of 2, then one call per new symbol except the last (linear in length)
+    assert [length for length, _ in net.calls] == [2, 1, 1, 1, 1, 1]
+
+
+def test_sample_respects_allowed_and_top_k() -> None:
+    net = MarkovNet(torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(4, 4))
+    allowed = torch.tensor([True, True, True, False])
+    out = sample(net, torch.tensor([[0]]), 50, segment_len=4, top_k=2, allowed=allowed,
+                 generator=torch.Generator().manual_seed(0))
+    # 3 is not allowed; of the rest, top-2 keeps 2 and 1
+    assert set(out.flatten().tolist()) == {1, 2}
+
+
+def test_sample_is_reproducible_and_zero_length() -> None:
+    prompt = torch.tensor([[1, 2]])
+    draws = [sample(MarkovNet(TOY_TRANSITIONS), prompt, 30, segment_len=4, generator=torch.Generator().manual_seed(7))
+             for _ in range(2)]
+    assert torch.equal(draws[0], draws[1])
+    # every draw is a transition the chain allows
+    ids = [2, *draws[0][0].tolist()]
+    assert all(TOY_TRANSITIONS[a, b] > 0 for a, b in zip(ids, ids[1:]))
+    assert sample(MarkovNet(TOY_TRANSITIONS), prompt, 0, segment_len=4).shape == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"temperature": 0.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"num_symbols": -1}, "num_symbols")],
+)
+def test_sample_rejects_bad_settings(kwargs: dict, message: str) -> None:
+    args = {"num_symbols": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        sample(MarkovNet(TOY_TRANSITIONS), torch.tensor([[0]]), args.pop("num_symbols"), segment_len=4, **args)
+
+
+def test_generation_needs_memories() -> None:
+    with pytest.raises(ValueError, match="mem_len"):
+        read_context(MarkovNet(TOY_TRANSITIONS, mem_len=0), torch.tensor([[0]]), segment_len=4)
+
+
+def test_complete_words_ranks_exact_word_probabilities() -> None:
+    boundary = torch.tensor([True, False, False, False])
+    words = complete_words(MarkovNet(TOY_TRANSITIONS), torch.tensor([[1, 0]]), boundary, segment_len=4,
+                           num_words=4, max_word_len=3, beam_size=8)
+    # P(word, then a space | a space): a .5*.6, b .3*.9, c .2*1, ab .5*.4*.9
+    assert [decode(path, TOY_SYMBOLS) for path, _ in words] == ["a", "b", "c", "ab"]
+    assert [score for _, score in words] == pytest.approx([math.log(p) for p in (0.30, 0.27, 0.20, 0.18)], abs=1e-6)
+
+
+def test_complete_words_empty_continuation_and_length_limit() -> None:
+    boundary = torch.tensor([True, False, False, False])
+    # after "a": the word may already end (.6), or continue with b (.4 * .9)
+    words = complete_words(MarkovNet(TOY_TRANSITIONS), torch.tensor([[0, 1]]), boundary, segment_len=4,
+                           num_words=2, max_word_len=1, allow_empty=True)
+    assert [(decode(path, TOY_SYMBOLS), round(math.exp(score), 6)) for path, score in words] == [("", 0.6), ("b", 0.36)]
+    # a chain that never ends a word within max_word_len finds nothing
+    no_space = torch.tensor([0.0, 0.5, 0.5, 0.0]).expand(4, 4)
+    never = complete_words(MarkovNet(no_space), torch.tensor([[0]]), boundary, segment_len=4, num_words=3,
+                           max_word_len=2)
+    assert never == []
+    with pytest.raises(ValueError, match="boundary"):
+        complete_words(MarkovNet(no_space), torch.tensor([[0]]), boundary, segment_len=4,
+                       allowed=torch.tensor([False, True, True, True]))
+
+
+def test_encode_decode_and_masks() -> None:
+    assert encode("ab c", TOY_SYMBOLS) == [1, 2, 0, 3]
+    assert decode([1, 2, 0, 3], TOY_SYMBOLS) == "ab c"
+    with pytest.raises(ValueError, match=r"'d' \(U\+0064\), 'z' \(U\+007A\)"):
+        encode("zad", TOY_SYMBOLS)
+    allowed, boundary = vocabulary_masks([ord(c) for c in " a.\n"], 6)
+    assert allowed.tolist() == [True, True, True, True, False, False]
+    assert boundary.tolist() == [True, False, True, True, False, False]
+    assert last_word("the quick bro") == "bro" and last_word("the end.") == ""
+
+
+# -- the entry point --------------------------------------------------------------------------
+MODEL_OVERRIDES = [
+    "experiment=charlm_demo", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_inner=64",
+    "model.mem_len=16", "data.tgt_len=16",
+]  # fmt: skip
+PROMPT = "The default value of the argument"  # 33 characters: three segments of at most 16
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], nn.Module, list[int]]:
+    """An untrained small Group-Transformer checkpoint, the overrides to rebuild it, its network
+    and the corpus's symbols (the vocabulary cached under a temporary data.root)."""
+    tmp = tmp_path_factory.mktemp("generate")
+    overrides = [*MODEL_OVERRIDES, f"data.root={tmp / 'data'}"]
+    cfg = compose_config("train", overrides, tmp / "run")
+    datamodule, task = build_task(cfg)
+    path = tmp / "model.ckpt"
+    torch.save({"state_dict": task.state_dict()}, path)
+    datamodule.setup("fit")
+    return path, [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.symbols
+
+
+def run_generate(overrides: list[str], *extra: str) -> str:
+    """stdout of ``python generate.py *overrides *extra`` from the repository root."""
+    command = [sys.executable, str(ROOT / "generate.py"), *overrides, *extra]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"generate.py failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_sample_mode_prints_prompt_and_continuation(checkpoint) -> None:
+    _, overrides, _, symbols = checkpoint
+    args = [f"prompt='{PROMPT}'", "max_new_chars=40", "temperature=0.8", "top_k=10", "seed=3"]
+    out = run_generate(overrides, *args)
+    assert out.startswith(PROMPT) and out.endswith("\n")
+    continuation = out[len(PROMPT) : -1]
+    assert len(continuation) == 40
+    assert set(continuation) <= {chr(code) for code in symbols}
+    assert run_generate(overrides, *args) == out  # same seed, same text
+
+
+def test_top_k_1_is_greedy_decoding(checkpoint) -> None:
+    _, overrides, net, symbols = checkpoint
+    out = run_generate(overrides, f"prompt='{PROMPT}'", "max_new_chars=25", "top_k=1")
+    # greedy decoding by hand: the prompt in segments of tgt_len = 16 with memories, then argmax
+    ids = torch.tensor([encode(PROMPT, symbols)])
+    memories = None
+    with torch.no_grad():
+        for begin in range(0, ids.shape[1], 16):
+            logits, memories = net(ids[:, begin : begin + 16], memories)
+        greedy = []
+        for _ in range(25):
+            greedy.append(int(logits[0, -1, : len(symbols)].argmax()))
+            logits, memories = net(torch.tensor([[greedy[-1]]]), memories)
+    assert out == PROMPT + decode(greedy, symbols) + "\n"
+
+
+def test_words_mode_prints_ranked_words(checkpoint) -> None:
+    _, overrides, _, _ = checkpoint
+    out = run_generate(overrides, "prompt='The default val'", "mode=words", "num_words=4", "max_word_len=6")
+    header, *rows = out.splitlines()
+    assert header.split() == ["rank", "word", "log_prob"]
+    assert len(rows) == 4
+    ranks, words, scores = zip(*(row.split() for row in rows))
+    assert [int(r) for r in ranks] == [1, 2, 3, 4]
+    assert all(word.startswith("val") and len(word) <= len("val") + 6 for word in words)
+    assert len(set(words)) == 4
+    values = [float(s) for s in scores]
+    assert all(v <= 0 for v in values) and values == sorted(values, reverse=True)
