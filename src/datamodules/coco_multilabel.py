@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
+from src.datamodules.loading import resumable_loader
 from src.datamodules.segmentation import require_dir, require_file, require_files
 
 YEARS = (2014, 2017)
@@ -185,17 +186,7 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         self.splits = {split: self._load(split, layout) for split in ("train", "val")}
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            # fresh workers each epoch draw their seeds from the (checkpointed) main RNG,
-            # which keeps augmentation identical when a run is resumed
-            persistent_workers=False,
-            pin_memory=True,
-            drop_last=shuffle,
-        )
+        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
+from src.datamodules.loading import resumable_loader
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -138,17 +140,7 @@ class ImageFolderDataModule(L.LightningDataModule):
             self.splits[split] = dataset
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            # fresh workers each epoch draw their seeds from the (checkpointed) main RNG,
-            # which keeps augmentation identical when a run is resumed
-            persistent_workers=False,
-            pin_memory=True,
-            drop_last=shuffle,
-        )
+        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -21,6 +21,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
+from src.datamodules.loading import resumable_loader
 
 MaskReader = Callable[[Path], np.ndarray]
 
@@ -168,17 +169,7 @@ class SegmentationDataModule(L.LightningDataModule):
         return torch.zeros(batch_size, self.in_chans, *self.crop_size)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            # fresh workers each epoch draw their seeds from the (checkpointed) main RNG,
-            # which keeps augmentation identical when a run is resumed
-            persistent_workers=False,
-            pin_memory=True,
-            drop_last=shuffle,
-        )
+        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
