@@ -223,11 +223,12 @@ class _WikipediaDataModule(CharLMDataModule):
     """enwik8/text8: the raw file ``<root>/<name>`` or the zip ``<root>/<name>.zip`` that holds it."""
 
     url = ""
+    symbol_count = 0  # the corpus's vocabulary size, the default of ``vocab_size``
 
     def __init__(
         self,
         root: str,
-        vocab_size: int,
+        vocab_size: int | None = None,
         tgt_len: int = 512,
         batch_size: int = 22,
         *,
@@ -237,7 +238,12 @@ class _WikipediaDataModule(CharLMDataModule):
         test_size: int = 5_000_000,
     ) -> None:
         super().__init__(
-            root, vocab_size, tgt_len, batch_size, eval_tgt_len=eval_tgt_len, eval_batch_size=eval_batch_size
+            root,
+            self.symbol_count if vocab_size is None else vocab_size,
+            tgt_len,
+            batch_size,
+            eval_tgt_len=eval_tgt_len,
+            eval_batch_size=eval_batch_size,
         )
         self.valid_size = valid_size
         self.test_size = test_size
@@ -284,23 +290,7 @@ class Enwik8DataModule(_WikipediaDataModule):
 
     name = "enwik8"
     url = "http://mattmahoney.net/dc/enwik8.zip"
-
-    def __init__(
-        self,
-        root: str,
-        vocab_size: int = 204,
-        tgt_len: int = 512,
-        batch_size: int = 22,
-        *,
-        eval_tgt_len: int = 128,
-        eval_batch_size: int = 10,
-        valid_size: int = 5_000_000,
-        test_size: int = 5_000_000,
-    ) -> None:
-        super().__init__(
-            root, vocab_size, tgt_len, batch_size, eval_tgt_len=eval_tgt_len, eval_batch_size=eval_batch_size,
-            valid_size=valid_size, test_size=test_size,
-        )
+    symbol_count = 204
 
     def read_symbols(self) -> dict[str, np.ndarray]:
         # split first, then drop the newline byte, as prep_enwik8.py + the official tokenizer do
@@ -319,23 +309,7 @@ class Text8DataModule(_WikipediaDataModule):
 
     name = "text8"
     url = "http://mattmahoney.net/dc/text8.zip"
-
-    def __init__(
-        self,
-        root: str,
-        vocab_size: int = 27,
-        tgt_len: int = 512,
-        batch_size: int = 22,
-        *,
-        eval_tgt_len: int = 128,
-        eval_batch_size: int = 10,
-        valid_size: int = 5_000_000,
-        test_size: int = 5_000_000,
-    ) -> None:
-        super().__init__(
-            root, vocab_size, tgt_len, batch_size, eval_tgt_len=eval_tgt_len, eval_batch_size=eval_batch_size,
-            valid_size=valid_size, test_size=test_size,
-        )
+    symbol_count = 27
 
 
 def pydoc_corpus() -> str:
