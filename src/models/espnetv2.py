@@ -82,9 +82,9 @@ class EESPAblation(EESP):
             branches=branches,
             r_lim=3 if conv_type == "depthwise" else r_lim,
             down_method=down_method,
+            hff=hff,
         )
         self.conv_type = conv_type
-        self.hff = hff
         if conv_type == "dilated":
             n = out_channels // branches
             self.transform = nn.ModuleList(
@@ -92,21 +92,8 @@ class EESPAblation(EESP):
                 for d in self.dilations
             )
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.hff:
-            return super().forward(x)
-        reduced = self.reduce(x)  # (B, n, H, W)
-        branches = [conv(reduced) for conv in self.transform]  # no hierarchical fusion
-        # K x (B, n, H', W') -> (B, K n, H', W')
-        merged = self.merge(self.fuse_act(self.fuse_norm(torch.cat(branches, dim=1))))
-        if self.stride == 2 and self.down_method == "avg":
-            return merged
-        if merged.shape == x.shape:
-            merged = merged + x
-        return self.act(merged)
-
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, conv_type={self.conv_type!r}, hff={self.hff}"
+        return f"{super().extra_repr()}, conv_type={self.conv_type!r}"
 
 
 def _eesp(

@@ -113,6 +113,7 @@ class EESP(nn.Module):
         r_lim: the receptive-field limit that sets the dilations (:func:`eesp_dilations`).
         down_method: with stride 2, ``"avg"`` returns after the merge (no residual, no PReLU), as
             inside :class:`EESPDownsampler`; ``"esp"`` applies the final PReLU.
+        hff: hierarchical feature fusion (thesis Table 2.5); False concatenates the branches as they are.
 
     Shape:
         (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
@@ -127,6 +128,7 @@ class EESP(nn.Module):
         branches: int = 4,
         r_lim: int = 7,
         down_method: str = "esp",
+        hff: bool = True,
     ) -> None:
         super().__init__()
         if branches < 1 or in_channels % branches or out_channels % (branches * branches):
@@ -144,6 +146,7 @@ class EESP(nn.Module):
         self.out_channels = out_channels
         self.stride = stride
         self.down_method = down_method
+        self.hff = hff
         self.dilations = eesp_dilations(branches, r_lim)
         self.reduce = nn.Sequential(
             nn.Conv2d(in_channels, n, 1, groups=branches, bias=False),
@@ -168,10 +171,10 @@ class EESP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         reduced = self.reduce(x)  # (B, n, H, W)
-        # hierarchical feature fusion: branch k adds the fused output of branch k - 1
         fused = [self.transform[0](reduced)]
         for conv in self.transform[1:]:
-            fused.append(conv(reduced) + fused[-1])
+            # hierarchical feature fusion: branch k adds the fused output of branch k - 1
+            fused.append(conv(reduced) + fused[-1] if self.hff else conv(reduced))
         # K x (B, n, H', W') -> (B, K n, H', W')
         merged = self.merge(self.fuse_act(self.fuse_norm(torch.cat(fused, dim=1))))
         if self.stride == 2 and self.down_method == "avg":
@@ -183,7 +186,8 @@ class EESP(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_channels={self.in_channels}, out_channels={self.out_channels}, "
-            f"stride={self.stride}, dilations={self.dilations}, down_method={self.down_method!r}"
+            f"stride={self.stride}, dilations={self.dilations}, down_method={self.down_method!r}, "
+            f"hff={self.hff}"
         )
 
 
