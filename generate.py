@@ -17,31 +17,18 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import hydra
-import lightning as L
 import torch
 from omegaconf import DictConfig
 
 from src.datamodules.char_lm import CharLMDataModule
 from src.tasks.generation import complete_words, decode, encode, is_boundary, sample, vocabulary_masks
-from train import build_task
+from train import build_task, load_checkpoint
 
 log = logging.getLogger(__name__)
 
 MODES = ("sample", "words")
-
-
-def load_checkpoint(task: L.LightningModule, path: str | Path) -> None:
-    """Load a Lightning checkpoint of this project (tensors only) into ``task``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist; pass ckpt_path=/path/to/file.ckpt")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise KeyError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
-    task.load_state_dict(checkpoint["state_dict"])
 
 
 def last_word(text: str) -> str:

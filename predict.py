@@ -33,7 +33,7 @@ from torch import Tensor
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
-from train import build_task
+from train import build_task, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -149,19 +149,6 @@ def preprocess(
     x = TF.to_tensor(image.convert(mode).resize(size, Image.BILINEAR))  # (c, H, W), c = 1 or 3
     x = TF.normalize(x, list(mean), list(std))
     return x.expand(in_chans, -1, -1).unsqueeze(0)  # (1, in_chans, H, W)
-
-
-def load_checkpoint(task: L.LightningModule, path: str | Path) -> None:
-    """Load a Lightning checkpoint of this project (tensors only) into ``task``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"checkpoint {path} does not exist; pass ckpt_path=/path/to/file.ckpt or null"
-        )
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise KeyError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
-    task.load_state_dict(checkpoint["state_dict"])
 
 
 def overlay(

@@ -3,7 +3,8 @@
 Hydra composes ``conf/train.yaml``; this script only instantiates and wires: seed, datamodule,
 network, task, callbacks, loggers and Trainer; fit (or resume with ``ckpt_path=...``); test the
 best checkpoint when the data has a test split; write ``metrics.json`` into the run directory.
-``eval.py`` and ``complexity.py`` build their objects with the functions defined here.
+``eval.py``, ``complexity.py``, ``predict.py`` and ``generate.py`` build their objects with the
+functions defined here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,6 +44,17 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
 def complexity_of(task: L.LightningModule, datamodule: L.LightningDataModule) -> Complexity:
     """Parameters and MACs of the task's network for one example of the datamodule's input."""
     return measure(task.net, datamodule.example_input())
+
+
+def load_checkpoint(task: L.LightningModule, path: str | Path) -> None:
+    """Load the weights of a Lightning checkpoint of this project (tensors only) into ``task``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist; pass ckpt_path=/path/to/file.ckpt")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise KeyError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
+    task.load_state_dict(checkpoint["state_dict"])
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:
