@@ -40,6 +40,7 @@ from src.models.dicenet import (
 )
 from src.models.features import FeatureInfo
 from src.ops.dice import StridedDiCE
+from src.ops.pooling import MaxPool2d
 
 LAYOUTS = ("mobilenet", "resnet")
 
@@ -137,7 +138,7 @@ class DiCELayoutNet(nn.Module):
             nn.BatchNorm2d(widths[0]),
             nn.PReLU(widths[0]),
         )
-        self.level2 = nn.MaxPool2d(3, stride=2, padding=1)
+        self.level2 = MaxPool2d(3, stride=2, padding=1)
         stages = []
         c_in = widths[1]
         for level in (3, 4, 5):

@@ -26,6 +26,8 @@ from src.compat.edgenets import load_official_weights
 from src.models.features import FeatureInfo
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.dim_conv import DimConv
+from src.ops.inference_folding import ConvBNPReLU
+from src.ops.pooling import MaxPool2d
 
 # Output channels of level 1, level 2 (max pool), levels 3-5 and the grouped FC, by width s.
 # Thesis Table A.1 (s = 0.1, 0.2, 2.4; [116, 232, 464] x s in between) as rounded by the official
@@ -58,17 +60,6 @@ def widths_for(table: Mapping[float, tuple[int, ...]], scale: float, name: str) 
     if scale not in table:
         raise ValueError(f"{name} has no width s={scale}; valid widths: {sorted(table)}")
     return table[scale]
-
-
-def _cbr(
-    c_in: int, c_out: int, kernel_size: int, *, stride: int = 1, groups: int = 1
-) -> nn.Sequential:
-    """conv (no bias) + BN + PReLU."""
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, kernel_size, stride, kernel_size // 2, groups=groups, bias=False),
-        nn.BatchNorm2d(c_out),
-        nn.PReLU(c_out),
-    )
 
 
 class ChannelGate(nn.Module):
@@ -104,7 +95,7 @@ class GlobalFusion(nn.Module):
 
     def __init__(self, channels: int, out_channels: int) -> None:
         super().__init__()
-        self.spatial = _cbr(channels, out_channels, 3, groups=math.gcd(channels, out_channels))
+        self.spatial = ConvBNPReLU(channels, out_channels, 3, groups=math.gcd(channels, out_channels))
         self.gate = ChannelGate(channels, out_channels)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -156,12 +147,12 @@ class SpatialFusionBlock(nn.Module):
         pointwise = fusion in ("pointwise", "pointwise_se")
         # DimFuse's local fusion: each channel's (D, H, W) triple -> one channel
         self.local = (
-            _cbr(expanded, channels, 1, groups=channels)
+            ConvBNPReLU(expanded, channels, 1, groups=channels)
             if spatial == "dimconv" and not pointwise
             else nn.Identity()
         )
         if pointwise:
-            self.fuse: nn.Module = _cbr(expanded, out_channels, 1)
+            self.fuse: nn.Module = ConvBNPReLU(expanded, out_channels, 1)
         elif fusion == "dimfuse":
             self.fuse = GlobalFusion(channels, out_channels)
         else:
@@ -217,7 +208,7 @@ def reduce_block(c_in: int, c_out: int, *, reduce: str = "pointwise") -> nn.Modu
     Shape:
         (B, C_in, H, W) -> (B, C_out, H, W)
     """
-    return _cbr(c_in, c_out, 1) if reduce == "pointwise" else GlobalFusion(c_in, c_out)
+    return ConvBNPReLU(c_in, c_out, 1) if reduce == "pointwise" else GlobalFusion(c_in, c_out)
 
 
 def ablate_unit(
@@ -319,8 +310,8 @@ class DiCENetBackbone(nn.Module):
         self.depth = depth
         self.widths = widths
         sizes = feature_sizes(input_size, 5)
-        self.level1 = _cbr(in_chans, widths[0], 3, stride=2)
-        self.level2 = nn.MaxPool2d(3, stride=2, padding=1)
+        self.level1 = ConvBNPReLU(in_chans, widths[0], 3, stride=2)
+        self.level2 = MaxPool2d(3, stride=2, padding=1)
         stages = []
         c_in = widths[1]
         for level in range(3, depth + 1):

@@ -26,9 +26,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+import torch.nn.functional as F
+
 from src.ops.dim_conv import DimConv
 from src.ops.dim_fuse import DimFuse
-from src.ops.shuffle import channel_shuffle
+from src.ops.inference_folding import (
+    ConvBNPReLU,
+    batch_norm_affine,
+    cached,
+    conv_bn_prelu,
+    folded_inference,
+)
+from src.ops.pooling import AvgPool2d
+from src.ops.shuffle import concat_shuffle
 
 
 def _reset_children(module: nn.Module) -> None:
@@ -86,7 +96,150 @@ class DiCE(nn.Module):
         _reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
+        conv = self.dim_conv
+        if (
+            folded_inference(self, x)
+            and conv.impl == "auto"
+            and conv.interleave
+            and x.dim() == 4
+            and x.shape[1:] == (conv.channels, conv.height, conv.width)
+        ):
+            return self._folded_forward(x)
         return self.dim_fuse(self.dim_conv(x))
+
+    def _folded(self) -> tuple[Tensor, ...]:
+        conv, fuse = self.dim_conv, self.dim_fuse
+        local_conv, local_bn, local_act = fuse.local
+        spatial_conv, spatial_bn, spatial_act = fuse.spatial
+
+        def build() -> tuple[Tensor, ...]:
+            c = conv.channels
+            # DimFuse's BN + PReLU over the interleaved 3C channels, as (C, branch)
+            scale, shift = (t.view(c, 3) for t in batch_norm_affine(fuse.norm))
+            slope = fuse.act.weight.view(c, 3)
+            local_scale, local_shift = batch_norm_affine(local_bn)
+            local = local_conv.weight.view(c, 3) * local_scale[:, None]  # (C, branch)
+            s_scale, s_shift = batch_norm_affine(spatial_bn)
+
+            def per_channel(t: Tensor) -> Tensor:
+                return t.contiguous().view(c, 1, 1)  # (C,) -> (C, 1, 1), broadcast over (H, W)
+
+            return (
+                conv.weight_channel * scale[:, 0, None, None, None],
+                shift[:, 0].contiguous(),
+                slope[:, 0].contiguous(),
+                conv.weight_height,
+                # kernel axes (height, channel) -> (channel, height): the width-wise conv runs on
+                # the (C, H) plane, see _folded_forward
+                conv.weight_width.transpose(2, 3).contiguous(),
+                per_channel(scale[:, 1]),
+                per_channel(shift[:, 1]),
+                slope[:, 1].contiguous(),
+                per_channel(scale[:, 2]),
+                per_channel(shift[:, 2]),
+                slope[:, 2].contiguous(),
+                per_channel(local[:, 0]),
+                per_channel(local[:, 1]),
+                per_channel(local[:, 2]),
+                per_channel(local_shift),
+                local_act.weight,
+                spatial_conv.weight * s_scale[:, None, None, None],
+                s_shift,
+                spatial_act.weight,
+                fuse.gate[1].weight.flatten(1),
+                fuse.gate[3].weight.flatten(1),
+            )
+
+        sources = [
+            conv.weight_channel,
+            conv.weight_height,
+            conv.weight_width,
+            fuse.act.weight,
+            local_conv.weight,
+            local_act.weight,
+            spatial_conv.weight,
+            spatial_act.weight,
+            fuse.gate[1].weight,
+            fuse.gate[3].weight,
+        ]
+        for bn in (fuse.norm, local_bn, spatial_bn):
+            sources += [bn.weight, bn.bias, bn.running_mean, bn.running_var]
+        return cached(self, sources, build)
+
+    def _folded_forward(self, x: Tensor) -> Tensor:
+        """The inference forward at the build size, with every BN folded (same map as forward).
+
+        DimConv's interleaved 3C tensor is never built: each branch gets DimFuse's BN (folded into
+        the channel-wise kernel, an affine map for the other two) and PReLU, and the local fusion
+        (3 -> 1 per channel) is two fused multiply-adds. The width- and height-wise convolutions
+        run as depth-wise convolutions on channels-last *views*: a (B, C, H, W) tensor is, read as
+        (B, W, C, H), channels-last with W channels over the (C, H) plane (no copy); its
+        transpose (B, C, W, H), one copy, is likewise (B, H, C, W) channels-last. oneDNN's
+        depth-wise convolution is about twice as fast channels-last, and this avoids the permute
+        copies of the reference.
+
+        Shape:
+            (B, C, H_b, W_b) -> (B, C_out, H_b, W_b)
+        """
+        (
+            w_channel,
+            b_channel,
+            a_channel,
+            w_height,
+            w_width,
+            s_height,
+            t_height,
+            a_height,
+            s_width,
+            t_width,
+            a_width,
+            l_channel,
+            l_height,
+            l_width,
+            l_shift,
+            a_local,
+            w_spatial,
+            b_spatial,
+            a_spatial,
+            w_gate_in,
+            w_gate_out,
+        ) = self._folded()
+        conv = self.dim_conv
+        height, width = x.shape[2:]
+        half = (conv.kernel_size - 1) // 2
+        d_c, d_h, d_w = conv.dilation
+        y_c = F.conv2d(x, w_channel, b_channel, padding=half * d_c, dilation=d_c, groups=x.shape[1])
+        a_c = F.prelu(y_c, a_channel)
+        # width-wise: (B, C, H, W) read as (B, W, C, H) -> conv -> back to (B, C, H, W)
+        y_w = F.conv2d(
+            x.permute(0, 3, 1, 2), w_width, padding=half * d_w, dilation=d_w, groups=width
+        ).permute(0, 2, 3, 1)
+        # the branch BNs as in-place affine maps on the fresh conv outputs
+        a_w = F.prelu(y_w.mul_(s_width).add_(t_width), a_width)
+        # height-wise: (B, C, W, H) read as (B, H, C, W) -> conv -> back to (B, C, W, H)
+        x_t = x.transpose(2, 3).contiguous()  # (B, C, W, H)
+        y_h = F.conv2d(
+            x_t.permute(0, 3, 1, 2), w_height, padding=half * d_h, dilation=d_h, groups=height
+        ).permute(0, 2, 3, 1)
+        a_h = F.prelu(y_h.mul_(s_height).add_(t_height), a_height)  # (B, C, W, H)
+        # local fusion with its BN: (B, C, H, W) x 3 -> (B, C, H, W)
+        fused = a_c.mul_(l_channel).add_(l_shift)
+        fused = fused.addcmul_(a_w, l_width).addcmul_(a_h.transpose(2, 3), l_height)
+        fused = F.prelu(fused, a_local)
+        spatial_conv = self.dim_fuse.spatial[0]
+        spatial = F.conv2d(
+            fused,
+            w_spatial,
+            b_spatial,
+            spatial_conv.stride,
+            spatial_conv.padding,
+            spatial_conv.dilation,
+            spatial_conv.groups,
+        )
+        spatial = F.prelu(spatial, a_spatial)
+        # channel gate: (B, C) -> (B, C // 4) -> (B, C_out)
+        gate = torch.sigmoid(F.relu(fused.mean((2, 3)) @ w_gate_in.t()) @ w_gate_out.t())
+        return spatial.mul_(gate[:, :, None, None])
 
 
 class StridedDiCE(nn.Module):
@@ -124,7 +277,7 @@ class StridedDiCE(nn.Module):
             nn.BatchNorm2d(c),
             nn.PReLU(c),
         )
-        self.pool = nn.AvgPool2d(3, stride=2, padding=1)
+        self.pool = AvgPool2d(3, stride=2, padding=1)
         self.dice = DiCE(
             c,
             c,
@@ -135,15 +288,17 @@ class StridedDiCE(nn.Module):
             shuffle=shuffle,
             impl=impl,
         )
-        self.right = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.PReLU(c))
+        self.right = ConvBNPReLU(c, c, 1)
 
     def reset_parameters(self) -> None:
         _reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
         right = self.right(self.dice(self.pool(x)))
+        # the two CBRs of the left branch, folded in inference
+        left = conv_bn_prelu(*self.left[3:], conv_bn_prelu(*self.left[:3], x))
         # [(B, C, H/2, W/2), (B, C, H/2, W/2)] -> (B, 2C, H/2, W/2), shuffled
-        return channel_shuffle(torch.cat((self.left(x), right), dim=1), 2)
+        return concat_shuffle((left, right), 2)
 
     def extra_repr(self) -> str:
         return f"in_channels={self.in_channels}"
@@ -189,11 +344,7 @@ class DiCEShuffleUnit(nn.Module):
         self.out_channels = out_channels
         self.passed = passed
         self.groups = groups
-        self.reduce = nn.Sequential(
-            nn.Conv2d(right_in, right_out, 1, bias=False),
-            nn.BatchNorm2d(right_out),
-            nn.PReLU(right_out),
-        )
+        self.reduce = ConvBNPReLU(right_in, right_out, 1)
         self.dice = DiCE(right_out, right_out, height, width, impl=impl)
 
     def reset_parameters(self) -> None:
@@ -202,8 +353,8 @@ class DiCEShuffleUnit(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # (B, C_in, H, W) -> (B, passed, H, W) and (B, C_in - passed, H, W)
         left, right = x.split((self.passed, self.in_channels - self.passed), dim=1)
-        out = torch.cat((left, self.dice(self.reduce(right))), dim=1)  # (B, C_out, H, W)
-        return channel_shuffle(out, self.groups)
+        # [(B, passed, H, W), (B, C_out - passed, H, W)] -> (B, C_out, H, W), shuffled
+        return concat_shuffle((left, self.dice(self.reduce(right))), self.groups)
 
     def extra_repr(self) -> str:
         return (

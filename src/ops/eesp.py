@@ -30,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from src.ops.pooling import AvgPool2d
+
 
 def depthwise_dilated_conv(
     channels: int, *, kernel_size: int = 3, dilation: int = 1, stride: int = 1
@@ -223,7 +225,7 @@ class EESPDownsampler(nn.Module):
             )
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.pool = nn.AvgPool2d(3, stride=2, padding=1)
+        self.pool = AvgPool2d(3, stride=2, padding=1)
         self.eesp = EESP(
             in_channels,
             out_channels - in_channels,

@@ -7,6 +7,9 @@ input index ``i * (n / g) + j`` (group i, unit j).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from torch import Tensor
 
 
@@ -30,3 +33,19 @@ def feature_shuffle(x: Tensor, groups: int, dim: int = -1) -> Tensor:
 def channel_shuffle(x: Tensor, groups: int) -> Tensor:
     """ShuffleNet channel shuffle of a (B, C, H, W) feature map: :func:`feature_shuffle` on dim 1."""
     return feature_shuffle(x, groups, dim=1)
+
+
+def concat_shuffle(parts: Sequence[Tensor], groups: int) -> Tensor:
+    """``channel_shuffle(torch.cat(parts, dim=1), groups)`` with one copy instead of two.
+
+    With ``groups`` parts of equal width (the ShuffleNet-style units, after their first) the
+    shuffled concatenation is a stack on a new axis after the channels; other cases concatenate
+    and shuffle.
+
+    Shape:
+        parts (B, C_i, H, W) -> (B, sum C_i, H, W)
+    """
+    if len(parts) == groups and all(p.shape == parts[0].shape for p in parts):
+        # g x (B, n, H, W) -> (B, n, g, H, W) -> (B, g * n, H, W)
+        return torch.stack(tuple(parts), dim=2).flatten(1, 2)
+    return channel_shuffle(torch.cat(tuple(parts), dim=1), groups)

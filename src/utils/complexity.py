@@ -46,12 +46,17 @@ def count_params(module: nn.Module, *, trainable_only: bool = False) -> int:
 
 
 def measure(module: nn.Module, example_input: Tensor) -> Complexity:
-    """Count parameters and MACs of ``module(example_input)`` in eval mode, without gradients."""
+    """Count parameters and MACs of ``module(example_input)`` in eval mode.
+
+    Autograd stays on: without it, eval-mode blocks take their folded inference path
+    (:mod:`src.ops.inference_folding`), which computes the same map with fewer, differently shaped
+    products; the papers count the network as defined.
+    """
     was_training = module.training
     module.eval()
     counter = FlopCounterMode(display=False)
     try:
-        with torch.no_grad(), counter:
+        with torch.enable_grad(), counter:
             module(example_input)
     finally:
         module.train(was_training)

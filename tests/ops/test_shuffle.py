@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.ops.shuffle import channel_shuffle, feature_shuffle
+from src.ops.shuffle import channel_shuffle, concat_shuffle, feature_shuffle
 
 
 def test_feature_shuffle_interleaves_groups() -> None:
@@ -22,3 +22,12 @@ def test_shuffle_any_axis_and_bad_groups() -> None:
     assert torch.equal(feature_shuffle(x, 2, dim=1), channel_shuffle(x.unsqueeze(-1), 2).squeeze(-1))
     with pytest.raises(ValueError, match="5 features into 2 groups"):
         feature_shuffle(x, 2, dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("widths", "groups"), [((6, 6), 2), ((4, 8), 2), ((3, 3, 3), 3), ((2, 4), 3), ((6, 6), 3)]
+)
+def test_concat_shuffle_equals_shuffled_concatenation(widths: tuple[int, ...], groups: int) -> None:
+    parts = [torch.randn(2, c, 3, 4) for c in widths]
+    expected = channel_shuffle(torch.cat(parts, dim=1), groups)
+    torch.testing.assert_close(concat_shuffle(parts, groups), expected, rtol=0, atol=0)

@@ -1,0 +1,131 @@
+"""Folded inference: the eval-mode forward of conv + BN (+ PReLU) blocks with BN folded away.
+
+In eval mode a BatchNorm is a per-channel affine map ``y = s * x + t`` with
+``s = gamma / sqrt(running_var + eps)`` and ``t = beta - running_mean * s``, so it folds into the
+convolution before it (weights scaled per output channel, ``t`` as the bias). Small CNNs such as
+DiCENet spend much of their CPU time on per-call overhead of tiny ops, so the inference forward of
+their blocks runs the folded form: fewer, larger calls, numerically the same map up to float
+rounding.
+
+The folded path runs only for *inference*: eval mode, autograd off (``torch.no_grad`` or
+``torch.inference_mode``), on the CPU, outside tracing and compilation. Training, eval with
+autograd (e.g. input gradients, and the MAC counter of :mod:`src.utils.complexity`, which counts the
+training-time formulation as the papers do) and CUDA use the plain modules. The folded tensors are
+cached on the module and rebuilt whenever a source tensor changes: the cache key holds every
+source's storage pointer and version counter, which in-place updates (optimizer steps,
+``load_state_dict``) bump.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def folded_inference(module: nn.Module, x: Tensor) -> bool:
+    """Whether ``module(x)`` should take its folded inference path (see the module docstring)."""
+    return (
+        not module.training
+        and not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+    )
+
+
+def batch_norm_affine(bn: nn.BatchNorm2d) -> tuple[Tensor, Tensor]:
+    """The eval-mode BN as ``(scale, shift)``, each (C,)."""
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("folding needs a BatchNorm2d with running statistics")
+    scale = torch.rsqrt(bn.running_var + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight
+    shift = -bn.running_mean * scale
+    if bn.bias is not None:
+        shift = shift + bn.bias
+    return scale, shift
+
+
+def cached(
+    module: nn.Module, sources: Sequence[Tensor], build: Callable[[], tuple[Tensor, ...]]
+) -> tuple[Tensor, ...]:
+    """``build()``'s folded tensors, rebuilt only when a tensor of ``sources`` has changed.
+
+    The tensors live in a plain attribute (not a buffer): they are derived, never saved.
+    """
+    key = tuple((t.data_ptr(), t._version, t.dtype) for t in sources)
+    entry = module.__dict__.get("_folded_cache")
+    if entry is None or entry[0] != key:
+        entry = (key, build())
+        module.__dict__["_folded_cache"] = entry
+    return entry[1]
+
+
+def conv_bn_prelu(conv: nn.Conv2d, bn: nn.BatchNorm2d, act: nn.PReLU, x: Tensor) -> Tensor:
+    """``act(bn(conv(x)))``; in inference (:func:`folded_inference`) with the BN folded into the
+    convolution (cached on ``conv``), and a 1x1 convolution with one group run as a matrix product
+    (cheaper than a convolution call on the small maps of these networks).
+
+    Shape:
+        (B, C_in, H, W) -> (B, C_out, H', W') as ``conv`` gives
+    """
+    if not folded_inference(conv, x):
+        return act(bn(conv(x)))
+
+    def build() -> tuple[Tensor, Tensor]:
+        scale, shift = batch_norm_affine(bn)
+        return conv.weight * scale[:, None, None, None], shift
+
+    sources = (conv.weight, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    weight, bias = cached(conv, [t for t in sources if t is not None], build)
+    if conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1:
+        # (C_out, C_in) @ (B, C_in, H * W) -> (B, C_out, H * W) -> (B, C_out, H, W)
+        y = torch.matmul(weight.flatten(1), x.flatten(2)).add_(bias[:, None])
+        y = y.view(x.shape[0], -1, *x.shape[2:])
+    else:
+        y = F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return F.prelu(y, act.weight)
+
+
+class ConvBNPReLU(nn.Sequential):
+    """conv (no bias) -> BN -> PReLU (per channel): the "CBR" of the EdgeNets models.
+
+    An ``nn.Sequential`` so that the state-dict keys are ``0.weight``, ``1.*``, ``2.weight``; its
+    inference forward is :func:`conv_bn_prelu`'s folded one.
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, groups: of the convolution; padding is
+            ``kernel_size // 2``.
+
+    Shape:
+        (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride)) for odd kernels
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        stride: int = 1,
+        groups: int = 1,
+    ) -> None:
+        super().__init__(
+            nn.Conv2d(
+                in_channels,
+                out_channels,
+                kernel_size,
+                stride,
+                kernel_size // 2,
+                groups=groups,
+                bias=False,
+            ),
+            nn.BatchNorm2d(out_channels),
+            nn.PReLU(out_channels),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return conv_bn_prelu(self[0], self[1], self[2], x)

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
+from src.ops.inference_folding import ConvBNPReLU, batch_norm_affine, folded_inference
+
+
+def randomise_norms(module: nn.Module) -> nn.Module:
+    """Non-trivial BN statistics and affine parameters, and PReLU slopes of both signs."""
+    generator = torch.Generator().manual_seed(0)
+    for child in module.modules():
+        if isinstance(child, nn.BatchNorm2d):
+            n = child.num_features
+            child.running_mean.copy_(torch.rand(n, generator=generator) - 0.5)
+            child.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
+            child.weight.data.copy_(torch.rand(n, generator=generator) + 0.5)
+            child.bias.data.copy_(torch.rand(n, generator=generator) - 0.5)
+        elif isinstance(child, nn.PReLU):
+            child.weight.data.copy_(torch.rand(child.weight.shape, generator=generator) - 0.5)
+    return module.eval()
+
+
+def reference_and_folded(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain eval forward (autograd on) and the folded one (autograd off)."""
+    with torch.enable_grad():
+        reference = module(x).detach()
+    with torch.no_grad():
+        folded = module(x)
+    return reference, folded
+
+
+def test_batch_norm_affine_equals_eval_batch_norm() -> None:
+    bn = randomise_norms(nn.BatchNorm2d(5))
+    x = torch.randn(2, 5, 3, 3)
+    scale, shift = batch_norm_affine(bn)
+    torch.testing.assert_close(x * scale[:, None, None] + shift[:, None, None], bn(x))
+
+
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "kernel_size", "stride", "groups"),
+    [(6, 10, 1, 1, 1), (8, 8, 3, 2, 8), (6, 4, 3, 1, 2), (4, 6, 1, 2, 1)],
+)
+def test_conv_bn_prelu_folded_equals_reference(
+    c_in: int, c_out: int, kernel_size: int, stride: int, groups: int
+) -> None:
+    block = randomise_norms(ConvBNPReLU(c_in, c_out, kernel_size, stride=stride, groups=groups))
+    for batch in (1, 3):
+        reference, folded = reference_and_folded(block, torch.randn(batch, c_in, 7, 9))
+        assert folded.shape == reference.shape
+        torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_folded_tensors_follow_parameter_updates() -> None:
+    block = randomise_norms(ConvBNPReLU(4, 4, 1))
+    x = torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        before = block(x)
+        block[0].weight.mul_(2.0)  # an in-place update, as an optimizer step makes
+        block[1].running_mean.add_(1.0)
+        after = block(x)
+    reference, _ = reference_and_folded(block, x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_folding_only_in_cpu_inference() -> None:
+    block = ConvBNPReLU(4, 4, 1)
+    x = torch.randn(1, 4, 2, 2)
+    assert not folded_inference(block, x)  # training mode
+    block.eval()
+    assert not folded_inference(block, x)  # autograd on
+    with torch.no_grad():
+        assert folded_inference(block, x)
+    with torch.inference_mode():
+        assert folded_inference(block, x)
+
+
+@pytest.mark.parametrize(
+    ("channels", "out_channels", "height", "width", "kernel_size", "dilation"),
+    [
+        (8, 8, 6, 6, 3, (1, 1, 1)),
+        (8, 12, 5, 7, 3, (1, 1, 1)),  # non-square build size, C_out != C
+        (6, 6, 7, 5, 5, (2, 1, 3)),  # larger kernel, per-branch dilation
+    ],
+)
+def test_dice_folded_equals_reference(
+    channels: int,
+    out_channels: int,
+    height: int,
+    width: int,
+    kernel_size: int,
+    dilation: tuple[int, int, int],
+) -> None:
+    dice = randomise_norms(
+        DiCE(channels, out_channels, height, width, kernel_size=kernel_size, dilation=dilation)
+    )
+    for batch in (1, 3):
+        x = torch.randn(batch, channels, height, width)
+        reference, folded = reference_and_folded(dice, x)
+        torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_dice_folded_path_is_taken_and_off_the_build_size_is_the_reference() -> None:
+    dice = randomise_norms(DiCE(8, 8, 6, 6))
+    calls = []
+    dice.dim_fuse.register_forward_hook(lambda *args: calls.append(1))
+    with torch.no_grad():
+        dice(torch.randn(2, 8, 6, 6))
+        assert not calls  # folded: DimFuse's own forward is not run
+        out = dice(torch.randn(2, 8, 9, 4))  # resized inside DimConv: the reference path
+        assert calls and out.shape == (2, 8, 9, 4)
+
+
+def test_dice_with_reference_impl_is_never_folded() -> None:
+    dice = randomise_norms(DiCE(8, 8, 6, 6, impl="reference"))
+    calls = []
+    dice.dim_fuse.register_forward_hook(lambda *args: calls.append(1))
+    with torch.no_grad():
+        dice(torch.randn(1, 8, 6, 6))
+    assert calls
+
+
+@pytest.mark.parametrize("unit", ["shuffle", "shuffle_widening", "strided"])
+def test_units_folded_equal_reference(unit: str) -> None:
+    if unit == "strided":
+        module, x = StridedDiCE(8, 5, 5), torch.randn(2, 8, 10, 10)
+    elif unit == "shuffle":
+        module, x = DiCEShuffleUnit(16, 16, 6, 6), torch.randn(2, 16, 6, 6)
+    else:
+        module, x = DiCEShuffleUnit(8, 16, 6, 6), torch.randn(2, 8, 6, 6)
+    reference, folded = reference_and_folded(randomise_norms(module), x)
+    torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
