@@ -150,21 +150,7 @@ class DiCE(nn.Module):
                 fuse.gate[3].weight.flatten(1),
             )
 
-        sources = [
-            conv.weight_channel,
-            conv.weight_height,
-            conv.weight_width,
-            fuse.act.weight,
-            local_conv.weight,
-            local_act.weight,
-            spatial_conv.weight,
-            spatial_act.weight,
-            fuse.gate[1].weight,
-            fuse.gate[3].weight,
-        ]
-        for bn in (fuse.norm, local_bn, spatial_bn):
-            sources += [bn.weight, bn.bias, bn.running_mean, bn.running_var]
-        return cached(self, sources, build)
+        return cached(self, build)
 
     def _folded_forward(self, x: Tensor) -> Tensor:
         """The inference forward at the build size, with every BN folded (same map as forward).

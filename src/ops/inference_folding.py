@@ -12,8 +12,8 @@ The folded path runs only for *inference*: eval mode, autograd off (``torch.no_g
 autograd (e.g. input gradients, and the MAC counter of :mod:`src.utils.complexity`, which counts the
 training-time formulation as the papers do) and CUDA use the plain modules. The folded tensors are
 cached on the module and rebuilt whenever a source tensor changes: the cache key holds every
-source's storage pointer and version counter, which in-place updates (optimizer steps,
-``load_state_dict``) bump.
+source's version counter, which in-place updates (optimizer steps, ``load_state_dict``, EMA weight
+swaps) bump, and its storage pointer, which changes when a tensor is replaced.
 """
 
 from __future__ import annotations
@@ -50,17 +50,35 @@ def batch_norm_affine(bn: nn.BatchNorm2d) -> tuple[Tensor, Tensor]:
 
 
 def cached(
-    module: nn.Module, sources: Sequence[Tensor], build: Callable[[], tuple[Tensor, ...]]
+    owner: nn.Module,
+    build: Callable[[], tuple[Tensor, ...]],
+    modules: Sequence[nn.Module] | None = None,
 ) -> tuple[Tensor, ...]:
-    """``build()``'s folded tensors, rebuilt only when a tensor of ``sources`` has changed.
+    """``build()``'s folded tensors, rebuilt only when a source tensor has changed.
 
-    The tensors live in a plain attribute (not a buffer): they are derived, never saved.
+    The sources are the parameters and buffers of ``modules`` (default: every module under
+    ``owner``), looked up by name in their modules on every call, so replaced tensors are seen
+    too. The folded tensors live in a plain attribute of ``owner`` (not a buffer): they are
+    derived, never saved.
     """
-    key = tuple((t.data_ptr(), t._version, t.dtype) for t in sources)
-    entry = module.__dict__.get("_folded_cache")
+    refs = owner.__dict__.get("_folded_sources")
+    if refs is None:
+        # (the module's parameter or buffer dict, name) of every source, resolved once
+        refs = [
+            (tensors, name)
+            for module in (owner.modules() if modules is None else modules)
+            for tensors in (module._parameters, module._buffers)
+            for name in tensors
+        ]
+        owner.__dict__["_folded_sources"] = refs
+    key = tuple(
+        (t._version, t.data_ptr()) if t is not None else None
+        for t in (tensors[name] for tensors, name in refs)
+    )
+    entry = owner.__dict__.get("_folded_cache")
     if entry is None or entry[0] != key:
         entry = (key, build())
-        module.__dict__["_folded_cache"] = entry
+        owner.__dict__["_folded_cache"] = entry
     return entry[1]
 
 
@@ -79,8 +97,7 @@ def conv_bn_prelu(conv: nn.Conv2d, bn: nn.BatchNorm2d, act: nn.PReLU, x: Tensor)
         scale, shift = batch_norm_affine(bn)
         return conv.weight * scale[:, None, None, None], shift
 
-    sources = (conv.weight, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    weight, bias = cached(conv, [t for t in sources if t is not None], build)
+    weight, bias = cached(conv, build, (conv, bn))
     if conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1:
         # (C_out, C_in) @ (B, C_in, H * W) -> (B, C_out, H * W) -> (B, C_out, H, W)
         y = torch.matmul(weight.flatten(1), x.flatten(2)).add_(bias[:, None])
