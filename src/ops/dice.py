@@ -24,9 +24,8 @@ DiCENet (thesis ch. 3, Sec. 3.3 and Fig. 3.5). Matches the official EdgeNets ``D
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
-
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 from src.ops.dim_conv import DimConv
 from src.ops.dim_fuse import DimFuse
@@ -63,6 +62,9 @@ class DiCE(nn.Module):
         shuffle: interleave the dimension-wise responses per channel before the local fusion (the
             thesis's DiCE and every released model); False fuses consecutive concatenated channels.
         impl: DimConv's ``"auto" | "reference" | "triton"``.
+
+    With ``impl="auto"``, in CPU inference (:func:`src.ops.inference_folding.folded_inference`)
+    at the build size, the forward is :meth:`_folded_forward`: the same map with every BN folded.
 
     Shape:
         (B, C, H, W) -> (B, C_out, H, W), any H and W (see :class:`DimConv`).
