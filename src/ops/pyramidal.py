@@ -151,7 +151,9 @@ class PyramidalTransform(nn.Module):
             chunks.append(transform(level).unflatten(-1, (GATES, -1)))
         gates = torch.cat(chunks, dim=-1)  # (..., 4, M)
         if self.residual:
-            gates = gates + x.unsqueeze(-2)  # (..., 1, N) broadcast over the 4 gates
+            # in place on the fresh concatenation (neither op's backward needs it): saves a
+            # (..., 4, M) allocation; (..., 1, N) broadcast over the 4 gates
+            gates = gates.add_(x.unsqueeze(-2))
         return gates
 
     def extra_repr(self) -> str:
