@@ -148,8 +148,9 @@ class DiCE(nn.Module):
                 spatial_conv.weight * s_scale[:, None, None, None],
                 s_shift,
                 spatial_act.weight,
-                fuse.gate[1].weight.flatten(1),
-                fuse.gate[3].weight.flatten(1),
+                # the gate's 1x1 convs as (in, out) matrices: (C, C // 4), (C // 4, C_out)
+                fuse.gate[1].weight.flatten(1).t().contiguous(),
+                fuse.gate[3].weight.flatten(1).t().contiguous(),
             )
 
         return cached(self, build)
@@ -202,16 +203,16 @@ class DiCE(nn.Module):
         y_w = F.conv2d(
             x.permute(0, 3, 1, 2), w_width, padding=half * d_w, dilation=d_w, groups=width
         ).permute(0, 2, 3, 1)
-        # the branch BNs as in-place affine maps on the fresh conv outputs
-        a_w = F.prelu(y_w.mul_(s_width).add_(t_width), a_width)
+        # the branch BNs as affine maps written over the fresh conv outputs
+        a_w = F.prelu(torch.addcmul(t_width, y_w, s_width, out=y_w), a_width)
         # height-wise: (B, C, W, H) read as (B, H, C, W) -> conv -> back to (B, C, W, H)
         x_t = x.transpose(2, 3).contiguous()  # (B, C, W, H)
         y_h = F.conv2d(
             x_t.permute(0, 3, 1, 2), w_height, padding=half * d_h, dilation=d_h, groups=height
         ).permute(0, 2, 3, 1)
-        a_h = F.prelu(y_h.mul_(s_height).add_(t_height), a_height)  # (B, C, W, H)
+        a_h = F.prelu(torch.addcmul(t_height, y_h, s_height, out=y_h), a_height)  # (B, C, W, H)
         # local fusion with its BN: (B, C, H, W) x 3 -> (B, C, H, W)
-        fused = a_c.mul_(l_channel).add_(l_shift)
+        fused = torch.addcmul(l_shift, a_c, l_channel, out=a_c)
         fused = fused.addcmul_(a_w, l_width).addcmul_(a_h.transpose(2, 3), l_height)
         fused = F.prelu(fused, a_local)
         spatial_conv = self.dim_fuse.spatial[0]
@@ -226,7 +227,7 @@ class DiCE(nn.Module):
         )
         spatial = F.prelu(spatial, a_spatial)
         # channel gate: (B, C) -> (B, C // 4) -> (B, C_out)
-        gate = torch.sigmoid(F.relu(fused.mean((2, 3)) @ w_gate_in.t()) @ w_gate_out.t())
+        gate = torch.sigmoid(torch.relu_(fused.mean((2, 3)) @ w_gate_in) @ w_gate_out)
         return spatial.mul_(gate[:, :, None, None])
 
 
