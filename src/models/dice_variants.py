@@ -40,6 +40,7 @@ from src.models.dicenet import (
 )
 from src.models.features import FeatureInfo
 from src.ops.dice import StridedDiCE
+from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pooling import MaxPool2d
 
 LAYOUTS = ("mobilenet", "resnet")
@@ -133,11 +134,7 @@ class DiCELayoutNet(nn.Module):
         self.layout = layout
         self.scale = scale
         sizes = feature_sizes(input_size, 5)
-        self.level1 = nn.Sequential(
-            nn.Conv2d(in_chans, widths[0], 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(widths[0]),
-            nn.PReLU(widths[0]),
-        )
+        self.level1 = ConvBNPReLU(in_chans, widths[0], 3, stride=2)
         self.level2 = MaxPool2d(3, stride=2, padding=1)
         stages = []
         c_in = widths[1]

@@ -28,6 +28,7 @@ from src.compat.edgenets import load_official_weights
 from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
 from src.ops.eesp import EESP, EESPDownsampler
+from src.ops.inference_folding import ConvBNPReLU
 
 # Output channels of levels 1-5 and of the last grouped 1x1 CBR, by width s. The official
 # ``espnetv2_config.py`` table (s = 0.5 ... 2.0); s = 1.75 is the 6th column of thesis Table 2.2
@@ -161,11 +162,7 @@ class ESPNetv2Backbone(nn.Module):
         self.input_shortcut = input_shortcut
         image = in_chans if input_shortcut else None
         c = widths
-        self.level1 = nn.Sequential(
-            nn.Conv2d(in_chans, c[0], 3, stride=2, padding=1, bias=False),
-            nn.BatchNorm2d(c[0]),
-            nn.PReLU(c[0]),
-        )
+        self.level1 = ConvBNPReLU(in_chans, c[0], 3, stride=2)
         self.level2_0 = _downsampler(c[0], c[1], R_LIM[0], image, conv_type, hff)
         self.level3_0 = _downsampler(c[1], c[2], R_LIM[1], image, conv_type, hff)
         self.level3 = nn.Sequential(

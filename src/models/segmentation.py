@@ -26,18 +26,11 @@ from torch import Tensor, nn
 from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DiCENetBackbone, init_conv_bn_linear
 from src.models.espnetv2 import ESPNetv2Backbone
+from src.ops.inference_folding import ConvBNPReLU
 from src.ops.shuffle import channel_shuffle
 
 EPP_SCALES = (2.0, 1.5, 1.0, 0.5, 0.1)
 EPP_MIN_SIZE = 5  # the official branches never work below 5 x 5
-
-
-def _cbr(c_in: int, c_out: int, kernel_size: int, *, groups: int = 1) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, kernel_size, padding=kernel_size // 2, groups=groups, bias=False),
-        nn.BatchNorm2d(c_out),
-        nn.PReLU(c_out),
-    )
 
 
 def _br(channels: int) -> nn.Sequential:
@@ -75,12 +68,12 @@ class EfficientPyramidPooling(nn.Module):
         super().__init__()
         p, k = proj_channels, len(EPP_SCALES)
         self.last = last
-        self.project = _cbr(in_channels, p, 1)
+        self.project = ConvBNPReLU(in_channels, p, 1)
         self.stages = nn.ModuleList(
             nn.Conv2d(p, p, 3, padding=1, groups=p, bias=False) for _ in EPP_SCALES
         )
         self.merge_norm = _br(k * p)
-        self.merge = _cbr(k * p, p, 3, groups=p)
+        self.merge = ConvBNPReLU(k * p, p, 3, groups=p)
         self.expand = nn.Conv2d(p, out_channels, 1, bias=last)
         self.out_norm = nn.Identity() if last else _br(out_channels)
 
@@ -124,7 +117,9 @@ class GatedProjection(nn.Module):
             nn.Conv2d(in_channels, out_channels, 1, bias=False),
             nn.Sigmoid(),
         )
-        self.expand = _cbr(in_channels, out_channels, 3, groups=math.gcd(in_channels, out_channels))
+        self.expand = ConvBNPReLU(
+            in_channels, out_channels, 3, groups=math.gcd(in_channels, out_channels)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.expand(x) * self.gate(x)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pooling import AvgPool2d
 
 
@@ -150,11 +151,7 @@ class EESP(nn.Module):
         self.down_method = down_method
         self.hff = hff
         self.dilations = eesp_dilations(branches, r_lim)
-        self.reduce = nn.Sequential(
-            nn.Conv2d(in_channels, n, 1, groups=branches, bias=False),
-            nn.BatchNorm2d(n),
-            nn.PReLU(n),
-        )
+        self.reduce = ConvBNPReLU(in_channels, n, 1, groups=branches)
         self.transform = nn.ModuleList(
             depthwise_dilated_conv(n, dilation=d, stride=stride) for d in self.dilations
         )
