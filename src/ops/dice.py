@@ -285,7 +285,9 @@ class StridedDiCE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         right = self.right(self.dice(self.pool(x)))
         # the two CBRs of the left branch, folded in inference
-        left = conv_bn_prelu(*self.left[3:], conv_bn_prelu(*self.left[:3], x))
+        # (indexing, not slicing: a Sequential slice builds a new module on every call)
+        conv1, bn1, act1, conv2, bn2, act2 = self.left
+        left = conv_bn_prelu(conv2, bn2, act2, conv_bn_prelu(conv1, bn1, act1, x))
         # [(B, C, H/2, W/2), (B, C, H/2, W/2)] -> (B, 2C, H/2, W/2), shuffled
         return concat_shuffle((left, right), 2)
 
