@@ -1,9 +1,18 @@
-"""Networks used only by tests to drive the training loop into specific situations."""
+"""Test helpers: networks that drive the training loop into specific situations, and the choice of
+DiCE's inference path."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import pytest
 import torch
 from torch import Tensor, nn
+
+import src.ops.dice
+from src.ops.cpu import cpu_kernels
+from src.ops.dice import DiCE
 
 
 class DivergingNet(nn.Module):
@@ -26,3 +35,26 @@ class DivergingNet(nn.Module):
             if self.calls >= self.diverge_at:
                 logits = logits * torch.tensor(float("nan"))
         return logits
+
+
+def require_cpu_kernels() -> None:
+    """Skip without a C++ compiler; with one, the fused CPU kernels must build."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler: the fused CPU kernels cannot be built here")
+    assert cpu_kernels(), "a C++ compiler is present but the fused CPU kernels did not build"
+
+
+def _forbidden(self: DiCE, x: Tensor) -> Tensor:
+    raise AssertionError("the eager folded path ran where the fused kernel should have")
+
+
+def use_dice_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make DiCE's CPU inference (at the build size) run ``path``: "kernel" (the fused C++
+    kernel, which must then be the path taken) or "eager" (the folded path in PyTorch calls)."""
+    if path == "kernel":
+        require_cpu_kernels()
+        monkeypatch.setattr(DiCE, "_folded_forward", _forbidden)
+    elif path == "eager":
+        monkeypatch.setattr(src.ops.dice, "cpu_kernels", lambda: False)
+    else:
+        raise ValueError(f"path must be 'kernel' or 'eager', got {path!r}")

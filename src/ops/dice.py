@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.cpu import cpu_kernels
 from src.ops.dim_conv import DimConv
 from src.ops.dim_fuse import DimFuse
 from src.ops.inference_folding import (
@@ -106,8 +107,57 @@ class DiCE(nn.Module):
             and x.dim() == 4
             and x.shape[1:] == (conv.channels, conv.height, conv.width)
         ):
+            if self._kernel_applies(x) and cpu_kernels():
+                return self._kernel_forward(x)
             return self._folded_forward(x)
         return self.dim_fuse(self.dim_conv(x))
+
+    def _kernel_applies(self, x: Tensor) -> bool:
+        """Whether the fused C++ kernel covers this unit: float32, depth-wise global fusion."""
+        spatial = self.dim_fuse.spatial[0]
+        return x.dtype == torch.float32 and spatial.groups == spatial.out_channels == x.shape[1]
+
+    def _kernel_forward(self, x: Tensor) -> Tensor:
+        """:meth:`_folded_forward` as one call of the fused C++ kernel (``src/ops/cpu/dice.cpp``).
+
+        Shape:
+            (B, C, H_b, W_b) -> (B, C, H_b, W_b)
+        """
+        conv = self.dim_conv
+        return torch.ops.lightnets_cpu.dice_forward(
+            x.contiguous(), *self._kernel_operands(), conv.kernel_size, *conv.dilation
+        )
+
+    def _kernel_operands(self) -> tuple[Tensor, ...]:
+        """The folded tensors in the kernel's layout (see ``dice.cpp``), cached like :meth:`_folded`."""
+        conv = self.dim_conv
+
+        def build() -> tuple[Tensor, ...]:
+            folded = self._folded()
+            (w_channel, b_channel, a_channel, w_height, w_width) = folded[:5]
+            per_channel = (b_channel, a_channel, *folded[5:16], *folded[17:19])
+            c, k, height, width = conv.channels, conv.kernel_size, conv.height, conv.width
+            kk, half = k * k, (k - 1) // 2
+            d_c, d_h, _ = conv.dilation
+            pitch = width + 2 * half * max(d_c, d_h)  # the kernel's padded row length
+
+            def along_run(per_row: Tensor, per_column: Tensor) -> Tensor:
+                # (kk, H, 1) x (kk, 1, pitch) -> (kk, H * pitch): a weight per output position
+                return (per_row[:, :, None] * per_column[:, None, :]).reshape(kk, height * pitch)
+
+            ones_row, ones_column = w_height.new_ones(kk, height), w_height.new_ones(kk, pitch)
+            columns = F.pad(w_width.reshape(width, kk).t(), (0, pitch - width))  # pad columns 0
+            return (
+                w_channel.reshape(c, kk).contiguous(),
+                along_run(w_height.reshape(height, kk).t(), ones_column),
+                along_run(ones_row, columns),
+                torch.stack([t.reshape(c) for t in per_channel]),  # (15, C), rows as in dice.cpp
+                folded[16].reshape(c, 9).contiguous(),
+                folded[19],
+                folded[20],
+            )
+
+        return cached(self, build, name="_kernel")
 
     def _folded(self) -> tuple[Tensor, ...]:
         conv, fuse = self.dim_conv, self.dim_fuse

@@ -53,13 +53,15 @@ def cached(
     owner: nn.Module,
     build: Callable[[], tuple[Tensor, ...]],
     modules: Sequence[nn.Module] | None = None,
+    *,
+    name: str = "",
 ) -> tuple[Tensor, ...]:
     """``build()``'s folded tensors, rebuilt only when a source tensor has changed.
 
     The sources are the parameters and buffers of ``modules`` (default: every module under
     ``owner``), looked up by name in their modules on every call, so replaced tensors are seen
     too. The folded tensors live in a plain attribute of ``owner`` (not a buffer): they are
-    derived, never saved.
+    derived, never saved. ``name`` keeps several derived sets of the same sources apart.
     """
     refs = owner.__dict__.get("_folded_sources")
     if refs is None:
@@ -75,10 +77,11 @@ def cached(
         (t._version, t.data_ptr()) if t is not None else None
         for t in (tensors[name] for tensors, name in refs)
     )
-    entry = owner.__dict__.get("_folded_cache")
+    slot = f"_folded_cache{name}"
+    entry = owner.__dict__.get(slot)
     if entry is None or entry[0] != key:
         entry = (key, build())
-        owner.__dict__["_folded_cache"] = entry
+        owner.__dict__[slot] = entry
     return entry[1]
 
 

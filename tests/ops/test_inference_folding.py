@@ -6,6 +6,14 @@ from torch import nn
 
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.inference_folding import ConvBNPReLU, batch_norm_affine, folded_inference
+from tests.helpers import require_cpu_kernels, use_dice_path
+
+
+@pytest.fixture(params=["kernel", "eager"])
+def dice_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """DiCE's folded inference through the fused C++ kernel, or through eager PyTorch calls."""
+    use_dice_path(request.param, monkeypatch)
+    return request.param
 
 
 def randomise_norms(module: nn.Module) -> nn.Module:
@@ -82,11 +90,13 @@ def test_folding_only_in_cpu_inference() -> None:
     ("channels", "out_channels", "height", "width", "kernel_size", "dilation"),
     [
         (8, 8, 6, 6, 3, (1, 1, 1)),
-        (8, 12, 5, 7, 3, (1, 1, 1)),  # non-square build size, C_out != C
+        (5, 5, 4, 9, 3, (1, 1, 1)),  # non-square build size, C // 4 = 1
         (6, 6, 7, 5, 5, (2, 1, 3)),  # larger kernel, per-branch dilation
+        (7, 7, 3, 3, 3, (1, 3, 2)),  # dilated reach beyond the map and the channels
     ],
 )
 def test_dice_folded_equals_reference(
+    dice_path: str,
     channels: int,
     out_channels: int,
     height: int,
@@ -100,6 +110,17 @@ def test_dice_folded_equals_reference(
     for batch in (1, 3):
         x = torch.randn(batch, channels, height, width)
         reference, folded = reference_and_folded(dice, x)
+        torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_dice_folded_with_out_channels_is_the_eager_path(dice_path: str) -> None:
+    # C_out != C: the global fusion is a grouped, not a depth-wise, convolution
+    dice = randomise_norms(DiCE(8, 12, 5, 7))
+    if dice_path == "kernel":
+        assert not dice._kernel_applies(torch.randn(1, 8, 5, 7))
+        return
+    for batch in (1, 3):
+        reference, folded = reference_and_folded(dice, torch.randn(batch, 8, 5, 7))
         torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
 
 
@@ -124,7 +145,7 @@ def test_dice_with_reference_impl_is_never_folded() -> None:
 
 
 @pytest.mark.parametrize("unit", ["shuffle", "shuffle_widening", "strided"])
-def test_units_folded_equal_reference(unit: str) -> None:
+def test_units_folded_equal_reference(dice_path: str, unit: str) -> None:
     if unit == "strided":
         module, x = StridedDiCE(8, 5, 5), torch.randn(2, 8, 10, 10)
     elif unit == "shuffle":
@@ -133,3 +154,30 @@ def test_units_folded_equal_reference(unit: str) -> None:
         module, x = DiCEShuffleUnit(8, 16, 6, 6), torch.randn(2, 8, 6, 6)
     reference, folded = reference_and_folded(randomise_norms(module), x)
     torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_kernel_follows_parameter_updates_and_non_contiguous_input() -> None:
+    require_cpu_kernels()
+    dice = randomise_norms(DiCE(8, 8, 6, 6))
+    x = torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        before = dice(x)
+        dice.dim_conv.weight_height.mul_(-1.5)
+        dice.dim_fuse.spatial[1].running_var.mul_(2.0)
+        after = dice(x)
+        # a channels-last input: the kernel reads a contiguous copy
+        strided = dice(x.contiguous(memory_format=torch.channels_last))
+    reference, _ = reference_and_folded(dice, x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(strided, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_kernel_rejects_operands_of_the_wrong_shape() -> None:
+    require_cpu_kernels()
+    dice = randomise_norms(DiCE(8, 8, 6, 6))
+    with torch.no_grad():
+        operands = list(dice._kernel_operands())
+    operands[1] = operands[1][:, :-1].contiguous()  # the height-wise weights, one position short
+    with pytest.raises(RuntimeError, match="weight_height has shape"):
+        torch.ops.lightnets_cpu.dice_forward(torch.randn(1, 8, 6, 6), *operands, 3, 1, 1, 1)

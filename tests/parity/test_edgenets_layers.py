@@ -1,6 +1,7 @@
 """Every EdgeNets layer fixture (DiCE, StridedDICE, the DiCENet unit, EESP, the down-sampler):
 build our op from the official constructor arguments, load the official weights, and match the
-official eval-mode output within 1e-5 (float32)."""
+official eval-mode output within 1e-5 (float32), through each inference path: the modules as
+defined (autograd on), and the folded path with DiCE in the fused C++ kernel or in eager calls."""
 
 from __future__ import annotations
 
@@ -10,19 +11,25 @@ import pytest
 import torch
 
 from src.compat.edgenets import from_official
+from tests.helpers import use_dice_path
 from tests.parity.reference import fixtures, load
 
 LAYERS = fixtures("edgenets", "layers/*.pt")
 
 
+@pytest.mark.parametrize("inference", ["as_defined", "kernel", "eager"])
 @pytest.mark.parametrize("path", LAYERS)
-def test_layer_matches_official(path: Path) -> None:
+def test_layer_matches_official(
+    path: Path, inference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fixture = load(path)
     config = {**fixture["config"], "layer": fixture["layer"]}
     module = from_official(fixture["state_dict"], config).eval()
     inputs = [fixture["input"]] + ([fixture["input2"]] if "input2" in fixture else [])
-    with torch.no_grad():
-        out = module(*inputs)
+    if inference != "as_defined":
+        use_dice_path(inference, monkeypatch)
+    with torch.set_grad_enabled(inference == "as_defined"):
+        out = module(*inputs).detach()
     expected = fixture["output"]
     assert out.shape == expected.shape
     error = (out - expected).abs().max().item()

@@ -1,0 +1,72 @@
+"""Fused C++ kernels for CPU inference, built on first use by PyTorch's extension builder.
+
+At batch 1 on a CPU, a DiCE unit's eager forward is bound by per-call costs, not arithmetic: about
+twenty ATen calls, four of them oneDNN convolutions at 40-130 us each on maps of 7x7 to 28x28. The
+kernels here compute such a unit in one call (``dice.cpp``; the thesis's networks are otherwise
+plain convolutions and GEMMs, which oneDNN already runs well).
+
+The source is compiled once per machine with ``torch.utils.cpp_extension.load`` (a C++ compiler
+and ninja are needed; about 10 s) into PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``,
+default ``~/.cache/torch_extensions``), and rebuilt only when the source changes. Where it cannot be
+built, :func:`cpu_kernels` warns once and the callers keep their eager PyTorch path; set
+``LIGHTNETS_CPU_KERNELS=0`` to use that path on purpose (e.g. to time both).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = (Path(__file__).with_name("dice.cpp"),)
+DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
+
+
+def _compiler_flags() -> tuple[list[str], list[str], str]:
+    """(compile flags, link flags, build-name suffix) for this CPU and this PyTorch."""
+    cflags, ldflags = ["-O3"], []
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    if capability in ("AVX2", "AVX512"):
+        # the ISA level PyTorch itself dispatches to on this CPU, so the build runs where it was made
+        cflags += ["-mavx2", "-mfma"]
+    if torch.backends.openmp.is_available():
+        # at::parallel_for is inline OpenMP in OpenMP builds of PyTorch
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    return cflags, ldflags, capability.lower()
+
+
+@functools.cache
+def cpu_kernels() -> bool:
+    """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return False
+    from torch.utils.cpp_extension import load
+
+    cflags, ldflags, suffix = _compiler_flags()
+    log.info("loading the CPU inference kernels (built once per machine, about 10 s)")
+    try:
+        load(
+            f"lightnets_cpu_{suffix}",
+            sources=[str(path) for path in SOURCES],
+            extra_cflags=cflags,
+            extra_ldflags=ldflags,
+            is_python_module=False,
+        )
+    except Exception as error:  # no compiler, no ninja, a failed build: keep the eager path
+        warnings.warn(
+            f"the fused CPU inference kernels could not be built ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); CPU "
+            f"inference uses the eager PyTorch path. A C++ compiler and ninja "
+            f"(`pip install ninja`) are needed; {DISABLE_ENV}=0 silences this.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
