@@ -2,8 +2,10 @@
 
 All networks run in one process at 224x224, eval mode, no grad, interleaved round-robin so that
 machine drift affects all alike; the median of ``--repeats`` runs is reported per batch size,
-next to the MACs of one image (the thesis's Table 3.5 on this machine). Prints a table, then one
-JSON line per measurement: ``{"model", "scale", "batch", "ms", "macs"}``.
+next to the MACs of one image (the thesis's Table 3.5 on this machine) and the ratio to
+ShuffleNetV2 x1.0's latency. DiCE units run the fused C++ kernel of ``src/ops/cpu`` where it is
+built; ``dicenet_eager_folded`` is DiCENet s=1.0 on the eager folded path, for comparison. Prints
+a table, then one JSON line per measurement: ``{"model", "scale", "batch", "ms", "macs"}``.
 
     python benchmarks/vision.py [--threads 2] [--repeats 21] [--batches 1 8]
 """
@@ -24,13 +26,28 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from src.models.dicenet import DiCENet  # noqa: E402
 from src.models.espnetv2 import ESPNetv2  # noqa: E402
+from src.ops.cpu import cpu_kernels  # noqa: E402
+from src.ops.dice import DiCE  # noqa: E402
 from src.utils.complexity import measure  # noqa: E402
+
+
+BASELINE = "shufflenet_v2_x1_0"
+
+
+def without_cpu_kernel(net: nn.Module) -> nn.Module:
+    """``net`` with every DiCE on its eager folded path instead of the fused C++ kernel."""
+    for module in net.modules():
+        if isinstance(module, DiCE):
+            module.cpu_kernel = False
+    return net
 
 
 def networks() -> list[tuple[str, float | None, nn.Module]]:
     """(name, scale, network) for every measured model; torchvision names as torchvision has them."""
     nets: list[tuple[str, float | None, nn.Module]] = []
     nets += [("dicenet", s, DiCENet(scale=s)) for s in (0.5, 1.0, 1.5)]
+    if cpu_kernels():
+        nets.append(("dicenet_eager_folded", 1.0, without_cpu_kernel(DiCENet(scale=1.0))))
     nets += [("espnetv2", s, ESPNetv2(scale=s)) for s in (0.5, 1.0, 1.5)]
     nets += [(name, None, torchvision.models.get_model(name)) for name in ("shufflenet_v2_x1_0", "mobilenet_v2")]
     return nets
@@ -72,10 +89,17 @@ def main() -> None:
                      "macs": macs[(name, scale)]}
                 )
 
-    print(f"{'model':<22}{'scale':>7}{'batch':>7}{'ms':>10}{'MMACs':>10}")
+    path = "the fused C++ kernel" if cpu_kernels() else "eager folded calls (kernel not built)"
+    print(f"DiCE units in CPU inference: {path}; {args.threads} threads, median of {args.repeats}")
+    baseline = {row["batch"]: row["ms"] for row in rows if row["model"] == BASELINE}
+    print(f"{'model':<22}{'scale':>7}{'batch':>7}{'ms':>10}{'MMACs':>10}{'x ' + BASELINE:>26}")
     for row in rows:
         scale = "" if row["scale"] is None else f"{row['scale']:g}"
-        print(f"{row['model']:<22}{scale:>7}{row['batch']:>7}{row['ms']:>10.2f}{row['macs'] / 1e6:>10.1f}")
+        ratio = row["ms"] / baseline[row["batch"]]
+        print(
+            f"{row['model']:<22}{scale:>7}{row['batch']:>7}{row['ms']:>10.2f}"
+            f"{row['macs'] / 1e6:>10.1f}{ratio:>26.2f}"
+        )
     for row in rows:
         print(json.dumps(row))
 

@@ -65,11 +65,17 @@ class DiCE(nn.Module):
         impl: DimConv's ``"auto" | "reference" | "triton"``.
 
     With ``impl="auto"``, in CPU inference (:func:`src.ops.inference_folding.folded_inference`)
-    at the build size, the forward is :meth:`_folded_forward`: the same map with every BN folded.
+    at the build size, the forward is the same map with every BN folded: one call of the fused C++
+    kernel (:meth:`_kernel_forward`, ``src/ops/cpu/dice.cpp``) where it applies (float32, C_out = C,
+    the kernel built; ``cpu_kernel = False`` opts a unit out), else :meth:`_folded_forward`'s eager
+    calls.
 
     Shape:
         (B, C, H, W) -> (B, C_out, H, W), any H and W (see :class:`DimConv`).
     """
+
+    #: take the fused C++ kernel in CPU inference where it applies (False: eager folded calls)
+    cpu_kernel: bool = True
 
     def __init__(
         self,
@@ -115,7 +121,11 @@ class DiCE(nn.Module):
     def _kernel_applies(self, x: Tensor) -> bool:
         """Whether the fused C++ kernel covers this unit: float32, depth-wise global fusion."""
         spatial = self.dim_fuse.spatial[0]
-        return x.dtype == torch.float32 and spatial.groups == spatial.out_channels == x.shape[1]
+        return (
+            self.cpu_kernel
+            and x.dtype == torch.float32
+            and spatial.groups == spatial.out_channels == x.shape[1]
+        )
 
     def _kernel_forward(self, x: Tensor) -> Tensor:
         """:meth:`_folded_forward` as one call of the fused C++ kernel (``src/ops/cpu/dice.cpp``).

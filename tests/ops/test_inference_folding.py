@@ -181,3 +181,18 @@ def test_cpu_kernel_rejects_operands_of_the_wrong_shape() -> None:
     operands[1] = operands[1][:, :-1].contiguous()  # the height-wise weights, one position short
     with pytest.raises(RuntimeError, match="weight_height has shape"):
         torch.ops.lightnets_cpu.dice_forward(torch.randn(1, 8, 6, 6), *operands, 3, 1, 1, 1)
+
+
+def test_cpu_kernel_attribute_opts_a_unit_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    dice = randomise_norms(DiCE(8, 8, 6, 6))
+    x = torch.randn(1, 8, 6, 6)
+    dice.cpu_kernel = False
+    monkeypatch.setattr(DiCE, "_kernel_forward", _never)
+    with torch.no_grad():
+        folded = dice(x)
+    reference, _ = reference_and_folded(dice, x)
+    torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def _never(self: DiCE, x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("the fused kernel ran for a unit with cpu_kernel = False")
