@@ -47,7 +47,14 @@ def cpu_kernels() -> bool:
     """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return False
-    from torch.utils.cpp_extension import load
+    # importing the builder logs where it found CUDA, which a CPU-only build does not use
+    builder_log = logging.getLogger("torch.utils.cpp_extension")
+    level = builder_log.level
+    builder_log.setLevel(logging.ERROR)
+    try:
+        from torch.utils.cpp_extension import load
+    finally:
+        builder_log.setLevel(level)
 
     cflags, ldflags, suffix = _compiler_flags()
     log.info("loading the CPU inference kernels (built once per machine, about 10 s)")

@@ -79,6 +79,10 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
   TORCH_CHECK(x.dim() == 4, "x must be (B, C, H, W), got ", x.sizes());
   TORCH_CHECK(kernel_size % 2 == 1 && kernel_size > 0, "kernel_size must be odd, got ",
               kernel_size);
+  TORCH_CHECK(dil_channel >= 1 && dil_height >= 1 && dil_width >= 1,
+              "dilations must be positive, got (", dil_channel, ", ", dil_height, ", ", dil_width,
+              ")");
+  TORCH_CHECK(gate_in.dim() == 2, "gate_in must be (C, C // 4), got ", gate_in.sizes());
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t k = kernel_size, kk = k * k, half = (k - 1) / 2, hidden = gate_in.size(1);
   // padding of each axis: the largest reach of the branches that slide along it
