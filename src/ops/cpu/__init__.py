@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -42,6 +43,18 @@ def _compiler_flags() -> tuple[list[str], list[str], str]:
     return cflags, ldflags, capability.lower()
 
 
+def _put_ninja_on_path() -> None:
+    """The builder runs ``ninja`` from PATH; the pip package's binary sits in the environment's
+    bin folder, which is not on PATH when Python is started without activating the environment."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
 @functools.cache
 def cpu_kernels() -> bool:
     """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
@@ -56,6 +69,7 @@ def cpu_kernels() -> bool:
     finally:
         builder_log.setLevel(level)
 
+    _put_ninja_on_path()
     cflags, ldflags, suffix = _compiler_flags()
     log.info("loading the CPU inference kernels (built once per machine, about 10 s)")
     try:
