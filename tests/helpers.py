@@ -1,18 +1,21 @@
 """Test helpers: networks that drive the training loop into specific situations, and the choice of
-DiCE's inference path."""
+the CPU inference path (fused kernels or eager calls)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch import Tensor, nn
 
 import src.ops.dice
+import src.ops.eesp
 from src.ops.cpu import cpu_kernels
 from src.ops.dice import DiCE
+from src.ops.eesp import EESP
 
 
 class DivergingNet(nn.Module):
@@ -44,17 +47,28 @@ def require_cpu_kernels() -> None:
     assert cpu_kernels(), "a C++ compiler is present but the fused CPU kernels did not build"
 
 
-def _forbidden(self: DiCE, x: Tensor) -> Tensor:
-    raise AssertionError("the eager folded path ran where the fused kernel should have")
+def _forbid_in_inference(method: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def forbidden(self: nn.Module, x: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            raise AssertionError(
+                f"{type(self).__name__}.{method.__name__} ran in CPU inference, where the fused "
+                "kernel should have"
+            )
+        return method(self, x)
+
+    return forbidden
 
 
-def use_dice_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make DiCE's CPU inference (at the build size) run ``path``: "kernel" (the fused C++
-    kernel, which must then be the path taken) or "eager" (the folded path in PyTorch calls)."""
+def use_inference_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make CPU inference run DiCE units (at their build size) and EESP pyramids through ``path``:
+    "kernel" (the fused C++ kernels, which must then be the path taken) or "eager" (the folded
+    path in PyTorch calls)."""
     if path == "kernel":
         require_cpu_kernels()
-        monkeypatch.setattr(DiCE, "_folded_forward", _forbidden)
+        monkeypatch.setattr(DiCE, "_folded_forward", _forbid_in_inference(DiCE._folded_forward))
+        monkeypatch.setattr(EESP, "_pyramid", _forbid_in_inference(EESP._pyramid))
     elif path == "eager":
         monkeypatch.setattr(src.ops.dice, "cpu_kernels", lambda: False)
+        monkeypatch.setattr(src.ops.eesp, "cpu_kernels", lambda: False)
     else:
         raise ValueError(f"path must be 'kernel' or 'eager', got {path!r}")

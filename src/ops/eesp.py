@@ -22,6 +22,11 @@ and ``DownSampler``:
   ``ValueError`` (the official loop would not end).
 
 "CBR" is conv (no bias) + BN + PReLU (per channel); AvgPool counts the padding.
+
+In CPU inference (:func:`src.ops.inference_folding.folded_inference`) EESP folds its BNs into the
+1x1 convolutions (run as batched matrix products) and computes the pyramid (K convolutions, HFF,
+BN, PReLU) in one call of the fused C++ kernel ``src/ops/cpu/eesp.cpp`` where it is built (else
+in eager calls); the same map up to float rounding.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from src.ops.inference_folding import ConvBNPReLU
+from src.ops.cpu import cpu_kernels
+from src.ops.inference_folding import (
+    ConvBNPReLU,
+    batch_norm_affine,
+    cached,
+    conv_bn,
+    folded_inference,
+)
 from src.ops.pooling import AvgPool2d
 
 
@@ -122,6 +134,9 @@ class EESP(nn.Module):
         (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
     """
 
+    #: take the fused C++ kernel for the pyramid in CPU inference (False: eager calls)
+    cpu_kernel: bool = True
+
     def __init__(
         self,
         in_channels: int,
@@ -170,17 +185,51 @@ class EESP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         reduced = self.reduce(x)  # (B, n, H, W)
-        fused = [self.transform[0](reduced)]
-        for conv in self.transform[1:]:
-            # hierarchical feature fusion: branch k adds the fused output of branch k - 1
-            fused.append(conv(reduced) + fused[-1] if self.hff else conv(reduced))
-        # K x (B, n, H', W') -> (B, K n, H', W')
-        merged = self.merge(self.fuse_act(self.fuse_norm(torch.cat(fused, dim=1))))
+        if folded_inference(self, x):
+            pyramid = self._folded_pyramid(reduced)
+            merged = conv_bn(self.merge[0], self.merge[1], pyramid)  # a fresh tensor
+            if self.stride == 2 and self.down_method == "avg":
+                return merged
+            if merged.shape == x.shape:
+                merged += x
+            return F.prelu(merged, self.act.weight)
+        merged = self.merge(self._pyramid(reduced))
         if self.stride == 2 and self.down_method == "avg":
             return merged
         if merged.shape == x.shape:
             merged = merged + x
         return self.act(merged)
+
+    def _pyramid(self, reduced: Tensor) -> Tensor:
+        """Split, transform, hierarchical fusion, concatenation, BN and PReLU.
+
+        Shape:
+            (B, n, H, W) -> (B, K n, H', W')
+        """
+        fused = [self.transform[0](reduced)]
+        for conv in self.transform[1:]:
+            # hierarchical feature fusion: branch k adds the fused output of branch k - 1
+            fused.append(conv(reduced) + fused[-1] if self.hff else conv(reduced))
+        # K x (B, n, H', W') -> (B, K n, H', W')
+        return self.fuse_act(self.fuse_norm(torch.cat(fused, dim=1)))
+
+    def _folded_pyramid(self, reduced: Tensor) -> Tensor:
+        """:meth:`_pyramid` in one call of the fused C++ kernel (``src/ops/cpu/eesp.cpp``) where
+        it applies (float32, the kernel built, ``cpu_kernel`` set), else in eager calls."""
+        if not (self.cpu_kernel and reduced.dtype == torch.float32 and cpu_kernels()):
+            return self._pyramid(reduced)
+
+        def build() -> tuple[Tensor, Tensor]:
+            scale, shift = batch_norm_affine(self.fuse_norm)
+            weight = torch.stack([conv.weight.reshape(-1, 9) for conv in self.transform])
+            return weight, torch.stack((scale, shift, self.fuse_act.weight))  # (K, n, 9), (3, K n)
+
+        weight, affine = cached(
+            self, build, (*self.transform, self.fuse_norm, self.fuse_act), name="_pyramid"
+        )
+        return torch.ops.lightnets_cpu.eesp_pyramid(
+            reduced.contiguous(), weight, self.dilations, self.stride, affine, self.hff
+        )
 
     def extra_repr(self) -> str:
         return (

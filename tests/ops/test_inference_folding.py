@@ -5,14 +5,15 @@ import torch
 from torch import nn
 
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
+from src.ops.eesp import EESP, EESPDownsampler
 from src.ops.inference_folding import ConvBNPReLU, batch_norm_affine, folded_inference
-from tests.helpers import require_cpu_kernels, use_dice_path
+from tests.helpers import require_cpu_kernels, use_inference_path
 
 
 @pytest.fixture(params=["kernel", "eager"])
 def dice_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """DiCE's folded inference through the fused C++ kernel, or through eager PyTorch calls."""
-    use_dice_path(request.param, monkeypatch)
+    """Folded inference through the fused C++ kernels, or through eager PyTorch calls."""
+    use_inference_path(request.param, monkeypatch)
     return request.param
 
 
@@ -49,7 +50,7 @@ def test_batch_norm_affine_equals_eval_batch_norm() -> None:
 
 @pytest.mark.parametrize(
     ("c_in", "c_out", "kernel_size", "stride", "groups"),
-    [(6, 10, 1, 1, 1), (8, 8, 3, 2, 8), (6, 4, 3, 1, 2), (4, 6, 1, 2, 1)],
+    [(6, 10, 1, 1, 1), (8, 8, 3, 2, 8), (6, 4, 3, 1, 2), (4, 6, 1, 2, 1), (8, 12, 1, 1, 4)],
 )
 def test_conv_bn_prelu_folded_equals_reference(
     c_in: int, c_out: int, kernel_size: int, stride: int, groups: int
@@ -196,3 +197,66 @@ def test_cpu_kernel_attribute_opts_a_unit_out(monkeypatch: pytest.MonkeyPatch) -
 
 def _never(self: DiCE, x: torch.Tensor) -> torch.Tensor:
     raise AssertionError("the fused kernel ran for a unit with cpu_kernel = False")
+
+
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "stride", "branches", "r_lim", "down_method", "hff", "size"),
+    [
+        (8, 16, 1, 4, 7, "esp", True, (9, 9)),  # dilations (1, 1, 2, 3): r_lim clips one
+        (16, 16, 1, 4, 11, "esp", True, (6, 10)),  # residual; dilation 4 reaches past the map
+        (8, 16, 2, 4, 9, "avg", True, (9, 7)),  # strided, odd sizes, returns after the merge
+        (8, 16, 2, 4, 5, "esp", False, (8, 8)),  # strided with PReLU, no HFF
+        (6, 12, 1, 2, 7, "esp", False, (5, 5)),  # two branches, no HFF
+    ],
+)
+def test_eesp_folded_equals_reference(
+    dice_path: str,
+    c_in: int,
+    c_out: int,
+    stride: int,
+    branches: int,
+    r_lim: int,
+    down_method: str,
+    hff: bool,
+    size: tuple[int, int],
+) -> None:
+    eesp = randomise_norms(
+        EESP(
+            c_in,
+            c_out,
+            stride=stride,
+            branches=branches,
+            r_lim=r_lim,
+            down_method=down_method,
+            hff=hff,
+        )
+    )
+    for batch in (1, 3):
+        reference, folded = reference_and_folded(eesp, torch.randn(batch, c_in, *size))
+        assert folded.shape == reference.shape
+        torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_eesp_downsampler_folded_equals_reference(dice_path: str) -> None:
+    block = randomise_norms(EESPDownsampler(8, 24, branches=4, r_lim=9, image_channels=3))
+
+    class WithImage(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = block
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(x, torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(1)))
+
+    reference, folded = reference_and_folded(WithImage().eval(), torch.randn(2, 8, 20, 20))
+    assert folded.shape == (2, 24, 10, 10)
+    torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_eesp_kernel_attribute_opts_a_unit_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    eesp = randomise_norms(EESP(8, 16))
+    eesp.cpu_kernel = False
+    monkeypatch.setattr(torch.ops.lightnets_cpu, "eesp_pyramid", _never, raising=False)
+    x = torch.randn(1, 8, 6, 6)
+    reference, folded = reference_and_folded(eesp, x)
+    torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)

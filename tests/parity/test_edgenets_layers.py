@@ -1,7 +1,8 @@
 """Every EdgeNets layer fixture (DiCE, StridedDICE, the DiCENet unit, EESP, the down-sampler):
 build our op from the official constructor arguments, load the official weights, and match the
 official eval-mode output within 1e-5 (float32), through each inference path: the modules as
-defined (autograd on), and the folded path with DiCE in the fused C++ kernel or in eager calls."""
+defined (autograd on), and the folded path with DiCE and the EESP pyramid in the fused C++
+kernels or in eager calls."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from src.compat.edgenets import from_official
-from tests.helpers import use_dice_path
+from tests.helpers import use_inference_path
 from tests.parity.reference import fixtures, load
 
 LAYERS = fixtures("edgenets", "layers/*.pt")
@@ -27,7 +28,7 @@ def test_layer_matches_official(
     module = from_official(fixture["state_dict"], config).eval()
     inputs = [fixture["input"]] + ([fixture["input2"]] if "input2" in fixture else [])
     if inference != "as_defined":
-        use_dice_path(inference, monkeypatch)
+        use_inference_path(inference, monkeypatch)
     with torch.set_grad_enabled(inference == "as_defined"):
         out = module(*inputs).detach()
     expected = fixture["output"]

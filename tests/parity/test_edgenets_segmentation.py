@@ -5,6 +5,8 @@ name points to: ``<family>_s_<s>_<dataset>_<W>x<H>`` (a ``demo_style_`` prefix a
 ``_<image>_<w>x<h>`` suffix name the image the demo ran on). The fixture's stored ``input`` is
 used as is (decoding and resizing are not under test). Masks must agree on >= 99.9% of pixels and
 the stored (fp16) logits within 2e-2; the per-class logit means within 1e-4 of the float64 run.
+Each runs twice: with the EESP pyramids (and DiCE units at their build size) in the fused C++
+kernels, and in eager calls.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from tests.helpers import use_inference_path
 from tests.parity.reference import fixtures, reference_dir
 
 WEIGHTS_NAME = re.compile(r"(dicenet|espnetv2)_s_(\d+(?:\.\d+)?)_([a-z]+)_(\d+)x(\d+)")
@@ -39,8 +42,12 @@ def weights_for(fixture: Path) -> tuple[str, float, Path]:
     return match.group(1), float(match.group(2)), path
 
 
+@pytest.mark.parametrize("inference", ["kernel", "eager"])
 @pytest.mark.parametrize("fixture", fixtures("edgenets", "seg_*/*.npz"))
-def test_segmentation_matches_official(fixture: Path) -> None:
+def test_segmentation_matches_official(
+    fixture: Path, inference: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_inference_path(inference, monkeypatch)
     data = np.load(fixture)
     family, scale, weights = weights_for(fixture)
     num_classes = data["logits"].shape[1]

@@ -1,9 +1,10 @@
 """Fused C++ kernels for CPU inference, built on first use by PyTorch's extension builder.
 
-At batch 1 on a CPU, a DiCE unit's eager forward is bound by per-call costs, not arithmetic: about
-twenty ATen calls, four of them oneDNN convolutions at 40-130 us each on maps of 7x7 to 28x28. The
-kernels here compute such a unit in one call (``dice.cpp``; the thesis's networks are otherwise
-plain convolutions and GEMMs, which oneDNN already runs well).
+At batch 1 on a CPU, the eager forward of the thesis's units is bound by per-call costs, not
+arithmetic: a DiCE unit makes about twenty ATen calls, four of them oneDNN convolutions at 40-130
+us each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K + 2 more calls.
+The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
+EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well).
 
 The source is compiled once per machine with ``torch.utils.cpp_extension.load`` (a C++ compiler
 and ninja are needed; about 10 s) into PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``,
@@ -15,6 +16,7 @@ built, :func:`cpu_kernels` warns once and the callers keep their eager PyTorch p
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -25,7 +27,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).with_name("dice.cpp"),)
+HERE = Path(__file__).parent
+SOURCES = (HERE / "dice.cpp", HERE / "eesp.cpp")
+HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
 
 
@@ -72,9 +76,11 @@ def cpu_kernels() -> bool:
     _put_ninja_on_path()
     cflags, ldflags, suffix = _compiler_flags()
     log.info("loading the CPU inference kernels (built once per machine, about 10 s)")
+    # the builder rebuilds when a source changes, not a header: the name carries both's digest
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:10]
     try:
         load(
-            f"lightnets_cpu_{suffix}",
+            f"lightnets_cpu_{suffix}_{digest}",
             sources=[str(path) for path in SOURCES],
             extra_cflags=cflags,
             extra_ldflags=ldflags,
