@@ -3,8 +3,9 @@
 All networks run in one process at 224x224, eval mode, no grad, interleaved round-robin so that
 machine drift affects all alike; the median of ``--repeats`` runs is reported per batch size,
 next to the MACs of one image (the thesis's Table 3.5 on this machine) and the ratio to
-ShuffleNetV2 x1.0's latency. DiCE units run the fused C++ kernel of ``src/ops/cpu`` where it is
-built; ``dicenet_eager_folded`` is DiCENet s=1.0 on the eager folded path, for comparison. Prints
+ShuffleNetV2 x1.0's latency. DiCE units and EESP pyramids run the fused C++ kernels of
+``src/ops/cpu`` where they are built; ``dicenet_eager_folded`` and ``espnetv2_eager_folded`` are
+the s=1.0 networks on the eager folded path, for comparison. Prints
 a table, then one JSON line per measurement: ``{"model", "scale", "batch", "ms", "macs"}``.
 
     python benchmarks/vision.py [--threads 2] [--repeats 21] [--batches 1 8]
@@ -28,6 +29,7 @@ from src.models.dicenet import DiCENet  # noqa: E402
 from src.models.espnetv2 import ESPNetv2  # noqa: E402
 from src.ops.cpu import cpu_kernels  # noqa: E402
 from src.ops.dice import DiCE  # noqa: E402
+from src.ops.eesp import EESP  # noqa: E402
 from src.utils.complexity import measure  # noqa: E402
 
 
@@ -35,9 +37,9 @@ BASELINE = "shufflenet_v2_x1_0"
 
 
 def without_cpu_kernel(net: nn.Module) -> nn.Module:
-    """``net`` with every DiCE on its eager folded path instead of the fused C++ kernel."""
+    """``net`` with every DiCE and EESP on its eager folded path instead of the fused C++ kernels."""
     for module in net.modules():
-        if isinstance(module, DiCE):
+        if isinstance(module, (DiCE, EESP)):
             module.cpu_kernel = False
     return net
 
@@ -45,10 +47,10 @@ def without_cpu_kernel(net: nn.Module) -> nn.Module:
 def networks() -> list[tuple[str, float | None, nn.Module]]:
     """(name, scale, network) for every measured model; torchvision names as torchvision has them."""
     nets: list[tuple[str, float | None, nn.Module]] = []
-    nets += [("dicenet", s, DiCENet(scale=s)) for s in (0.5, 1.0, 1.5)]
-    if cpu_kernels():
-        nets.append(("dicenet_eager_folded", 1.0, without_cpu_kernel(DiCENet(scale=1.0))))
-    nets += [("espnetv2", s, ESPNetv2(scale=s)) for s in (0.5, 1.0, 1.5)]
+    for name, build in (("dicenet", DiCENet), ("espnetv2", ESPNetv2)):
+        nets += [(name, s, build(scale=s)) for s in (0.5, 1.0, 1.5)]
+        if cpu_kernels():
+            nets.append((f"{name}_eager_folded", 1.0, without_cpu_kernel(build(scale=1.0))))
     nets += [(name, None, torchvision.models.get_model(name)) for name in ("shufflenet_v2_x1_0", "mobilenet_v2")]
     return nets
 
@@ -89,8 +91,8 @@ def main() -> None:
                      "macs": macs[(name, scale)]}
                 )
 
-    path = "the fused C++ kernel" if cpu_kernels() else "eager folded calls (kernel not built)"
-    print(f"DiCE units in CPU inference: {path}; {args.threads} threads, median of {args.repeats}")
+    path = "the fused C++ kernels" if cpu_kernels() else "eager folded calls (kernels not built)"
+    print(f"DiCE and EESP in CPU inference: {path}; {args.threads} threads, median of {args.repeats}")
     baseline = {row["batch"]: row["ms"] for row in rows if row["model"] == BASELINE}
     print(f"{'model':<22}{'scale':>7}{'batch':>7}{'ms':>10}{'MMACs':>10}{'x ' + BASELINE:>26}")
     for row in rows:
