@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.cpu import cpu_kernels
-from src.ops.dim_conv import DimConv
+from src.ops.dim_conv import DimConv, resize_matrix
 from src.ops.dim_fuse import DimFuse
 from src.ops.inference_folding import (
     ConvBNPReLU,
@@ -65,10 +65,10 @@ class DiCE(nn.Module):
         impl: DimConv's ``"auto" | "reference" | "triton"``.
 
     With ``impl="auto"``, in CPU inference (:func:`src.ops.inference_folding.folded_inference`)
-    at the build size, the forward is the same map with every BN folded: one call of the fused C++
-    kernel (:meth:`_kernel_forward`, ``src/ops/cpu/dice.cpp``) where it applies (float32, C_out = C,
-    the kernel built; ``cpu_kernel = False`` opts a unit out), else :meth:`_folded_forward`'s eager
-    calls.
+    the forward is the same map with every BN folded: one call of the fused C++ kernel
+    (:meth:`_kernel_forward`, ``src/ops/cpu/dice.cpp``, any input size) where it applies (float32,
+    C_out = C, the kernel built; ``cpu_kernel = False`` opts a unit out), else at the build size
+    :meth:`_folded_forward`'s eager calls.
 
     Shape:
         (B, C, H, W) -> (B, C_out, H, W), any H and W (see :class:`DimConv`).
@@ -111,11 +111,12 @@ class DiCE(nn.Module):
             and conv.impl == "auto"
             and conv.interleave
             and x.dim() == 4
-            and x.shape[1:] == (conv.channels, conv.height, conv.width)
+            and x.shape[1] == conv.channels
         ):
             if self._kernel_applies(x) and cpu_kernels():
                 return self._kernel_forward(x)
-            return self._folded_forward(x)
+            if x.shape[2:] == (conv.height, conv.width):
+                return self._folded_forward(x)
         return self.dim_fuse(self.dim_conv(x))
 
     def _kernel_applies(self, x: Tensor) -> bool:
@@ -128,46 +129,70 @@ class DiCE(nn.Module):
         )
 
     def _kernel_forward(self, x: Tensor) -> Tensor:
-        """:meth:`_folded_forward` as one call of the fused C++ kernel (``src/ops/cpu/dice.cpp``).
+        """The folded forward as one call of the fused C++ kernel (``src/ops/cpu/dice.cpp``), at any
+        input size: off the build size the height- and width-wise branches are resized as in
+        :class:`DimConv` (the inputs here, the outputs back inside the kernel).
 
         Shape:
-            (B, C, H_b, W_b) -> (B, C, H_b, W_b)
+            (B, C, H, W) -> (B, C, H, W)
         """
         conv = self.dim_conv
+        x = x.contiguous()
+        height, width = x.shape[2:]
+        (to_height, from_height, to_width, from_width, *operands) = self._kernel_operands(
+            height, width
+        )
+        # (H_b, H) @ (B, C, H, W) -> (B, C, H_b, W); (B, C, H, W) @ (W, W_b) -> (B, C, H, W_b)
+        x_height = x if height == conv.height else torch.matmul(to_height, x)
+        x_width = x if width == conv.width else torch.matmul(x, to_width.t())
         return torch.ops.lightnets_cpu.dice_forward(
-            x.contiguous(), *self._kernel_operands(), conv.kernel_size, *conv.dilation
+            x,
+            x_height,
+            x_width,
+            from_height,
+            from_width,
+            *operands,
+            conv.kernel_size,
+            *conv.dilation,
         )
 
-    def _kernel_operands(self) -> tuple[Tensor, ...]:
-        """The folded tensors in the kernel's layout (see ``dice.cpp``), cached like :meth:`_folded`."""
+    def _kernel_operands(self, height: int, width: int) -> tuple[Tensor, ...]:
+        """The resize matrices and folded tensors in the kernel's layout (see ``dice.cpp``) for an
+        (H, W) input, cached like :meth:`_folded` (one entry per input size)."""
         conv = self.dim_conv
 
         def build() -> tuple[Tensor, ...]:
             folded = self._folded()
             (w_channel, b_channel, a_channel, w_height, w_width) = folded[:5]
             per_channel = (b_channel, a_channel, *folded[5:16], *folded[17:19])
-            c, k, height, width = conv.channels, conv.kernel_size, conv.height, conv.width
-            kk, half = k * k, (k - 1) // 2
-            d_c, d_h, _ = conv.dilation
-            pitch = width + 2 * half * max(d_c, d_h)  # the kernel's padded row length
-
-            def along_run(per_row: Tensor, per_column: Tensor) -> Tensor:
-                # (kk, H, 1) x (kk, 1, pitch) -> (kk, H * pitch): a weight per output position
-                return (per_row[:, :, None] * per_column[:, None, :]).reshape(kk, height * pitch)
-
-            ones_row, ones_column = w_height.new_ones(kk, height), w_height.new_ones(kk, pitch)
-            columns = F.pad(w_width.reshape(width, kk).t(), (0, pitch - width))  # pad columns 0
+            c, k, h_b, w_b = conv.channels, conv.kernel_size, conv.height, conv.width
+            kk, half, (d_c, d_h, _) = k * k, (k - 1) // 2, conv.dilation
+            # the padded row lengths of the height- and width-wise branches' grids: at the build
+            # size one set of planes padded for all branches, else each branch's own
+            if (height, width) == (h_b, w_b):
+                pitch_h = pitch_w = width + 2 * half * max(d_c, d_h)
+            else:
+                pitch_h, pitch_w = width + 2 * half * d_h, w_b
+            options = {"dtype": w_channel.dtype, "device": w_channel.device}
             return (
+                resize_matrix(height, h_b, **options),  # (H_b, H)
+                resize_matrix(h_b, height, **options),  # (H, H_b)
+                resize_matrix(width, w_b, **options),  # (W_b, W)
+                resize_matrix(w_b, width, **options),  # (W, W_b)
                 w_channel.reshape(c, kk).contiguous(),
-                along_run(w_height.reshape(height, kk).t(), ones_column),
-                along_run(ones_row, columns),
+                # a weight per output position of each branch's grid, (kk, rows, pitch): the
+                # height-wise kernel of row r, the width-wise one of column q (0 on pad columns)
+                w_height.reshape(h_b, kk).t()[:, :, None].expand(kk, h_b, pitch_h).contiguous(),
+                F.pad(w_width.reshape(w_b, kk).t(), (0, pitch_w - w_b))[:, None, :]
+                .expand(kk, height, pitch_w)
+                .contiguous(),
                 torch.stack([t.reshape(c) for t in per_channel]),  # (15, C), rows as in dice.cpp
                 folded[16].reshape(c, 9).contiguous(),
                 folded[19],
                 folded[20],
             )
 
-        return cached(self, build, name="_kernel")
+        return cached(self, build, name=f"_kernel{height}x{width}")
 
     def _folded(self) -> tuple[Tensor, ...]:
         conv, fuse = self.dim_conv, self.dim_fuse

@@ -125,15 +125,37 @@ def test_dice_folded_with_out_channels_is_the_eager_path(dice_path: str) -> None
         torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
 
 
-def test_dice_folded_path_is_taken_and_off_the_build_size_is_the_reference() -> None:
+def test_dice_folded_path_is_taken_and_off_the_build_size(dice_path: str) -> None:
     dice = randomise_norms(DiCE(8, 8, 6, 6))
     calls = []
     dice.dim_fuse.register_forward_hook(lambda *args: calls.append(1))
     with torch.no_grad():
         dice(torch.randn(2, 8, 6, 6))
         assert not calls  # folded: DimFuse's own forward is not run
-        out = dice(torch.randn(2, 8, 9, 4))  # resized inside DimConv: the reference path
-        assert calls and out.shape == (2, 8, 9, 4)
+        out = dice(torch.randn(2, 8, 9, 4))  # off the build size: resized branches
+    assert out.shape == (2, 8, 9, 4)
+    # the kernel covers any size; the eager folded path only the build size
+    assert bool(calls) == (dice_path == "eager")
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "size", "dilation"),
+    [
+        (6, 6, (9, 4), (1, 1, 1)),  # taller (interpolated), narrower (pooled)
+        (5, 7, (3, 11), (1, 1, 1)),  # shorter, wider
+        (4, 4, (4, 9), (1, 2, 1)),  # only the width-wise branch resized
+        (6, 5, (1, 1), (2, 1, 3)),  # a single pixel, dilated
+    ],
+)
+def test_dice_kernel_off_the_build_size_equals_reference(
+    height: int, width: int, size: tuple[int, int], dilation: tuple[int, int, int]
+) -> None:
+    require_cpu_kernels()
+    dice = randomise_norms(DiCE(8, 8, height, width, dilation=dilation))
+    for batch in (1, 3):
+        x = torch.randn(batch, 8, *size)
+        reference, folded = reference_and_folded(dice, x)
+        torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
 
 
 def test_dice_with_reference_impl_is_never_folded() -> None:
@@ -178,10 +200,13 @@ def test_cpu_kernel_rejects_operands_of_the_wrong_shape() -> None:
     require_cpu_kernels()
     dice = randomise_norms(DiCE(8, 8, 6, 6))
     with torch.no_grad():
-        operands = list(dice._kernel_operands())
-    operands[1] = operands[1][:, :-1].contiguous()  # the height-wise weights, one position short
+        operands = list(dice._kernel_operands(6, 6))
+    operands[5] = operands[5][:, :-1].contiguous()  # the height-wise weights, one row short
+    x = torch.randn(1, 8, 6, 6)
     with pytest.raises(RuntimeError, match="weight_height has shape"):
-        torch.ops.lightnets_cpu.dice_forward(torch.randn(1, 8, 6, 6), *operands, 3, 1, 1, 1)
+        torch.ops.lightnets_cpu.dice_forward(
+            x, x, x, operands[1], operands[3], *operands[4:], 3, 1, 1, 1
+        )
 
 
 def test_cpu_kernel_attribute_opts_a_unit_out(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,22 +1,24 @@
 // Fused CPU inference kernel of the DiCE unit: DimConv + DimFuse with every BN folded.
 //
-// For x of shape (B, C, H, W) at the unit's build size, one call computes
+// For x of shape (B, C, H, W), one call computes
 //   y_c = channel-wise conv (a kernel per channel over the (H, W) plane; BN in weight and bias)
-//   y_h = height-wise conv  (a kernel per row h over the (C, W) plane)
-//   y_w = width-wise conv   (a kernel per column w over the (C, H) plane)
+//   y_h = height-wise conv  (a kernel per row over the (C, W) plane)
+//   y_w = width-wise conv   (a kernel per column over the (C, H) plane)
 //   f   = PReLU(l_s + l_c PReLU(y_c) + l_h PReLU(s_h y_h + t_h) + l_w PReLU(s_w y_w + t_w))
 //   out = PReLU(depth-wise 3x3 conv(f) + b_s) * sigmoid(ReLU(mean_hw(f) G_in) G_out)
-// which is DiCE._folded_forward of src/ops/dice.py. That eager path makes about twenty ATen calls
-// per unit (four oneDNN convolutions among them), each with a fixed cost well above its arithmetic
-// at these map sizes; here the three responses and the fusion never leave a row buffer.
+// which is DiCE's folded inference forward (src/ops/dice.py). Off the build size (H_b, W_b), the
+// height-wise branch runs on x resized to H_b rows (x_height, resized by the caller) and its output
+// is resized back to H rows here (resize_height, (H, H_b)); likewise the width-wise branch with
+// W_b columns. The eager path makes about twenty ATen calls per unit (four oneDNN convolutions
+// among them), each with a fixed cost well above its arithmetic at these map sizes; here the three
+// responses and the fusion never leave per-plane buffers.
 //
-// Layout: each input plane is copied into a zero-padded (H + 2 p_h + 1, W + 2 p_w) buffer (a ring
-// of them per thread, as the height- and width-wise kernels also read the neighbouring channels),
-// so that every tap of every branch is one contiguous run: outputs are computed on the padded row
-// pitch (W + 2 p_w columns per row, the last 2 p_w of each row discarded), and a tap at offset
-// (dh, dw) reads the run shifted by dh * pitch + dw. No tensor but the output is allocated: fresh
-// multi-megabyte allocations page-fault on every call. Weights that vary along the run (the height-
-// wise kernel per row, the width-wise kernel per column) come pre-expanded to the run's length.
+// Layout: each branch reads zero-padded copies of its input's planes (PaddedPlanes; one set shared
+// by the three branches at the build size), so that every tap is one contiguous run: outputs are computed on the padded row pitch (the pad columns of each
+// row discarded), and a tap at offset (dr, dw) reads the run shifted by dr * pitch + dw. No tensor
+// but the output is allocated: fresh multi-megabyte allocations page-fault on every call. Weights
+// that vary along the run (the height-wise kernel per row, the width-wise kernel per column) come
+// pre-expanded to the run's length.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -26,6 +28,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -53,13 +57,68 @@ inline void vaxpy(float* __restrict__ y, const float* __restrict__ a, const floa
   for (int64_t r = 0; r < n; ++r) y[r] += a[r] * x[r];
 }
 
-at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
-                        const at::Tensor& weight_height, const at::Tensor& weight_width,
-                        const at::Tensor& per_channel, const at::Tensor& weight_spatial,
-                        const at::Tensor& gate_in, const at::Tensor& gate_out,
-                        int64_t kernel_size, int64_t dil_channel, int64_t dil_height,
-                        int64_t dil_width) {
-  TORCH_CHECK(x.dim() == 4, "x must be (B, C, H, W), got ", x.sizes());
+// The input of one dimension-wise branch: the planes of a (B, C, rows, cols) tensor as
+// zero-padded copies, kept in a ring of the `halo` channels either side of the current one (the
+// height- and width-wise kernels also slide along the channels). The branch's outputs are
+// computed on the padded pitch: `run` values per channel, of which each row's first `cols` count.
+class PaddedPlanes {
+ public:
+  PaddedPlanes(const float* data, int64_t C, int64_t rows, int64_t cols, int64_t halo,
+               int64_t pad_rows, int64_t pad_cols)
+      : data_(data), C_(C), rows_(rows), cols_(cols), pad_rows_(pad_rows), pad_cols_(pad_cols),
+        pitch(cols + 2 * pad_cols),
+        // one spare row: the last output row's pad columns read past the last padded row
+        plane_(pitch * (rows + 2 * pad_rows + 1)), run(rows * pitch), slots_(2 * halo + 1),
+        ring_(slots_ * plane_), zeros_(plane_, 0.f), held_(slots_, -1) {}
+
+  // channel c + dc's padded plane, at output (0, 0) shifted by (dr, dw)
+  const float* tap(int64_t b, int64_t c, int64_t dr, int64_t dw) {
+    return plane(b, c) + (pad_rows_ + dr) * pitch + pad_cols_ + dw;
+  }
+
+  const int64_t pitch, plane_, run;
+
+ private:
+  const float* plane(int64_t b, int64_t c) {
+    if (c < 0 || c >= C_) return zeros_.data();
+    const int64_t slot = c % slots_;
+    float* dst = ring_.data() + slot * plane_;
+    if (held_[slot] != b * C_ + c) {
+      pad_plane(data_ + (b * C_ + c) * rows_ * cols_, dst, rows_, cols_, plane_ / pitch, pitch,
+                pad_rows_, pad_cols_);
+      held_[slot] = b * C_ + c;
+    }
+    return dst;
+  }
+
+  const float* data_;
+  const int64_t C_, rows_, cols_, pad_rows_, pad_cols_;
+  const int64_t slots_;
+  std::vector<float> ring_, zeros_;
+  std::vector<int64_t> held_;  // the (b, c) index each slot holds
+};
+
+// The non-zero entries of each row of a resize matrix (a few per row: interpolation or pooling).
+std::vector<std::vector<std::pair<int64_t, float>>> sparse_rows(const at::Tensor& matrix) {
+  const int64_t n_out = matrix.size(0), n_in = matrix.size(1);
+  const float* m = matrix.data_ptr<float>();
+  std::vector<std::vector<std::pair<int64_t, float>>> rows(n_out);
+  for (int64_t i = 0; i < n_out; ++i)
+    for (int64_t j = 0; j < n_in; ++j)
+      if (m[i * n_in + j] != 0.f) rows[i].emplace_back(j, m[i * n_in + j]);
+  return rows;
+}
+
+at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& x_height, const at::Tensor& x_width,
+                        const at::Tensor& resize_height, const at::Tensor& resize_width,
+                        const at::Tensor& weight_channel, const at::Tensor& weight_height,
+                        const at::Tensor& weight_width, const at::Tensor& per_channel,
+                        const at::Tensor& weight_spatial, const at::Tensor& gate_in,
+                        const at::Tensor& gate_out, int64_t kernel_size, int64_t dil_channel,
+                        int64_t dil_height, int64_t dil_width) {
+  TORCH_CHECK(x.dim() == 4 && x_height.dim() == 4 && x_width.dim() == 4,
+              "x, x_height and x_width must be 4-D, got ", x.sizes(), ", ", x_height.sizes(),
+              ", ", x_width.sizes());
   TORCH_CHECK(kernel_size % 2 == 1 && kernel_size > 0, "kernel_size must be odd, got ",
               kernel_size);
   TORCH_CHECK(dil_channel >= 1 && dil_height >= 1 && dil_width >= 1,
@@ -67,18 +126,23 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
               ")");
   TORCH_CHECK(gate_in.dim() == 2, "gate_in must be (C, C // 4), got ", gate_in.sizes());
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t H_b = x_height.size(2), W_b = x_width.size(3);
   const int64_t k = kernel_size, kk = k * k, half = (k - 1) / 2, hidden = gate_in.size(1);
-  // padding of each axis: the largest reach of the branches that slide along it
-  const int64_t pad_c = half * std::max(dil_height, dil_width);
-  const int64_t pad_h = half * std::max(dil_channel, dil_width);
-  const int64_t pad_w = half * std::max(dil_channel, dil_height);
-  const int64_t pitch = W + 2 * pad_w, rows_p = H + 2 * pad_h + 1, plane = rows_p * pitch;
-  const int64_t run = H * pitch;  // outputs per channel on the padded pitch
   const int64_t pitch_f = W + 2, plane_f = (H + 3) * pitch_f, run_f = H * pitch_f;
   check_float(x, "x", {B, C, H, W});
+  check_float(x_height, "x_height", {B, C, H_b, W});
+  check_float(x_width, "x_width", {B, C, H, W_b});
+  check_float(resize_height, "resize_height", {H, H_b});
+  check_float(resize_width, "resize_width", {W, W_b});
   check_float(weight_channel, "weight_channel", {C, kk});
-  check_float(weight_height, "weight_height", {kk, run});
-  check_float(weight_width, "weight_width", {kk, run});
+  // At the build size the caller passes x itself as x_height and x_width, and the three branches
+  // share one set of padded planes (padded for all of them); else each branch has its own.
+  const bool shared = x_height.is_same(x) && x_width.is_same(x);
+  const int64_t pitch_shared = W + 2 * half * std::max(dil_channel, dil_height);
+  const int64_t pitch_height = shared ? pitch_shared : W + 2 * half * dil_height;
+  const int64_t pitch_width = shared ? pitch_shared : W_b;
+  check_float(weight_height, "weight_height", {kk, H_b, pitch_height});
+  check_float(weight_width, "weight_width", {kk, H, pitch_width});
   check_float(per_channel, "per_channel", {kRows, C});
   check_float(weight_spatial, "weight_spatial", {C, 9});
   check_float(gate_in, "gate_in", {C, hidden});
@@ -87,7 +151,8 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
   const int64_t HW = H * W;
   at::Tensor out = at::empty({B, C, H, W}, x.options());
   std::vector<float> mean(B * C), gate(B * C);
-  const float* xs = x.data_ptr<float>();
+  const auto back_height = sparse_rows(resize_height);  // (H_b rows -> H rows)
+  const auto back_width = sparse_rows(resize_width);    // (W_b columns -> W columns)
   float* op = out.data_ptr<float>();
   const float* wc = weight_channel.data_ptr<float>();
   const float* wh = weight_height.data_ptr<float>();
@@ -96,44 +161,70 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
   const float* ws = weight_spatial.data_ptr<float>();
   auto param = [pc, C](Row r, int64_t c) { return pc[r * C + c]; };
   // planes per task: enough work to cover a task's start-up, and still every thread busy
-  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, run));
+  const int64_t grain = std::max<int64_t>(1, 2048 / std::max<int64_t>(1, HW));
 
   // DimConv and the local fusion, one (b, c) plane at a time; f goes to `out` for now
   at::parallel_for(0, B * C, grain, [&](int64_t begin, int64_t end) {
-    // padded input planes of channels c - p_c .. c + p_c, kept in a ring as c advances
-    const int64_t slots = 2 * pad_c + 1;
-    std::vector<float> ring(slots * plane), zeros(plane, 0.f), buffers(4 * run);
-    std::vector<int64_t> held(slots, -1);  // the (b, c) index each slot holds
-    auto padded = [&](int64_t b, int64_t c) -> const float* {
-      if (c < 0 || c >= C) return zeros.data();
-      const int64_t slot = c % slots;
-      float* dst = ring.data() + slot * plane;
-      if (held[slot] != b * C + c) {
-        pad_plane(xs + (b * C + c) * HW, dst, H, W, rows_p, pitch, pad_h, pad_w);
-        held[slot] = b * C + c;
-      }
-      return dst;
+    std::vector<std::unique_ptr<PaddedPlanes>> owned;
+    auto planes_of = [&](const at::Tensor& t, int64_t halo, int64_t pad_rows, int64_t pad_cols) {
+      owned.push_back(std::make_unique<PaddedPlanes>(t.data_ptr<float>(), C, t.size(2), t.size(3),
+                                                     halo, pad_rows, pad_cols));
+      return owned.back().get();
     };
-    float* yc = buffers.data();
-    float* yh = yc + run;
-    float* yw = yh + run;
-    float* fused = yw + run;
+    PaddedPlanes *channel, *height, *width;
+    if (shared) {
+      channel = height = width =
+          planes_of(x, half * std::max(dil_height, dil_width),
+                    half * std::max(dil_channel, dil_width), (pitch_shared - W) / 2);
+    } else {
+      channel = planes_of(x, 0, half * dil_channel, half * dil_channel);
+      height = planes_of(x_height, half * dil_height, 0, half * dil_height);
+      width = planes_of(x_width, half * dil_width, half * dil_width, 0);
+    }
+    std::vector<float> acc_c(channel->run), acc_h(height->run), acc_w(width->run);
+    std::vector<float> planes(shared ? 0 : 3 * HW), fused(std::max(channel->run, HW));
+    float* yc = planes.data();
+    float* yh = yc + HW;
+    float* yw = yh + HW;
+    const int64_t run_c = channel->run, run_h = height->run, run_w = width->run;
     for (int64_t bc = begin; bc < end; ++bc) {
       const int64_t b = bc / C, c = bc % C;
-      // channel c + dc's padded plane, at output (0, 0) shifted by (dh, dw)
-      auto tap = [&](int64_t dc, int64_t dh, int64_t dw) {
-        return padded(b, c + dc) + (pad_h + dh) * pitch + pad_w + dw;
-      };
-      std::fill(yc, yc + run, param(kBiasChannel, c));
-      std::fill(yh, yh + run, 0.f);
-      std::fill(yw, yw + run, 0.f);
+      std::fill(acc_c.begin(), acc_c.end(), param(kBiasChannel, c));
+      std::fill(acc_h.begin(), acc_h.end(), 0.f);
+      std::fill(acc_w.begin(), acc_w.end(), 0.f);
       for (int64_t i = 0; i < k; ++i) {
         for (int64_t j = 0; j < k; ++j) {
           const int64_t t = i * k + j, oi = i - half, oj = j - half;
-          axpy(yc, tap(0, oi * dil_channel, oj * dil_channel), run, wc[c * kk + t]);
-          vaxpy(yh, wh + t * run, tap(oi * dil_height, 0, oj * dil_height), run);
-          vaxpy(yw, ww + t * run, tap(oi * dil_width, oj * dil_width, 0), run);
+          axpy(acc_c.data(), channel->tap(b, c, oi * dil_channel, oj * dil_channel), run_c,
+               wc[c * kk + t]);
+          vaxpy(acc_h.data(), wh + t * run_h,
+                height->tap(b, c + oi * dil_height, 0, oj * dil_height), run_h);
+          vaxpy(acc_w.data(), ww + t * run_w, width->tap(b, c + oi * dil_width, oj * dil_width, 0),
+                run_w);
         }
+      }
+      // the three responses on one grid: at the build size they already share the padded
+      // pitch; else each goes onto the (H, W) grid, the height- and width-wise ones resized back
+      const float *yc = acc_c.data(), *yh = acc_h.data(), *yw = acc_w.data();
+      int64_t pitch = channel->pitch;
+      if (!shared) {
+        float* rows_c = planes.data();
+        float* rows_h = rows_c + HW;
+        float* rows_w = rows_h + HW;
+        for (int64_t h = 0; h < H; ++h) {
+          std::memcpy(rows_c + h * W, yc + h * channel->pitch, sizeof(float) * W);
+          float* row_h = rows_h + h * W;
+          std::fill(row_h, row_h + W, 0.f);
+          for (const auto& [r, a] : back_height[h]) axpy(row_h, yh + r * height->pitch, W, a);
+          const float* src_w = yw + h * width->pitch;
+          float* row_w = rows_w + h * W;
+          for (int64_t w = 0; w < W; ++w) {
+            float v = 0.f;
+            for (const auto& [q, a] : back_width[w]) v += a * src_w[q];
+            row_w[w] = v;
+          }
+        }
+        yc = rows_c, yh = rows_h, yw = rows_w, pitch = W;
       }
       const float a_c = param(kSlopeChannel, c);
       const float s_h = param(kScaleHeight, c), t_h = param(kShiftHeight, c);
@@ -143,21 +234,21 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
       const float l_c = param(kLocalChannel, c), l_h = param(kLocalHeight, c);
       const float l_w = param(kLocalWidth, c), l_s = param(kLocalShift, c);
       const float a_l = param(kSlopeLocal, c);
-      for (int64_t r = 0; r < run; ++r) {
-        const float v = l_s + l_c * prelu(yc[r], a_c) + l_h * prelu(s_h * yh[r] + t_h, a_h) +
-                        l_w * prelu(s_w * yw[r] + t_w, a_w);
-        fused[r] = prelu(v, a_l);
+      const int64_t n = H * pitch;
+      const float* __restrict__ y_c = yc;
+      const float* __restrict__ y_h = yh;
+      const float* __restrict__ y_w = yw;
+      float* __restrict__ out_f = fused.data();
+      for (int64_t r = 0; r < n; ++r) {
+        const float v = l_s + l_c * prelu(y_c[r], a_c) + l_h * prelu(s_h * y_h[r] + t_h, a_h) +
+                        l_w * prelu(s_w * y_w[r] + t_w, a_w);
+        out_f[r] = prelu(v, a_l);
       }
-      // drop the pitch's pad columns; the channel mean on the way
-      float* dst = op + bc * HW;
-      double sum = 0.0;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* row = fused + h * pitch;
-        std::memcpy(dst + h * W, row, sizeof(float) * W);
-        float row_sum = 0.f;
-        for (int64_t w = 0; w < W; ++w) row_sum += row[w];
-        sum += row_sum;
-      }
+      float* f = op + bc * HW;
+      for (int64_t h = 0; h < H; ++h)  // drop the pad columns
+        std::memcpy(f + h * W, fused.data() + h * pitch, sizeof(float) * W);
+      double sum = 0.0;  // a loop of its own: a reduction in the loop above would keep it scalar
+      for (int64_t r = 0; r < HW; ++r) sum += f[r];
       mean[bc] = static_cast<float>(sum / HW);
     }
   });
@@ -201,7 +292,8 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& weight_channel,
 
 TORCH_LIBRARY_FRAGMENT(lightnets_cpu, m) {
   m.def(
-      "dice_forward(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, "
+      "dice_forward(Tensor x, Tensor x_height, Tensor x_width, Tensor resize_height, "
+      "Tensor resize_width, Tensor weight_channel, Tensor weight_height, Tensor weight_width, "
       "Tensor per_channel, Tensor weight_spatial, Tensor gate_in, Tensor gate_out, "
       "int kernel_size, int dil_channel, int dil_height, int dil_width) -> Tensor",
       &dice_forward);
