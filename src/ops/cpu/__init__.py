@@ -6,11 +6,12 @@ us each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K
 The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
 EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well).
 
-The source is compiled once per machine with ``torch.utils.cpp_extension.load`` (a C++ compiler
+The sources are compiled once per machine with ``torch.utils.cpp_extension.load`` (a C++ compiler
 and ninja are needed; about 10 s) into PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``,
-default ``~/.cache/torch_extensions``), and rebuilt only when the source changes. Where it cannot be
-built, :func:`cpu_kernels` warns once and the callers keep their eager PyTorch path; set
-``LIGHTNETS_CPU_KERNELS=0`` to use that path on purpose (e.g. to time both).
+default ``~/.cache/torch_extensions``), and rebuilt only when a source or the shared header
+changes. Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their
+eager PyTorch path; set ``LIGHTNETS_CPU_KERNELS=0`` to use that path on purpose (e.g. to time
+both).
 """
 
 from __future__ import annotations
