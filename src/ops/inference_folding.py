@@ -95,6 +95,11 @@ def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Tensor:
     """
     if not folded_inference(conv, x):
         return bn(conv(x))
+    return _folded_conv_bn(conv, bn, x)
+
+
+def _folded_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor) -> Tensor:
+    """:func:`conv_bn`'s inference branch (the caller has checked :func:`folded_inference`)."""
 
     def build() -> tuple[Tensor, Tensor]:
         scale, shift = batch_norm_affine(bn)
@@ -121,7 +126,7 @@ def conv_bn_prelu(conv: nn.Conv2d, bn: nn.BatchNorm2d, act: nn.PReLU, x: Tensor)
     """
     if not folded_inference(conv, x):
         return act(bn(conv(x)))
-    return F.prelu(conv_bn(conv, bn, x), act.weight)
+    return F.prelu(_folded_conv_bn(conv, bn, x), act.weight)
 
 
 class ConvBNPReLU(nn.Sequential):

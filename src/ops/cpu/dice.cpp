@@ -99,10 +99,12 @@ class PaddedPlanes {
 };
 
 // The non-zero entries of each row of a resize matrix (a few per row: interpolation or pooling).
-std::vector<std::vector<std::pair<int64_t, float>>> sparse_rows(const at::Tensor& matrix) {
+using SparseRows = std::vector<std::vector<std::pair<int64_t, float>>>;
+
+SparseRows sparse_rows(const at::Tensor& matrix) {
   const int64_t n_out = matrix.size(0), n_in = matrix.size(1);
   const float* m = matrix.data_ptr<float>();
-  std::vector<std::vector<std::pair<int64_t, float>>> rows(n_out);
+  SparseRows rows(n_out);
   for (int64_t i = 0; i < n_out; ++i)
     for (int64_t j = 0; j < n_in; ++j)
       if (m[i * n_in + j] != 0.f) rows[i].emplace_back(j, m[i * n_in + j]);
@@ -151,8 +153,9 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& x_height, const a
   const int64_t HW = H * W;
   at::Tensor out = at::empty({B, C, H, W}, x.options());
   std::vector<float> mean(B * C), gate(B * C);
-  const auto back_height = sparse_rows(resize_height);  // (H_b rows -> H rows)
-  const auto back_width = sparse_rows(resize_width);    // (W_b columns -> W columns)
+  // the resizes back to (H, W), used off the build size only
+  const auto back_height = shared ? SparseRows() : sparse_rows(resize_height);  // H_b -> H rows
+  const auto back_width = shared ? SparseRows() : sparse_rows(resize_width);    // W_b -> W columns
   float* op = out.data_ptr<float>();
   const float* wc = weight_channel.data_ptr<float>();
   const float* wh = weight_height.data_ptr<float>();
