@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -196,17 +198,177 @@ def test_cpu_kernel_follows_parameter_updates_and_non_contiguous_input() -> None
     torch.testing.assert_close(strided, reference, rtol=1e-5, atol=1e-5)
 
 
-def test_cpu_kernel_rejects_operands_of_the_wrong_shape() -> None:
-    require_cpu_kernels()
-    dice = randomise_norms(DiCE(8, 8, 6, 6))
+# the tensor arguments of the kernels, by position, in the order of their schemas
+DICE_OPERANDS = {
+    name: position
+    for position, name in enumerate(
+        ("x", "x_height", "x_width", "resize_height", "resize_width", "weight_channel",
+         "weight_height", "weight_width", "per_channel", "weight_spatial", "gate_in", "gate_out")
+    )
+}  # fmt: skip
+EESP_OPERANDS = {"x": 0, "weight": 1, "affine": 4}
+# faults of an operand's sizes (every dimension in turn for shrunk and grown), then of its kind
+SHAPE_FAULTS = ("shrunk", "grown", "rank", "reshaped", "empty")
+KIND_FAULTS = {
+    "float64": "must be float32",
+    "bfloat16": "must be float32",
+    "non_contiguous": "must be contiguous",
+    "sparse": "must be a dense",
+    "meta": "must be on the CPU",
+    "negated": "must not be a negated view",
+    "requires_grad": "requires grad",
+}
+
+
+def kernel_arguments(name: str, module: nn.Module, x: torch.Tensor) -> list:
+    """The arguments ``module(x)`` passes to ``torch.ops.lightnets_cpu.<name>`` in CPU inference."""
+    kernel = getattr(torch.ops.lightnets_cpu, name)
+    calls = []
+
+    def record(*args: object) -> torch.Tensor:
+        calls.append(list(args))
+        return kernel(*args)
+
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(torch.ops.lightnets_cpu, name, record)
+        module(x)
+    (args,) = calls
+    return args
+
+
+def faulty_copies(t: torch.Tensor, fault: str, fixed: tuple[int, ...]) -> list[torch.Tensor]:
+    """Copies of the valid operand ``t``, each with ``fault``; ``fixed`` are the dimensions whose
+    sizes the other operands fix (the kernel takes any size in the others)."""
+    shape = list(t.shape)
+    if fault == "shrunk":  # the operand that read past its end: one size short, in each dimension
+        return [t.narrow(d, 0, shape[d] - 1).contiguous() for d in fixed if shape[d] > 1]
+    if fault == "grown":
+        return [torch.randn(*shape[:d], shape[d] + 1, *shape[d + 1 :]) for d in fixed]
+    if fault == "rank":
+        return [t[None], t.flatten()]
+    if fault == "reshaped":  # as many elements and dimensions: the sizes rotated by one place ...
+        other = shape[-1:] + shape[:-1]
+        if other == shape:  # ... or, where that changes nothing, the last folded into the first
+            other = [shape[0] * shape[-1], *shape[1:-1], 1]
+        assert any(other[d] != shape[d] for d in fixed), f"no fixed size of {shape} changes"
+        return [t.reshape(other)]
+    if fault == "empty":
+        return [t[..., :0]]
+    if fault == "float64":
+        return [t.double()]
+    if fault == "bfloat16":
+        return [t.bfloat16()]
+    if fault == "non_contiguous":  # the same values, every other element of a wider tensor
+        wide = torch.zeros(*shape[:-1], 2 * shape[-1])
+        view = wide[..., ::2].copy_(t)
+        assert not view.is_contiguous()
+        return [view]
+    if fault == "sparse":
+        return [t.to_sparse()]
+    if fault == "meta":
+        return [t.to("meta")]
+    if fault == "negated":  # the same values, stored negated behind a lazy negation
+        return [torch._neg_view(-t)]
+    if fault == "requires_grad":
+        return [t.detach().clone().requires_grad_()]
+    raise ValueError(f"unknown fault {fault!r}")
+
+
+def assert_rejected(
+    kernel_name: str, args: list, name: str, position: int, fault: str, fixed: tuple[int, ...]
+) -> None:
+    """Each faulty copy of operand ``name`` makes the kernel raise a RuntimeError naming it, with
+    the bad shape (shape faults) or what was expected (kind faults)."""
+    kernel = getattr(torch.ops.lightnets_cpu, kernel_name)
     with torch.no_grad():
-        operands = list(dice._kernel_operands(6, 6))
-    operands[5] = operands[5][:, :-1].contiguous()  # the height-wise weights, one row short
-    x = torch.randn(1, 8, 6, 6)
-    with pytest.raises(RuntimeError, match="weight_height has shape"):
-        torch.ops.lightnets_cpu.dice_forward(
-            x, x, x, operands[1], operands[3], *operands[4:], 3, 1, 1, 1
-        )
+        kernel(*args)  # the valid call runs
+    for bad in faulty_copies(args[position], fault, fixed):
+        call = list(args)
+        call[position] = bad
+        with torch.set_grad_enabled(fault == "requires_grad"), pytest.raises(RuntimeError) as error:
+            kernel(*call)
+        message = str(error.value)
+        assert message.startswith(f"{kernel_name}: "), message
+        if fault in SHAPE_FAULTS:
+            # the operand and its shape, whichever operand's sizes then disagree with it
+            assert re.search(rf"\b{name}\b", message), message
+            assert str(list(bad.shape)) in message, message
+        else:
+            assert f"{kernel_name}: {name} {KIND_FAULTS[fault]}" in message, message
+
+
+@pytest.fixture(scope="module", params=["build_size", "off_build_size"])
+def dice_arguments(request: pytest.FixtureRequest) -> list:
+    """dice_forward's arguments for a DiCE unit at its build size (x_height and x_width are x) and
+    off it (three distinct inputs, resize matrices in use)."""
+    require_cpu_kernels()
+    size = (6, 6) if request.param == "build_size" else (5, 7)
+    dice = randomise_norms(DiCE(8, 8, 6, 6, dilation=(1, 2, 1)))
+    return kernel_arguments("dice_forward", dice, torch.randn(2, 8, *size))
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["stride1", "stride2"])
+def eesp_arguments(request: pytest.FixtureRequest) -> list:
+    require_cpu_kernels()
+    eesp = randomise_norms(EESP(8, 16, stride=request.param, branches=4, r_lim=9))
+    return kernel_arguments("eesp_pyramid", eesp, torch.randn(2, 8, 7, 9))
+
+
+@pytest.mark.parametrize("fault", [*SHAPE_FAULTS, *KIND_FAULTS])
+@pytest.mark.parametrize("name", list(DICE_OPERANDS))
+def test_dice_kernel_rejects_a_faulty_operand(dice_arguments: list, name: str, fault: str) -> None:
+    position = DICE_OPERANDS[name]
+    # every size of every operand is fixed by another operand's
+    fixed = tuple(range(dice_arguments[position].dim()))
+    assert_rejected("dice_forward", dice_arguments, name, position, fault, fixed)
+
+
+@pytest.mark.parametrize("fault", [*SHAPE_FAULTS, *KIND_FAULTS])
+@pytest.mark.parametrize("name", list(EESP_OPERANDS))
+def test_eesp_kernel_rejects_a_faulty_operand(eesp_arguments: list, name: str, fault: str) -> None:
+    position = EESP_OPERANDS[name]
+    # any batch and map size: x's channels alone are fixed (by the weights)
+    fixed = (1,) if name == "x" else tuple(range(eesp_arguments[position].dim()))
+    assert_rejected("eesp_pyramid", eesp_arguments, name, position, fault, fixed)
+
+
+@pytest.mark.parametrize(
+    ("position", "value", "match"),
+    [
+        (12, 4, "kernel_size must be odd"),
+        (12, 5, "weight_channel has shape"),  # odd, but not the kernel the weights were folded for
+        (13, 0, "dilations must be positive"),
+        (15, -1, "dilations must be positive"),
+        (14, 1 << 20, "reaches past 65536 pixels"),
+        (14, 3, "weight_height has shape"),  # another padded width
+    ],
+)
+def test_dice_kernel_rejects_bad_sizes(
+    dice_arguments: list, position: int, value: int, match: str
+) -> None:
+    call = list(dice_arguments)
+    call[position] = value
+    with torch.no_grad(), pytest.raises(RuntimeError, match=match):
+        torch.ops.lightnets_cpu.dice_forward(*call)
+
+
+@pytest.mark.parametrize(
+    ("position", "value", "match"),
+    [
+        (2, [], "at least one branch"),
+        (2, [1, 0, 2, 3], r"must be in \[1, 65536\]"),
+        (2, [1, 1 << 20, 2, 3], r"must be in \[1, 65536\]"),
+        (2, [1, 2, 3], "weight has shape"),  # three branches for four branches' weights
+        (3, 3, "stride must be 1 or 2"),
+    ],
+)
+def test_eesp_kernel_rejects_bad_sizes(
+    eesp_arguments: list, position: int, value: object, match: str
+) -> None:
+    call = list(eesp_arguments)
+    call[position] = value
+    with torch.no_grad(), pytest.raises(RuntimeError, match=match):
+        torch.ops.lightnets_cpu.eesp_pyramid(*call)
 
 
 def test_cpu_kernel_attribute_opts_a_unit_out(monkeypatch: pytest.MonkeyPatch) -> None:

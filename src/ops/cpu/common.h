@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,13 +18,39 @@ inline void axpy(float* __restrict__ y, const float* __restrict__ x, int64_t n, 
   for (int64_t r = 0; r < n; ++r) y[r] += a * x[r];
 }
 
-inline void check_float(const at::Tensor& t, const char* name,
-                        std::initializer_list<int64_t> shape) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), name,
-              " must be a contiguous float32 CPU tensor");
-  TORCH_CHECK(t.sizes().equals(shape), name, " has shape ", t.sizes(), ", expected ",
-              at::IntArrayRef(shape));
+// The kernels read each tensor operand through its data pointer as a dense, row-major float32
+// array in CPU memory, outside autograd. check_operand holds an operand to that, and to its rank,
+// before any size of it is used; check_shape then holds it to the sizes the other operands imply.
+// Both run on every operand before the kernel reads any tensor's memory.
+inline void check_operand(const char* op, const at::Tensor& t, const char* name, int64_t dim,
+                          const char* dims) {
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, got ",
+              "layout ", t.layout());
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be on the CPU, got device ", t.device());
+  TORCH_CHECK(t.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, op, ": ", name, " must be ", dim, "-D ", dims, ", got shape ",
+              t.sizes());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (row-major), got strides ",
+              t.strides(), " for shape ", t.sizes());
+  // a negated view stores the values before negation
+  TORCH_CHECK(!t.is_neg(), op, ": ", name, " must not be a negated view (call resolve_neg())");
+  // the output carries no gradient: a grad-requiring operand would silently lose its gradient
+  TORCH_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
+              " requires grad, but the kernel is for inference: call it under torch.no_grad()");
 }
+
+// `origin` says where the expected sizes come from; it is formatted only when the check fails.
+template <typename... Origin>
+inline void check_shape(const char* op, const at::Tensor& t, const char* name,
+                        std::initializer_list<int64_t> expected, const Origin&... origin) {
+  TORCH_CHECK(t.sizes().equals(expected), op, ": ", name, " has shape ", t.sizes(), ", expected ",
+              at::IntArrayRef(expected), " = ", origin...);
+}
+
+// Past this reach of a kernel tap (far beyond any feature map), the sizes of the padded planes
+// the kernels allocate could overflow.
+constexpr int64_t kMaxReach = int64_t{1} << 16;
 
 // Copies src (rows x cols, contiguous) into the interior of a zeroed (rows_p x pitch) plane at
 // (top, left).

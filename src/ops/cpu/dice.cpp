@@ -14,11 +14,12 @@
 // responses and the fusion never leave per-plane buffers.
 //
 // Layout: each branch reads zero-padded copies of its input's planes (PaddedPlanes; one set shared
-// by the three branches at the build size), so that every tap is one contiguous run: outputs are computed on the padded row pitch (the pad columns of each
-// row discarded), and a tap at offset (dr, dw) reads the run shifted by dr * pitch + dw. No tensor
-// but the output is allocated: fresh multi-megabyte allocations page-fault on every call. Weights
-// that vary along the run (the height-wise kernel per row, the width-wise kernel per column) come
-// pre-expanded to the run's length.
+// by the three branches at the build size), so that every tap is one contiguous run: outputs are
+// computed on the padded row pitch (the pad columns of each row discarded), and a tap at offset
+// (dr, dw) reads the run shifted by dr * pitch + dw. No tensor but the output is allocated: fresh
+// multi-megabyte allocations page-fault on every call. Weights that vary along the run (the
+// height-wise kernel per row, the width-wise kernel per column) come pre-expanded to the run's
+// length. Every operand's kind, rank and sizes are checked before any memory is read.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -37,7 +38,9 @@
 namespace {
 
 using lightnets::axpy;
-using lightnets::check_float;
+using lightnets::check_operand;
+using lightnets::check_shape;
+using lightnets::kMaxReach;
 using lightnets::pad_plane;
 using lightnets::prelu;
 
@@ -118,37 +121,69 @@ at::Tensor dice_forward(const at::Tensor& x, const at::Tensor& x_height, const a
                         const at::Tensor& weight_spatial, const at::Tensor& gate_in,
                         const at::Tensor& gate_out, int64_t kernel_size, int64_t dil_channel,
                         int64_t dil_height, int64_t dil_width) {
-  TORCH_CHECK(x.dim() == 4 && x_height.dim() == 4 && x_width.dim() == 4,
-              "x, x_height and x_width must be 4-D, got ", x.sizes(), ", ", x_height.sizes(),
-              ", ", x_width.sizes());
-  TORCH_CHECK(kernel_size % 2 == 1 && kernel_size > 0, "kernel_size must be odd, got ",
-              kernel_size);
-  TORCH_CHECK(dil_channel >= 1 && dil_height >= 1 && dil_width >= 1,
-              "dilations must be positive, got (", dil_channel, ", ", dil_height, ", ", dil_width,
-              ")");
-  TORCH_CHECK(gate_in.dim() == 2, "gate_in must be (C, C // 4), got ", gate_in.sizes());
+  constexpr const char* kOp = "dice_forward";
+  check_operand(kOp, x, "x", 4, "(B, C, H, W)");
+  check_operand(kOp, x_height, "x_height", 4, "(B, C, H_b, W)");
+  check_operand(kOp, x_width, "x_width", 4, "(B, C, H, W_b)");
+  check_operand(kOp, resize_height, "resize_height", 2, "(H, H_b)");
+  check_operand(kOp, resize_width, "resize_width", 2, "(W, W_b)");
+  check_operand(kOp, weight_channel, "weight_channel", 2, "(C, k * k)");
+  check_operand(kOp, weight_height, "weight_height", 3, "(k * k, H_b, padded width)");
+  check_operand(kOp, weight_width, "weight_width", 3, "(k * k, H, padded width)");
+  check_operand(kOp, per_channel, "per_channel", 2, "(15, C)");
+  check_operand(kOp, weight_spatial, "weight_spatial", 2, "(C, 9)");
+  check_operand(kOp, gate_in, "gate_in", 2, "(C, hidden)");
+  check_operand(kOp, gate_out, "gate_out", 2, "(hidden, C)");
+  TORCH_CHECK(kernel_size % 2 == 1 && kernel_size > 0, kOp, ": kernel_size must be odd and ",
+              "positive, got ", kernel_size);
+  TORCH_CHECK(dil_channel >= 1 && dil_height >= 1 && dil_width >= 1, kOp,
+              ": dilations must be positive, got (", dil_channel, ", ", dil_height, ", ",
+              dil_width, ")");
+  const int64_t k = kernel_size, kk = k * k, half = (k - 1) / 2;
+  const int64_t dil_max = std::max({dil_channel, dil_height, dil_width});
+  TORCH_CHECK(half <= kMaxReach / dil_max, kOp, ": kernel_size ", k, " with dilations (",
+              dil_channel, ", ", dil_height, ", ", dil_width, ") reaches past ", kMaxReach,
+              " pixels");
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t H_b = x_height.size(2), W_b = x_width.size(3);
-  const int64_t k = kernel_size, kk = k * k, half = (k - 1) / 2, hidden = gate_in.size(1);
-  const int64_t pitch_f = W + 2, plane_f = (H + 3) * pitch_f, run_f = H * pitch_f;
-  check_float(x, "x", {B, C, H, W});
-  check_float(x_height, "x_height", {B, C, H_b, W});
-  check_float(x_width, "x_width", {B, C, H, W_b});
-  check_float(resize_height, "resize_height", {H, H_b});
-  check_float(resize_width, "resize_width", {W, W_b});
-  check_float(weight_channel, "weight_channel", {C, kk});
+  TORCH_CHECK(C >= 1 && H >= 1 && W >= 1, kOp, ": x needs a channel, a row and a column, got ",
+              "shape ", x.sizes());
+  const int64_t H_b = x_height.size(2), W_b = x_width.size(3), hidden = gate_in.size(1);
+  TORCH_CHECK(H_b >= 1 && W_b >= 1, kOp, ": x_height and x_width need a row and a column, got ",
+              "shapes ", x_height.sizes(), " and ", x_width.sizes());
+  check_shape(kOp, x_height, "x_height", {B, C, H_b, W}, "(B, C, H_b, W), B, C, W of x ",
+              x.sizes());
+  check_shape(kOp, x_width, "x_width", {B, C, H, W_b}, "(B, C, H, W_b), B, C, H of x ", x.sizes());
+  check_shape(kOp, resize_height, "resize_height", {H, H_b}, "(H, H_b), H of x ", x.sizes(),
+              ", H_b of x_height ", x_height.sizes());
+  check_shape(kOp, resize_width, "resize_width", {W, W_b}, "(W, W_b), W of x ", x.sizes(),
+              ", W_b of x_width ", x_width.sizes());
+  check_shape(kOp, weight_channel, "weight_channel", {C, kk}, "(C, k * k), C of x ", x.sizes(),
+              ", k = kernel_size ", k);
   // At the build size the caller passes x itself as x_height and x_width, and the three branches
   // share one set of padded planes (padded for all of them); else each branch has its own.
   const bool shared = x_height.is_same(x) && x_width.is_same(x);
   const int64_t pitch_shared = W + 2 * half * std::max(dil_channel, dil_height);
   const int64_t pitch_height = shared ? pitch_shared : W + 2 * half * dil_height;
   const int64_t pitch_width = shared ? pitch_shared : W_b;
-  check_float(weight_height, "weight_height", {kk, H_b, pitch_height});
-  check_float(weight_width, "weight_width", {kk, H, pitch_width});
-  check_float(per_channel, "per_channel", {kRows, C});
-  check_float(weight_spatial, "weight_spatial", {C, 9});
-  check_float(gate_in, "gate_in", {C, hidden});
-  check_float(gate_out, "gate_out", {hidden, C});
+  // where the padded row lengths come from, for the messages
+  const char* pitch_h =
+      shared ? "W + (k - 1) max(dil_channel, dil_height) (x_height, x_width are x)"
+             : "W + (k - 1) dil_height";
+  const char* pitch_w = shared ? pitch_h : "W_b";
+  check_shape(kOp, weight_height, "weight_height", {kk, H_b, pitch_height},
+              "(k * k, H_b, padded width), padded width ", pitch_h, ", k = kernel_size ", k,
+              ", dilations (", dil_channel, ", ", dil_height, ", ", dil_width, "), W of x ",
+              x.sizes(), ", H_b of x_height ", x_height.sizes());
+  check_shape(kOp, weight_width, "weight_width", {kk, H, pitch_width},
+              "(k * k, H, padded width), padded width ", pitch_w, ", k = kernel_size ", k,
+              ", dilations (", dil_channel, ", ", dil_height, ", ", dil_width, "), H, W of x ",
+              x.sizes(), ", W_b of x_width ", x_width.sizes());
+  check_shape(kOp, per_channel, "per_channel", {kRows, C}, "(15, C), C of x ", x.sizes());
+  check_shape(kOp, weight_spatial, "weight_spatial", {C, 9}, "(C, 9), C of x ", x.sizes());
+  check_shape(kOp, gate_in, "gate_in", {C, hidden}, "(C, hidden), C of x ", x.sizes());
+  check_shape(kOp, gate_out, "gate_out", {hidden, C}, "(hidden, C), hidden of gate_in ",
+              gate_in.sizes(), ", C of x ", x.sizes());
+  const int64_t pitch_f = W + 2, plane_f = (H + 3) * pitch_f, run_f = H * pitch_f;
 
   const int64_t HW = H * W;
   at::Tensor out = at::empty({B, C, H, W}, x.options());

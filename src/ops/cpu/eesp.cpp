@@ -26,25 +26,34 @@
 namespace {
 
 using lightnets::axpy;
-using lightnets::check_float;
+using lightnets::check_operand;
+using lightnets::check_shape;
+using lightnets::kMaxReach;
 using lightnets::pad_plane;
 using lightnets::prelu;
 
 at::Tensor eesp_pyramid(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef dilations,
                         int64_t stride, const at::Tensor& affine, bool hff) {
-  TORCH_CHECK(x.dim() == 4, "x must be (B, n, H, W), got ", x.sizes());
-  TORCH_CHECK(stride == 1 || stride == 2, "stride must be 1 or 2, got ", stride);
-  const int64_t B = x.size(0), n = x.size(1), H = x.size(2), W = x.size(3);
+  constexpr const char* kOp = "eesp_pyramid";
+  check_operand(kOp, x, "x", 4, "(B, n, H, W)");
+  check_operand(kOp, weight, "weight", 3, "(K, n, 9)");
+  check_operand(kOp, affine, "affine", 2, "(3, K n)");
+  TORCH_CHECK(stride == 1 || stride == 2, kOp, ": stride must be 1 or 2, got ", stride);
   const int64_t K = static_cast<int64_t>(dilations.size());
-  TORCH_CHECK(K >= 1, "need at least one branch");
+  TORCH_CHECK(K >= 1, kOp, ": dilations must name at least one branch, got ", dilations);
   int64_t pad = 0;
   for (int64_t d : dilations) {
-    TORCH_CHECK(d >= 1, "dilations must be positive, got ", dilations);
+    TORCH_CHECK(d >= 1 && d <= kMaxReach, kOp, ": dilations must be in [1, ", kMaxReach,
+                "], got ", dilations);
     pad = std::max(pad, d);
   }
-  check_float(x, "x", {B, n, H, W});
-  check_float(weight, "weight", {K, n, 9});
-  check_float(affine, "affine", {3, K * n});
+  const int64_t B = x.size(0), n = x.size(1), H = x.size(2), W = x.size(3);
+  TORCH_CHECK(n >= 1 && H >= 1 && W >= 1, kOp, ": x needs a channel, a row and a column, got ",
+              "shape ", x.sizes());
+  check_shape(kOp, weight, "weight", {K, n, 9}, "(K, n, 9), K = len(dilations) ", dilations,
+              ", n of x ", x.sizes());
+  check_shape(kOp, affine, "affine", {3, K * n}, "(3, K n), K = len(dilations) ", dilations,
+              ", n of x ", x.sizes());
 
   const int64_t pitch = W + 2 * pad, rows_p = H + 2 * pad + 1, plane = rows_p * pitch;
   const int64_t H_o = (H - 1) / stride + 1, W_o = (W - 1) / stride + 1;
