@@ -50,6 +50,10 @@ class PerGroupLayerNorm(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        # Statistics of 16-bit activations are taken in float32, as autocast does for its own
+        # norms; the output is then float32 too (the next matmul casts it down again).
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
         # (..., C) -> (..., groups, C / groups)
         xg = x.unflatten(-1, (self.groups, self.num_features // self.groups))
         std, mean = torch.std_mean(xg, dim=-1, keepdim=True, correction=1)

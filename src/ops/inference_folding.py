@@ -8,12 +8,13 @@ their blocks runs the folded form: fewer, larger calls, numerically the same map
 rounding.
 
 The folded path runs only for *inference*: eval mode, autograd off (``torch.no_grad`` or
-``torch.inference_mode``), on the CPU, outside tracing and compilation. Training, eval with
-autograd (e.g. input gradients, and the MAC counter of :mod:`src.utils.complexity`, which counts the
-training-time formulation as the papers do) and CUDA use the plain modules. The folded tensors are
-cached on the module and rebuilt whenever a source tensor changes: the cache key holds every
-source's version counter, which in-place updates (optimizer steps, ``load_state_dict``, EMA weight
-swaps) bump, and its storage pointer, which changes when a tensor is replaced.
+``torch.inference_mode``), on the CPU, without autocast (the folded kernels are float32; under
+autocast the plain modules run in the autocast dtype), outside tracing and compilation. Training,
+eval with autograd (e.g. input gradients, and the MAC counter of :mod:`src.utils.complexity`, which
+counts the training-time formulation as the papers do) and CUDA use the plain modules. The folded
+tensors are cached on the module and rebuilt whenever a source tensor changes: the cache key holds
+every source's version counter, which in-place updates (optimizer steps, ``load_state_dict``, EMA
+weight swaps) bump, and its storage pointer, which changes when a tensor is replaced.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def folded_inference(module: nn.Module, x: Tensor) -> bool:
         not module.training
         and not torch.is_grad_enabled()
         and x.device.type == "cpu"
+        and not torch.is_autocast_enabled("cpu")
         and not torch.jit.is_tracing()
         and not torch.compiler.is_compiling()
     )

@@ -161,5 +161,8 @@ def relative_attention(
     scores = scores.mul_(1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
         scores = scores.masked_fill_(mask, float("-inf"))
-    prob = F.dropout(torch.softmax(scores, dim=-1), p=dropatt, training=training)
+    # the softmax in float32 whatever the scores' precision (autocast's rule on CUDA, made
+    # explicit so that CPU bf16 runs normalise in float32 too)
+    prob = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    prob = F.dropout(prob, p=dropatt, training=training)
     return torch.matmul(prob, v)

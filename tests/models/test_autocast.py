@@ -1,0 +1,114 @@
+"""Every network of the project under ``torch.autocast`` against its float32 run.
+
+Forward and backward in the autocast dtype must keep float32 parameters and gradients and stay
+within ``NETWORK_TOLERANCE`` of float32 in eval mode (``tests/amp.py`` says how it is measured and
+why). PReLUs start with slope 1 there, as in the op tests, so that kinks do not decide the
+comparison. In training mode the networks must run finite with float32 parameters and gradients.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from src.models.dice_variants import dice_mobilenet, dice_resnet
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+from src.models.group_transformer import GroupTransformer
+from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from src.models.transformer_xl import TransformerXL
+from tests.amp import NETWORK_TOLERANCE, autocast_errors, device_dtypes, straighten_prelus
+
+
+class TwoSegments(nn.Module):
+    """A memory language model run over two consecutive segments, the second reading the memory
+    the first left (so the memory path runs under autocast too).
+
+    Shape:
+        tokens (B, 2T) -> logits of the second segment (B, T, V)
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        first, second = tokens.chunk(2, dim=1)
+        _, memories = self.net(first)
+        logits, _ = self.net(second, memories)
+        return logits
+
+
+def images(size: tuple[int, int] = (64, 64)) -> list[Tensor]:
+    return [torch.randn(2, 3, *size)]
+
+
+CASES = {
+    "DiCENet": (lambda: DiCENet(0.5, num_classes=10, input_size=64), images),
+    "DiCENet off its build size": (
+        lambda: DiCENet(0.5, num_classes=10, input_size=64),
+        lambda: images((96, 80)),
+    ),
+    "ESPNetv2": (lambda: ESPNetv2(0.5, num_classes=10), images),
+    "dice_mobilenet": (lambda: dice_mobilenet(0.5, num_classes=10, input_size=64), images),
+    "dice_resnet": (lambda: dice_resnet(0.5, num_classes=10, input_size=64), images),
+    "dicenet_segmentation": (
+        lambda: dicenet_segmentation(0.5, num_classes=5, input_size=64),
+        images,
+    ),
+    "espnetv2_segmentation": (lambda: espnetv2_segmentation(0.5, num_classes=5), images),
+    "GroupTransformer": (
+        lambda: TwoSegments(
+            GroupTransformer(30, 2, 32, 4, 64, 2, tgt_len=8, mem_len=8, dropout=0.0)
+        ),
+        lambda: [torch.randint(30, (2, 16))],
+    ),
+    "TransformerXL": (
+        lambda: TwoSegments(TransformerXL(30, 2, 32, 4, 64, mem_len=8, dropout=0.0)),
+        lambda: [torch.randint(30, (2, 16))],
+    ),
+}
+
+
+@pytest.mark.parametrize(("device", "dtype"), device_dtypes(), ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_network_under_autocast_matches_float32(name: str, device: str, dtype: torch.dtype) -> None:
+    make, make_inputs = CASES[name]
+    errors = autocast_errors(
+        lambda: straighten_prelus(make()).eval(), make_inputs, dtype, device, input_grads=False
+    )
+    for key in ("output", "parameters.grad"):
+        assert errors[key] <= NETWORK_TOLERANCE, f"{name}: {key} off by {errors[key]:.2e}"
+    # One tensor's gradient may be a sum whose terms nearly cancel (a BN bias behind a grouped
+    # conv), which magnifies rounding; a gradient that is wrong, not rounded, is off by ~100%.
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 0.25, f"{name}: {worst} off by {errors[worst]:.2e}"
+
+
+@pytest.mark.parametrize(("device", "dtype"), device_dtypes(), ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_network_trains_under_autocast(name: str, device: str, dtype: torch.dtype) -> None:
+    """Training mode (batch statistics, dropout): finite outputs and gradients, and float32
+    parameters and gradients (``autocast_errors`` asserts both). The values are not compared:
+    batch statistics over a 2x2 map of two images magnify rounding without bound."""
+    make, make_inputs = CASES[name]
+    errors = autocast_errors(make, make_inputs, dtype, device, input_grads=False)
+    assert "parameters.grad" in errors
+
+
+@pytest.mark.parametrize("name", ["DiCENet", "ESPNetv2"])
+def test_cpu_inference_under_autocast_runs_in_bfloat16(name: str) -> None:
+    """Eval mode without autograd takes the folded float32 path, except under autocast, where the
+    plain modules run in bf16 and agree with the folded path to bf16 accuracy."""
+    make, make_inputs = CASES[name]
+    torch.manual_seed(0)
+    net = make().eval()
+    (x,) = make_inputs()
+    with torch.inference_mode():
+        folded = net(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = net(x)
+    assert folded.dtype == torch.float32 and low.dtype == torch.bfloat16
+    error = float((low.float() - folded).norm() / folded.norm())
+    assert error <= NETWORK_TOLERANCE, f"{name}: bf16 inference off by {error:.2e}"
