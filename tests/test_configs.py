@@ -112,6 +112,9 @@ def test_distributed_trainers_compose(tmp_path) -> None:
     assert (cfg.trainer.strategy, cfg.trainer.devices, cfg.trainer.num_nodes) == ("ddp", 8, 4)
     cfg = compose_config("train", ["trainer=fsdp"], tmp_path)
     assert isinstance(instantiate(cfg.trainer.strategy), L.pytorch.strategies.FSDPStrategy)
+    # the GPU data-parallel configs take every GPU of the machine unless given a count
+    for trainer in ("ddp", "fsdp"):
+        assert compose_config("train", [f"trainer={trainer}"], tmp_path).trainer.devices == "auto"
     cfg = compose_config("train", ["trainer=ddp_cpu"], tmp_path)
     assert (cfg.trainer.accelerator, cfg.trainer.devices, cfg.trainer.strategy) == ("cpu", 2, "ddp")
 
