@@ -1,4 +1,5 @@
-"""Composing the project's Hydra configs inside tests, as the entry points do."""
+"""Composing the project's Hydra configs inside tests, as the entry points do, and the device the
+Triton kernel tests run on."""
 
 from __future__ import annotations
 
@@ -49,9 +50,34 @@ def compose_config(
 
 @pytest.fixture
 def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
-    """``make_cfg(*overrides, config_name="train")``: a composed config writing under tmp_path."""
+    """``make_cfg(*overrides, config_name="train", accelerator="cpu")``: a composed config writing
+    under tmp_path, its Trainer on ``accelerator``. Tests run on the CPU unless they say otherwise:
+    the configs' ``accelerator: auto`` would take a GPU where there is one, and the tests' exact
+    numbers (resumed weights, metrics) hold on the CPU."""
 
-    def make(*overrides: str, config_name: str = "train", subdir: str = "run") -> DictConfig:
+    def make(
+        *overrides: str, config_name: str = "train", subdir: str = "run", accelerator: str = "cpu"
+    ) -> DictConfig:
+        # a value override: it holds whichever trainer option the overrides pick
+        overrides = (f"trainer.accelerator={accelerator}", *overrides)
         return compose_config(config_name, overrides, tmp_path / subdir)
 
     return make
+
+
+@pytest.fixture
+def kernel_device(monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    """Where the Triton kernel tests run: CUDA tensors on a machine with a GPU, else CPU tensors in
+    Triton's interpreter. Each test compares a kernel with its reference computed on this device.
+
+    On CUDA, TF32 is turned off for PyTorch's matmuls and cuDNN's convolutions: the float32
+    references are then computed in float32, and so are the kernels' products (the GLT kernel
+    follows ``torch.backends.cuda.matmul.allow_tf32`` and uses ``tl.dot(..., input_precision=
+    "ieee")`` without it; the DimConv kernel multiplies element-wise). Kernel and reference then
+    differ by summation order only, as in the interpreter, so the float32 tolerances hold on both.
+    """
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    return torch.device("cuda")

@@ -39,8 +39,10 @@ def test_ddp_cpu_metrics_equal_single_process(tmp_path) -> None:
     )
     best = ddp["best_checkpoint"]
     assert best and Path(best).is_file()
-    val = run("eval.py", tmp_path / "val", f"ckpt_path={best}", "split=val")["metrics"]
-    test = run("eval.py", tmp_path / "test", f"ckpt_path={best}", "split=test")["metrics"]
+    # the single-process evaluation on the CPU too, where the DDP run's numbers were computed
+    single = ["trainer=cpu", f"ckpt_path={best}"]
+    val = run("eval.py", tmp_path / "val", *single, "split=val")["metrics"]
+    test = run("eval.py", tmp_path / "test", *single, "split=test")["metrics"]
 
     assert ddp["metrics"]["best_val/acc"] == pytest.approx(val["val/acc"], abs=1e-6)
     assert ddp["metrics"]["test/acc"] == pytest.approx(test["test/acc"], abs=1e-6)

@@ -1,4 +1,6 @@
-"""``python train.py`` with no arguments: the embedded default reaches 95% digits test accuracy."""
+"""``python train.py`` with no arguments but the CPU: the embedded default reaches 95% digits test
+accuracy. The default ``accelerator: auto`` would take a GPU where there is one; the CPU is where
+the job is measured."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from tests.conftest import ROOT
 
 @pytest.mark.slow
 def test_default_job_reaches_95_percent(tmp_path) -> None:
-    command = [sys.executable, "train.py", f"paths.log_dir={tmp_path}"]
+    command = [sys.executable, "train.py", "trainer.accelerator=cpu", f"paths.log_dir={tmp_path}"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = tmp_path.glob("train/runs/*/metrics.json")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,25 +41,67 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return checkpoint["state_dict"]
 
 
-def test_resume_matches_uninterrupted_run(make_cfg) -> None:
-    """Resuming from the epoch-2 checkpoint ends with exactly the uninterrupted run's weights.
+@pytest.fixture
+def restore_determinism_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``Trainer(deterministic=True)`` sets process-wide flags; put them back after the test."""
+    # set here, so that the Trainer keeps it and monkeypatch removes it afterwards
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+@pytest.mark.parametrize(
+    "accelerator",
+    [
+        "cpu",
+        pytest.param(
+            "gpu",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+            ],
+        ),
+    ],
+)
+def test_resume_matches_uninterrupted_run(
+    make_cfg, accelerator: str, restore_determinism_flags: None
+) -> None:
+    """Resuming from the epoch-2 checkpoint ends with the uninterrupted run's weights: exactly on
+    the CPU, and on a GPU with deterministic algorithms to within a few float32 ulps.
 
     The EMA experiment is used so that the averaged weights' state is carried too, and one
-    data-loading worker so that augmentation seeds in worker processes are covered.
+    data-loading worker so that augmentation seeds in worker processes are covered. On a GPU the
+    default algorithms (cuDNN's convolution backward among them) reduce in no fixed order, so two
+    runs drift apart from the first step; ``trainer.deterministic=true`` fixes the order, and the
+    tolerance (rtol 1e-5, atol 1e-6) only allows for rounding. A resume that lost state (RNG,
+    optimiser, EMA) is off by far more.
     """
     every_epoch = ["callbacks.model_checkpoint.save_top_k=-1", "experiment=digits_ema", "data.num_workers=1"]
-    full = make_cfg(*SHORT, *every_epoch, subdir="full")
+    if accelerator == "gpu":
+        every_epoch.append("trainer.deterministic=true")
+    full = make_cfg(*SHORT, *every_epoch, subdir="full", accelerator=accelerator)
     train(full)
     full_dir = Path(full.paths.output_dir)
     mid = full_dir / "checkpoints" / "epoch001.ckpt"
     assert torch.load(mid, weights_only=True)["epoch"] == 1
 
-    resumed = make_cfg(*SHORT, *every_epoch, f"ckpt_path={mid}", subdir="resumed")
+    resumed = make_cfg(
+        *SHORT, *every_epoch, f"ckpt_path={mid}", subdir="resumed", accelerator=accelerator
+    )
     train(resumed)
     reference, result = final_weights(full_dir), final_weights(Path(resumed.paths.output_dir))
     assert reference.keys() == result.keys()
     for name in reference:
-        assert torch.equal(reference[name], result[name]), name
+        if accelerator == "cpu":
+            assert torch.equal(reference[name], result[name]), name
+        else:
+            torch.testing.assert_close(
+                result[name], reference[name], rtol=1e-5, atol=1e-6, msg=lambda m, k=name: f"{k}: {m}"
+            )
     full_ema = torch.load(full_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
     resumed_ema = torch.load(Path(resumed.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
     ema_key = next(k for k in full_ema if "EMAWeightAveraging" in k)
