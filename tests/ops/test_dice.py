@@ -61,12 +61,12 @@ def test_shuffle_unit_widens_and_rejects_bad_splits() -> None:
         DiCEShuffleUnit(8, 8, 4, 4, split_ratio=1.0)
 
 
-def test_dice_triton_matches_reference() -> None:
+def test_dice_triton_matches_reference(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    ours = DiCE(6, 8, 5, 7, impl="triton")
-    ref = DiCE(6, 8, 5, 7, impl="reference")
+    ours = DiCE(6, 8, 5, 7, impl="triton").to(kernel_device)
+    ref = DiCE(6, 8, 5, 7, impl="reference").to(kernel_device)
     ref.load_state_dict(ours.state_dict())
-    x = torch.randn(2, 6, 5, 7, requires_grad=True)
+    x = torch.randn(2, 6, 5, 7, device=kernel_device, requires_grad=True)
     out, want = ours(x), ref(x)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)

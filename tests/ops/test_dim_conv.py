@@ -10,10 +10,16 @@ triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
 
 
 def _weights(
-    channels: int, height: int, width: int, k: int = 3, dtype=torch.float32
+    channels: int,
+    height: int,
+    width: int,
+    k: int = 3,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> list[torch.Tensor]:
     return [
-        torch.randn(n, 1, k, k, dtype=dtype, requires_grad=True) for n in (channels, height, width)
+        torch.randn(n, 1, k, k, dtype=dtype, device=device, requires_grad=True)
+        for n in (channels, height, width)
     ]
 
 
@@ -54,28 +60,33 @@ def test_reference_matches_the_official_formulation(k: int, dilation: tuple[int,
         ((1, 7, 2, 2), 3, (1, 1, 1), False, 8),
     ],
 )
-def test_triton_matches_reference_fp32(shape, k, dilation, interleave, tile, monkeypatch) -> None:
+def test_triton_matches_reference_fp32(
+    shape, k, dilation, interleave, tile, monkeypatch, kernel_device: torch.device
+) -> None:
     if tile is not None:
-        monkeypatch.setattr(triton_dim_conv, "TILE_INTERPRETER", tile)
+        budget = "TILE_GPU" if kernel_device.type == "cuda" else "TILE_INTERPRETER"
+        monkeypatch.setattr(triton_dim_conv, budget, tile)
     torch.manual_seed(0)
     _, c, h, w = shape
-    x = torch.randn(*shape, requires_grad=True)
-    weights = _weights(c, h, w, k)
+    x = torch.randn(*shape, device=kernel_device, requires_grad=True)
+    weights = _weights(c, h, w, k, device=kernel_device)
     kwargs = {"dilation": dilation, "interleave": interleave}
     out = triton_dim_conv.dim_conv_triton(x, *weights, **kwargs)
     ref = dim_conv_reference(x, *weights, **kwargs)
+    # float32 on both sides, summed in another order (see the kernel_device fixture)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, [x, *weights], grad)
     want = torch.autograd.grad(ref, [x, *weights], grad)
+    # weight gradients sum over every image and pixel, in blocks joined by atomics on a GPU
     for name, g, r in zip(("input", "channel", "height", "width"), got, want):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=f"grad of {name}")
 
 
-def test_triton_bf16_within_bf16_tolerance() -> None:
+def test_triton_bf16_within_bf16_tolerance(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    x = torch.randn(2, 6, 5, 7, dtype=torch.bfloat16, requires_grad=True)
-    weights = _weights(6, 5, 7, dtype=torch.bfloat16)
+    x = torch.randn(2, 6, 5, 7, dtype=torch.bfloat16, device=kernel_device, requires_grad=True)
+    weights = _weights(6, 5, 7, dtype=torch.bfloat16, device=kernel_device)
     out = triton_dim_conv.dim_conv_triton(x, *weights)
     assert out.dtype == torch.bfloat16
     grad = torch.randn_like(out)
@@ -95,21 +106,22 @@ def _ran_triton(out: torch.Tensor) -> bool:
     return "DimConvFunction" in type(out.grad_fn).__name__
 
 
-def test_module_dispatch() -> None:
-    layer = DimConv(4, 5, 6, impl="triton")
+def test_module_dispatch(kernel_device: torch.device) -> None:
+    layer = DimConv(4, 5, 6, impl="triton").to(kernel_device)
     weights = (layer.weight_channel, layer.weight_height, layer.weight_width)
-    x = torch.randn(1, 4, 5, 6)
+    x = torch.randn(1, 4, 5, 6, device=kernel_device)
     out = layer(x)
     assert _ran_triton(out)
     torch.testing.assert_close(out, dim_conv_reference(x, *weights))
     # off the build size the resizing reference runs, whatever impl says
-    other = torch.randn(1, 4, 7, 3)
+    other = torch.randn(1, 4, 7, 3, device=kernel_device)
     out = layer(other)
     assert not _ran_triton(out)
     torch.testing.assert_close(out, dim_conv_reference(other, *weights))
-    # auto on a CPU tensor is the reference
+    # auto: the kernel on a CUDA tensor, the reference on a CPU tensor
     layer.impl = "auto"
-    assert not _ran_triton(layer(x))
+    assert _ran_triton(layer(x)) == (kernel_device.type == "cuda")
+    assert not _ran_triton(layer.cpu()(x.cpu()))
 
 
 @pytest.mark.parametrize("size", [(3, 11), (8, 8), (12, 5), (1, 1)])
@@ -159,16 +171,20 @@ def test_bad_arguments() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape", [(8, 116, 28, 28), (3, 19, 6, 70)])
-def test_triton_on_cuda_matches_reference(shape: tuple[int, int, int, int]) -> None:
+def test_triton_on_cuda_matches_reference(
+    shape: tuple[int, int, int, int], kernel_device: torch.device
+) -> None:
+    """DiCENet's sizes, where the GPU tiles (512 pixels) cut the maps in several ways."""
     torch.manual_seed(0)
     _, c, h, w = shape
-    x = torch.randn(*shape, device="cuda", requires_grad=True)
-    weights = [t.cuda().detach().requires_grad_() for t in _weights(c, h, w)]
+    x = torch.randn(*shape, device=kernel_device, requires_grad=True)
+    weights = _weights(c, h, w, device=kernel_device)
     layer_out = triton_dim_conv.dim_conv_triton(x, *weights)
     ref = dim_conv_reference(x, *weights)
     torch.testing.assert_close(layer_out, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(ref)
     got = torch.autograd.grad(layer_out, [x, *weights], grad)
     want = torch.autograd.grad(ref, [x, *weights], grad)
+    # the weight gradients here sum 8 x 28 x 28 products per tap
     for g, r in zip(got, want):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)

@@ -1,7 +1,9 @@
 """GroupLinear: the fast PyTorch path and the Triton kernel against the plain oracle.
 
-On a machine without CUDA the Triton kernel runs in Triton's interpreter (tests/conftest.py sets
-TRITON_INTERPRET=1), so the shapes stay tiny; rows are never a multiple of the 32-row block.
+The kernel tests run on CUDA tensors where there is a GPU and otherwise in Triton's interpreter
+(tests/conftest.py sets TRITON_INTERPRET=1), so the shapes stay tiny; rows are never a multiple of
+the row block (32 in the interpreter, 64 on a GPU). The ``kernel_device`` fixture turns TF32 off on
+CUDA, so float32 products are exact on both sides and the 1e-5 tolerances cover summation order.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from src.ops.group_linear import (
 )
 
 CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 
 
 def _params(
-    groups: int, k: int, n: int, dtype: torch.dtype, device: str = "cpu", bias: bool = True
+    groups: int,
+    k: int,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    bias: bool = True,
 ):
     weight = torch.randn(groups, k, n, dtype=dtype, device=device, requires_grad=True)
     b = torch.randn(groups, n, dtype=dtype, device=device, requires_grad=True) if bias else None
@@ -43,11 +49,13 @@ def _interleave(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
 @pytest.mark.parametrize("groups", range(1, 9))
-def test_triton_matches_reference(groups: int, shuffle: bool) -> None:
+def test_triton_matches_reference(
+    groups: int, shuffle: bool, kernel_device: torch.device
+) -> None:
     torch.manual_seed(groups)
     rows, k, n = 37, 3 + groups % 3, 5 + groups % 2  # odd sizes: masked tails everywhere
-    x = torch.randn(rows, groups * k, device=DEVICE, requires_grad=True)
-    weight, bias = _params(groups, k, n, torch.float32, DEVICE)
+    x = torch.randn(rows, groups * k, device=kernel_device, requires_grad=True)
+    weight, bias = _params(groups, k, n, torch.float32, kernel_device)
     y = group_linear(x, weight, bias, shuffle=shuffle, impl="triton")
     ref = group_linear_reference(x, weight, bias, shuffle)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
@@ -57,10 +65,12 @@ def test_triton_matches_reference(groups: int, shuffle: bool) -> None:
 
 @pytest.mark.parametrize("shape", [(2, 3, 12), (1, 40, 12), (65, 12)], ids=str)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_triton_shapes_and_no_bias(shape: tuple[int, ...], bias: bool) -> None:
+def test_triton_shapes_and_no_bias(
+    shape: tuple[int, ...], bias: bool, kernel_device: torch.device
+) -> None:
     torch.manual_seed(0)
-    x = torch.randn(shape, device=DEVICE, requires_grad=True)
-    glt = GroupLinear(12, 20, 4, bias=bias, shuffle=True, impl="triton").to(DEVICE)
+    x = torch.randn(shape, device=kernel_device, requires_grad=True)
+    glt = GroupLinear(12, 20, 4, bias=bias, shuffle=True, impl="triton").to(kernel_device)
     y = glt(x)
     ref = group_linear_reference(x, glt.weight, glt.bias, True)
     assert y.shape == (*shape[:-1], 20)
@@ -72,12 +82,14 @@ def test_triton_shapes_and_no_bias(shape: tuple[int, ...], bias: bool) -> None:
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])
 @pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
-def test_two_parts_are_the_input_mixer(impl: str, shuffle: bool) -> None:
+def test_two_parts_are_the_input_mixer(
+    impl: str, shuffle: bool, kernel_device: torch.device
+) -> None:
     torch.manual_seed(0)
     groups, rows = 4, 33
-    x0 = torch.randn(rows, 8, device=DEVICE, requires_grad=True)
-    y_prev = torch.randn(rows, 12, device=DEVICE, requires_grad=True)
-    weight, bias = _params(groups, (8 + 12) // groups, 3, torch.float32, DEVICE)
+    x0 = torch.randn(rows, 8, device=kernel_device, requires_grad=True)
+    y_prev = torch.randn(rows, 12, device=kernel_device, requires_grad=True)
+    weight, bias = _params(groups, (8 + 12) // groups, 3, torch.float32, kernel_device)
     y = interleaved_group_linear((x0, y_prev), weight, bias, shuffle=shuffle, impl=impl)
     ref = group_linear_reference(_interleave([x0, y_prev], groups), weight, bias, shuffle)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
@@ -86,22 +98,22 @@ def test_two_parts_are_the_input_mixer(impl: str, shuffle: bool) -> None:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_triton_reads_strided_rows() -> None:
+def test_triton_reads_strided_rows(kernel_device: torch.device) -> None:
     # a column slice of a wider matrix: rows strided, features unit-stride, read in place
     torch.manual_seed(0)
-    wide = torch.randn(21, 30, device=DEVICE)
+    wide = torch.randn(21, 30, device=kernel_device)
     x = wide[:, 5:17]
-    weight, bias = _params(3, 4, 2, torch.float32, DEVICE)
+    weight, bias = _params(3, 4, 2, torch.float32, kernel_device)
     y = group_linear(x, weight, bias, shuffle=True, impl="triton")
     torch.testing.assert_close(
         y, group_linear_reference(x, weight, bias, True), atol=1e-5, rtol=1e-5
     )
 
 
-def test_triton_float16() -> None:
+def test_triton_float16(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    x = torch.randn(19, 16, device=DEVICE, dtype=torch.float16, requires_grad=True)
-    weight, bias = _params(4, 4, 6, torch.float16, DEVICE)
+    x = torch.randn(19, 16, device=kernel_device, dtype=torch.float16, requires_grad=True)
+    weight, bias = _params(4, 4, 6, torch.float16, kernel_device)
     y = group_linear(x, weight, bias, shuffle=True, impl="triton")
     ref = group_linear_reference(x.float(), weight.float(), bias.float(), True)
     torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
@@ -116,16 +128,34 @@ def test_triton_float16() -> None:
     reason="bf16 needs CUDA: Triton's interpreter multiplies bf16 bit patterns in tl.dot "
     "(triton-lang/triton#11584, not supported there)",
 )
-def test_triton_bfloat16() -> None:
+def test_triton_bfloat16(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    x = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    weight, bias = _params(8, 8, 16, torch.bfloat16, "cuda")
+    x = torch.randn(300, 64, device=kernel_device, dtype=torch.bfloat16, requires_grad=True)
+    weight, bias = _params(8, 8, 16, torch.bfloat16, kernel_device)
     y = group_linear(x, weight, bias, shuffle=True, impl="triton")
     ref = group_linear_reference(x.float(), weight.float(), bias.float(), True)
     torch.testing.assert_close(y.float(), ref, atol=5e-2, rtol=2e-2)
     inputs = [x, weight, bias]
     for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
         torch.testing.assert_close(got.float(), want.float(), atol=2e-1, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="TF32 is a mode of CUDA devices")
+def test_triton_tf32_where_torch_allows_it(
+    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``torch.backends.cuda.matmul.allow_tf32`` set, the kernel's float32 products are TF32
+    ones, as PyTorch's matmuls then are: within TF32 rounding of the float64 oracle."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    torch.manual_seed(0)
+    x = torch.randn(300, 64, device=kernel_device)
+    weight, bias = _params(8, 8, 16, torch.float32, kernel_device)
+    y = group_linear(x, weight, bias, shuffle=True, impl="triton")
+    ref = group_linear_reference(x.double(), weight.double(), bias.double(), True)
+    # TF32 keeps 11 significant bits of each input (relative error 2^-11 = 4.9e-4 each); outputs
+    # are sums of 8 products of unit normals and a bias, about 3 in size: errors of a few 1e-3
+    torch.testing.assert_close(y.double(), ref, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
