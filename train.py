@@ -27,8 +27,14 @@ log = logging.getLogger(__name__)
 
 
 def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule]:
-    """Instantiate the datamodule, the network and the task that wraps it (no data is read)."""
+    """Instantiate the datamodule, the network and the task that wraps it (no dataset is read).
+
+    A vocabulary the config leaves to the data (``data.vocab_size: null``) is the datamodule's
+    count, written into ``cfg`` so that ``${data.vocab_size}`` (the model's ``n_token``) is it.
+    """
     datamodule = instantiate(cfg.data)
+    if "vocab_size" in cfg.data and cfg.data.vocab_size is None:
+        cfg.data.vocab_size = datamodule.vocab_size
     net = instantiate(cfg.model)
     task = instantiate(cfg.task, net=net)
     return datamodule, task

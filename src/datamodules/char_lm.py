@@ -320,13 +320,21 @@ def pydoc_corpus() -> str:
     return "\n".join(topics.values())
 
 
+def _code_points(text: str) -> np.ndarray:
+    """(N,) uint32: the Unicode code point of each character of ``text``."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
 class PydocCharsDataModule(CharLMDataModule):
     """The documentation topics that ship with CPython as a character corpus (always offline).
 
-    About 465k characters (Python 3.11: 103 distinct), split 90/5/5 in order. The exact text,
-    and so the vocabulary, depends on the Python version; ``vocab_size`` must cover it.
+    About 465k characters, split 90/5/5 in order. The exact text, and so the vocabulary, depends
+    on the Python version (103 distinct characters on 3.11, 104 on 3.12), so by default
+    ``vocab_size`` is counted from the text at hand.
 
     Args (besides :class:`CharLMDataModule`'s):
+        vocab_size: None (the default) for the corpus's number of distinct characters; a number
+            must cover them.
         val_fraction, test_fraction: shares of the validation and test splits (taken from the end).
 
     Shape:
@@ -338,7 +346,7 @@ class PydocCharsDataModule(CharLMDataModule):
     def __init__(
         self,
         root: str,
-        vocab_size: int = 103,
+        vocab_size: int | None = None,
         tgt_len: int = 128,
         batch_size: int = 16,
         *,
@@ -347,6 +355,8 @@ class PydocCharsDataModule(CharLMDataModule):
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
     ) -> None:
+        if vocab_size is None:
+            vocab_size = len(np.unique(_code_points(pydoc_corpus())))
         super().__init__(
             root, vocab_size, tgt_len, batch_size, eval_tgt_len=eval_tgt_len, eval_batch_size=eval_batch_size
         )
@@ -360,6 +370,6 @@ class PydocCharsDataModule(CharLMDataModule):
         return f"pydoc_data.topics:{digest}:{self.val_fraction}:{self.test_fraction}"
 
     def read_symbols(self) -> dict[str, np.ndarray]:
-        codes = np.frombuffer(pydoc_corpus().encode("utf-32-le"), dtype=np.uint32)
+        codes = _code_points(pydoc_corpus())
         n = len(codes)
         return _last_splits(codes, round(n * self.val_fraction), round(n * self.test_fraction))

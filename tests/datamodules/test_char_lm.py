@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import src.datamodules.char_lm
 from src.datamodules.char_lm import (
     Enwik8DataModule,
     OrderedSegments,
@@ -16,6 +17,8 @@ from src.datamodules.char_lm import (
     Text8DataModule,
     pydoc_corpus,
 )
+from tests.conftest import compose_config
+from train import build_task
 
 SMALL = {"tgt_len": 8, "batch_size": 2, "eval_tgt_len": 4, "eval_batch_size": 1}
 
@@ -95,6 +98,45 @@ def test_pydoc_chars_offline(tmp_path: Path) -> None:
     text = "".join(chr(dm.symbols[i]) for i in dm.splits["val"][:200])
     assert text == pydoc_corpus()[sizes["train"] : sizes["train"] + 200]
     assert dm.example_input(3).shape == (3, SMALL["tgt_len"]) and dm.example_input().dtype == torch.long
+
+
+def test_pydoc_vocabulary_is_the_corpus_symbol_count(tmp_path: Path) -> None:
+    dm = prepared(PydocCharsDataModule(str(tmp_path), **SMALL))
+    assert dm.vocab_size == len(dm.symbols) == len(set(pydoc_corpus()))
+    with pytest.raises(ValueError, match=f"set data.vocab_size={dm.vocab_size}"):
+        short = PydocCharsDataModule(str(tmp_path / "short"), vocab_size=dm.vocab_size - 1, **SMALL)
+        short.prepare_data()
+
+
+# a small network, so that building it is quick
+SMALL_NET = [
+    "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_inner=64", "model.mem_len=8"
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("experiment", ["charlm_demo", "charlm_demo_txl"])
+def test_a_corpus_with_one_more_symbol_gets_a_vocabulary_one_larger(
+    experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the text to the model's logits: the topics text of another Python version, here with a
+    character no version's text has, composes, builds and trains over its own vocabulary."""
+    corpus = pydoc_corpus()
+    count = len(set(corpus))
+    extra = "\N{SNOWMAN}"
+    assert extra not in corpus
+    for text, expected in [(corpus, count), (corpus + extra, count + 1)]:
+        monkeypatch.setattr(src.datamodules.char_lm, "pydoc_corpus", lambda text=text: text)
+        root = tmp_path / str(expected)
+        overrides = [f"experiment={experiment}", *SMALL_NET, f"data.root={root / 'data'}"]
+        cfg = compose_config("train", overrides, root / "run")
+        datamodule, task = build_task(cfg)
+        assert datamodule.vocab_size == cfg.data.vocab_size == expected
+        datamodule.setup("fit")
+        assert len(datamodule.symbols) == expected
+        assert (ord(extra) in datamodule.symbols) == (extra in text)
+        inputs, _ = next(iter(datamodule.train_dataloader()))
+        logits, _ = task(inputs)  # (B, T, V)
+        assert logits.shape == (*inputs.shape, expected)
 
 
 def test_segments_are_contiguous_sub_streams_in_order() -> None:
