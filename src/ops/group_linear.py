@@ -15,7 +15,14 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.triton import check_impl, use_triton
+from src.ops.triton import (
+    autocast_off,
+    autocast_operands,
+    check_impl,
+    check_same_dtype,
+    opaque_op,
+    use_triton,
+)
 
 
 class GroupLinear(nn.Module):
@@ -116,6 +123,10 @@ def interleaved_group_linear(
     vector is never built: both the reference (one BLAS call per group and part, on strided views)
     and the Triton kernel (one or two parts) read the parts in place.
 
+    Under ``torch.autocast`` the products run in its dtype, as ``F.linear``'s do: the operands are
+    cast to it first (float32 parameters keep float32 gradients) and the output is in that dtype.
+    Outside autocast the operands must share one dtype.
+
     Shape:
         parts (N, d_j) with d_j divisible by g and sum_j d_j / g = k, weight (g, k, n),
         bias (g, n) or None -> (N, g * n), feature-shuffled when ``shuffle``
@@ -133,10 +144,12 @@ def interleaved_group_linear(
             f"parts have {sum(p.shape[1] for p in parts)} features, "
             f"the weight {tuple(weight.shape)} expects {groups * k}"
         )
+    *parts, weight, bias = autocast_operands(parts[0].device.type, *parts, weight, bias)
+    dtype = check_same_dtype("the GLT", parts=parts, weight=weight, bias=bias)
     # BLAS and the kernel need unit stride along the features; rows may be strided
     parts = tuple(p if p.stride(1) == 1 else p.contiguous() for p in parts)
-    if use_triton(impl, parts[0]) and (impl == "triton" or parts[0].dtype in TRITON_DTYPES):
-        if parts[0].dtype not in TRITON_DTYPES or len(parts) > 2:
+    if use_triton(impl, parts[0]) and (impl == "triton" or dtype in TRITON_DTYPES):
+        if dtype not in TRITON_DTYPES or len(parts) > 2:
             raise TypeError(
                 f"the Triton GLT takes one or two parts of dtype {TRITON_DTYPES}, "
                 f"got {[p.dtype for p in parts]}"
@@ -154,11 +167,16 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
     dimension d_j, so the parts are never gathered. The forward runs one BLAS call per group and
     stacks the g (N, n) products into (N, n, g), which is the feature shuffle, as its one copy
     (plain: a concatenation); the bias is added by the first product of each group. The backward
-    undoes the shuffle with one transpose inside each row, (N, n, g) -> (N, g, n), sums the bias
-    gradient over the rows, and computes the input and weight gradients of each part as one
-    batched product over the groups each, the input gradient written straight into its (N, d_j)
-    chunks (batched products beat a loop of g calls there: 7.4 vs 11.0 ms for the weight gradient
-    of a g = 16 layer over 4,096 rows on 2 cores).
+    (:func:`glt_backward`) undoes the shuffle with one transpose inside each row,
+    (N, n, g) -> (N, g, n), sums the bias gradient over its rows, and computes the input and weight
+    gradients of each part as one batched product over the groups each, the input gradient written
+    straight into its (N, d_j) chunks (batched products beat a loop of g calls there: 7.4 vs
+    11.0 ms for the weight gradient of a g = 16 layer over 4,096 rows on 2 cores).
+
+    The forward is plain PyTorch, which ``torch.compile`` and ``torch.export`` trace; the backward
+    is the custom op ``lightnets::glt_backward``, opaque to them, since its products write into
+    strided views of their outputs. Both run with autocast off: the operands already share one
+    dtype (:func:`interleaved_group_linear` applied autocast's rule).
     """
 
     @staticmethod
@@ -170,20 +188,21 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
         rows = parts[0].shape[0]
         # functional ops only (no out=), so that torch.export can trace the forward
         outs = []
-        for i in range(groups):
-            offset, y = 0, None
-            for part in parts:
-                width = part.shape[1] // groups
-                x = part[:, i * width : (i + 1) * width]  # (N, d_j/g), a view
-                w = weight[i, offset : offset + width]  # (d_j/g, n)
-                if y is not None:
-                    y = y.addmm_(x, w)
-                elif bias is not None:
-                    y = torch.addmm(bias[i], x, w)
-                else:
-                    y = torch.mm(x, w)
-                offset += width
-            outs.append(y)  # (N, n)
+        with autocast_off(weight.device.type):
+            for i in range(groups):
+                offset, y = 0, None
+                for part in parts:
+                    width = part.shape[1] // groups
+                    x = part[:, i * width : (i + 1) * width]  # (N, d_j/g), a view
+                    w = weight[i, offset : offset + width]  # (d_j/g, n)
+                    if y is not None:
+                        y = y.addmm_(x, w)
+                    elif bias is not None:
+                        y = torch.addmm(bias[i], x, w)
+                    else:
+                        y = torch.mm(x, w)
+                    offset += width
+                outs.append(y)  # (N, n)
         ctx.save_for_backward(weight, *parts)
         ctx.shuffle = shuffle
         ctx.has_bias = bias is not None
@@ -194,41 +213,106 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         weight, *parts = ctx.saved_tensors
-        groups, _, n = weight.shape
-        grad_y = grad_y.contiguous()
-        rows = grad_y.shape[0]
-        if ctx.shuffle:
-            # (N, n, g) -> (N, g, n): the one copy of the backward
-            dy = grad_y.view(rows, n, groups).transpose(1, 2).contiguous()
-        else:
-            dy = grad_y.view(rows, groups, n)
-        want_w = ctx.needs_input_grad[0]
-        grad_w = torch.empty_like(weight) if want_w else None
-        grad_b = None
-        if ctx.has_bias and ctx.needs_input_grad[1]:
-            grad_b = grad_y.sum(0)  # (g*n)
-            # (n, g) -> (g, n) when shuffled, else (g, n)
-            grad_b = grad_b.view(n, groups).t() if ctx.shuffle else grad_b.view(groups, n)
-        grad_parts = [
-            torch.empty_like(part) if ctx.needs_input_grad[3 + j] else None
-            for j, part in enumerate(parts)
-        ]
-        dy_g = dy.transpose(0, 1)  # (N, g, n) -> (g, N, n), a view
-        offset = 0
-        for part, grad_part in zip(parts, grad_parts, strict=True):
-            width = part.shape[1] // groups
-            w = weight[:, offset : offset + width]  # (g, d_j/g, n)
-            if grad_part is not None:
-                # dx_j,i = dy_i @ W_j,i^T for every group in one batched product, written
-                # straight into the (N, d_j/g) chunks: (g, N, n) @ (g, n, d_j/g)
-                chunks = grad_part.view(rows, groups, width).transpose(0, 1)  # (g, N, d_j/g)
-                torch.bmm(dy_g, w.transpose(1, 2), out=chunks)
-            if grad_w is not None:
-                # dW_j,i = x_j,i^T @ dy_i: (g, d_j/g, N) @ (g, N, n), reading the part in place
-                x_g = part.view(rows, groups, width).permute(1, 2, 0)  # (g, d_j/g, N)
-                grad_w[:, offset : offset + width] = torch.bmm(x_g, dy_g)
-            offset += width
-        return (grad_w, grad_b, None, *grad_parts)
+        wanted = ctx.needs_input_grad
+        bias_grad = ctx.has_bias and wanted[1]
+        with autocast_off(weight.device.type):
+            grads = glt_backward(
+                grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[3:]
+            )
+        return unpack_glt_grads(grads, wanted, ctx.has_bias)
+
+
+def unpack_glt_grads(
+    grads: Sequence[Tensor], wanted: Sequence[bool], has_bias: bool
+) -> tuple[Tensor | None, ...]:
+    """The gradients of a GLT backward op, in the order of the Function's inputs.
+
+    ``grads`` holds only the wanted ones (weight, bias, parts); ``wanted`` is the Function's
+    ``needs_input_grad`` over (weight, bias, shuffle, *parts).
+    """
+    given = iter(grads)
+    grad_w = next(given) if wanted[0] else None
+    grad_b = next(given) if has_bias and wanted[1] else None
+    grad_parts = [next(given) if want else None for want in wanted[3:]]
+    return (grad_w, grad_b, None, *grad_parts)
+
+
+def glt_grads_like(
+    grad_y: Tensor,
+    weight: Tensor,
+    parts: Sequence[Tensor],
+    shuffle: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+    part_grads: Sequence[bool],
+) -> list[Tensor]:
+    """Uninitialised gradients of a GLT backward op (its fake when traced): the wanted ones of
+    (weight, bias, *parts), in that order.
+
+    Shape:
+        weight (g, k, n) -> (g, k, n); bias -> (g, n); parts (N, d_j) -> (N, d_j), contiguous
+    """
+    groups, _, n = weight.shape
+    grads = [torch.empty_like(weight)] if weight_grad else []
+    if bias_grad:
+        grads.append(weight.new_empty(groups, n))
+    grads += [p.new_empty(p.shape) for p, want in zip(parts, part_grads, strict=True) if want]
+    return grads
+
+
+# the arguments of the GLT backward ops, the reference's here and the Triton one
+GLT_BACKWARD_SCHEMA = (
+    "(Tensor grad_y, Tensor weight, Tensor[] parts, bool shuffle, bool weight_grad, "
+    "bool bias_grad, bool[] part_grads) -> Tensor[]"
+)
+
+
+@opaque_op("lightnets::glt_backward", GLT_BACKWARD_SCHEMA, glt_grads_like)
+def glt_backward(
+    grad_y: Tensor,
+    weight: Tensor,
+    parts: Sequence[Tensor],
+    shuffle: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+    part_grads: Sequence[bool],
+) -> list[Tensor]:
+    """Backward of :class:`InterleavedGroupLinearFunction`: the wanted gradients of
+    (weight, bias, *parts), in that order (see :func:`glt_grads_like`).
+
+    Shape:
+        grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...
+    """
+    groups, _, n = weight.shape
+    grad_y = grad_y.contiguous()
+    rows = grad_y.shape[0]
+    if shuffle:
+        # (N, n, g) -> (N, g, n): the one copy of the backward
+        dy = grad_y.view(rows, n, groups).transpose(1, 2).contiguous()
+    else:
+        dy = grad_y.view(rows, groups, n)
+    grad_w = torch.empty_like(weight) if weight_grad else None
+    grad_b = dy.sum(0) if bias_grad else None  # (N, g, n) -> (g, n)
+    grad_parts = [
+        part.new_empty(part.shape) if want else None
+        for part, want in zip(parts, part_grads, strict=True)
+    ]
+    dy_g = dy.transpose(0, 1)  # (N, g, n) -> (g, N, n), a view
+    offset = 0
+    for part, grad_part in zip(parts, grad_parts, strict=True):
+        width = part.shape[1] // groups
+        w = weight[:, offset : offset + width]  # (g, d_j/g, n)
+        if grad_part is not None:
+            # dx_j,i = dy_i @ W_j,i^T for every group in one batched product, written
+            # straight into the (N, d_j/g) chunks: (g, N, n) @ (g, n, d_j/g)
+            chunks = grad_part.view(rows, groups, width).transpose(0, 1)  # (g, N, d_j/g)
+            torch.bmm(dy_g, w.transpose(1, 2), out=chunks)
+        if grad_w is not None:
+            # dW_j,i = x_j,i^T @ dy_i: (g, d_j/g, N) @ (g, N, n), reading the part in place
+            x_g = part.view(rows, groups, width).permute(1, 2, 0)  # (g, d_j/g, N)
+            grad_w[:, offset : offset + width] = torch.bmm(x_g, dy_g)
+        offset += width
+    return [grad for grad in (grad_w, grad_b, *grad_parts) if grad is not None]
 
 
 def group_linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None, shuffle: bool) -> Tensor:

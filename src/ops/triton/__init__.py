@@ -1,23 +1,36 @@
-"""Fused Triton kernels of the ops, and the rule that picks them.
+"""Fused Triton kernels of the ops, the rule that picks them, and the autocast rule they follow.
 
 Each op takes ``impl="auto" | "reference" | "triton"``. ``auto`` runs the kernel on CUDA tensors
 when Triton is importable and the PyTorch reference everywhere else; ``triton`` forces the kernel
 (on CPU tensors it needs ``TRITON_INTERPRET=1``, which the tests use); ``reference`` forces PyTorch.
+
+The ops with their own autograd Functions (the GLT and DimConv) are opaque to ``torch.autocast``,
+so they apply its rule themselves (:func:`autocast_operands`) before entering the Function, and the
+Function bodies run with autocast off.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeVar, cast
 
+import torch
 from torch import Tensor
+from torch.amp import is_autocast_available
 
 IMPLS = ("auto", "reference", "triton")
+F = TypeVar("F", bound=Callable[..., Any])
+# looked up once: find_spec on every call would cost a filesystem probe and break torch.compile
+_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def triton_available() -> bool:
     """Whether the ``triton`` package can be imported."""
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON
 
 
 def check_impl(impl: str) -> str:
@@ -38,3 +51,73 @@ def use_triton(impl: str, x: Tensor) -> bool:
             raise RuntimeError("impl='triton' on a CPU tensor needs TRITON_INTERPRET=1")
         return True
     return x.is_cuda and triton_available()
+
+
+def autocast_operands(device_type: str, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The operands of a low-precision op as ``torch.autocast`` would pass them.
+
+    When autocast is enabled for ``device_type``, float32/float16/bfloat16 tensors are cast to its
+    dtype (``torch.get_autocast_dtype``) by differentiable casts, so float32 parameters still get
+    float32 gradients; float64 tensors and None pass unchanged, as autocast leaves them. Outside
+    autocast, and on device types autocast does not know (``meta``), every operand passes unchanged.
+    """
+    if not (is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(
+        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+        for t in tensors
+    )
+
+
+def autocast_off(device_type: str) -> AbstractContextManager:
+    """A context with autocast disabled for ``device_type``: the bodies of the ops' autograd
+    Functions run in it. A no-op when autocast is off already (entering ``torch.autocast`` costs
+    ~10 us a call) or does not know the device type (``meta``)."""
+    if is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return nullcontext()
+
+
+def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F], F]:
+    """Register the decorated function as the custom op ``name`` that ``torch.compile`` and
+    ``torch.export`` see as one opaque node (``fake`` gives its outputs' metadata when tracing).
+
+    The function returned calls the op while tracing and the function itself otherwise: eager
+    calls skip the dispatcher round trip of a Python custom op (tens of us a call, more than the
+    kernels of a small layer take). ``schema`` is spelled out: older torch versions cannot infer it
+    from postponed annotations.
+    """
+
+    def register(fn: F) -> F:
+        op = torch.library.custom_op(name, fn, mutates_args=(), schema=schema)
+        op.register_fake(fake)
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            return op(*args) if torch.compiler.is_compiling() else fn(*args)
+
+        return cast(F, call)
+
+    return register
+
+
+def check_same_dtype(op: str, **operands: Tensor | Sequence[Tensor] | None) -> torch.dtype:
+    """The one dtype of the operands (tensors or sequences of them; None skipped); ``TypeError``
+    naming each operand's dtype otherwise."""
+    tensors = [
+        t for value in operands.values() if value is not None
+        for t in ((value,) if isinstance(value, Tensor) else value)
+    ]  # fmt: skip
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors):
+        given = {
+            name: value.dtype if isinstance(value, Tensor) else [t.dtype for t in value]
+            for name, value in operands.items()
+            if value is not None
+        }
+        raise TypeError(
+            f"{op} needs operands of one dtype (or torch.autocast to pick one), got "
+            + ", ".join(f"{name} {dtypes}" for name, dtypes in given.items())
+        )
+    return dtype

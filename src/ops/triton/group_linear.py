@@ -26,6 +26,9 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.ops.group_linear import GLT_BACKWARD_SCHEMA, glt_grads_like, unpack_glt_grads
+from src.ops.triton import autocast_off, opaque_op
+
 
 @triton.jit
 def _grouped_gemm_kernel(
@@ -37,6 +40,7 @@ def _grouped_gemm_kernel(
     s_cr, s_cg, s_cc,
     s_biasg, s_sumg,
     HAS_A1: tl.constexpr, HAS_BIAS: tl.constexpr, COLSUM: tl.constexpr, IEEE: tl.constexpr,
+    WIDEN: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     pid_r = tl.program_id(0)
@@ -57,12 +61,15 @@ def _grouped_gemm_kernel(
         b = tl.load(
             b_base + t[:, None] * s_bt, mask=(t[:, None] < T) & (cols[None, :] < C), other=0.0
         )
+        if COLSUM:
+            col_sum += tl.sum(b.to(tl.float32), axis=0)
+        if WIDEN:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-        if COLSUM:
-            col_sum += tl.sum(b.to(tl.float32), axis=0)
     if HAS_A1:
         # the second part continues the reduction: B rows T .. T + T1
         a1_base = a1_ptr + group * s_a1g + rows[:, None] * s_a1r
@@ -78,6 +85,9 @@ def _grouped_gemm_kernel(
                 mask=(t[:, None] < T1) & (cols[None, :] < C),
                 other=0.0,
             )
+            if WIDEN:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
@@ -118,8 +128,16 @@ def _grouped_gemm(
     block_r = 64 if a.is_cuda else 32
     block_t = _block(max(red, red1), 16, 32)
     block_c = _block(cols, 16, 64)
+    if len({a.dtype, b.dtype, c.dtype}) > 1:
+        raise TypeError(f"a, b and c must share one dtype, got {a.dtype}, {b.dtype}, {c.dtype}")
+    # 16-bit inputs in the interpreter (CPU tensors): its tl.dot multiplies bfloat16 bit patterns
+    # as integers (triton-lang/triton#11584), so the operands are widened to float32 first; the
+    # products of 16-bit values are exact in float32, which is what the GPU's 16-bit dot gives
+    widen = not a.is_cuda and a.dtype != torch.float32
     # fp32 inputs: exact products unless PyTorch itself allows TF32 matmuls
-    ieee = a.dtype == torch.float32 and not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32)
+    ieee = widen or (
+        a.dtype == torch.float32 and not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32)
+    )
     n_col_blocks = triton.cdiv(cols, block_c)
     # unused pointers (no second part, bias or column sums) are given c; the kernel never reads them
     a1_arg = a1 if a1 is not None else a
@@ -132,6 +150,7 @@ def _grouped_gemm(
         *a.stride(), *a1_arg.stride(), *b.stride(), *c.stride(),
         bias_arg.stride(0), sum_arg.stride(0),
         HAS_A1=a1 is not None, HAS_BIAS=bias is not None, COLSUM=colsum is not None, IEEE=ieee,
+        WIDEN=widen,
         BLOCK_R=block_r, BLOCK_T=block_t, BLOCK_C=block_c,
     )  # fmt: skip
 
@@ -147,20 +166,22 @@ def _grouped_view(y: Tensor, groups: int, shuffle: bool) -> Tensor:
 
 
 class InterleavedGroupLinearTriton(torch.autograd.Function):
-    """Autograd wrapper of the fused GLT: the forward and all gradients are Triton kernels."""
+    """Autograd wrapper of the fused GLT: the forward and all gradients are Triton kernels.
+
+    The kernels are launched inside the custom ops ``lightnets::glt_triton`` and
+    ``lightnets::glt_triton_backward``, so that ``torch.compile`` traces this Function without
+    looking into a launch (it cannot trace one in the interpreter). The operands share one dtype
+    (:func:`src.ops.group_linear.interleaved_group_linear` applied autocast's rule); products
+    accumulate in float32 and the outputs and gradients are in that dtype.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx, weight: Tensor, bias: Tensor | None, shuffle: bool, *parts: Tensor
     ) -> Tensor:
         """parts (N, d_j), one or two -> (N, g*n)."""
-        groups, _, n = weight.shape
-        rows = parts[0].shape[0]
-        # (N, d_j) -> (N, g, d_j/g), views
-        grouped = [p.unflatten(1, (groups, -1)) for p in parts]
-        y = torch.empty(rows, groups * n, device=weight.device, dtype=weight.dtype)
-        a1 = grouped[1] if len(grouped) > 1 else None
-        _grouped_gemm(grouped[0], weight, _grouped_view(y, groups, shuffle), a1=a1, bias=bias)
+        with autocast_off(weight.device.type):
+            y = glt_triton(parts, weight, bias, shuffle)
         ctx.save_for_backward(weight, *parts)
         ctx.shuffle = shuffle
         ctx.has_bias = bias is not None
@@ -170,41 +191,90 @@ class InterleavedGroupLinearTriton(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         weight, *parts = ctx.saved_tensors
-        groups, _, n = weight.shape
-        # (N, g*n) read in place as (N, g, n)
-        dy = _grouped_view(grad_y.contiguous(), groups, ctx.shuffle)
-        want_w = ctx.needs_input_grad[0]
-        want_b = ctx.has_bias and ctx.needs_input_grad[1]
-        grad_w = torch.empty_like(weight) if want_w else None
-        grad_b = (
-            torch.empty(groups, n, device=weight.device, dtype=weight.dtype) if want_b else None
-        )
-        grad_parts: list[Tensor | None] = []
-        offset = 0
-        for j, part in enumerate(parts):
-            xg = part.unflatten(1, (groups, -1))  # (N, g, d_j/g)
-            width = xg.shape[2]
-            w = weight[:, offset : offset + width]  # (g, d_j/g, n)
-            if ctx.needs_input_grad[3 + j]:
-                grad_part = torch.empty_like(part)
-                # dx_j = dy @ W_j^T: W_j seen as (g, n, d_j/g)
-                _grouped_gemm(dy, w.transpose(1, 2), grad_part.unflatten(1, (groups, -1)))
-                grad_parts.append(grad_part)
-            else:
-                grad_parts.append(None)
-            if grad_w is not None:
-                # dW_j = x_j^T @ dy: x_j as (d_j/g, g, N), dy as (g, N, n), dW_j as (d_j/g, g, n);
-                # the first part's programs also reduce the bias gradient (column sums of dy)
-                _grouped_gemm(
-                    xg.permute(2, 1, 0),
-                    dy.transpose(0, 1),
-                    grad_w[:, offset : offset + width].transpose(0, 1),
-                    colsum=grad_b if j == 0 else None,
-                )
-            offset += width
-        if want_b and not want_w:
-            grad_b = dy.sum(0, dtype=torch.float32).to(weight.dtype)
-        return (grad_w, grad_b, None, *grad_parts)
+        wanted = ctx.needs_input_grad
+        bias_grad = ctx.has_bias and wanted[1]
+        with autocast_off(weight.device.type):
+            grads = glt_triton_backward(
+                grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[3:]
+            )
+        return unpack_glt_grads(grads, wanted, ctx.has_bias)
+
+
+def _glt_triton_fake(
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
+) -> Tensor:
+    groups, _, n = weight.shape
+    return weight.new_empty(parts[0].shape[0], groups * n)
+
+
+@opaque_op(
+    "lightnets::glt_triton",
+    "(Tensor[] parts, Tensor weight, Tensor? bias, bool shuffle) -> Tensor",
+    _glt_triton_fake,
+)
+def glt_triton(
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
+) -> Tensor:
+    """Forward of :class:`InterleavedGroupLinearTriton`: one kernel launch.
+
+    Shape:
+        parts (N, d_j), one or two (unit feature stride), weight (g, k, n), bias (g, n) or None
+        -> (N, g*n)
+    """
+    groups, _, n = weight.shape
+    rows = parts[0].shape[0]
+    # (N, d_j) -> (N, g, d_j/g), views
+    grouped = [p.unflatten(1, (groups, -1)) for p in parts]
+    y = weight.new_empty(rows, groups * n)
+    a1 = grouped[1] if len(grouped) > 1 else None
+    _grouped_gemm(grouped[0], weight, _grouped_view(y, groups, shuffle), a1=a1, bias=bias)
+    return y
+
+
+@opaque_op("lightnets::glt_triton_backward", GLT_BACKWARD_SCHEMA, glt_grads_like)
+def glt_triton_backward(
+    grad_y: Tensor,
+    weight: Tensor,
+    parts: Sequence[Tensor],
+    shuffle: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+    part_grads: Sequence[bool],
+) -> list[Tensor]:
+    """Backward of :class:`InterleavedGroupLinearTriton`: the wanted gradients of
+    (weight, bias, *parts), in that order (:func:`src.ops.group_linear.glt_grads_like`).
+
+    Shape:
+        grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...
+    """
+    groups = weight.shape[0]
+    # (N, g*n) read in place as (N, g, n)
+    dy = _grouped_view(grad_y.contiguous(), groups, shuffle)
+    grads = glt_grads_like(grad_y, weight, parts, shuffle, weight_grad, bias_grad, part_grads)
+    given = iter(grads)
+    grad_w = next(given) if weight_grad else None
+    grad_b = next(given) if bias_grad else None
+    offset = 0
+    for j, (part, want) in enumerate(zip(parts, part_grads, strict=True)):
+        xg = part.unflatten(1, (groups, -1))  # (N, g, d_j/g)
+        width = xg.shape[2]
+        w = weight[:, offset : offset + width]  # (g, d_j/g, n)
+        if want:
+            # dx_j = dy @ W_j^T: W_j seen as (g, n, d_j/g)
+            _grouped_gemm(dy, w.transpose(1, 2), next(given).unflatten(1, (groups, -1)))
+        if grad_w is not None:
+            # dW_j = x_j^T @ dy: x_j as (d_j/g, g, N), dy as (g, N, n), dW_j as (d_j/g, g, n);
+            # the first part's programs also reduce the bias gradient (column sums of dy)
+            _grouped_gemm(
+                xg.permute(2, 1, 0),
+                dy.transpose(0, 1),
+                grad_w[:, offset : offset + width].transpose(0, 1),
+                colsum=grad_b if j == 0 else None,
+            )
+        offset += width
+    if grad_b is not None and grad_w is None:
+        grad_b.copy_(dy.sum(0, dtype=torch.float32))
+    return grads
 
 
 def interleaved_group_linear_triton(
