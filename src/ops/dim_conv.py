@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.triton import check_impl, use_triton
+from src.ops.triton import autocast_operands, check_impl, use_triton
 
 
 class DimConv(nn.Module):
@@ -187,10 +187,17 @@ def dim_conv_reference(
     (B, W, H, C) it is the width-wise conv's input in channels-last layout. That saves a copy per
     call over transposing for each branch.
 
+    Under ``torch.autocast`` the operands are cast to its dtype up front, so that the transposed
+    copy and the resize matrices are in that dtype too; the result is what autocast gives the
+    convolutions and products one by one, and the output is in that dtype.
+
     Shape:
         x (B, C, H, W), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
         weight_width (W_b, 1, k, k) -> (B, 3C, H, W)
     """
+    x, weight_channel, weight_height, weight_width = autocast_operands(
+        x.device.type, x, weight_channel, weight_height, weight_width
+    )
     channels, height, width = x.shape[1:]
     h_b, w_b = weight_height.shape[0], weight_width.shape[0]
     half = (weight_channel.shape[-1] - 1) // 2

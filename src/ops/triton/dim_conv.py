@@ -24,14 +24,19 @@ Only inputs at the layer's build size (H = H_b, W = W_b) come here; see :mod:`sr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, opaque_op
+
 TILE_GPU = 512
 TILE_INTERPRETER = 1 << 14
 PROGRAMS_GPU = 512
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -244,6 +249,12 @@ def _weight_grid(
 
 
 class _DimConvFunction(torch.autograd.Function):
+    """Autograd wrapper of the fused DimConv. The kernels are launched inside the custom ops
+    ``lightnets::dim_conv_triton`` and ``lightnets::dim_conv_triton_backward``, so that
+    ``torch.compile`` traces this Function without looking into a launch (it cannot trace one in
+    the interpreter). The operands share one dtype (:func:`dim_conv_triton` applied autocast's
+    rule)."""
+
     @staticmethod
     def forward(
         ctx,
@@ -256,14 +267,8 @@ class _DimConvFunction(torch.autograd.Function):
     ) -> Tensor:
         x = x.contiguous()
         weights = [w.contiguous() for w in (weight_channel, weight_height, weight_width)]
-        batch, channels, height, width = x.shape
-        y = x.new_empty(batch, 3 * channels, height, width)
-        grid, meta = _launch_config(x.shape, interleave, x.is_cuda)
-        k = weight_channel.shape[-1]
-        d_c, d_h, d_w = dilation
-        _dim_conv_fwd_kernel[grid](
-            x, *weights, y, channels, height, width, K=k, D_C=d_c, D_H=d_h, D_W=d_w, **meta
-        )
+        with autocast_off(x.device.type):
+            y = dim_conv_forward(x, *weights, dilation, interleave)
         ctx.save_for_backward(x, *weights)
         ctx.dilation = dilation
         ctx.interleave = interleave
@@ -272,29 +277,123 @@ class _DimConvFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:
         x, wc, wh, ww = ctx.saved_tensors
-        grad_y = grad_y.contiguous()
-        _, channels, height, width = x.shape
-        grid, meta = _launch_config(x.shape, ctx.interleave, x.is_cuda)
-        k = wc.shape[-1]
-        d_c, d_h, d_w = ctx.dilation
-        consts = {"K": k, "D_C": d_c, "D_H": d_h, "D_W": d_w, **meta}
-        grad_x = grad_wc = grad_wh = grad_ww = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.empty_like(x)
-            _dim_conv_bwd_input_kernel[grid](
-                grad_y, wc, wh, ww, grad_x, channels, height, width, **consts
+        want_x = ctx.needs_input_grad[0]
+        want_w = any(ctx.needs_input_grad[1:4])
+        with autocast_off(x.device.type):
+            grads = dim_conv_backward(
+                grad_y.contiguous(), x, wc, wh, ww, ctx.dilation, ctx.interleave, want_x, want_w
             )
-        if any(ctx.needs_input_grad[1:4]):
-            partials = [
-                torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in (wc, wh, ww)
-            ]
-            w_grid, batch_block = _weight_grid(grid, x.shape[0], x.is_cuda)
-            _dim_conv_bwd_weight_kernel[w_grid](
-                x, grad_y, *partials, x.shape[0], channels, height, width,
-                BATCH_BLOCK=batch_block, **consts,
-            )  # fmt: skip
-            grad_wc, grad_wh, grad_ww = (p.to(w.dtype) for p, w in zip(partials, (wc, wh, ww)))
+        given = iter(grads)
+        grad_x = next(given) if want_x else None
+        grad_wc, grad_wh, grad_ww = (next(given) for _ in range(3)) if want_w else (None,) * 3
         return grad_x, grad_wc, grad_wh, grad_ww, None, None
+
+
+def _dim_conv_forward_fake(
+    x: Tensor,
+    weight_channel: Tensor,
+    weight_height: Tensor,
+    weight_width: Tensor,
+    dilation: Sequence[int],
+    interleave: bool,
+) -> Tensor:
+    batch, channels, height, width = x.shape
+    return x.new_empty(batch, 3 * channels, height, width)
+
+
+@opaque_op(
+    "lightnets::dim_conv_triton",
+    "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation, "
+    "bool interleave) -> Tensor",
+    _dim_conv_forward_fake,
+)
+def dim_conv_forward(
+    x: Tensor,
+    weight_channel: Tensor,
+    weight_height: Tensor,
+    weight_width: Tensor,
+    dilation: Sequence[int],
+    interleave: bool,
+) -> Tensor:
+    """Forward of :class:`_DimConvFunction`: one kernel launch.
+
+    Shape:
+        x (B, C, H_b, W_b), weights (C | H_b | W_b, 1, k, k), all contiguous -> (B, 3C, H_b, W_b)
+    """
+    batch, channels, height, width = x.shape
+    y = x.new_empty(batch, 3 * channels, height, width)
+    grid, meta = _launch_config(x.shape, interleave, x.is_cuda)
+    d_c, d_h, d_w = dilation
+    _dim_conv_fwd_kernel[grid](
+        x, weight_channel, weight_height, weight_width, y, channels, height, width,
+        K=weight_channel.shape[-1], D_C=d_c, D_H=d_h, D_W=d_w, **meta,
+    )  # fmt: skip
+    return y
+
+
+def _dim_conv_backward_fake(
+    grad_y: Tensor,
+    x: Tensor,
+    weight_channel: Tensor,
+    weight_height: Tensor,
+    weight_width: Tensor,
+    dilation: Sequence[int],
+    interleave: bool,
+    input_grad: bool,
+    weight_grads: bool,
+) -> list[Tensor]:
+    grads = [torch.empty_like(x)] if input_grad else []
+    if weight_grads:
+        grads += [torch.empty_like(w) for w in (weight_channel, weight_height, weight_width)]
+    return grads
+
+
+@opaque_op(
+    "lightnets::dim_conv_triton_backward",
+    "(Tensor grad_y, Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, "
+    "int[] dilation, bool interleave, bool input_grad, bool weight_grads) -> Tensor[]",
+    _dim_conv_backward_fake,
+)
+def dim_conv_backward(
+    grad_y: Tensor,
+    x: Tensor,
+    weight_channel: Tensor,
+    weight_height: Tensor,
+    weight_width: Tensor,
+    dilation: Sequence[int],
+    interleave: bool,
+    input_grad: bool,
+    weight_grads: bool,
+) -> list[Tensor]:
+    """Backward of :class:`_DimConvFunction`: the input gradient when ``input_grad``, then the
+    three weight gradients when ``weight_grads`` (summed in float32, returned in the weights'
+    dtype).
+
+    Shape:
+        grad_y (B, 3C, H_b, W_b), x (B, C, H_b, W_b), all contiguous
+        -> [(B, C, H_b, W_b)], [(C, 1, k, k), (H_b, 1, k, k), (W_b, 1, k, k)]
+    """
+    weights = (weight_channel, weight_height, weight_width)
+    _, channels, height, width = x.shape
+    grid, meta = _launch_config(x.shape, interleave, x.is_cuda)
+    d_c, d_h, d_w = dilation
+    consts = {"K": weight_channel.shape[-1], "D_C": d_c, "D_H": d_h, "D_W": d_w, **meta}
+    grads = []
+    if input_grad:
+        grad_x = torch.empty_like(x)
+        _dim_conv_bwd_input_kernel[grid](
+            grad_y, *weights, grad_x, channels, height, width, **consts
+        )
+        grads.append(grad_x)
+    if weight_grads:
+        partials = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in weights]
+        w_grid, batch_block = _weight_grid(grid, x.shape[0], x.is_cuda)
+        _dim_conv_bwd_weight_kernel[w_grid](
+            x, grad_y, *partials, x.shape[0], channels, height, width,
+            BATCH_BLOCK=batch_block, **consts,
+        )  # fmt: skip
+        grads += [p.to(w.dtype) for p, w in zip(partials, weights, strict=True)]
+    return grads
 
 
 def dim_conv_triton(
@@ -308,6 +407,11 @@ def dim_conv_triton(
 ) -> Tensor:
     """Fused DimConv at the build size; the contract of :func:`src.ops.dim_conv.dim_conv_reference`.
 
+    Under ``torch.autocast`` the convolutions run in its dtype, as ``F.conv2d``'s (and so the
+    reference's) do: the operands are cast to it first (float32 weights keep float32 gradients).
+    Outside autocast the operands must share one dtype: float32, float16 or bfloat16, always
+    accumulated in float32.
+
     Shape:
         x (B, C, H_b, W_b), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
         weight_width (W_b, 1, k, k) -> (B, 3C, H_b, W_b)
@@ -318,6 +422,18 @@ def dim_conv_triton(
             f"the fused kernel needs the build size: input {height}x{width}, "
             f"kernels built for {weight_height.shape[0]}x{weight_width.shape[0]}"
         )
+    x, weight_channel, weight_height, weight_width = autocast_operands(
+        x.device.type, x, weight_channel, weight_height, weight_width
+    )
+    dtype = check_same_dtype(
+        "DimConv",
+        x=x,
+        weight_channel=weight_channel,
+        weight_height=weight_height,
+        weight_width=weight_width,
+    )
+    if dtype not in DTYPES:
+        raise TypeError(f"the fused DimConv takes {DTYPES}, got {dtype}")
     return _DimConvFunction.apply(
         x, weight_channel, weight_height, weight_width, tuple(dilation), interleave
     )
