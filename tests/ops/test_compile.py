@@ -1,0 +1,165 @@
+"""``torch.compile`` traces the GLT, DimConv, DExTra and the models built on them in one graph.
+
+The GLT and DimConv have their own autograd Functions; ``torch.compile`` traces them: the GLT
+reference's forward as plain PyTorch, its backward and every Triton launch as the custom ops
+``lightnets::*`` (opaque nodes; without CUDA the kernels run in the interpreter inside them).
+``fullgraph=True`` turns any graph break into an error. The ``aot_eager`` backend traces the
+forward and backward graphs through AOTAutograd and runs them with the very kernels eager mode
+uses, so compiled values and gradients equal the eager ones bitwise on the CPU; on a GPU the
+DimConv kernel sums its weight gradients with float atomics in a run-dependent order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.models.dicenet import DiCENet
+from src.models.group_transformer import GroupTransformer
+from src.ops.dextra import DExTra
+from src.ops.dim_conv import DimConv
+from src.ops.group_linear import GroupLinear
+
+pytest.importorskip("triton")
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def assert_same(got: Sequence[Tensor], want: Sequence[Tensor]) -> None:
+    """Bitwise equal on the CPU; on a GPU within float32 atomics' reordering (module docstring)."""
+    for a, b in zip(got, want, strict=True):
+        if CUDA:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(a, b)
+
+
+def check_compiles(fn: Callable[..., Tensor], inputs: Sequence[Tensor], module: nn.Module) -> None:
+    """``fn`` compiles in one graph and gives eager's output and gradients (inputs and
+    parameters, under the loss ``sum(output * probe)``)."""
+    leaves = [*(x for x in inputs if x.requires_grad), *module.parameters()]
+
+    def run(f: Callable[..., Tensor]) -> list[Tensor]:
+        out = f(*inputs)
+        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+        return [out, *torch.autograd.grad(out, leaves, probe)]
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    assert_same(run(compiled), run(fn))
+
+
+@pytest.mark.parametrize("impl, bias", [("reference", True), ("triton", False)])
+def test_group_linear_compiles(impl: str, bias: bool) -> None:
+    torch.manual_seed(0)
+    glt = GroupLinear(24, 16, 4, bias=bias, shuffle=True, impl=impl).to(DEVICE)
+    x = torch.randn(3, 7, 24, device=DEVICE, requires_grad=True)
+    check_compiles(glt, [x], glt)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_group_linear_compiles_under_autocast(impl: str) -> None:
+    torch.manual_seed(0)
+    glt = GroupLinear(24, 16, 4, shuffle=True, impl=impl).to(DEVICE)
+    x = torch.randn(21, 24, device=DEVICE, requires_grad=True)
+
+    def fn(x: Tensor) -> Tensor:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            return glt(x)
+
+    check_compiles(fn, [x], glt)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_dextra_compiles(impl: str) -> None:
+    # the GLTs after the first read two parts: x0 and the previous output (the input mixer)
+    torch.manual_seed(0)
+    unit = DExTra(32, 16, 16, width_multiplier=2.0, depth=3, max_groups=4, impl=impl).to(DEVICE)
+    x = torch.randn(2, 5, 32, device=DEVICE, requires_grad=True)
+    check_compiles(unit, [x], unit)
+
+
+@pytest.mark.parametrize(
+    "impl, interleave, size",
+    [
+        ("triton", True, (5, 6)),  # at the build size: the kernel
+        ("triton", False, (5, 6)),
+        ("reference", True, (5, 6)),
+        ("reference", True, (7, 4)),  # off it: the resizing reference, whatever impl says
+    ],
+    ids=str,
+)
+def test_dim_conv_compiles(impl: str, interleave: bool, size: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    layer = DimConv(4, 5, 6, dilation=(1, 2, 1), interleave=interleave, impl=impl).to(DEVICE)
+    x = torch.randn(2, 4, *size, device=DEVICE, requires_grad=True)
+    check_compiles(layer, [x], layer)
+
+
+def test_group_transformer_training_step_compiles() -> None:
+    # a segment after the first: memories in, new memories out
+    torch.manual_seed(0)
+    model = GroupTransformer(
+        40, n_layer=2, d_model=32, n_head=4, d_inner=64, n_group=2, tgt_len=6, mem_len=6,
+        dropout=0.0,
+    ).to(DEVICE)  # fmt: skip
+    tokens = torch.randint(0, 40, (2, 6), device=DEVICE)
+    _, memories = model(tokens)
+
+    def loss_fn(tokens: Tensor, *memories: Tensor) -> Tensor:
+        logits, _ = model(tokens, list(memories))
+        return F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
+    params = list(model.parameters())
+    got = compiled(tokens, *memories)
+    want = loss_fn(tokens, *memories)
+    assert_same(
+        [got, *torch.autograd.grad(got, params)], [want, *torch.autograd.grad(want, params)]
+    )
+
+
+def _dicenet_training_step_compiles(
+    model: nn.Module, inputs: Sequence[Tensor], labels: Tensor
+) -> None:
+    def loss_fn(*inputs: Tensor) -> Tensor:
+        out = model(*inputs)
+        return F.cross_entropy(out.mean((2, 3)) if out.dim() == 4 else out, labels)
+
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
+    params = list(model.parameters())
+    got = compiled(*inputs)
+    want = loss_fn(*inputs)
+    assert_same(
+        [got, *torch.autograd.grad(got, params)], [want, *torch.autograd.grad(want, params)]
+    )
+
+
+def test_dicenet_stage_training_step_compiles() -> None:
+    # DiCENet's last stage (strided DiCE, three DiCE shuffle units; DimConvs built for 2 x 2),
+    # training-mode BN (batch statistics): every kind of unit the network has, traced in seconds
+    torch.manual_seed(0)
+    stage = DiCENet(0.5, num_classes=10, input_size=64, dropout=0.0).backbone.level5.to(DEVICE)
+    x = torch.randn(2, stage[0].in_channels, 4, 4, device=DEVICE)
+    _dicenet_training_step_compiles(stage, [x], torch.tensor([3, 7], device=DEVICE))
+
+
+@pytest.mark.slow
+def test_dicenet_training_step_compiles() -> None:
+    # the whole network built for 64 x 64 (DimConvs at 16, 8, 4 and 2 pixels): about half a
+    # minute of tracing on 2 cores, hence slow
+    torch.manual_seed(0)
+    model = DiCENet(0.5, num_classes=10, input_size=64, dropout=0.0).to(DEVICE)
+    images = torch.randn(2, 3, 64, 64, device=DEVICE)
+    _dicenet_training_step_compiles(model, [images], torch.tensor([3, 7], device=DEVICE))
