@@ -1,0 +1,122 @@
+"""Every task trains a paper network with Lightning's ``bf16-mixed`` precision and its loss falls.
+
+Each run is ``train.py``'s composition on small data (the embedded digits and character corpus,
+generated VOC and COCO folders) fitting one batch over and over, the way ``debug=overfit`` does;
+the mean training loss of the last epoch must be below 80% of the first epoch's. On a CUDA machine
+the same runs repeat on the GPU in ``bf16-mixed`` and ``16-mixed``.
+
+DiCENet is left to the network tests here: on CPUs without native bf16 instructions PyTorch runs
+its grouped bf16 convolutions through a slow per-group fallback (``_slow_conv2d``), about 10x
+slower than float32.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.datamodules.test_coco_multilabel import make_coco
+from tests.datamodules.test_voc_seg import make_voc
+from train import train
+
+OVERFIT = [
+    "trainer.overfit_batches=1",
+    "trainer.max_steps=-1",
+    "++trainer.val_check_interval=1.0",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.gradient_clip_val=null",
+    "logger=csv",
+]
+
+
+def tasks(root: Path) -> dict[str, list[str]]:
+    """Overrides of one short run per task, data generated under ``root`` where needed."""
+    return {
+        "classification": [
+            "data=digits",
+            "model=espnetv2",
+            "model.scale=0.5",
+            "data.batch_size=4",
+            "data.augment=false",
+            "task.optimizer.lr=0.01",
+        ],
+        "multilabel": [
+            "data=coco_multilabel",
+            f"data.root={make_coco(root / 'coco')}",
+            "data.crop_size=32",
+            "data.resize_size=36",
+            "data.batch_size=2",
+            "model=espnetv2",
+            "model.scale=0.5",
+            "task.optimizer.lr=0.1",
+        ],
+        "segmentation": [
+            "data=voc_seg",
+            f"data.root={make_voc(root / 'voc', ['a', 'b', 'c', 'd'], ['e', 'f'])}",
+            "data.crop_size=[32,48]",
+            "data.batch_size=2",
+            "model=espnetv2_seg",
+            "model.scale=0.5",
+            "task.optimizer.lr=0.1",
+        ],
+        "language_model": [
+            "experiment=charlm_demo",
+            "data.tgt_len=16",
+            "data.eval_tgt_len=16",
+            "data.batch_size=4",
+            "model.n_layer=2",
+            "model.d_model=64",
+            "model.d_inner=128",
+            "model.mem_len=16",
+            "task.scheduler.warmup_steps=2",
+            "task.optimizer.lr=1e-2",
+        ],
+    }
+
+
+# epochs per task: a step of the character LM costs a fraction of a convolutional one
+EPOCHS = {"classification": 6, "multilabel": 6, "segmentation": 6, "language_model": 12}
+
+
+def runs() -> list[tuple[str, str]]:
+    """(accelerator, precision) pairs to train with on this machine."""
+    pairs = [("cpu", "bf16-mixed")]
+    if torch.cuda.is_available():
+        pairs += [("gpu", "bf16-mixed"), ("gpu", "16-mixed")]
+    return pairs
+
+
+def epoch_losses(run_dir: Path) -> list[float]:
+    """The mean training loss of every epoch, from the CSV logger's file."""
+    (metrics,) = run_dir.glob("csv/version_*/metrics.csv")
+    with metrics.open() as f:
+        rows = [row for row in csv.DictReader(f) if row.get("train/loss_epoch")]
+    return [float(row["train/loss_epoch"]) for row in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("accelerator", "precision"), runs())
+@pytest.mark.parametrize("task", ["classification", "multilabel", "segmentation", "language_model"])
+def test_task_trains_in_mixed_precision(
+    make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
+) -> None:
+    cfg = make_cfg(
+        *tasks(tmp_path)[task],
+        *OVERFIT,
+        f"trainer.max_epochs={EPOCHS[task]}",
+        f"trainer.check_val_every_n_epoch={EPOCHS[task]}",
+        f"trainer.accelerator={accelerator}",
+        "trainer.devices=1",
+        f"trainer.precision={precision}",
+    )
+    summary = train(cfg)
+    losses = epoch_losses(Path(cfg.paths.output_dir))
+    assert len(losses) == EPOCHS[task] and all(map(torch.isfinite, torch.tensor(losses)))
+    assert losses[-1] < 0.8 * losses[0], f"{task} {precision}: epoch losses {losses}"
+    assert summary["metrics"], "the run reported no metrics"
