@@ -161,8 +161,11 @@ def relative_attention(
     scores = scores.mul_(1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
         scores = scores.masked_fill_(mask, float("-inf"))
-    # the softmax in float32 whatever the scores' precision (autocast's rule on CUDA, made
-    # explicit so that CPU bf16 runs normalise in float32 too)
-    prob = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    # 16-bit scores are normalised in float32 (autocast's rule on CUDA, made explicit so that
+    # CPU bf16 runs do it too); float32 and float64 scores keep their precision
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        prob = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    else:
+        prob = torch.softmax(scores, dim=-1)
     prob = F.dropout(prob, p=dropatt, training=training)
     return torch.matmul(prob, v)
