@@ -1,0 +1,926 @@
+"""GPU speed of the DeLighT transformation, the character LMs and the vision networks, side by side.
+
+Four parts. Within a part the compared entries run in one process, interleaved round-robin so that
+drift affects all alike, with CUDA synchronised around every timed call, warm-up calls first, and
+the median of ``--repeats`` runs reported:
+
+- ``dextra``: DExTra(d_m=512, w_m=2, N=8, g_max=16) forward+backward on (tokens/512, 512, 512)
+  inputs, fp32 and bf16 autocast: ``impl="auto"`` (the fused Triton GLT kernels on CUDA) against
+  the same weights with ``impl="reference"`` (plain PyTorch) and a dense GEMM of equal FLOPs (the
+  rate the hardware reaches on this much arithmetic).
+- ``charlm``: a training step (forward with a full memory, cross-entropy, backward, Adam) of the
+  2- and 4-group Group-Transformers against Transformer-XL (9, 256, 8; pre-norm, untied) at enwik8
+  sizes, in tokens/s, fp32 and bf16, eagerly and under ``torch.compile``; a compiled entry also
+  reports its first step (the compile time) and dynamo's graphs and graph breaks.
+- ``vision``: training step (SGD with momentum) and inference (``torch.inference_mode``) of
+  DiCENet and ESPNetv2 s=1.0 against torchvision ShuffleNetV2 x1.0, MobileNetV2 and
+  MobileNetV3-Large, in images/s, channels-last under autocast (bf16 on CUDA, cuDNN autotuning
+  on). A network with kernel switches (an ``impl`` attribute: DimConv in DiCENet) also runs with
+  every switch on "reference", so the kernel's effect shows; ESPNetv2 has none. With
+  ``--compile`` each of DiCENet and ESPNetv2 is compiled in a child process under
+  ``--compile-timeout`` (its first training step is the compile time).
+- ``amp``: every op and model above runs forward+backward under bf16 autocast (and fp16 on CUDA);
+  each case reports ok, nonfinite (loss or a gradient) or the error it raised.
+
+An entry that raises is reported in its row (``"error"``) and the run goes on. Each part prints a
+table and one JSON line per measurement; then come a summary of the ratios (> 1: faster than the
+baseline) and a JSON line with the machine, torch, CUDA and Triton versions and the date. Compile
+times include whatever inductor's on-disk caches hold (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``
+for cold ones). On the CPU the defaults shrink (512 DExTra tokens, 2 x 32-character LM segments,
+4 images of 128 x 128 in fp32, 3 repeats, no compile) so that the whole script runs anywhere in
+about a minute; on a busy machine ``--threads 1`` keeps OpenMP from spinning against other jobs.
+
+    python benchmarks/gpu.py [--device cuda|cpu] [--parts dextra charlm vision amp]
+        [--repeats 21] [--tokens 4096 16384] [--lm-batch 22] [--lm-len 512]
+        [--vision-batch 256] [--image-size 224] [--vision-precision bf16]
+        [--compile/--no-compile] [--compile-timeout 600] [--tf32] [--threads N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.op_cases.delight import dextra_macs_per_token  # noqa: E402
+from benchmarks.ops import synchronize  # noqa: E402
+from src.models.dicenet import DiCENet  # noqa: E402
+from src.models.espnetv2 import ESPNetv2  # noqa: E402
+from src.models.group_transformer import GroupTransformer  # noqa: E402
+from src.models.transformer_xl import TransformerXL  # noqa: E402
+from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
+from src.ops.triton import triton_available, use_triton  # noqa: E402
+
+PARTS = ("dextra", "charlm", "vision", "amp")
+PRECISIONS = ("fp32", "bf16")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+D_M = 512  # the DeLighT LM's block width; the unit maps 512 -> 256
+SEQ = 512  # DExTra inputs are (tokens / SEQ, SEQ, D_M)
+VOCAB = 204  # enwik8
+LM_LAYERS, LM_WIDTH = 9, 256
+TXL = "transformer_xl(9,256,8)"
+LM_NAMES = (TXL, "group_transformer(G=2)", "group_transformer(G=4)")
+SHORT = dict(zip(LM_NAMES, ("TXL", "G=2", "G=4"), strict=True))
+OURS_CNN = ("dicenet", "espnetv2")
+TORCHVISION = ("shufflenet_v2_x1_0", "mobilenet_v2", "mobilenet_v3_large")
+BASELINE_CNN = "shufflenet_v2_x1_0"
+
+# per device type: the sizes a run uses unless a flag says otherwise
+# (CPU autocast to bf16 is emulated and slow, so the CPU's vision defaults to fp32)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "cuda": {
+        "repeats": 21, "warmup": 3, "tokens": [4096, 16384], "lm_batch": 22, "lm_len": 512,
+        "vision_batch": 256, "image_size": 224, "vision_precision": "bf16",
+    },
+    "cpu": {
+        "repeats": 3, "warmup": 1, "tokens": [512], "lm_batch": 2, "lm_len": 32,
+        "vision_batch": 4, "image_size": 128, "vision_precision": "fp32",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one run measures, after the device's defaults are filled in."""
+
+    device: torch.device
+    parts: tuple[str, ...]
+    repeats: int
+    warmup: int
+    tokens: tuple[int, ...]
+    lm_batch: int
+    lm_len: int
+    vision_batch: int
+    image_size: int
+    vision_precision: str
+    compile: bool
+    compile_timeout: float
+    tf32: bool
+    threads: int
+
+
+@dataclass
+class Timing:
+    """One entry's result: the median milliseconds of the timed runs; the seconds of its first
+    call (a compiled entry's compile time) with dynamo's graphs and graph breaks in that call;
+    or the error that stopped it."""
+
+    ms: float | None = None
+    first_s: float | None = None
+    graphs: int = 0
+    graph_breaks: int = 0
+    error: str | None = None
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """No autocast for "fp32", else ``torch.autocast`` to bf16 or fp16."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message``, short enough for a table."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_once(step: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call, the device synchronised before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def time_interleaved(steps: dict[str, Callable[[], object]], s: Settings) -> dict[str, Timing]:
+    """Median milliseconds of each step, the steps run round-robin.
+
+    Every step is first called alone (timed, dynamo's counters read around it), then ``warmup - 1``
+    more times; a step that raises there or later is dropped with its error, the others go on.
+    """
+    from torch._dynamo.utils import counters
+
+    timings = {name: Timing() for name in steps}
+    live: dict[str, Callable[[], object]] = {}
+    for name, step in steps.items():
+        try:
+            counters.clear()
+            timings[name].first_s = run_once(step, s.device)
+            timings[name].graphs = int(counters["stats"]["unique_graphs"])
+            timings[name].graph_breaks = sum(counters["graph_break"].values())
+            for _ in range(s.warmup - 1):
+                run_once(step, s.device)
+        except Exception as error:  # reported in the entry's row; the other entries still run
+            timings[name].error = describe(error)
+            release(s.device)
+            continue
+        live[name] = step
+    samples: dict[str, list[float]] = {name: [] for name in live}
+    for _ in range(s.repeats):
+        for name, step in list(live.items()):
+            try:
+                samples[name].append(run_once(step, s.device))
+            except Exception as error:  # as above
+                timings[name].error = describe(error)
+                del live[name]
+                release(s.device)
+    for name in live:
+        timings[name].ms = 1e3 * statistics.median(samples[name])
+    return timings
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def with_impl(net: nn.Module, impl: str) -> nn.Module:
+    """``net`` with every op's kernel switch (``impl``, see ``src/ops/triton``) set to ``impl``."""
+    for module in net.modules():
+        if isinstance(getattr(module, "impl", None), str):
+            module.impl = impl
+    return net
+
+
+def has_impl(net: nn.Module) -> bool:
+    return any(isinstance(getattr(module, "impl", None), str) for module in net.modules())
+
+
+# --- dextra -------------------------------------------------------------------------------------
+
+
+def dextra_unit() -> DExTra:
+    return DExTra(
+        D_M, D_M // 2, D_M // 2, width_multiplier=2.0, depth=8, max_groups=dextra_max_groups(D_M)
+    )
+
+
+def dextra_input_shape(tokens: int) -> tuple[int, int, int]:
+    seq = min(tokens, SEQ)
+    return tokens // seq, seq, D_M
+
+
+def forward_backward(
+    fn: Callable[[], Tensor], device: torch.device, precision: str
+) -> Callable[[], None]:
+    """A step running ``fn`` under the precision's autocast, then backward from a ones gradient."""
+
+    def step() -> None:
+        with autocast(device, precision):
+            out = fn()
+        out.backward(torch.ones_like(out))
+
+    return step
+
+
+def dextra_part(s: Settings) -> list[dict]:
+    rows = []
+    for tokens in s.tokens:
+        for precision in PRECISIONS:
+            progress(f"dextra: {tokens} tokens, {precision}")
+            torch.manual_seed(0)
+            ours = dextra_unit().to(s.device)
+            reference = with_impl(copy.deepcopy(ours), "reference")
+            shape = dextra_input_shape(tokens)
+            x = torch.randn(*shape, device=s.device, requires_grad=True)
+            flops = 2 * tokens * dextra_macs_per_token(ours)
+            # a dense GEMM with the unit's forward FLOPs: (tokens, 1024) @ (1024, n)
+            n = math.ceil(flops / (2 * tokens * 1024))
+            a = torch.randn(tokens, 1024, device=s.device, requires_grad=True)
+            b = torch.randn(1024, n, device=s.device, requires_grad=True)
+            steps = {
+                "dextra_auto": forward_backward(lambda: ours(x), s.device, precision),
+                "dextra_reference": forward_backward(lambda: reference(x), s.device, precision),
+                "dense_gemm": forward_backward(lambda: a @ b, s.device, precision),
+            }
+            paths = {
+                "dextra_auto": "triton" if use_triton("auto", x) else "pytorch",
+                "dextra_reference": "pytorch",
+                "dense_gemm": "gemm",
+            }
+            entry_flops = {
+                "dextra_auto": flops, "dextra_reference": flops, "dense_gemm": 2 * tokens * 1024 * n
+            }
+            timings = time_interleaved(steps, s)
+            for name, t in timings.items():
+                rows.append(
+                    {
+                        "part": "dextra",
+                        "name": name,
+                        "path": paths[name],
+                        "tokens": tokens,
+                        "shape": str(shape),
+                        "precision": precision,
+                        "pass": "fwd+bwd",
+                        "ms": rounded(t.ms),
+                        # backward: two GEMMs per forward GEMM
+                        "tflops": rounded(3 * entry_flops[name] / t.ms / 1e9) if t.ms else None,
+                        "speedup_vs_reference": ratio(timings["dextra_reference"].ms, t.ms),
+                        "fraction_of_dense": ratio(timings["dense_gemm"].ms, t.ms),
+                        "error": t.error,
+                    }
+                )
+            del ours, reference, x, a, b, steps
+            release(s.device)
+    return rows
+
+
+# --- charlm -------------------------------------------------------------------------------------
+
+
+def lm_model(name: str, length: int) -> nn.Module:
+    """Table 2's enwik8 models (9 layers, d_model 256, 8 heads, d_inner 1024), dropout off."""
+    size: dict[str, Any] = {
+        "n_token": VOCAB, "n_layer": LM_LAYERS, "d_model": LM_WIDTH, "n_head": 8, "d_inner": 1024,
+        "mem_len": length, "dropout": 0.0,
+    }
+    if name == TXL:
+        return TransformerXL(**size, pre_norm=True, tie_weight=False)
+    groups = {"group_transformer(G=2)": 2, "group_transformer(G=4)": 4}[name]
+    return GroupTransformer(**size, n_group=groups, tgt_len=length)
+
+
+def lm_train_step(
+    net: nn.Module,
+    forward: Callable[..., tuple[Tensor, Any]],
+    tokens: Tensor,
+    memories: list[Tensor],
+    device: torch.device,
+    precision: str,
+) -> Callable[[], None]:
+    """Forward over ``tokens[:, :-1]`` with full memories, next-character loss, backward, Adam."""
+    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4)
+
+    def step() -> None:
+        with autocast(device, precision):
+            logits, _ = forward(tokens[:, :-1], memories)  # (B, T, VOCAB)
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def charlm_part(s: Settings) -> list[dict]:
+    rows = []
+    modes = ("eager", "compiled") if s.compile else ("eager",)
+    torch.manual_seed(0)
+    tokens = torch.randint(VOCAB, (s.lm_batch, s.lm_len + 1), device=s.device)
+    # n_layer + 1 memories (B, M, d_model), as after one full segment
+    memories = [
+        torch.zeros(s.lm_batch, s.lm_len, LM_WIDTH, device=s.device) for _ in range(LM_LAYERS + 1)
+    ]
+    for precision in PRECISIONS:
+        for mode in modes:
+            progress(f"charlm: {precision}, {mode}")
+            if mode == "compiled":
+                torch._dynamo.reset()  # each compiled group pays its own compile time
+            steps = {}
+            for name in LM_NAMES:
+                torch.manual_seed(0)
+                net = lm_model(name, s.lm_len).to(s.device).train()
+                forward = torch.compile(net) if mode == "compiled" else net
+                steps[name] = lm_train_step(net, forward, tokens, memories, s.device, precision)
+            timings = time_interleaved(steps, s)
+            for name, t in timings.items():
+                row = {
+                    "part": "charlm",
+                    "name": name,
+                    "precision": precision,
+                    "mode": mode,
+                    "batch": s.lm_batch,
+                    "segment": s.lm_len,
+                    "mem_len": s.lm_len,
+                    "ms": rounded(t.ms),
+                    "tokens_per_s": round(s.lm_batch * s.lm_len / t.ms * 1e3, 1) if t.ms else None,
+                    "speedup_vs_txl": ratio(timings[TXL].ms, t.ms),
+                }
+                if mode == "compiled":
+                    row |= {"compile_s": rounded(t.first_s, 2), "graphs": t.graphs,
+                            "graph_breaks": t.graph_breaks}
+                rows.append(row | {"error": t.error})
+            del steps
+            release(s.device)
+    return rows
+
+
+# --- vision -------------------------------------------------------------------------------------
+
+
+def vision_net(name: str, s: Settings) -> nn.Module:
+    """One network by name: ours (``*_reference``: kernel switches off) or a torchvision one."""
+    base = name.removesuffix("_reference")
+    if base == "dicenet":
+        net: nn.Module = DiCENet(scale=1.0, input_size=s.image_size)
+    elif base == "espnetv2":
+        net = ESPNetv2(scale=1.0)
+    else:
+        net = torchvision.models.get_model(base)
+    if name.endswith("_reference"):
+        with_impl(net, "reference")
+    return net.to(s.device, memory_format=torch.channels_last)
+
+
+def vision_names(s: Settings) -> list[str]:
+    names = []
+    for name in OURS_CNN:
+        names.append(name)
+        if has_impl(vision_net(name, s)):
+            names.append(f"{name}_reference")
+    return names + list(TORCHVISION)
+
+
+def vision_train_step(
+    net: nn.Module, forward: Callable[[Tensor], Tensor], x: Tensor, labels: Tensor, s: Settings
+) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+
+    def step() -> None:
+        with autocast(s.device, s.vision_precision):
+            loss = F.cross_entropy(forward(x), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def vision_infer_step(net: nn.Module, x: Tensor, s: Settings) -> Callable[[], None]:
+    def step() -> None:
+        with torch.inference_mode(), autocast(s.device, s.vision_precision):
+            net(x)
+
+    return step
+
+
+def vision_inputs(s: Settings, batch: int) -> tuple[Tensor, Tensor]:
+    torch.manual_seed(0)
+    x = torch.randn(batch, 3, s.image_size, s.image_size, device=s.device)
+    labels = torch.randint(1000, (batch,), device=s.device)
+    return x.contiguous(memory_format=torch.channels_last), labels
+
+
+def vision_part(s: Settings) -> list[dict]:
+    rows = []
+    names = vision_names(s)
+    x, labels = vision_inputs(s, s.vision_batch)
+    nets = {}
+    for name in names:
+        torch.manual_seed(0)
+        nets[name] = vision_net(name, s)
+    for pass_ in ("train", "infer"):
+        progress(f"vision: {pass_}, {s.vision_precision}")
+        steps = {}
+        for name, net in nets.items():
+            net.train(pass_ == "train")
+            if pass_ == "train":
+                steps[name] = vision_train_step(net, net, x, labels, s)
+            else:
+                steps[name] = vision_infer_step(net, x, s)
+        timings = time_interleaved(steps, s)
+        for name, t in timings.items():
+            reference = timings.get(f"{name}_reference")
+            rows.append(
+                {
+                    "part": "vision",
+                    "name": name,
+                    "pass": pass_,
+                    "precision": s.vision_precision,
+                    "batch": s.vision_batch,
+                    "image_size": s.image_size,
+                    "channels_last": True,
+                    "ms": rounded(t.ms),
+                    "images_per_s": round(s.vision_batch / t.ms * 1e3, 1) if t.ms else None,
+                    "speedup_vs_shufflenet": ratio(timings[BASELINE_CNN].ms, t.ms),
+                    "speedup_vs_reference": ratio(reference.ms, t.ms) if reference else None,
+                    "error": t.error,
+                }
+            )
+        del steps
+        release(s.device)
+    del nets
+    release(s.device)
+    if s.compile:
+        rows += [vision_compile_row(name, s) for name in OURS_CNN]
+    return rows
+
+
+def compile_probe(name: str, s: Settings, results: Connection) -> None:
+    """In a child process: compile ``name``'s training step, time its first call and a few more."""
+    if hasattr(os, "setpgid"):
+        os.setpgid(0, 0)  # its own process group, so that a timeout also stops compile workers
+    try:
+        configure(s)
+        net = vision_net(name, s).train()
+        x, labels = vision_inputs(s, s.vision_batch)
+        step = vision_train_step(net, torch.compile(net), x, labels, s)
+        results.send(asdict(time_interleaved({name: step}, s)[name]))
+    except Exception as error:  # reported by the parent
+        results.send({"error": describe(error)})
+
+
+def stop(child: multiprocessing.process.BaseProcess) -> None:
+    """Kill a child process with its process group (the compile workers it started)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (AttributeError, OSError):  # no process groups here, or the child has none yet
+        child.kill()
+
+
+def vision_compile_row(name: str, s: Settings) -> dict:
+    """The compile time of one network's training step, measured in a child process (spawned, as
+    CUDA needs) that is stopped after ``compile_timeout`` seconds."""
+    progress(f"vision: compiling {name} (timeout {s.compile_timeout:g} s)")
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=compile_probe, args=(name, s, sender))
+    child.start()
+    sender.close()  # the child holds the only sending end: its exit reads as end of file here
+    deadline = time.monotonic() + s.compile_timeout
+    result: dict | None = None
+    while result is None:
+        if receiver.poll(1.0):
+            try:
+                result = receiver.recv()
+            except EOFError:
+                child.join()
+                result = {"error": f"the compiling process exited with code {child.exitcode}"}
+        elif time.monotonic() > deadline:
+            stop(child)
+            result = {"error": f"timeout after {s.compile_timeout:g} s"}
+    child.join(60.0)
+    if child.is_alive():  # sent its result but does not exit
+        stop(child)
+        child.join()
+    receiver.close()
+    ms = result.get("ms")
+    return {
+        "part": "vision_compile",
+        "name": name,
+        "pass": "train",
+        "precision": s.vision_precision,
+        "batch": s.vision_batch,
+        "image_size": s.image_size,
+        "compile_s": rounded(result.get("first_s"), 2),
+        "graphs": result.get("graphs"),
+        "graph_breaks": result.get("graph_breaks"),
+        "compiled_ms": rounded(ms),
+        "compiled_images_per_s": round(s.vision_batch / ms * 1e3, 1) if ms else None,
+        "error": result.get("error"),
+    }
+
+
+# --- amp ----------------------------------------------------------------------------------------
+
+# (build the module, run it under autocast: (output, scalar loss))
+AmpCase = tuple[Callable[[], nn.Module], Callable[[nn.Module], tuple[Tensor, Tensor]]]
+
+
+def amp_cases(s: Settings) -> dict[str, AmpCase]:
+    """name -> (build the module, run it: (output, scalar loss)) for every module above, small."""
+    x = torch.randn(1, min(s.tokens[0], SEQ), D_M, device=s.device)
+    tokens = torch.randint(VOCAB, (2, s.lm_len + 1), device=s.device)
+    memories = [torch.zeros(2, s.lm_len, LM_WIDTH, device=s.device) for _ in range(LM_LAYERS + 1)]
+    images, labels = vision_inputs(s, 2)
+
+    def dextra(net: nn.Module) -> tuple[Tensor, Tensor]:
+        out = net(x)
+        return out, out.float().square().mean()
+
+    def lm(net: nn.Module) -> tuple[Tensor, Tensor]:
+        logits, _ = net(tokens[:, :-1], memories)
+        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+    def classify(net: nn.Module) -> tuple[Tensor, Tensor]:
+        logits = net(images)
+        return logits, F.cross_entropy(logits, labels)
+
+    cases: dict[str, AmpCase] = {
+        "dextra_auto": (dextra_unit, dextra),
+        "dextra_reference": (lambda: with_impl(dextra_unit(), "reference"), dextra),
+    }
+    for name in LM_NAMES:
+        cases[name] = (lambda name=name: lm_model(name, s.lm_len), lm)
+    for name in vision_names(s):
+        cases[name] = (lambda name=name: vision_net(name, s), classify)
+    return cases
+
+
+def amp_check(
+    build: Callable[[], nn.Module],
+    run: Callable[[nn.Module], tuple[Tensor, Tensor]],
+    precision: str,
+    device: torch.device,
+) -> tuple[str, str | None, str | None]:
+    """(status, output dtype, detail) of one forward+backward under autocast."""
+    try:
+        torch.manual_seed(0)
+        net = build().to(device).train()
+        with autocast(device, precision):
+            out, loss = run(net)
+        loss.backward()
+    except Exception as error:  # reported in the case's row
+        release(device)
+        return "error", None, describe(error)
+    bad = [
+        name
+        for name, p in net.named_parameters()
+        if p.grad is not None and not p.grad.isfinite().all()
+    ]
+    if not loss.isfinite():
+        return "nonfinite", str(out.dtype), f"loss {loss.item()}"
+    if bad:
+        return "nonfinite", str(out.dtype), f"{len(bad)} gradients, e.g. {bad[0]}"
+    return "ok", str(out.dtype), None
+
+
+def amp_part(s: Settings) -> list[dict]:
+    precisions = ("bf16", "fp16") if s.device.type == "cuda" else ("bf16",)
+    rows = []
+    for precision in precisions:
+        progress(f"amp: {precision}")
+        for name, (build, run) in amp_cases(s).items():
+            status, dtype, detail = amp_check(build, run, precision, s.device)
+            rows.append({"part": "amp", "name": name, "precision": precision, "status": status,
+                         "output_dtype": dtype, "error": detail})
+    return rows
+
+
+# --- output -------------------------------------------------------------------------------------
+
+COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    # part -> (header, row key, format spec)
+    "dextra": [("name", "name", ""), ("path", "path", ""), ("tokens", "tokens", ","),
+               ("precision", "precision", ""), ("ms", "ms", ".3f"), ("TFLOP/s", "tflops", ".3g"),
+               ("x reference", "speedup_vs_reference", ".2f"),
+               ("of dense", "fraction_of_dense", ".2f")],
+    "charlm": [("model", "name", ""), ("precision", "precision", ""), ("mode", "mode", ""),
+               ("batch", "batch", ""), ("T", "segment", ""), ("ms", "ms", ".2f"),
+               ("tokens/s", "tokens_per_s", ",.1f"), ("x TXL", "speedup_vs_txl", ".2f"),
+               ("compile s", "compile_s", ".1f"), ("graphs", "graphs", ""),
+               ("breaks", "graph_breaks", "")],
+    "vision": [("model", "name", ""), ("pass", "pass", ""), ("precision", "precision", ""),
+               ("batch", "batch", ""), ("size", "image_size", ""), ("ms", "ms", ".2f"),
+               ("images/s", "images_per_s", ",.1f"),
+               ("x shufflenet", "speedup_vs_shufflenet", ".2f"),
+               ("x reference", "speedup_vs_reference", ".2f")],
+    "vision_compile": [("model", "name", ""), ("pass", "pass", ""), ("batch", "batch", ""),
+                       ("compile s", "compile_s", ".1f"), ("graphs", "graphs", ""),
+                       ("breaks", "graph_breaks", ""), ("compiled ms", "compiled_ms", ".2f"),
+                       ("images/s", "compiled_images_per_s", ",.1f")],
+    "amp": [("case", "name", ""), ("precision", "precision", ""), ("status", "status", ""),
+            ("output", "output_dtype", "")],
+}
+
+
+def cell(value: Any, spec: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and spec:
+        return format(value, spec)
+    return str(value)
+
+
+def print_table(part: str, rows: list[dict]) -> None:
+    """Text columns left-aligned, numbers right-aligned, empty columns left out; a row's error
+    ends its line."""
+    columns = [
+        (header, key, spec)
+        for header, key, spec in COLUMNS[part]
+        if any(row.get(key) is not None for row in rows)
+    ]
+    cells = [[cell(row.get(key), spec) for _, key, spec in columns] for row in rows]
+    widths = [
+        max([len(header)] + [len(c[i]) for c in cells]) for i, (header, _, _) in enumerate(columns)
+    ]
+    numeric = [
+        all(isinstance(row.get(key), (int, float, type(None))) for row in rows)
+        for _, key, _ in columns
+    ]
+
+    def line(values: list[str]) -> str:
+        aligned = zip(values, widths, numeric, strict=True)
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in aligned).rstrip()
+
+    header = line([header for header, _, _ in columns])
+    print(header)
+    print("-" * len(header))
+    for row, values in zip(rows, cells, strict=True):
+        error = row.get("error")
+        print(line(values) + (f"  {row.get('status', 'error')}: {error}" if error else ""))
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def fmt_seconds(row: dict) -> str:
+    if row.get("compile_s") is None:
+        return f"error ({row.get('error')})"
+    return f"{row['compile_s']:.1f} s ({row.get('graph_breaks')} breaks)"
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """One line per compared group with the ratios it measures; "n/a" where an entry failed."""
+    lines = []
+    for r in rows:
+        if r["part"] == "dextra" and r["name"] == "dextra_auto":
+            lines.append(
+                f"dextra  {r['tokens']:>6} tokens {r['precision']:<5} auto ({r['path']}) / "
+                f"reference {fmt_ratio(r['speedup_vs_reference'])}; auto runs at "
+                f"{fmt_ratio(r['fraction_of_dense'])} a dense GEMM's speed"
+            )
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in rows:
+        if r["part"] == "charlm" and r.get("name"):
+            groups.setdefault((r["precision"], r["mode"]), {})[r["name"]] = r
+    for (precision, mode), group in groups.items():
+        text = ", ".join(
+            f"{SHORT[name]} / TXL {fmt_ratio(group.get(name, {}).get('speedup_vs_txl'))}"
+            for name in LM_NAMES[1:]
+        )
+        if mode == "compiled":
+            text += "; compile " + ", ".join(
+                f"{SHORT[name]} {fmt_seconds(r)}" for name, r in group.items()
+            )
+        lines.append(f"charlm  {precision:<5} {mode:<9} {text}")
+    for pass_ in ("train", "infer"):
+        vision = [r for r in rows if r["part"] == "vision" and r["pass"] == pass_]
+        if not vision:
+            continue
+        text = ", ".join(
+            f"{r['name']} {fmt_ratio(r['speedup_vs_shufflenet'])}"
+            for r in vision
+            if r["name"] != BASELINE_CNN
+        )
+        names = {r["name"] for r in vision}
+        kernel = "".join(
+            f"; {r['name']} auto / reference {fmt_ratio(r['speedup_vs_reference'])}"
+            for r in vision
+            if f"{r['name']}_reference" in names
+        )
+        lines.append(
+            f"vision  {pass_:<5} {vision[0]['precision']:<5} x {BASELINE_CNN}: {text}{kernel}"
+        )
+    compiled = [r for r in rows if r["part"] == "vision_compile"]
+    if compiled:
+        lines.append(
+            "vision  compile " + ", ".join(f"{r['name']} {fmt_seconds(r)}" for r in compiled)
+        )
+    for precision in ("bf16", "fp16"):
+        amp = [r for r in rows if r["part"] == "amp" and r.get("precision") == precision]
+        if amp:
+            by_status = {
+                status: [r["name"] for r in amp if r["status"] == status]
+                for status in ("ok", "nonfinite", "error")
+            }
+            text = ", ".join(f"{len(names)} {status}" for status, names in by_status.items())
+            failing = by_status["nonfinite"] + by_status["error"]
+            lines.append(
+                f"amp     {precision:<5} {text}" + (f" ({', '.join(failing)})" if failing else "")
+            )
+    errors = [r for r in rows if r["part"] != "amp" and r.get("error")]
+    if errors:
+        names = ", ".join(f"{r['part']}/{r.get('name')}" for r in errors)
+        lines.append(f"errors  {len(errors)} timed entries raised (see their rows): {names}")
+    return lines
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo where there is one."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def environment(s: Settings) -> dict:
+    cuda = s.device.type == "cuda"
+    triton_version = None
+    if triton_available():
+        import triton
+
+        triton_version = triton.__version__
+    return {
+        "part": "environment",
+        "device": torch.cuda.get_device_name(s.device) if cuda else cpu_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "triton": triton_version,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "threads": torch.get_num_threads(),
+        "settings": {k: str(v) if k == "device" else v for k, v in asdict(s).items()},
+    }
+
+
+def progress(message: str) -> None:
+    print(f"... {message}", file=sys.stderr, flush=True)
+
+
+def by_device(flag: str) -> str:
+    """A flag's defaults as help text: "cuda 21, cpu 3"."""
+    key = flag.removeprefix("--").replace("-", "_")
+    return ", ".join(
+        f"{device} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        for device, values in DEFAULTS.items()
+        for v in (values[key],)
+    )
+
+
+def parse_settings(argv: list[str] | None = None) -> tuple[Settings, str | None]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda (default where available) or cpu")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="parts to run (default: all)")
+    for flag, kind, text in (
+        ("--repeats", int, "timed runs per entry"),
+        ("--warmup", int, "untimed calls per entry first, at least 1"),
+        ("--lm-batch", int, "LM sub-streams per training step"),
+        ("--lm-len", int, "LM segment length, also the memory length"),
+        ("--vision-batch", int, "images per step"),
+        ("--image-size", int, "image height and width"),
+    ):
+        parser.add_argument(flag, type=kind, help=f"{text} ({by_device(flag)})")
+    parser.add_argument("--tokens", type=int, nargs="+",
+                        help=f"DExTra tokens per call, below 512 or multiples of it "
+                        f"({by_device('--tokens')})")
+    parser.add_argument("--vision-precision", choices=("bf16", "fp16", "fp32"),
+                        help=f"vision autocast, fp32 for none ({by_device('--vision-precision')})")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                        help="also time the LMs under torch.compile and compile DiCENet and "
+                        "ESPNetv2 (default: on with cuda)")
+    parser.add_argument("--compile-timeout", type=float, default=600.0,
+                        help="seconds a vision network may take to compile and run (default 600)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="TF32 for fp32 matmuls, in torch and in the Triton kernels")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--json", metavar="PATH", help="also write every row (JSON lines) to PATH")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available")
+    if device.type not in DEFAULTS:
+        parser.error(f"--device must be cuda or cpu, got {args.device!r}")
+    defaults = DEFAULTS[device.type]
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return defaults[name] if value is None else value
+
+    tokens = tuple(pick("tokens"))
+    bad = [t for t in tokens if t < 1 or t % min(t, SEQ)]
+    if bad:
+        parser.error(f"--tokens must be below {SEQ} or multiples of it, got {bad}")
+    settings = Settings(
+        device=device,
+        parts=tuple(args.parts),
+        repeats=pick("repeats"),
+        warmup=max(1, pick("warmup")),
+        tokens=tokens,
+        lm_batch=pick("lm_batch"),
+        lm_len=pick("lm_len"),
+        vision_batch=pick("vision_batch"),
+        image_size=pick("image_size"),
+        vision_precision=pick("vision_precision"),
+        compile=device.type == "cuda" if args.compile is None else args.compile,
+        compile_timeout=args.compile_timeout,
+        tf32=args.tf32,
+        threads=torch.get_num_threads() if args.threads is None else args.threads,
+    )
+    if settings.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {settings.repeats}")
+    return settings, args.json
+
+
+def configure(s: Settings) -> None:
+    """Threads, cuDNN autotuning (on CUDA) and TF32, in this process."""
+    torch.set_num_threads(s.threads)
+    if s.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    if s.tf32:
+        torch.set_float32_matmul_precision("high")  # the GLT kernel follows it too
+
+
+def main() -> None:
+    s, json_path = parse_settings()
+    configure(s)
+    run = {"dextra": dextra_part, "charlm": charlm_part, "vision": vision_part, "amp": amp_part}
+    titles = {
+        "dextra": f"DExTra(d_m={D_M}, w_m=2, N=8) forward+backward",
+        "charlm": f"enwik8 LM training step (Adam), {s.lm_batch} x {s.lm_len} characters, "
+        f"memory {s.lm_len}",
+        "vision": f"training and inference, {s.vision_batch} x {s.image_size}^2 images, "
+        f"{s.vision_precision}, channels-last",
+        "amp": "mixed precision forward+backward",
+    }
+    rows: list[dict] = []
+    for part in s.parts:
+        print(f"\n== {part}: {titles[part]}; {s.device.type}, median of {s.repeats} ==")
+        try:
+            part_rows = run[part](s)
+        except Exception as error:  # a part that cannot even be set up; the next part still runs
+            part_rows = [{"part": part, "name": None, "error": describe(error)}]
+            print(f"error: {part_rows[0]['error']}")
+        else:
+            for table in dict.fromkeys(r["part"] for r in part_rows):
+                print_table(table, [r for r in part_rows if r["part"] == table])
+        for row in part_rows:
+            print(json.dumps(row))
+        rows += part_rows
+        release(s.device)
+
+    env = environment(s)
+    print("\n== summary (ratios > 1: faster than the baseline) ==")
+    for line in summary(rows):
+        print(line)
+    print(json.dumps(env))
+    if json_path:
+        with open(json_path, "w") as file:
+            for row in rows + [env]:
+                file.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
