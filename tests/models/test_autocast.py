@@ -3,7 +3,8 @@
 Forward and backward in the autocast dtype must keep float32 parameters and gradients and stay
 within ``NETWORK_TOLERANCE`` of float32 in eval mode (``tests/amp.py`` says how it is measured and
 why). PReLUs start with slope 1 there, as in the op tests, so that kinks do not decide the
-comparison. In training mode the networks must run finite with float32 parameters and gradients.
+comparison. Training mode in bf16 is covered by the task runs
+(``tests/tasks/test_mixed_precision_training.py``); DiCE off its build size by the op tests.
 """
 
 from __future__ import annotations
@@ -46,10 +47,6 @@ def images(size: tuple[int, int] = (64, 64)) -> list[Tensor]:
 
 CASES = {
     "DiCENet": (lambda: DiCENet(0.5, num_classes=10, input_size=64), images),
-    "DiCENet off its build size": (
-        lambda: DiCENet(0.5, num_classes=10, input_size=64),
-        lambda: images((96, 80)),
-    ),
     "ESPNetv2": (lambda: ESPNetv2(0.5, num_classes=10), images),
     "dice_mobilenet": (lambda: dice_mobilenet(0.5, num_classes=10, input_size=64), images),
     "dice_resnet": (lambda: dice_resnet(0.5, num_classes=10, input_size=64), images),
@@ -88,17 +85,6 @@ def test_network_under_autocast_matches_float32(name: str, device: str, dtype: t
     # conv), which magnifies rounding; a gradient that is wrong, not rounded, is off by ~100%.
     worst = max(errors, key=errors.get)
     assert errors[worst] <= 0.25, f"{name}: {worst} off by {errors[worst]:.2e}"
-
-
-@pytest.mark.parametrize(("device", "dtype"), device_dtypes(), ids=str)
-@pytest.mark.parametrize("name", CASES)
-def test_network_trains_under_autocast(name: str, device: str, dtype: torch.dtype) -> None:
-    """Training mode (batch statistics, dropout): finite outputs and gradients, and float32
-    parameters and gradients (``autocast_errors`` asserts both). The values are not compared:
-    batch statistics over a 2x2 map of two images magnify rounding without bound."""
-    make, make_inputs = CASES[name]
-    errors = autocast_errors(make, make_inputs, dtype, device, input_grads=False)
-    assert "parameters.grad" in errors
 
 
 @pytest.mark.parametrize("name", ["DiCENet", "ESPNetv2"])
