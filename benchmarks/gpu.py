@@ -28,7 +28,7 @@ baseline) and a JSON line with the machine, torch, CUDA and Triton versions and 
 times include whatever inductor's on-disk caches hold (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``
 for cold ones). On the CPU the defaults shrink (512 DExTra tokens, 2 x 32-character LM segments,
 4 images of 128 x 128 in fp32, 3 repeats, no compile) so that the whole script runs anywhere in
-about a minute; on a busy machine ``--threads 1`` keeps OpenMP from spinning against other jobs.
+about a minute (one thread, so that OpenMP does not spin against other jobs; ``--threads``).
 
     python benchmarks/gpu.py [--device cuda|cpu] [--parts dextra charlm vision amp]
         [--repeats 21] [--tokens 4096 16384] [--lm-batch 22] [--lm-len 512]
@@ -88,15 +88,16 @@ TORCHVISION = ("shufflenet_v2_x1_0", "mobilenet_v2", "mobilenet_v3_large")
 BASELINE_CNN = "shufflenet_v2_x1_0"
 
 # per device type: the sizes a run uses unless a flag says otherwise
-# (CPU autocast to bf16 is emulated and slow, so the CPU's vision defaults to fp32)
+# (the CPU run is a smoke test: CPU autocast to bf16 is emulated and slow, so its vision runs in
+# fp32, and one thread keeps it quick where other jobs share the cores; None: torch's default)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {
         "repeats": 21, "warmup": 3, "tokens": [4096, 16384], "lm_batch": 22, "lm_len": 512,
-        "vision_batch": 256, "image_size": 224, "vision_precision": "bf16",
+        "vision_batch": 256, "image_size": 224, "vision_precision": "bf16", "threads": None,
     },
     "cpu": {
         "repeats": 3, "warmup": 1, "tokens": [512], "lm_batch": 2, "lm_len": 32,
-        "vision_batch": 4, "image_size": 128, "vision_precision": "fp32",
+        "vision_batch": 4, "image_size": 128, "vision_precision": "fp32", "threads": 1,
     },
 }
 
@@ -834,7 +835,8 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, str | None]
                         help="seconds a vision network may take to compile and run (default 600)")
     parser.add_argument("--tf32", action="store_true",
                         help="TF32 for fp32 matmuls, in torch and in the Triton kernels")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=int,
+                        help="torch intra-op threads (cuda: torch's default, cpu 1)")
     parser.add_argument("--json", metavar="PATH", help="also write every row (JSON lines) to PATH")
     args = parser.parse_args(argv)
 
@@ -867,7 +869,7 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, str | None]
         compile=device.type == "cuda" if args.compile is None else args.compile,
         compile_timeout=args.compile_timeout,
         tf32=args.tf32,
-        threads=torch.get_num_threads() if args.threads is None else args.threads,
+        threads=pick("threads") or torch.get_num_threads(),
     )
     if settings.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {settings.repeats}")
