@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -66,7 +66,7 @@ def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
 
 
 @pytest.fixture
-def kernel_device(monkeypatch: pytest.MonkeyPatch) -> torch.device:
+def kernel_device() -> Iterator[torch.device]:
     """Where the Triton kernel tests run: CUDA tensors on a machine with a GPU, else CPU tensors in
     Triton's interpreter. Each test compares a kernel with its reference computed on this device.
 
@@ -77,7 +77,9 @@ def kernel_device(monkeypatch: pytest.MonkeyPatch) -> torch.device:
     differ by summation order only, as in the interpreter, so the float32 tolerances hold on both.
     """
     if not torch.cuda.is_available():
-        return torch.device("cpu")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    return torch.device("cuda")
+        yield torch.device("cpu")
+        return
+    from tests.helpers import tf32
+
+    with tf32(False):
+        yield torch.device("cuda")

@@ -3,9 +3,10 @@ the CPU inference path (fused kernels or eager calls)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -16,6 +17,22 @@ import src.ops.eesp
 from src.ops.cpu import cpu_kernels
 from src.ops.dice import DiCE
 from src.ops.eesp import EESP
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """Sets TF32 for PyTorch's CUDA matmuls and cuDNN's convolutions, and restores both on exit.
+
+    ``monkeypatch.setattr`` cannot do this: ``torch.backends.cuda.matmul`` serves ``allow_tf32``
+    from ``__getattr__``, so pytest >= 9.2 records no old value and fails to restore it.
+    """
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 class DivergingNet(nn.Module):

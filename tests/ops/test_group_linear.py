@@ -17,6 +17,7 @@ from src.ops.group_linear import (
     group_linear_reference,
     interleaved_group_linear,
 )
+from tests.helpers import tf32
 
 CUDA = torch.cuda.is_available()
 
@@ -142,16 +143,14 @@ def test_triton_bfloat16(kernel_device: torch.device) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="TF32 is a mode of CUDA devices")
-def test_triton_tf32_where_torch_allows_it(
-    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_triton_tf32_where_torch_allows_it(kernel_device: torch.device) -> None:
     """With ``torch.backends.cuda.matmul.allow_tf32`` set, the kernel's float32 products are TF32
     ones, as PyTorch's matmuls then are: within TF32 rounding of the float64 oracle."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     torch.manual_seed(0)
     x = torch.randn(300, 64, device=kernel_device)
     weight, bias = _params(8, 8, 16, torch.float32, kernel_device)
-    y = group_linear(x, weight, bias, shuffle=True, impl="triton")
+    with tf32(True):
+        y = group_linear(x, weight, bias, shuffle=True, impl="triton")
     ref = group_linear_reference(x.double(), weight.double(), bias.double(), True)
     # TF32 keeps 11 significant bits of each input (relative error 2^-11 = 4.9e-4 each); outputs
     # are sums of 8 products of unit normals and a bias, about 3 in size: errors of a few 1e-3

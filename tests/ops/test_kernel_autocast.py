@@ -22,7 +22,7 @@ that rescales its error back to the same relative size, so the errors add up to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
@@ -31,6 +31,7 @@ from torch import Tensor
 from src.ops.dextra import DExTra
 from src.ops.dim_conv import DimConv
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
+from tests.helpers import tf32
 
 pytest.importorskip("triton")
 
@@ -46,10 +47,10 @@ def op_tolerance(dtype: torch.dtype) -> float:
 
 
 @pytest.fixture(autouse=True)
-def _no_tf32(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_tf32() -> Iterator[None]:
     # the float32 runs are the yardstick: on a GPU they must not round to TF32 (u = 2^-11)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    with tf32(False):
+        yield
 
 
 def max_norm_error(value: Tensor, reference: Tensor) -> float:
