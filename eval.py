@@ -1,8 +1,8 @@
-"""Evaluate a checkpoint: ``python eval.py ckpt_path=/path/to.ckpt [the run's overrides]``.
+"""Evaluate a checkpoint: ``python eval.py ckpt_path=/path/to.ckpt [overrides]``.
 
-The network, data and task are composed exactly as ``train.py`` composes them, so pass the same
-``model=``/``data=``/``experiment=`` choices the checkpoint was trained with. Writes
-``metrics.json`` (metrics, params, MACs, checkpoint) into the run directory.
+The network, data and task are rebuilt from the checkpoint's run record (the config it was trained
+with); an override on the command line (``data.root=...``, ``split=val``) still wins and is
+reported. Writes ``metrics.json`` (metrics, params, MACs, checkpoint) into the run directory.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import lightning as L
 from omegaconf import DictConfig
 
 from src.utils.files import write_json
-from train import build_task, build_trainer, complexity_of, scalars
+from src.utils.run_record import read_checkpoint
+from train import build_from_checkpoint, build_trainer, check_config, complexity_of, scalars
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +26,15 @@ def evaluate(cfg: DictConfig) -> dict:
     """Run the chosen split (``split=test|val``) on the checkpoint; returns the summary."""
     start = time.perf_counter()
     ckpt_path = Path(cfg.ckpt_path)
-    if not ckpt_path.is_file():
-        raise FileNotFoundError(f"checkpoint {ckpt_path} does not exist; pass ckpt_path=/path/to/file.ckpt")
+    read_checkpoint(ckpt_path)  # a clear error for a missing file or one that is not a checkpoint
     if cfg.split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {cfg.split!r}")
     L.seed_everything(cfg.seed, workers=True)
-    datamodule, task = build_task(cfg)
+    datamodule, task = build_from_checkpoint(cfg)  # the weights are loaded
     complexity = complexity_of(task, datamodule)
     trainer = build_trainer(cfg)
     run = trainer.test if cfg.split == "test" else trainer.validate
-    results = run(task, datamodule=datamodule, ckpt_path=str(ckpt_path), weights_only=True)
+    results = run(task, datamodule=datamodule)
     output_dir = Path(cfg.paths.output_dir)
     summary = {
         "metrics": scalars(results[0]),
@@ -52,6 +52,7 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> None:
+    check_config(cfg, "eval")
     evaluate(cfg)
 
 

@@ -1,8 +1,8 @@
 """Generate text with a character language model: ``python generate.py ckpt_path=... prompt='...'``.
 
-The datamodule, network and task are composed exactly as ``train.py`` composes them (pass the
-run's ``model=``/``data=``/``experiment=`` choices); the checkpoint's ``state_dict`` is loaded into
-the task. The prompt is encoded with the datamodule's vocabulary (built or read from its cache
+The datamodule, network and task are rebuilt from the checkpoint's run record (command-line
+overrides still win) and its ``state_dict`` is loaded into the task; without ``ckpt_path`` the run
+is refused unless ``allow_random=true``. The prompt is encoded with the datamodule's vocabulary (built or read from its cache
 under ``data.root``) and read in segments of the training ``tgt_len``, carrying the memories.
 Then, by ``mode``:
 
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from src.datamodules.char_lm import CharLMDataModule
 from src.tasks.generation import complete_words, decode, encode, is_boundary, sample, vocabulary_masks
-from train import build_task, load_checkpoint
+from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,17 @@ def generate(cfg: DictConfig) -> dict:
     prompt = str(cfg.prompt)  # a prompt like 123 arrives as a number
     if not prompt:
         raise ValueError("prompt is empty; pass prompt='some text'")
-    datamodule, task = build_task(cfg)
+    if cfg.ckpt_path is None and not cfg.allow_random:
+        raise ValueError(
+            "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names the best "
+            "one); allow_random=true generates with the randomly initialised network"
+        )
+    datamodule, task = build_from_checkpoint(cfg)
     if not isinstance(datamodule, CharLMDataModule):
-        raise TypeError(f"generation needs a character language-model datamodule, got {type(datamodule).__name__}")
-    load_checkpoint(task, cfg.ckpt_path)
+        raise TypeError(
+            f"generation needs a character language model; {cfg.ckpt_path or 'the config'} is a "
+            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8)"
+        )
     datamodule.setup("predict")  # builds the cache (and vocabulary) under data.root when missing
     symbols = datamodule.symbols
     ids = encode(prompt, symbols)
@@ -89,6 +96,7 @@ def generate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="generate")
 def main(cfg: DictConfig) -> None:
+    check_config(cfg, "generate")
     generate(cfg)
 
 

@@ -1,8 +1,9 @@
-"""Predict on one image: ``python predict.py image=/path/to.jpg [ckpt_path=...] [overrides]``.
+"""Predict on one image: ``python predict.py image=/path/to.jpg ckpt_path=... [overrides]``.
 
-The network and task are composed exactly as ``train.py`` composes them (pass the run's
-``model=``/``data=``/``experiment=`` choices); weights come from ``ckpt_path`` (a checkpoint of
-this project) or from the model config (``model.pretrained=`` for the official EdgeNets files).
+With ``ckpt_path`` (a checkpoint of this project) the network is rebuilt from the checkpoint's run
+record (command-line overrides still win); without it, from the command line's config with weights
+from the model config (``model.pretrained=`` for the official EdgeNets files, ``model.weights=``
+for timm/torchvision). A network without weights is refused unless ``allow_random=true``.
 The image is read as the EdgeNets scripts read it (PIL, bilinear resize to (W, H), ``to_tensor``,
 per-channel normalisation). A network output of shape:
 
@@ -33,7 +34,7 @@ from torch import Tensor
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
-from train import build_task, load_checkpoint
+from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,20 @@ def top_k_table(probabilities: Tensor, names: Sequence[str], k: int) -> list[tup
     return [(names[i], float(p)) for p, i in zip(values.tolist(), indices.tolist())]
 
 
+def has_weights(model: DictConfig) -> bool:
+    """Whether the model config loads weights of its own (``pretrained=`` or ``weights=``)."""
+    return any(model.get(key) is not None for key in ("pretrained", "weights"))
+
+
+def read_image(path: Path) -> Image.Image:
+    """The image at ``path`` as RGB, or a ``ValueError`` naming the file when PIL cannot read it."""
+    try:
+        with Image.open(path) as file:
+            return file.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as error:  # UnidentifiedImageError is an OSError
+        raise ValueError(f"image={path} cannot be read as an image ({error}); pass a JPEG, PNG or another format PIL reads") from None
+
+
 def predict(cfg: DictConfig) -> dict:
     """Run the configured network on ``cfg.image``; returns what was predicted (and written)."""
     image_path = Path(cfg.image)
@@ -208,12 +223,15 @@ def predict(cfg: DictConfig) -> dict:
         raise ValueError(f"top_k must be >= 1, got {cfg.top_k}")
     if not 0.0 <= cfg.alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {cfg.alpha}")
+    if cfg.ckpt_path is None and not has_weights(cfg.model) and not cfg.allow_random:
+        raise ValueError(
+            "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one) or "
+            "model.pretrained=/model.weights=<file>; allow_random=true predicts with the randomly "
+            "initialised network"
+        )
+    image = read_image(image_path)
     L.seed_everything(cfg.seed)
-    datamodule, task = build_task(cfg)
-    if cfg.ckpt_path is not None:
-        load_checkpoint(task, cfg.ckpt_path)
-    with Image.open(image_path) as file:
-        image = file.convert("RGB")
+    datamodule, task = build_from_checkpoint(cfg)
     size = input_size(cfg, image.size)
     x = preprocess(image, datamodule, size)
     log.info("image %s (%dx%d) -> network input %s", image_path, *image.size, tuple(x.shape))
@@ -248,6 +266,7 @@ def predict(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
+    check_config(cfg, "predict")
     predict(cfg)
 
 

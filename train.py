@@ -9,19 +9,35 @@ functions defined here.
 
 from __future__ import annotations
 
+import json
 import logging
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
-import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from src.callbacks.interrupt import InterruptCheckpoint
 from src.utils.complexity import Complexity, measure
+from src.utils.config_checks import check_pairing, known_top_level_keys, reject_unknown_keys
 from src.utils.files import write_json
+from src.utils.run_record import (
+    RunRecord,
+    check_resume,
+    config_from_checkpoint,
+    describe_data,
+    describe_model,
+    load_task_weights,
+    make_record,
+    read_checkpoint,
+    record_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +56,68 @@ def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModul
     return datamodule, task
 
 
-def build_trainer(cfg: DictConfig) -> L.Trainer:
+def build_trainer(cfg: DictConfig, extra_callbacks: tuple = ()) -> L.Trainer:
     """Instantiate callbacks and loggers (each a dict of named configs) and the Trainer."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    return instantiate(cfg.trainer, callbacks=[*callbacks, *extra_callbacks], logger=loggers or False)
+
+
+def hydra_choices() -> dict[str, Any]:
+    """The config-group choices of the running Hydra job (empty outside one)."""
+    if not HydraConfig.initialized():
+        return {}
+    return dict(HydraConfig.get().runtime.choices)
+
+
+def hydra_overrides() -> list[str]:
+    """The command-line overrides of the running Hydra job (empty outside one)."""
+    if not HydraConfig.initialized():
+        return []
+    return list(HydraConfig.get().overrides.task)
+
+
+def check_config(cfg: DictConfig, config_name: str) -> None:
+    """Before anything is built: no top-level key nobody reads, and a model that fits the data."""
+    reject_unknown_keys(cfg, known_top_level_keys(config_name))
+    check_pairing(hydra_choices())
+
+
+def unfinished_run_dir(ckpt_path: Path) -> Path | None:
+    """The run directory ``ckpt_path`` belongs to (``<run>/checkpoints/*.ckpt``), when that run did
+    not finish: its ``metrics.json`` is absent or says ``interrupted``. A finished run is never
+    written into again."""
+    run_dir = ckpt_path.resolve().parent.parent
+    if ckpt_path.resolve().parent.name != "checkpoints" or not (run_dir / ".hydra").is_dir():
+        return None
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file():
+        if json.loads(metrics.read_text()).get("status") != "interrupted":
+            return None
+    return run_dir
+
+
+def link_resume(run_dir: Path) -> None:
+    """Link this invocation's Hydra directory (its config and log) from the run it continues, as
+    ``<run>/resumes/<name>``."""
+    if not HydraConfig.initialized():
+        return
+    here = Path(HydraConfig.get().runtime.output_dir)
+    if here.resolve() == run_dir.resolve():
+        return
+    link = run_dir / "resumes" / here.name
+    try:
+        link.parent.mkdir(exist_ok=True)
+        if not link.exists():
+            link.symlink_to(here.resolve(), target_is_directory=True)
+    except OSError as error:  # a file system without links: the log says where the rest is
+        log.warning("could not link %s from %s: %s", here, link, error)
+
+
+def resume_command(checkpoint: Path) -> str:
+    """The command line that resumes this run from ``checkpoint``."""
+    overrides = [o for o in hydra_overrides() if not o.startswith("ckpt_path=")]
+    return shlex.join([sys.executable.rsplit("/", 1)[-1], "train.py", *overrides, f"ckpt_path={checkpoint}"])
 
 
 def complexity_of(task: L.LightningModule, datamodule: L.LightningDataModule) -> Complexity:
@@ -52,15 +125,32 @@ def complexity_of(task: L.LightningModule, datamodule: L.LightningDataModule) ->
     return measure(task.net, datamodule.example_input())
 
 
-def load_checkpoint(task: L.LightningModule, path: str | Path) -> None:
-    """Load the weights of a Lightning checkpoint of this project (tensors only) into ``task``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist; pass ckpt_path=/path/to/file.ckpt")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise KeyError(f"{path} is not a Lightning checkpoint (no 'state_dict')")
-    task.load_state_dict(checkpoint["state_dict"])
+def build_from_checkpoint(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule]:
+    """``build_task`` for a run's checkpoint (``eval.py``, ``predict.py``, ``generate.py``).
+
+    With ``cfg.ckpt_path`` the ``model``, ``data`` and ``task`` sections come from the checkpoint's
+    run record, except those the command line chose (``model=...``, ``data.batch_size=...``:
+    reported in the log), and the weights are loaded, with a short message when they do not fit.
+    """
+    if cfg.get("ckpt_path") is None:
+        return build_task(cfg)
+    checkpoint = read_checkpoint(cfg.ckpt_path)
+    record = record_of(checkpoint)
+    overrides = hydra_overrides()
+    chosen = {o.split("=", 1)[0] for o in overrides if "=" in o}
+    choices = {k: v for k, v in hydra_choices().items() if k in chosen}
+    if record is not None:
+        for line in config_from_checkpoint(cfg, record, overrides):
+            log.info("%s", line)
+        choices = {**record.get("choices", {}), **choices}
+    else:
+        log.warning("%s carries no run record: the network is the one the command line composes", cfg.ckpt_path)
+    datamodule, task = build_task(cfg)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    asked = f"{describe_model(model, choices.get('model'))}, {describe_data(data, choices.get('data'))}"
+    load_task_weights(task, checkpoint, cfg.ckpt_path, asked)
+    return datamodule, task
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:
@@ -69,18 +159,61 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Fit, test and summarise one run; returns what is written to ``metrics.json``."""
+    """Fit, test and summarise one run; returns what is written to ``metrics.json``.
+
+    With ``ckpt_path`` the run resumes: the checkpoint must carry the same network and task
+    (``check_resume``), and a run that did not finish is continued in its own run directory
+    (checkpoints, loggers and ``metrics.json``; its wall time adds up). On SIGINT or SIGTERM the
+    run stops with ``checkpoints/interrupted.ckpt`` and ``metrics.json`` status ``interrupted``,
+    prints the resume command and exits with 128 + the signal number.
+    """
     start = time.perf_counter()
+    previous_time = 0.0
+    resumed = None
+    if cfg.ckpt_path is not None:
+        resumed = read_checkpoint(cfg.ckpt_path)
+        previous_time = float((resumed.get("lightnets") or {}).get("wall_time_s", 0.0))
+        run_dir = unfinished_run_dir(Path(cfg.ckpt_path))
+        if run_dir is not None:
+            with open_dict(cfg):
+                cfg.paths.output_dir = str(run_dir)
+            log.info("continuing run %s from %s", run_dir, cfg.ckpt_path)
+            link_resume(run_dir)
     L.seed_everything(cfg.seed, workers=True)
     datamodule, task = build_task(cfg)
+    if resumed is not None:
+        check_resume(cfg, resumed, cfg.ckpt_path)
     complexity = complexity_of(task, datamodule)
-    trainer = build_trainer(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    record = RunRecord(make_record(cfg, hydra_choices()), start=start, previous_time=previous_time)
+    interrupt = InterruptCheckpoint(output_dir / "checkpoints")
+    trainer = build_trainer(cfg, (record, interrupt))
     for logger in trainer.loggers:
         logger.log_hyperparams(
             {"config": OmegaConf.to_container(cfg, resolve=True), "params": complexity.params, "macs": complexity.macs}
         )
 
-    trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+    def elapsed() -> float:
+        return round(previous_time + time.perf_counter() - start, 2)
+
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+    except (SystemExit, KeyboardInterrupt):
+        if interrupt.signum is None:
+            raise
+        summary = {
+            "status": "interrupted",
+            "signal": interrupt.signum,
+            "interrupted_checkpoint": str(interrupt.path) if interrupt.path else None,
+            "global_step": trainer.global_step,
+            "wall_time_s": elapsed(),
+            "output_dir": str(output_dir),
+        }
+        if trainer.is_global_zero:
+            write_json(output_dir / "metrics.json", summary)
+            if interrupt.path is not None:
+                print(f"interrupted at step {trainer.global_step}; resume with:\n  {resume_command(interrupt.path)}")
+        raise SystemExit(128 + interrupt.signum) from None
     metrics = scalars({k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
 
     checkpoint = trainer.checkpoint_callback
@@ -92,14 +225,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         results = trainer.test(task, datamodule=datamodule, ckpt_path=best_path or None, weights_only=True)
         metrics.update(scalars(results[0]))
 
-    output_dir = Path(cfg.paths.output_dir)
     summary = {
+        "status": "finished",
         "metrics": metrics,
         **complexity.as_dict(),
-        "wall_time_s": round(time.perf_counter() - start, 2),
+        "wall_time_s": elapsed(),
         "best_checkpoint": best_path or None,
         "output_dir": str(output_dir),
     }
+    if resumed is not None:
+        summary["resumed_from"] = str(cfg.ckpt_path)
     if trainer.is_global_zero:
         write_json(output_dir / "metrics.json", summary)
         log.info("metrics: %s", metrics)
@@ -109,6 +244,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    check_config(cfg, "train")
     summary = train(cfg)
     # the monitored value, for Hydra sweepers that optimise it
     checkpoint = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}

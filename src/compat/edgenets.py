@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from src.models.weights import mismatch_summary, project_network_state, torch_load
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.eesp import EESP, EESPDownsampler
 
@@ -335,11 +336,25 @@ def load_official_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 def load_official_weights(model: nn.Module, weights: str | Path | Mapping[str, Tensor]) -> None:
     """Load official EdgeNets weights (a ``.pth`` path or a state dict) into ``model`` in place.
+    A path to a Lightning checkpoint of this project loads its network's weights instead.
 
     Raises ``KeyError`` listing the official keys the map expects but the file lacks, the
     file's keys the map does not know, and shape mismatches (e.g. another width or class count).
     """
-    state = load_official_state_dict(weights) if isinstance(weights, (str, Path)) else weights
+    if isinstance(weights, (str, Path)):
+        path = Path(weights)
+        loaded = torch_load(path, "pretrained")
+        own = project_network_state(loaded)
+        if own is not None:  # a Lightning checkpoint of this project: our key names already
+            problems = mismatch_summary(model.state_dict(), own)
+            if problems:
+                raise KeyError(f"{path} does not fit {type(model).__name__}: {problems}")
+            model.load_state_dict(own)
+            return
+        if not isinstance(loaded, Mapping):
+            raise TypeError(f"{path} holds a {type(loaded).__name__}, not a state dict")
+        weights = {key.removeprefix("module."): value for key, value in loaded.items()}
+    state = weights
     key_map, ignored = official_key_map(model)
     converted = convert(state, key_map, ignored=ignored)
     expected = model.state_dict()

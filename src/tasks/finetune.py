@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+from src.models.weights import mismatch_summary, project_network_state, torch_load
 
-NET_PREFIX = "net."
+log = logging.getLogger(__name__)
 
 
 def load_network_weights(net: nn.Module, path: str | Path, *, skip_mismatched: bool = False) -> list[str]:
@@ -30,26 +30,19 @@ def load_network_weights(net: nn.Module, path: str | Path, *, skip_mismatched: b
         FileNotFoundError: ``path`` does not exist.
         KeyError: keys or shapes do not fit ``net`` (listed).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"init checkpoint {path} does not exist; pass the stage-1/pre-trained .ckpt file")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    checkpoint = torch_load(path, "init_checkpoint")
+    # a task checkpoint: keep the network's entries (not loss buffers such as class weights)
+    state = project_network_state(checkpoint)
+    if state is None:
+        state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
         raise KeyError(f"{path} holds no state dict")
-    if any(k.startswith(NET_PREFIX) for k in state):
-        # a task checkpoint: keep the network's entries (not loss buffers such as class weights)
-        state = {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
     expected = net.state_dict()
     mismatched = sorted(k for k, v in expected.items() if k in state and state[k].shape != v.shape)
-    missing = sorted(expected.keys() - state.keys())
-    unexpected = sorted(state.keys() - expected.keys())
-    if missing or unexpected or (mismatched and not skip_mismatched):
-        shapes = [f"{k}: file {tuple(state[k].shape)} vs net {tuple(expected[k].shape)}" for k in mismatched]
-        raise KeyError(
-            f"{path} does not fit {type(net).__name__}: missing keys {missing}, unexpected keys {unexpected}, "
-            f"shape mismatches {shapes}"
-        )
+    compared = {k: (expected[k] if k in mismatched and skip_mismatched else v) for k, v in state.items()}
+    problems = mismatch_summary(expected, compared)
+    if problems:
+        raise KeyError(f"{path} does not fit {type(net).__name__}: {problems}")
     for key in mismatched:
         state[key] = expected[key]
     net.load_state_dict(state)
