@@ -10,11 +10,15 @@ official scripts write newlines as line breaks, which their tokenizer discards),
 symbols. The vocabulary is the sorted set of symbols of all three splits.
 
 Tokenised splits are cached next to the data as ``<name>.<split>.npy`` (plus ``<name>.vocab.json``)
-and memory-mapped, so a second run starts at once. Batches follow Transformer-XL's ordered
-iterator: a split is cut into ``batch_size`` contiguous sub-streams (row b of every batch continues
-row b of the previous one, so memories line up), served in order as (input, target) segments of
-``tgt_len`` symbols, the target shifted by one. Under DDP each rank first takes its own contiguous,
-equally long slice of the stream.
+and memory-mapped, so a second run starts at once. A cache that does not load, has another dtype or
+length than it was written with, or holds ids outside its vocabulary is rebuilt from the source
+(with a warning), or, without the source, named in a ``CorruptCacheError``. A zip that does not
+read (an interrupted download) raises ``zipfile.BadZipFile`` naming it and the download URL.
+
+Batches follow Transformer-XL's ordered iterator: a split is cut into ``batch_size`` contiguous
+sub-streams (row b of every batch continues row b of the previous one, so memories line up), served
+in order as (input, target) segments of ``tgt_len`` symbols, the target shifted by one. Under DDP
+each rank first takes its own contiguous, equally long slice of the stream.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import logging
 import math
 import os
 import zipfile
+import zlib
 from pathlib import Path
 
 import lightning as L
@@ -38,6 +43,11 @@ from torch.utils.data import DataLoader, IterableDataset
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
+CACHE_DTYPES = (np.uint8, np.uint16)  # uint8 up to 256 symbols
+
+
+class CorruptCacheError(ValueError):
+    """A tokenised cache that is damaged and cannot be rebuilt (its source is missing)."""
 
 
 class OrderedSegments(IterableDataset):
@@ -144,40 +154,89 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
     def _vocab_path(self) -> Path:
         return Path(self.root) / f"{self.name}.vocab.json"
 
-    def _cache_is_valid(self) -> bool:
+    def cache_files(self) -> list[Path]:
+        """The split caches and the vocabulary file (written last: it marks the cache complete)."""
+        return [self.cache_path(s) for s in SPLITS] + [self._vocab_path()]
+
+    def _cache_damage(self) -> str | None:
+        """What is wrong with a complete cache (None: intact, or not complete yet). Needs no source."""
+        vocab_path = self._vocab_path()
+        if not vocab_path.is_file():
+            return None
+        try:
+            vocab = json.loads(vocab_path.read_text())
+            n_symbols = len(vocab["symbols"])
+        except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError is a ValueError
+            return f"{vocab_path} does not hold the cache's vocabulary ({type(error).__name__}: {error})"
+        lengths = vocab.get("lengths") or {}  # absent from caches of older versions: rebuilt as stale
+        for split in SPLITS:
+            path = self.cache_path(split)
+            if not path.is_file():
+                return f"{path} is missing from the cache"
+            try:
+                ids = np.load(path, mmap_mode="r")
+            except (OSError, ValueError, EOFError) as error:
+                return f"{path} does not load ({type(error).__name__}: {error})"
+            expected = lengths.get(split, len(ids))
+            if ids.dtype not in CACHE_DTYPES or ids.shape != (expected,):
+                return f"{path} holds {ids.dtype} {ids.shape}, expected uint8 or uint16 ({expected},)"
+            if len(ids) and int(ids.max()) >= n_symbols:
+                return f"{path} holds id {int(ids.max())}, outside its vocabulary of {n_symbols} symbols"
+        return None
+
+    def _cache_is_current(self) -> bool:
+        """Complete and built from the current source with the current split settings."""
         path = self._vocab_path()
-        if not path.is_file() or not all(self.cache_path(s).is_file() for s in SPLITS):
+        if not path.is_file():
             return False
-        return json.loads(path.read_text()).get("source") == self.source_signature()
+        vocab = json.loads(path.read_text())
+        return "lengths" in vocab and vocab.get("source") == self.source_signature()
+
+    def _check_vocab_size(self, n_symbols: int) -> None:
+        if n_symbols > self.vocab_size:
+            raise ValueError(
+                f"{self.name} has {n_symbols} distinct symbols but vocab_size is {self.vocab_size}; "
+                f"set data.vocab_size={n_symbols}"
+            )
 
     def prepare_data(self) -> None:
-        """Tokenise the corpus into the cache (once; rank 0 of each node under Lightning)."""
-        if self._cache_is_valid():
+        """Tokenise the corpus into the cache, unless an intact one from the current source is
+        there (rank 0 of each node under Lightning). A damaged cache is rebuilt, with a warning."""
+        damage = self._cache_damage()
+        if damage is None and self._cache_is_current():
             return
-        codes = self.read_symbols()
+        try:
+            codes = self.read_symbols()
+        except FileNotFoundError as error:
+            if damage is None:
+                raise
+            raise CorruptCacheError(
+                f"{damage}, and the cache cannot be rebuilt: {error}\nProvide the source so that the "
+                f"cache is rebuilt from it, or delete the damaged cache files: "
+                f"{' '.join(str(p) for p in self.cache_files())}"
+            ) from error
+        if damage is not None:
+            log.warning("%s: %s; rebuilding the cache from the source", self.name, damage)
         symbols = np.unique(np.concatenate([codes[s] for s in SPLITS]))
-        if len(symbols) > self.vocab_size:
-            raise ValueError(
-                f"{self.name} has {len(symbols)} distinct symbols but vocab_size is {self.vocab_size}; "
-                f"set data.vocab_size={len(symbols)}"
-            )
+        self._check_vocab_size(len(symbols))
         dtype = np.uint8 if self.vocab_size <= 256 else np.uint16
         Path(self.root).mkdir(parents=True, exist_ok=True)
         for split in SPLITS:
             ids = np.searchsorted(symbols, codes[split]).astype(dtype)
             _atomic_save(self.cache_path(split), ids)
-        vocab = {"source": self.source_signature(), "symbols": symbols.tolist()}
+        lengths = {s: len(codes[s]) for s in SPLITS}
+        vocab = {"source": self.source_signature(), "symbols": symbols.tolist(), "lengths": lengths}
         tmp = self._vocab_path().with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(vocab))
         os.replace(tmp, self._vocab_path())  # written last: it marks the cache complete
-        log.info("%s: cached %s under %s", self.name, {s: len(codes[s]) for s in SPLITS}, self.root)
+        log.info("%s: cached %s under %s", self.name, lengths, self.root)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        if not self._cache_is_valid():
-            self.prepare_data()
+        self.prepare_data()  # returns at once when the cache is intact and current
         self.symbols = json.loads(self._vocab_path().read_text())["symbols"]
+        self._check_vocab_size(len(self.symbols))
         self.splits = {split: np.load(self.cache_path(split), mmap_mode="r") for split in SPLITS}
 
     # -- batches ------------------------------------------------------------------------------
@@ -268,10 +327,17 @@ class _WikipediaDataModule(CharLMDataModule):
         source = self._source()
         if source.suffix != ".zip":
             return source.read_bytes()
-        with zipfile.ZipFile(source) as archive:
-            if self.name not in archive.namelist():
-                raise FileNotFoundError(f"{source} holds {archive.namelist()}, expected a member '{self.name}'")
-            return archive.read(self.name)
+        try:
+            with zipfile.ZipFile(source) as archive:
+                if self.name not in archive.namelist():
+                    raise FileNotFoundError(f"{source} holds {archive.namelist()}, expected a member '{self.name}'")
+                return archive.read(self.name)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as error:  # cut short or damaged
+            raise zipfile.BadZipFile(
+                f"{source} is not a readable zip archive ({error}); an interrupted download leaves it "
+                f"truncated. Delete it and download it again from {self.url}, or put the unpacked "
+                f"'{self.name}' file in {Path(self.root)}"
+            ) from error
 
     def read_symbols(self) -> dict[str, np.ndarray]:
         codes = np.frombuffer(self._read_bytes(), dtype=np.uint8)

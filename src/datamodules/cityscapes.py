@@ -26,6 +26,7 @@ from torchvision.transforms import v2
 
 from src.datamodules.image_folder import DatasetLayoutError
 from src.datamodules.segmentation import (
+    Pairs,
     SegmentationDataModule,
     mask_values,
     require_dir,
@@ -87,6 +88,9 @@ class CityscapesDataModule(SegmentationDataModule):
         ignore_index: the mask value left out of loss and metrics: 19 with ``background_class``
             (the official protocol), else 255.
         crop_scale: area range of the random-resized training crop.
+        on_bad_file: "error" (``setup`` raises naming every bad image or mask) or "skip" (leave
+            their pairs out, the files listed in ``<root>/bad_files.txt``).
+        check_max_seconds: time limit of the file check in ``setup`` (None: none; 0: no check).
 
     Shape:
         batches are ((B, 3, H, W) float normalised, (B, H, W) int64 train ids).
@@ -104,8 +108,12 @@ class CityscapesDataModule(SegmentationDataModule):
         background_class: bool = True,
         ignore_index: int = BACKGROUND,
         crop_scale: Sequence[float] = (0.0625, 0.25),
+        on_bad_file: str = "error",
+        check_max_seconds: float | None = 300.0,
     ) -> None:
-        super().__init__(crop_size, batch_size, num_workers, in_chans)
+        super().__init__(
+            crop_size, batch_size, num_workers, in_chans, on_bad_file=on_bad_file, check_max_seconds=check_max_seconds
+        )
         expected = (20, BACKGROUND) if background_class else (19, 255)
         if (num_classes, ignore_index) != expected:
             raise ValueError(
@@ -118,7 +126,8 @@ class CityscapesDataModule(SegmentationDataModule):
         self.ignore_index = ignore_index
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
 
-    def _check_split(self, split: str, layout: str) -> None:
+    def _pairs(self, split: str, layout: str) -> Pairs:
+        """The split's (image, labelIds mask) files; raises naming a missing folder or mask."""
         images = require_dir(self.root / "leftImg8bit" / split, layout)
         masks = require_dir(self.root / "gtFine" / split, layout)
         files = sorted(images.glob("*/*_leftImg8bit.png"))
@@ -128,6 +137,7 @@ class CityscapesDataModule(SegmentationDataModule):
             masks / f.parent.name / f.name.replace("_leftImg8bit.png", "_gtFine_labelIds.png") for f in files
         ]
         require_files(expected, layout, f"gtFine {split} labelIds masks")
+        return list(zip(files, expected))
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
@@ -138,10 +148,16 @@ class CityscapesDataModule(SegmentationDataModule):
                 f"dataset root {self.root} does not exist; set data.root=/path/to/cityscapes\n{layout}"
             )
         table = train_id_table(self.background_class)
-        for split in ("train", "val"):
-            self._check_split(split, layout)
+        usable = self.usable_pairs({split: self._pairs(split, layout) for split in ("train", "val")}, self.root)
+        for split, pairs in usable.items():
             transform = segmentation_transform(split == "train", self.crop_size, crop_scale=self.crop_scale)
-            self.splits[split] = Cityscapes(
+            dataset = Cityscapes(
                 str(self.root), split=split, mode="fine", target_type="semantic",
                 transforms=CityscapesTransform(table, transform),
             )  # fmt: skip
+            # torchvision lists the files itself: keep those the check let through
+            keep = {image for image, _ in pairs}
+            kept = [pair for pair in zip(dataset.images, dataset.targets) if Path(pair[0]) in keep]
+            dataset.images = [image for image, _ in kept]
+            dataset.targets = [targets for _, targets in kept]
+            self.splits[split] = dataset

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Set
 from pathlib import Path
 
 import lightning as L
 import torch
-from PIL import Image
 from pycocotools.coco import COCO
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
+from src.datamodules.check import check_on_bad_file, screen_files
+from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError, load_rgb
 from src.datamodules.loading import resumable_loader
 from src.datamodules.segmentation import require_dir, require_file, require_files
 
@@ -77,10 +78,14 @@ class CocoMultiLabel(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def drop(self, files: Set[Path]) -> None:
+        """Leave ``files`` out, with their targets."""
+        keep = [i for i, path in enumerate(self.files) if path not in files]
+        self.files = [self.files[i] for i in keep]
+        self.targets = self.targets[keep]
+
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        with Image.open(self.files[index]) as image:
-            pixels = self.transform(image.convert("RGB"))
-        return pixels, self.targets[index]
+        return self.transform(load_rgb(self.files[index])), self.targets[index]
 
 
 class CocoMultiLabelDataModule(L.LightningDataModule):
@@ -101,6 +106,9 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         in_chans: 3 (RGB).
         crop_scale: area range of the random-resized crop.
         keep_unannotated: keep images without annotations, with an all-zero target.
+        on_bad_file: "error" (``setup`` raises naming every bad image) or "skip" (leave them out,
+            listed in ``<root>/bad_files.txt``).
+        check_max_seconds: time limit of the file check in ``setup`` (None: none; 0: no check).
 
     Shape:
         batches are ((B, 3, crop_size, crop_size) float, (B, num_classes) float multi-hot).
@@ -121,6 +129,8 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         *,
         crop_scale: tuple[float, float] = (0.08, 1.0),
         keep_unannotated: bool = True,
+        on_bad_file: str = "error",
+        check_max_seconds: float | None = 300.0,
     ) -> None:
         super().__init__()
         if in_chans != 3:
@@ -137,6 +147,8 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.keep_unannotated = keep_unannotated
+        self.on_bad_file = check_on_bad_file(on_bad_file)
+        self.check_max_seconds = check_max_seconds
         self.category_ids: list[int] = []
         self.splits: dict[str, CocoMultiLabel] = {}
 
@@ -183,7 +195,20 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         layout = LAYOUT.format(root=self.root, year=self.year)
         if not self.root.is_dir():
             raise DatasetLayoutError(f"dataset root {self.root} does not exist; set data.root=/path/to/coco\n{layout}")
-        self.splits = {split: self._load(split, layout) for split in ("train", "val")}
+        splits = {split: self._load(split, layout) for split in ("train", "val")}
+        files = [path for dataset in splits.values() for path in dataset.files]
+        bad = screen_files(
+            files, self.root, on_bad_file=self.on_bad_file, max_seconds=self.check_max_seconds,
+            workers=max(1, self.num_workers),
+        )  # fmt: skip
+        for split, dataset in splits.items():
+            if bad:
+                dataset.drop(bad)
+            if len(dataset) == 0:
+                raise DatasetLayoutError(
+                    f"no usable {split}{self.year} images: data.on_bad_file=skip left out every one"
+                )
+        self.splits = splits
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)

@@ -1,16 +1,23 @@
-"""Class-folder image datasets (ImageNet and anything laid out like it)."""
+"""Class-folder image datasets (ImageNet and anything laid out like it).
+
+``setup()`` decodes the images first (:mod:`src.datamodules.check`): bad files stop the run with one
+message naming them all (``on_bad_file="error"``) or are left out (``"skip"``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Set
 from pathlib import Path
 
 import lightning as L
 import torch
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
+from src.datamodules.check import BadFilesError, check_on_bad_file, file_problem, screen_files
 from src.datamodules.loading import resumable_loader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -42,6 +49,29 @@ def check_split_dir(root: Path, split: str) -> Path:
     return path
 
 
+def load_rgb(path: str | Path) -> Image.Image:
+    """torchvision's PIL loader (an RGB image), but a file that cannot be used raises naming itself.
+
+    ``setup()`` finds bad files first; this catches those its time limit left unchecked.
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as error:
+        why = file_problem(Path(path)) or f"{type(error).__name__}: {error}"
+        raise BadFilesError(
+            f"{path}: {why}. Remove or replace it, or set data.on_bad_file=skip; "
+            "python -m src.datamodules.check <the same data overrides> finds every such file"
+        ) from error
+
+
+def drop_samples(dataset: ImageFolder, files: Set[Path]) -> None:
+    """Leave ``files`` out of ``dataset`` (its ``samples``, ``imgs`` and ``targets`` agree after)."""
+    dataset.samples = [(path, label) for path, label in dataset.samples if Path(path) not in files]
+    dataset.imgs = dataset.samples
+    dataset.targets = [label for _, label in dataset.samples]
+
+
 class ImageFolderDataModule(L.LightningDataModule):
     """Train/val(/test) class folders, with the standard ImageNet-style transforms.
 
@@ -50,14 +80,17 @@ class ImageFolderDataModule(L.LightningDataModule):
 
     Args:
         root: folder holding ``train/``, ``val/`` and optionally ``test/``.
-        num_classes: number of class folders expected (checked at setup).
+        num_classes: number of class folders expected (checked at setup); None takes any number.
         in_chans: 3 (RGB) or 1 (converted to grey).
         crop_size: side of the network input.
         resize_size: short side before the evaluation center crop.
         crop_scale: area range of the random-resized crop.
         mean, std: per-channel normalisation.
         batch_size: per-device batch size.
-        num_workers: data-loading worker processes.
+        num_workers: data-loading worker processes (and the threads of the file check).
+        on_bad_file: "error" (``setup`` raises naming every bad image) or "skip" (leave them out,
+            listed in ``<root>/bad_files.txt``).
+        check_max_seconds: time limit of the file check in ``setup`` (None: none; 0: no check).
 
     Shape:
         batches are ((B, in_chans, crop_size, crop_size) float, (B,) int64 labels).
@@ -66,7 +99,7 @@ class ImageFolderDataModule(L.LightningDataModule):
     def __init__(
         self,
         root: str,
-        num_classes: int,
+        num_classes: int | None,
         in_chans: int = 3,
         crop_size: int = 224,
         resize_size: int = 256,
@@ -76,6 +109,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         crop_scale: tuple[float, float] = (0.08, 1.0),
         mean: tuple[float, ...] = IMAGENET_MEAN,
         std: tuple[float, ...] = IMAGENET_STD,
+        on_bad_file: str = "error",
+        check_max_seconds: float | None = 300.0,
     ) -> None:
         super().__init__()
         if in_chans not in (1, 3):
@@ -92,6 +127,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.crop_scale = tuple(crop_scale)
         self.mean = tuple(mean)
         self.std = tuple(std)
+        self.on_bad_file = check_on_bad_file(on_bad_file)
+        self.check_max_seconds = check_max_seconds
         self.splits: dict[str, ImageFolder] = {}
 
     def example_input(self, batch_size: int = 1) -> Tensor:
@@ -127,15 +164,30 @@ class ImageFolderDataModule(L.LightningDataModule):
             stage or "", ["train", "val"] + (["test"] if self.has_test else [])
         )
         folders = {split: check_split_dir(self.root, split) for split in splits if split not in self.splits}
+        datasets = {}
         for split, folder in folders.items():
             try:
-                dataset = ImageFolder(str(folder), self._transform(split == "train"))
+                dataset = ImageFolder(str(folder), self._transform(split == "train"), loader=load_rgb)
             except FileNotFoundError as error:  # class folders without images
                 raise DatasetLayoutError(f"{error}\n{LAYOUT.format(root=self.root)}") from error
-            if len(dataset.classes) != self.num_classes:
+            if self.num_classes is not None and len(dataset.classes) != self.num_classes:
                 raise DatasetLayoutError(
                     f"{folder} has {len(dataset.classes)} class folders but "
                     f"data.num_classes={self.num_classes}\n{LAYOUT.format(root=self.root)}"
+                )
+            datasets[split] = dataset
+        # one check over all splits, so that one message names every bad file
+        files = [Path(path) for dataset in datasets.values() for path, _ in dataset.samples]
+        bad = screen_files(
+            files, self.root, on_bad_file=self.on_bad_file, max_seconds=self.check_max_seconds,
+            workers=max(1, self.num_workers),
+        )  # fmt: skip
+        for split, dataset in datasets.items():
+            if bad:
+                drop_samples(dataset, bad)
+            if not dataset.samples:
+                raise DatasetLayoutError(
+                    f"{folders[split]} has no usable images: data.on_bad_file=skip left out every one"
                 )
             self.splits[split] = dataset
 

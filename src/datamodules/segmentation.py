@@ -3,7 +3,9 @@ a dataset of (image, mask) files and the loaders.
 
 Images and masks travel together through torchvision's v2 transforms as ``tv_tensors.Image`` and
 ``tv_tensors.Mask``, so every random crop and flip is applied to both and masks are always resampled
-with nearest-neighbour interpolation (class ids are never blended).
+with nearest-neighbour interpolation (class ids are never blended). ``setup()`` decodes every image
+and mask first (:mod:`src.datamodules.check`); a pair with a bad file stops the run or is left out
+(``on_bad_file``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
+from src.datamodules.check import Reader, check_on_bad_file, decode_image, screen_files
+from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError, load_rgb
 from src.datamodules.loading import resumable_loader
 
 MaskReader = Callable[[Path], np.ndarray]
+Pairs = list[tuple[Path, Path]]  # (image file, mask file)
 
 
 def require_dir(path: Path, layout: str, what: str = "folder") -> Path:
@@ -58,8 +62,7 @@ def check_crop_size(crop_size: Sequence[int]) -> tuple[int, int]:
 
 def read_rgb(path: Path) -> tv_tensors.Image:
     """A (3, H, W) uint8 image."""
-    with Image.open(path) as image:
-        return tv_tensors.Image(v2.functional.pil_to_tensor(image.convert("RGB")))
+    return tv_tensors.Image(v2.functional.pil_to_tensor(load_rgb(path)))
 
 
 def mask_values(mask: Image.Image, source: object) -> np.ndarray:
@@ -145,7 +148,14 @@ class SegmentationFiles(Dataset):
 
 
 class SegmentationDataModule(L.LightningDataModule):
-    """Loaders and example input shared by the segmentation datamodules; subclasses fill ``splits``.
+    """Loaders, example input and the file check shared by the segmentation datamodules;
+    subclasses fill ``splits``.
+
+    Args:
+        crop_size, batch_size, num_workers, in_chans: see the subclasses.
+        on_bad_file: "error" (``setup`` raises naming every bad image or mask) or "skip" (leave
+            their pairs out, the files listed in ``<root>/bad_files.txt``).
+        check_max_seconds: time limit of the file check in ``setup`` (None: none; 0: no check).
 
     Shape:
         batches are ((B, 3, H, W) float normalised, (B, H, W) int64 class ids) with
@@ -154,7 +164,16 @@ class SegmentationDataModule(L.LightningDataModule):
 
     has_test = False  # neither VOC 2012 nor Cityscapes publishes test labels
 
-    def __init__(self, crop_size: Sequence[int], batch_size: int, num_workers: int, in_chans: int = 3) -> None:
+    def __init__(
+        self,
+        crop_size: Sequence[int],
+        batch_size: int,
+        num_workers: int,
+        in_chans: int = 3,
+        *,
+        on_bad_file: str = "error",
+        check_max_seconds: float | None = 300.0,
+    ) -> None:
         super().__init__()
         if in_chans != 3:
             raise ValueError(f"segmentation images are RGB: in_chans must be 3, got {in_chans}")
@@ -162,7 +181,25 @@ class SegmentationDataModule(L.LightningDataModule):
         self.crop_size = check_crop_size(crop_size)
         self.batch_size = batch_size
         self.num_workers = num_workers
+        self.on_bad_file = check_on_bad_file(on_bad_file)
+        self.check_max_seconds = check_max_seconds
         self.splits: dict[str, Dataset] = {}
+
+    def usable_pairs(self, samples: dict[str, Pairs], root: Path, read: Reader = decode_image) -> dict[str, Pairs]:
+        """``samples`` (split -> pairs) without the pairs that hold a bad file, after one check of
+        every image and mask with ``read``; with ``on_bad_file="error"`` a bad file raises."""
+        files = [path for pairs in samples.values() for pair in pairs for path in pair]
+        bad = screen_files(
+            files, root, on_bad_file=self.on_bad_file, read=read, max_seconds=self.check_max_seconds,
+            workers=max(1, self.num_workers),
+        )  # fmt: skip
+        usable = {split: [pair for pair in pairs if bad.isdisjoint(pair)] for split, pairs in samples.items()}
+        for split, pairs in usable.items():
+            if not pairs:
+                raise DatasetLayoutError(
+                    f"no usable {split} pairs under {root}: data.on_bad_file=skip left out every one"
+                )
+        return usable
 
     def example_input(self, batch_size: int = 1) -> Tensor:
         """A zero batch with the shape the network receives: (batch_size, 3, H, W)."""

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import scipy.io
 
+from src.datamodules.check import decode_image
 from src.datamodules.image_folder import DatasetLayoutError
 from src.datamodules.segmentation import (
+    Pairs,
     SegmentationDataModule,
     SegmentationFiles,
     read_png_mask,
@@ -57,6 +59,14 @@ def read_mask(path: Path) -> np.ndarray:
     return read_sbd_mask(path) if path.suffix == ".mat" else read_png_mask(path)
 
 
+def decode_voc_file(path: Path) -> None:
+    """Decode an image or mask in full (an SBD .mat through :func:`read_sbd_mask`): the file check."""
+    if path.suffix == ".mat":
+        read_sbd_mask(path)
+    else:
+        decode_image(path)
+
+
 def read_ids(path: Path, layout: str) -> list[str]:
     """The image ids listed in a split file, one a line."""
     ids = [line.strip() for line in require_file(path, layout, "split list").read_text().splitlines()]
@@ -81,6 +91,9 @@ class VOCSegmentationDataModule(SegmentationDataModule):
         sbd_lists: SBD id lists under ``sbd_root/dataset/`` added to the training set.
         crop_scale: area range of the random-resized training crop.
         ignore_index: mask value of pixels that are not scored (VOC's object borders).
+        on_bad_file: "error" (``setup`` raises naming every bad image or mask) or "skip" (leave
+            their pairs out, the files listed in ``<root>/bad_files.txt``).
+        check_max_seconds: time limit of the file check in ``setup`` (None: none; 0: no check).
 
     Shape:
         batches are ((B, 3, H, W) float normalised, (B, H, W) int64 in 0..20 or 255).
@@ -99,8 +112,12 @@ class VOCSegmentationDataModule(SegmentationDataModule):
         sbd_lists: Sequence[str] = ("train.txt", "val.txt"),
         crop_scale: Sequence[float] = (0.25, 1.0),
         ignore_index: int = 255,
+        on_bad_file: str = "error",
+        check_max_seconds: float | None = 300.0,
     ) -> None:
-        super().__init__(crop_size, batch_size, num_workers, in_chans)
+        super().__init__(
+            crop_size, batch_size, num_workers, in_chans, on_bad_file=on_bad_file, check_max_seconds=check_max_seconds
+        )
         if num_classes != len(VOC_CLASSES):
             raise ValueError(f"VOC segmentation has {len(VOC_CLASSES)} classes, got num_classes={num_classes}")
         if ignore_index != 255:
@@ -144,7 +161,9 @@ class VOCSegmentationDataModule(SegmentationDataModule):
         for folder in ("JPEGImages", "SegmentationClass"):
             require_dir(voc / folder, layout)
         val_ids = read_ids(voc / "ImageSets" / "Segmentation" / "val.txt", layout)
-        samples = {"train": self._train_samples(voc, layout), "val": self._voc_samples(val_ids, voc, layout, "val")}
-        for split, pairs in samples.items():
+        samples: dict[str, Pairs] = {
+            "train": self._train_samples(voc, layout), "val": self._voc_samples(val_ids, voc, layout, "val")
+        }  # fmt: skip
+        for split, pairs in self.usable_pairs(samples, self.root, decode_voc_file).items():
             transform = segmentation_transform(split == "train", self.crop_size, crop_scale=self.crop_scale)
             self.splits[split] = SegmentationFiles(pairs, read_mask, transform)
