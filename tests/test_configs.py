@@ -195,9 +195,9 @@ def test_monitor_follows_the_task(data: str, tmp_path) -> None:
 
 
 def test_recipe_then_command_line(tmp_path) -> None:
-    default = compose_config("train", [], tmp_path)
-    assert default.trainer.max_epochs == 30  # recipe/digits_timm.yaml over trainer/default.yaml's 10
-    assert compose_config("train", ["trainer.max_epochs=3"], tmp_path).trainer.max_epochs == 3
+    timm = compose_config("train", ["model=timm"], tmp_path)
+    assert timm.trainer.max_epochs == 30  # recipe/digits_timm.yaml over trainer/default.yaml's 10
+    assert compose_config("train", ["model=timm", "trainer.max_epochs=3"], tmp_path).trainer.max_epochs == 3
 
 
 def test_data_selects_task(tmp_path) -> None:

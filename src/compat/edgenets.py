@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from src.models.weights import mismatch_summary, project_network_state, torch_load
+from src.utils.state_dicts import mismatch_summary, project_network_state, torch_load
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.eesp import EESP, EESPDownsampler
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from src.datamodules.check import check_on_bad_file, screen_files
+from src.datamodules.bad_files import check_on_bad_file, screen_files
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError, load_rgb
 from src.datamodules.loading import resumable_loader
 from src.datamodules.segmentation import require_dir, require_file, require_files

@@ -1,6 +1,6 @@
 """Class-folder image datasets (ImageNet and anything laid out like it).
 
-``setup()`` decodes the images first (:mod:`src.datamodules.check`): bad files stop the run with one
+``setup()`` decodes the images first (:mod:`src.datamodules.bad_files`): bad files stop the run with one
 message naming them all (``on_bad_file="error"``) or are left out (``"skip"``).
 """
 
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from src.datamodules.check import BadFilesError, check_on_bad_file, file_problem, screen_files
+from src.datamodules.bad_files import BadFilesError, check_on_bad_file, file_problem, screen_files
 from src.datamodules.loading import resumable_loader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -4,7 +4,7 @@ a dataset of (image, mask) files and the loaders.
 Images and masks travel together through torchvision's v2 transforms as ``tv_tensors.Image`` and
 ``tv_tensors.Mask``, so every random crop and flip is applied to both and masks are always resampled
 with nearest-neighbour interpolation (class ids are never blended). ``setup()`` decodes every image
-and mask first (:mod:`src.datamodules.check`); a pair with a bad file stops the run or is left out
+and mask first (:mod:`src.datamodules.bad_files`); a pair with a bad file stops the run or is left out
 (``on_bad_file``).
 """
 
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from src.datamodules.check import Reader, check_on_bad_file, decode_image, screen_files
+from src.datamodules.bad_files import Reader, check_on_bad_file, decode_image, screen_files
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError, load_rgb
 from src.datamodules.loading import resumable_loader
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import scipy.io
 
-from src.datamodules.check import decode_image
+from src.datamodules.bad_files import decode_image
 from src.datamodules.image_folder import DatasetLayoutError
 from src.datamodules.segmentation import (
     Pairs,

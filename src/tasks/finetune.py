@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
 from torch import nn
 
-from src.models.weights import mismatch_summary, project_network_state, torch_load
+from src.utils.state_dicts import mismatch_summary, project_network_state, torch_load
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.models.weights import torch_load
+from src.utils.state_dicts import torch_load
 
 log = logging.getLogger(__name__)
 

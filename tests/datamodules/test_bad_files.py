@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import src.datamodules.check
+import src.datamodules.bad_files
 from src.datamodules.char_lm import CorruptCacheError, Enwik8DataModule
-from src.datamodules.check import BadFilesError, check_files, main, screen_files
+from src.datamodules.bad_files import BadFilesError, check_files, screen_files
+from src.datamodules.check import main
 from src.datamodules.cityscapes import CityscapesDataModule
 from src.datamodules.coco_multilabel import CocoMultiLabelDataModule
 from src.datamodules.image_folder import ImageFolderDataModule
@@ -101,7 +102,7 @@ def test_a_jpeg_cut_after_its_header_is_decoded_not_only_verified(tmp_path: Path
 def test_skip_leaves_the_bad_files_out_and_lists_them(bad_tree, caplog) -> None:
     root, corrupt, empty = bad_tree
     dm = image_folder(root, on_bad_file="skip")
-    with caplog.at_level(logging.WARNING, logger="src.datamodules.check"):
+    with caplog.at_level(logging.WARNING, logger="src.datamodules.bad_files"):
         dm.setup("fit")
     assert len(dm.splits["train"]) == 6 and len(dm.splits["val"]) == 4  # 7 and 5 files on disk
     assert all(Path(path) not in {corrupt, empty} for split in dm.splits.values() for path, _ in split.samples)
@@ -158,7 +159,7 @@ def test_a_capped_check_says_how_many_files_it_decoded(tmp_path: Path, monkeypat
 
     # the clock: start, before the first chunk of 32 files, then past the limit
     ticks = iter([0.0, 0.0, 0.5, 0.5])
-    monkeypatch.setattr(src.datamodules.check, "monotonic", lambda: next(ticks))
+    monkeypatch.setattr(src.datamodules.bad_files, "monotonic", lambda: next(ticks))
     with pytest.raises(BadFilesError) as error:
         screen_files(files, tmp_path, on_bad_file="error", read=read, max_seconds=0.2)
     assert str(error.value) == (
