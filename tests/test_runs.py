@@ -275,3 +275,13 @@ def test_a_finished_run_is_never_written_into(digits_run: Path, tmp_path: Path) 
     summary = train(cfg)
     assert summary["output_dir"] == str(tmp_path / "more")
     assert (digits_run / "metrics.json").read_text() == before
+
+
+def test_data_alone_trains_its_default_model(tmp_path: Path) -> None:
+    """``python train.py data=pydoc_chars debug=fdr``: the data picks the Group-Transformer, and the
+    smoke-test config sets nothing the character data lacks."""
+    cfg = compose_config("train", ["data=pydoc_chars", "debug=fdr", "trainer.accelerator=cpu"], tmp_path / "run")
+    summary = train(cfg)
+    assert cfg.model._target_ == "src.models.group_transformer.GroupTransformer"
+    assert summary["status"] == "finished"
+    assert 0.0 < summary["metrics"]["test/bpc"] < 8.0  # log2 of a ~100-symbol vocabulary is 6.7
