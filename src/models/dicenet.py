@@ -7,6 +7,12 @@ bias), dropout and a 1x1 classifier with bias. The DiCE layers of levels 3, 4 an
 the feature size of an ``input_size`` image (28, 14 and 7 for 224); other sizes are resized inside
 DimConv (thesis Fig. 3.4).
 
+Small images (not in the thesis) opt in with ``stem_stride``, the down-sampling of levels 1-2: 4 is
+the ImageNet stem above; 2 drops the max pool; 1 also makes the level-1 CBR stride 1. A 32x32 image
+would otherwise reach 1x1 at level 5 (32 / 32); level 5 is 2x2 with ``stem_stride=2`` and 4x4 with
+``stem_stride=1``. The layers are the same; only the DiCE layers' height- and width-wise kernels,
+built for the larger feature maps, have more parameters.
+
 Ablations of the DiCE unit (thesis Tables 3.2 and 3.3) are constructor options of the same network:
 ``spatial`` ("dimconv" | "dwise"), ``fusion`` ("dimfuse" | "pointwise" | "se" | "pointwise_se")
 and ``reduce`` ("pointwise" | "dimfuse", the 1x1 conv before the spatial op). The default is the
@@ -53,6 +59,8 @@ FC_GROUPS = 4
 SPATIAL_OPS = ("dimconv", "dwise")
 FUSION_OPS = ("dimfuse", "pointwise", "se", "pointwise_se")
 REDUCE_OPS = ("pointwise", "dimfuse")
+# down-sampling of levels 1-2 -> (level-1 CBR stride, level-2 max pool stride; 1: no pool)
+STEM_STRIDES: Mapping[int, tuple[int, int]] = MappingProxyType({4: (2, 2), 2: (2, 1), 1: (1, 1)})
 
 
 def widths_for(table: Mapping[float, tuple[int, ...]], scale: float, name: str) -> tuple[int, ...]:
@@ -236,19 +244,30 @@ def ablate_unit(
         unit.reduce = reduce_block(conv.in_channels, conv.out_channels, reduce=reduce)
 
 
-def feature_sizes(input_size: int | Sequence[int], levels: int) -> list[tuple[int, int]]:
-    """(H, W) after each of ``levels`` stride-2 layers (3x3, padding 1: ceil halving).
+def feature_sizes(
+    input_size: int | Sequence[int], levels: int, *, stem_stride: int = 4
+) -> list[tuple[int, int]]:
+    """(H, W) after each of the first ``levels`` levels: stride-2 layers (3x3, padding 1: ceil
+    halving), except levels 1-2, which down-sample by ``stem_stride`` in all (:data:`STEM_STRIDES`).
 
     ``input_size`` is an int (square) or (H, W)."""
     size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
     if len(size) != 2 or min(size) < 1:
         raise ValueError(f"input_size must be a positive int or (H, W), got {input_size}")
+    strides = (*stem_strides(stem_stride), *(2,) * max(levels - 2, 0))
     sizes = []
     height, width = size
-    for _ in range(levels):
-        height, width = -(-height // 2), -(-width // 2)
+    for stride in strides[:levels]:
+        height, width = -(-height // stride), -(-width // stride)
         sizes.append((height, width))
     return sizes
+
+
+def stem_strides(stem_stride: int) -> tuple[int, int]:
+    """(level-1 stride, level-2 stride) of :data:`STEM_STRIDES`; ValueError listing valid ones."""
+    if stem_stride not in STEM_STRIDES:
+        raise ValueError(f"stem_stride must be one of {sorted(STEM_STRIDES)}, got {stem_stride}")
+    return STEM_STRIDES[stem_stride]
 
 
 def init_conv_bn_linear(module: nn.Module) -> None:
@@ -281,12 +300,16 @@ class DiCENetBackbone(nn.Module):
         input_size: the image size (int or (H, W)) the DiCE layers are built for; their height-
             and width-wise kernels are fixed to its feature size at each level.
         depth: 4 (up to stride 16, the segmentation encoder) or 5 (up to stride 32).
+        stem_stride: down-sampling of levels 1-2: 4 (ImageNet: stride-2 CBR + stride-2 max pool,
+            the released models), 2 (no max pool) or 1 (stride-1 CBR, no max pool), for small
+            images (module docstring).
         spatial, fusion, reduce: the DiCE-unit ablations (module docstring); the defaults are the
             released DiCENet.
         impl: DimConv's ``"auto" | "reference" | "triton"``.
 
     Shape:
-        (B, in_chans, H, W) -> features [(B, c_l, H / 2^l, W / 2^l) for l = 1..depth]
+        (B, in_chans, H, W) -> features [(B, c_l, H / r_l, W / r_l) for l = 1..depth], r_l the
+        ``feature_info`` stride (2^l with the ImageNet stem)
     """
 
     def __init__(
@@ -296,6 +319,7 @@ class DiCENetBackbone(nn.Module):
         *,
         input_size: int | Sequence[int] = 224,
         depth: int = 5,
+        stem_stride: int = 4,
         spatial: str = "dimconv",
         fusion: str = "dimfuse",
         reduce: str = "pointwise",
@@ -306,12 +330,16 @@ class DiCENetBackbone(nn.Module):
         check_unit_options(spatial, fusion, reduce)
         if depth not in (4, 5):
             raise ValueError(f"depth must be 4 or 5, got {depth}")
+        level1_stride, level2_stride = stem_strides(stem_stride)
         self.scale = scale
         self.depth = depth
+        self.stem_stride = stem_stride
         self.widths = widths
-        sizes = feature_sizes(input_size, 5)
-        self.level1 = ConvBNPReLU(in_chans, widths[0], 3, stride=2)
-        self.level2 = MaxPool2d(3, stride=2, padding=1)
+        sizes = feature_sizes(input_size, 5, stem_stride=stem_stride)
+        self.level1 = ConvBNPReLU(in_chans, widths[0], 3, stride=level1_stride)
+        self.level2: nn.Module = (
+            MaxPool2d(3, stride=2, padding=1) if level2_stride == 2 else nn.Identity()
+        )
         stages = []
         c_in = widths[1]
         for level in range(3, depth + 1):
@@ -331,8 +359,9 @@ class DiCENetBackbone(nn.Module):
         self.level3 = stages[0]
         self.level4 = stages[1]
         self.level5 = stages[2] if depth == 5 else None
+        strides = (level1_stride, stem_stride) + tuple(stem_stride * 2**i for i in range(1, 4))
         self.feature_info = tuple(
-            FeatureInfo(widths[0] if level < 3 else widths[level - 1], 2**level)
+            FeatureInfo(widths[0] if level < 3 else widths[level - 1], strides[level - 1])
             for level in range(1, depth + 1)
         )
 
@@ -349,7 +378,7 @@ class DiCENetBackbone(nn.Module):
         return self.forward_features(x)
 
     def extra_repr(self) -> str:
-        return f"scale={self.scale}, depth={self.depth}"
+        return f"scale={self.scale}, depth={self.depth}, stem_stride={self.stem_stride}"
 
 
 class DiCENet(nn.Module):
@@ -360,6 +389,8 @@ class DiCENet(nn.Module):
         num_classes: classifier outputs.
         in_chans: image channels.
         input_size: the image size the DiCE layers are built for (224 for the released models).
+        stem_stride: down-sampling of levels 1-2: 4 is the ImageNet stem of the released models;
+            2 or 1 keep small images (32x32 digits) above 1x1 at level 5 (module docstring).
         dropout: before the classifier; ``None`` is the official rule, 0.2 if s > 1 else 0.1.
         spatial, fusion, reduce: DiCE-unit ablations (Tables 3.2, 3.3); defaults = DiCENet.
         impl: DimConv's implementation.
@@ -377,6 +408,7 @@ class DiCENet(nn.Module):
         in_chans: int = 3,
         *,
         input_size: int | Sequence[int] = 224,
+        stem_stride: int = 4,
         dropout: float | None = None,
         spatial: str = "dimconv",
         fusion: str = "dimfuse",
@@ -389,6 +421,7 @@ class DiCENet(nn.Module):
             scale,
             in_chans,
             input_size=input_size,
+            stem_stride=stem_stride,
             spatial=spatial,
             fusion=fusion,
             reduce=reduce,

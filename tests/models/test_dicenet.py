@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DICENET_WIDTHS, DiCENet, DiCENetBackbone
+from src.utils.complexity import count_params
+from tests.conftest import compose_config
+
+# official EdgeNets DiCENet s=1.0, 224x224, 1000 classes (model-zoo README: 1.81 M)
+DICENET_1_0_PARAMS = 1_805_604
+# DiCENet of conf/recipe/digits_dicenet.yaml: s=0.5, stem_stride=2, 1 channel, 10 classes, DiCE
+# layers built for 32x32
+DIGITS_DICENET_PARAMS = 195_698
+
 
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,3 +117,34 @@ def test_init_weights_is_deterministic_under_seed() -> None:
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     bn = a.backbone.level1[1]
     assert torch.equal(bn.weight, torch.ones_like(bn.weight))
+
+
+def test_default_stem_is_the_imagenet_one() -> None:
+    model = DiCENet(1.0)
+    assert count_params(model) == DICENET_1_0_PARAMS
+    assert isinstance(model.backbone.level2, torch.nn.MaxPool2d)
+    assert [info.stride for info in model.feature_info] == [2, 4, 8, 16, 32]
+    with torch.no_grad():
+        assert model.eval().forward_features(torch.randn(1, 3, 32, 32))[-1].shape[2:] == (1, 1)
+
+
+def test_digits_configuration_keeps_level5_above_1x1() -> None:
+    cfg = compose_config(overrides=["data=digits", "model=dicenet"])
+    model = instantiate(cfg.model)
+    assert model.backbone.stem_stride == 2 and isinstance(model.backbone.level2, torch.nn.Identity)
+    assert count_params(model) == DIGITS_DICENET_PARAMS
+    x = torch.randn(2, 1, 32, 32)
+    _forward_backward(model, x, 10)
+    with torch.no_grad():
+        features = model.eval().forward_features(x)
+    assert [tuple(f.shape[2:]) for f in features] == [(16, 16), (16, 16), (8, 8), (4, 4), (2, 2)]
+    assert [info.stride for info in model.feature_info] == [2, 2, 4, 8, 16]
+    assert model.backbone.level3[0].dice.dim_conv.height == 8
+
+
+def test_stem_stride_1_and_invalid_values() -> None:
+    model = DiCENet(0.2, num_classes=10, in_chans=1, input_size=32, stem_stride=1)
+    assert [info.stride for info in model.feature_info] == [1, 1, 2, 4, 8]
+    assert model.forward_features(torch.randn(1, 1, 32, 32))[-1].shape == (1, 128, 4, 4)
+    with pytest.raises(ValueError, match=r"stem_stride must be one of \[1, 2, 4\], got 3"):
+        DiCENet(0.2, stem_stride=3)
