@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from src.utils.complexity import measure
-from train import build_task
+from train import build_task, check_config
 
 
 class WithMemory(nn.Module):
@@ -82,6 +82,7 @@ def table(result: dict) -> str:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="complexity")
 def main(cfg: DictConfig) -> None:
+    check_config(cfg, "complexity")
     result = report(cfg)
     sys.stdout.write(table(result) + "\n" + json.dumps(result) + "\n")
 

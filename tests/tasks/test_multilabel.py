@@ -55,7 +55,7 @@ def test_init_checkpoint_skips_the_mismatched_classifier(tmp_path: Path) -> None
     path = tmp_path / "imagenet.ckpt"
     torch.save({"state_dict": imagenet.state_dict()}, path)
     coco = MultiLabelClassification(nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 3)), 3, SGD, init_checkpoint=str(path))
-    with pytest.raises(KeyError, match=r"2.weight: file \(10, 8\) vs net \(3, 8\)"):
+    with pytest.raises(KeyError, match=r"2.weight: file \(10, 8\) vs network \(3, 8\)"):
         coco.setup("fit")
     coco.init_skip_mismatched = True
     fresh_head = coco.net[2].weight.clone()
