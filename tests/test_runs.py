@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
 from eval import evaluate
@@ -190,11 +191,14 @@ def test_unknown_top_level_key_is_refused() -> None:
      ("cityscapes", "espnetv2_seg"), ("coco_multilabel", "dicenet"), ("image_folder", "dicenet")],
 )  # fmt: skip
 def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
-    cfg = compose_config("train", [f"data={data}"], keep_hydra=True)
+    needs = ["data.num_classes=5"] if data == "image_folder" else []  # the folders give it at run time
+    cfg = compose_config("train", [f"data={data}", *needs], keep_hydra=True)
     choices = cfg.hydra.runtime.choices
     assert choices.model == model
     assert choices.task in MODEL_TASKS[model]
     check_pairing(choices)
+    # the model's interpolations (${data.num_classes}, ${data.vocab_size}) resolve against this data
+    OmegaConf.to_container(cfg.model, resolve=True)
 
 
 def test_every_data_config_is_covered() -> None:
@@ -230,7 +234,9 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def test_ctrl_c_keeps_a_checkpoint_and_the_resume_continues_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_signal_keeps_a_checkpoint_and_the_resume_continues_the_run(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C, or SIGTERM as SLURM pre-emption sends it, during a real ``train.py``."""
     overrides = [o for o in TINY if not o.startswith("trainer.max_epochs")] + ["trainer.max_epochs=1000"]
     command = [sys.executable, "train.py", *overrides, f"paths.log_dir={tmp_path}"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -239,14 +245,14 @@ def test_ctrl_c_keeps_a_checkpoint_and_the_resume_continues_the_run(tmp_path: Pa
         wait_for(tmp_path / "train" / "runs", process, 120)
         (run_dir,) = (tmp_path / "train" / "runs").iterdir()
         wait_for(run_dir / "checkpoints" / "epoch000.ckpt", process, 120)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=120)
     finally:
         process.kill()
-    assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert process.returncode == 128 + signum, stderr[-3000:]
     interrupted = run_dir / "checkpoints" / "interrupted.ckpt"
     summary = json.loads((run_dir / "metrics.json").read_text())
-    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGINT
+    assert summary["status"] == "interrupted" and summary["signal"] == signum
     assert summary["interrupted_checkpoint"] == str(interrupted)
     assert f"ckpt_path={interrupted}" in stdout and "resume with:" in stdout
     stopped_at = read_checkpoint(interrupted)["global_step"]
