@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.utils.state_dicts import torch_load
+from src.utils.state_dicts import mismatch_summary, torch_load
 
 log = logging.getLogger(__name__)
 
@@ -154,27 +154,13 @@ def load_task_weights(
     """Load ``checkpoint["state_dict"]`` into ``task``; when it does not fit, say in a few lines
     what the checkpoint was trained with and what was asked (``asked``: a description)."""
     state = checkpoint["state_dict"]
-    expected = task.state_dict()
-    missing = sorted(expected.keys() - state.keys())
-    unexpected = sorted(state.keys() - expected.keys())
-    mismatched = [
-        f"{key}: checkpoint {tuple(state[key].shape)} vs network {tuple(value.shape)}"
-        for key, value in expected.items()
-        if key in state and getattr(state[key], "shape", None) != value.shape
-    ]
-    if missing or unexpected or mismatched:
-        details = []
-        if mismatched:
-            details.append(f"{len(mismatched)} tensors differ in shape (first: {mismatched[0]})")
-        if missing:
-            details.append(f"{len(missing)} tensors missing from the checkpoint (first: {missing[0]})")
-        if unexpected:
-            details.append(f"{len(unexpected)} tensors the network lacks (first: {unexpected[0]})")
+    problems = mismatch_summary(task.state_dict(), state)
+    if problems:
         raise CheckpointError(
             f"{what}={path} does not fit the network asked for:\n"
             f"  trained with: {describe_record(record_of(checkpoint))}\n"
             f"  asked for:    {asked}\n"
-            f"  {'; '.join(details)}.\n"
+            f"  {problems}.\n"
             "Drop the model=/data= overrides to rebuild the network the checkpoint was trained with."
         )
     task.load_state_dict(state)
