@@ -33,7 +33,7 @@ CHOICES = ("model", "data", "task", "recipe", "experiment")
 # model arguments that tell two networks apart in a message
 MODEL_FACTS = (
     "name", "scale", "num_classes", "in_chans", "n_token", "d_model", "n_layer", "n_head",
-    "groups", "input_size", "stem",
+    "groups", "input_size", "stem_stride",
 )  # fmt: skip
 HOW_TO_FIND = "a run writes its checkpoints under <run dir>/checkpoints/; metrics.json names the best one"
 
