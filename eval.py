@@ -16,7 +16,6 @@ import lightning as L
 from omegaconf import DictConfig
 
 from src.utils.files import write_json
-from src.utils.run_record import read_checkpoint
 from train import build_from_checkpoint, build_trainer, check_config, complexity_of, scalars
 
 log = logging.getLogger(__name__)
@@ -26,7 +25,6 @@ def evaluate(cfg: DictConfig) -> dict:
     """Run the chosen split (``split=test|val``) on the checkpoint; returns the summary."""
     start = time.perf_counter()
     ckpt_path = Path(cfg.ckpt_path)
-    read_checkpoint(ckpt_path)  # a clear error for a missing file or one that is not a checkpoint
     if cfg.split not in ("test", "val"):
         raise ValueError(f"split must be 'test' or 'val', got {cfg.split!r}")
     L.seed_everything(cfg.seed, workers=True)

@@ -158,6 +158,26 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in sorted(metrics.items())}
 
 
+def stop_interrupted(
+    trainer: L.Trainer, interrupt: InterruptCheckpoint, output_dir: Path, wall_time_s: float
+) -> None:
+    """After SIGINT/SIGTERM: ``metrics.json`` with status ``interrupted`` and the checkpoint, the
+    resume command on stdout, and exit with the conventional 128 + the signal number."""
+    if trainer.is_global_zero:
+        summary = {
+            "status": "interrupted",
+            "signal": interrupt.signum,
+            "interrupted_checkpoint": str(interrupt.path) if interrupt.path else None,
+            "global_step": trainer.global_step,
+            "wall_time_s": wall_time_s,
+            "output_dir": str(output_dir),
+        }
+        write_json(output_dir / "metrics.json", summary)
+        if interrupt.path is not None:
+            print(f"interrupted at step {trainer.global_step}; resume with:\n  {resume_command(interrupt.path)}")
+    raise SystemExit(128 + interrupt.signum) from None
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test and summarise one run; returns what is written to ``metrics.json``.
 
@@ -172,7 +192,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     resumed = None
     if cfg.ckpt_path is not None:
         resumed = read_checkpoint(cfg.ckpt_path)
-        previous_time = float((resumed.get("lightnets") or {}).get("wall_time_s", 0.0))
+        previous_time = float((record_of(resumed) or {}).get("wall_time_s", 0.0))
         run_dir = unfinished_run_dir(Path(cfg.ckpt_path))
         if run_dir is not None:
             with open_dict(cfg):
@@ -201,19 +221,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except (SystemExit, KeyboardInterrupt):
         if interrupt.signum is None:
             raise
-        summary = {
-            "status": "interrupted",
-            "signal": interrupt.signum,
-            "interrupted_checkpoint": str(interrupt.path) if interrupt.path else None,
-            "global_step": trainer.global_step,
-            "wall_time_s": elapsed(),
-            "output_dir": str(output_dir),
-        }
-        if trainer.is_global_zero:
-            write_json(output_dir / "metrics.json", summary)
-            if interrupt.path is not None:
-                print(f"interrupted at step {trainer.global_step}; resume with:\n  {resume_command(interrupt.path)}")
-        raise SystemExit(128 + interrupt.signum) from None
+        stop_interrupted(trainer, interrupt, output_dir, elapsed())
     metrics = scalars({k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
 
     checkpoint = trainer.checkpoint_callback
