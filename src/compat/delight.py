@@ -1,4 +1,4 @@
-"""Official DeLighT (sacmehta/delight) state dicts -> this project's GLT and DExTra modules.
+"""Official DeLighT (sacmehta/delight) state dicts -> this project's GLT, DExTra and block modules.
 
 Official names and layouts (README of the reference fixtures, "Parameter names and layouts"):
 
@@ -7,6 +7,11 @@ Official names and layouts (README of the reference fixtures, "Parameter names a
 - ``Linear`` (the dense layer; also every 1-group GLT inside DExTra): ``weights`` (out, in),
   ``bias`` (out,); optional ``normalization_fn.weight/bias`` (out,).
 - ``DExTraUnit``: ``input_layer.*``, ``dextra_layers.<l>.*``, ``output_layer.*``.
+- ``DeLighTTransformerEncoderLayer`` / ``DecoderLayer``: the DExTra unit (``dextra_layer.*``,
+  decoder ``dextra_layer_sa.*``), ``self_attn.linear_kqv`` (split q, k, v despite the name),
+  ``self_attn.out_proj``, ``encoder_attn.linear_q`` / ``linear_kv`` / ``out_proj``, ``fc1``,
+  ``fc2`` (all Linear) and the LayerNorms ``self_attn_layer_norm``, ``encoder_attn_layer_norm``,
+  ``final_layer_norm``.
 
 Sizes come from the official config dict and the tensors; nothing here knows a particular model.
 """
@@ -19,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from src.models.delight_block import DeLighTDecoderBlock, DeLighTEncoderBlock
 from src.ops.dextra import DExTra
 from src.ops.group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear
@@ -155,7 +161,11 @@ def _official_names(unit: DExTra) -> set[str]:
 
 
 def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
-    """The official layer that ``config`` describes: a DExTra unit or a single GLT."""
+    """The official layer that ``config`` describes: a DeLighT layer, a DExTra unit or a GLT."""
+    if config.get("module") == "DeLighTTransformerEncoderLayer":
+        return encoder_layer_from_official(state_dict, config)
+    if config.get("module") == "DeLighTTransformerDecoderLayer":
+        return decoder_layer_from_official(state_dict, config)
     if "dextra_depth" in config:
         return dextra_from_official(state_dict, config)
     if "n_groups" in config:
@@ -164,3 +174,124 @@ def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -
         "config describes neither a DExTra unit (dextra_depth) nor a GLT (n_groups): "
         f"keys {sorted(config)}"
     )
+
+
+# official DeLighT layer names -> ours, outside the DExTra unit; (official, ours, is_linear)
+_SELF_ATTENTION = (
+    ("self_attn.linear_kqv.", "self_attn.qkv_proj.", True),
+    ("self_attn.out_proj.", "self_attn.out_proj.", True),
+    ("self_attn_layer_norm.", "self_attn_norm.", False),
+)
+_ENCODER_ATTENTION = (
+    ("encoder_attn.linear_q.", "encoder_attn.q_proj.", True),
+    ("encoder_attn.linear_kv.", "encoder_attn.kv_proj.", True),
+    ("encoder_attn.out_proj.", "encoder_attn.out_proj.", True),
+    ("encoder_attn_layer_norm.", "encoder_attn_norm.", False),
+)
+_FEED_FORWARD = (
+    ("fc1.", "fc1.", True),
+    ("fc2.", "fc2.", True),
+    ("final_layer_norm.", "final_norm.", False),
+)
+
+
+def _block_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a DeLighT block from an official layer's config."""
+    for key, official in (("act_type", "swish"), ("norm_type", "ln"), ("glt_shuffle", True)):
+        if config.get(key, official) != official:
+            raise ValueError(
+                f"DeLighT blocks are built with {key}={official!r}, the config has {config[key]!r}"
+            )
+    d_m, reduction = int(config["embed_dim"]), int(config["ffn_red_factor"])
+    if "light_ffn_dim" in config and int(config["light_ffn_dim"]) != d_m // reduction:
+        raise ValueError(
+            f"light_ffn_dim {config['light_ffn_dim']} is not embed_dim / ffn_red_factor "
+            f"= {d_m} / {reduction}"
+        )
+    return {
+        "d_m": d_m,
+        "width_multiplier": float(config["width_multiplier"]),
+        "depth": int(config["dextra_depth"]),
+        "max_groups": int(config["max_glt_groups"]),
+        "d_o": int(config["proj_dim(d_o)"]),
+        "ffn_reduction": reduction,
+        "normalize_before": bool(config["normalize_before"]),
+    }
+
+
+def _load_block(
+    block: nn.Module,
+    state_dict: Mapping[str, Tensor],
+    config: Mapping[str, Any],
+    dextra_prefix: str,
+    names: tuple[tuple[str, str, bool], ...],
+) -> None:
+    """Load an official layer's tensors into ``block``; every official tensor must be consumed."""
+    dextra_config = {
+        "in_features": config["embed_dim"],
+        "in_proj_features": config["proj_dim(d_o)"],
+        "out_features": config["proj_dim(d_o)"],
+        "width_multiplier": config["width_multiplier"],
+        "dextra_depth": config["dextra_depth"],
+        "max_glt_groups": config["max_glt_groups"],
+    }
+    dextra_state = {
+        name[len(dextra_prefix) :]: tensor
+        for name, tensor in state_dict.items()
+        if name.startswith(dextra_prefix)
+    }
+    params = {
+        f"dextra.{name}": tensor
+        for name, tensor in dextra_from_official(dextra_state, dextra_config).state_dict().items()
+    }
+    used = {f"{dextra_prefix}{name}" for name in dextra_state}
+    for theirs, ours, is_linear in names:
+        for suffix in ("weights", "bias") if is_linear else ("weight", "bias"):
+            name = f"{theirs}{suffix}"
+            if name not in state_dict:
+                raise ValueError(f"official tensor {name} missing from the state dict")
+            # official Linear weights are (out, in), as nn.Linear's
+            params[f"{ours}{'weight' if is_linear and suffix == 'weights' else suffix}"] = (
+                state_dict[name]
+            )
+            used.add(name)
+    extra = sorted(set(state_dict) - used)
+    if extra:
+        raise ValueError(f"official DeLighT layer tensors not mapped: {extra}")
+    _load(block, params)
+
+
+def encoder_layer_from_official(
+    state_dict: Mapping[str, Tensor], config: Mapping[str, Any]
+) -> DeLighTEncoderBlock:
+    """An official ``DeLighTTransformerEncoderLayer`` as a :class:`DeLighTEncoderBlock`.
+
+    Args:
+        state_dict: the layer's official tensors (``dextra_layer.*``, ``self_attn.*``,
+            ``self_attn_layer_norm.*``, ``fc1.*``, ``fc2.*``, ``final_layer_norm.*``).
+        config: the official arguments: ``embed_dim``, ``proj_dim(d_o)``, ``width_multiplier``,
+            ``dextra_depth``, ``max_glt_groups``, ``ffn_red_factor``, ``normalize_before``;
+            ``light_ffn_dim``, ``act_type``, ``norm_type`` and ``glt_shuffle`` are checked when
+            given.
+    """
+    block = DeLighTEncoderBlock(**_block_arguments(config))
+    _load_block(block, state_dict, config, "dextra_layer.", _SELF_ATTENTION + _FEED_FORWARD)
+    return block
+
+
+def decoder_layer_from_official(
+    state_dict: Mapping[str, Tensor], config: Mapping[str, Any]
+) -> DeLighTDecoderBlock:
+    """An official ``DeLighTTransformerDecoderLayer`` as a :class:`DeLighTDecoderBlock`.
+
+    Args:
+        state_dict: the layer's official tensors (``dextra_layer_sa.*``, ``self_attn.*``,
+            ``self_attn_layer_norm.*``, with encoder attention ``encoder_attn.*`` and
+            ``encoder_attn_layer_norm.*``, then ``fc1.*``, ``fc2.*``, ``final_layer_norm.*``).
+        config: as for :func:`encoder_layer_from_official`, plus ``no_encoder_attn``.
+    """
+    cross_attention = not bool(config.get("no_encoder_attn", False))
+    block = DeLighTDecoderBlock(**_block_arguments(config), cross_attention=cross_attention)
+    names = _SELF_ATTENTION + (_ENCODER_ATTENTION if cross_attention else ()) + _FEED_FORWARD
+    _load_block(block, state_dict, config, "dextra_layer_sa.", names)
+    return block
