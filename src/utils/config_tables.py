@@ -29,6 +29,7 @@ GROUPS = {
     "experiment": "named variants (paper rows, ablations); see the table below",
     "debug": "fast_dev_run, overfit a few batches, a few batches for two epochs",
 }  # fmt: skip
+LONGEST = 160  # characters of a table's description before it is cut at a clause
 BEGIN, END = "<!-- {name}:begin (generated: python -m src.utils.config_tables --write) -->", "<!-- {name}:end -->"
 
 
@@ -58,10 +59,33 @@ def _defaults_override(data: str, group: str) -> str:
     raise KeyError(f"conf/data/{data}.yaml does not pick a {group}")
 
 
+def summary(path: Path) -> str:
+    """The first sentence of a config file's leading comment (after ``# @package``), one line."""
+    lines = path.read_text().splitlines()
+    comments = [line[1:].strip() for line in lines if line.startswith("#") and "@package" not in line]
+    header = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        if "@package" not in line:
+            header.append(line[1:].strip())
+    text = " ".join(header or comments[:1])
+    # a sentence ends at a full stop followed by a capital ("Ch. 3", "e.g. model" do not end one)
+    first = re.split(r"(?<=[a-z0-9)\]]\.)\s+(?=[A-Z])", text)[0]
+    if len(first) > LONGEST:  # keep the clause before the first ':' or ';' outside brackets
+        depth = 0
+        for index, char in enumerate(first):
+            depth += (char in "([{") - (char in ")]}")
+            if depth == 0 and char in ":;" and index >= 40:
+                first = first[:index]
+                break
+    return first.rstrip(" :;,")
+
+
 def data_table() -> str:
     rows = ["| `data=` | task | default `model=` | what it is |", "|---|---|---|---|"]
     for data in options("data"):
-        first = (CONF / "data" / f"{data}.yaml").read_text().splitlines()[0].lstrip("# ").rstrip()
+        first = summary(CONF / "data" / f"{data}.yaml")
         rows.append(
             f"| `{data}` | `{_defaults_override(data, 'task')}` | `{_defaults_override(data, 'model')}` | {first} |"
         )
@@ -71,9 +95,7 @@ def data_table() -> str:
 def experiments_table() -> str:
     rows = ["| `experiment=` | what it is |", "|---|---|"]
     for name in options("experiment"):
-        lines = (CONF / "experiment" / f"{name}.yaml").read_text().splitlines()
-        first = next((line.lstrip("# ").rstrip(" :;,") for line in lines[1:] if line.startswith("#")), "")
-        rows.append(f"| `{name}` | {first} |")
+        rows.append(f"| `{name}` | {summary(CONF / 'experiment' / f'{name}.yaml')} |")
     return "\n".join(rows)
 
 
