@@ -176,7 +176,7 @@ def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -
     )
 
 
-# official DeLighT layer names -> ours, outside the DExTra unit; (official, ours, is_linear)
+# official DeLighT layer names -> ours, outside the DExTra unit: (official, ours, is Linear)
 _SELF_ATTENTION = (
     ("self_attn.linear_kqv.", "self_attn.qkv_proj.", True),
     ("self_attn.out_proj.", "self_attn.out_proj.", True),
@@ -246,14 +246,15 @@ def _load_block(
     }
     used = {f"{dextra_prefix}{name}" for name in dextra_state}
     for theirs, ours, is_linear in names:
-        for suffix in ("weights", "bias") if is_linear else ("weight", "bias"):
-            name = f"{theirs}{suffix}"
+        # the official Linear's ``weights`` is (out, in), as nn.Linear's ``weight``
+        for their_suffix, our_suffix in (
+            ("weights" if is_linear else "weight", "weight"),
+            ("bias", "bias"),
+        ):
+            name = f"{theirs}{their_suffix}"
             if name not in state_dict:
                 raise ValueError(f"official tensor {name} missing from the state dict")
-            # official Linear weights are (out, in), as nn.Linear's
-            params[f"{ours}{'weight' if is_linear and suffix == 'weights' else suffix}"] = (
-                state_dict[name]
-            )
+            params[f"{ours}{our_suffix}"] = state_dict[name]
             used.add(name)
     extra = sorted(set(state_dict) - used)
     if extra:

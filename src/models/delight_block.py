@@ -1,0 +1,346 @@
+"""The DeLighT block (thesis Sec. 5.3.2, App. B.1) and block-wise scaling (Sec. 5.3.3, Eq. 5.4).
+
+A block is: DeLighT transformation (DExTra, d_m -> d_o = d_m / 2) -> single-head attention of
+width d_o -> Linear(d_o -> d_m) -> residual; a decoder block then adds encoder-decoder attention
+(query from the d_m residual stream, no DExTra); last the light-weight FFN d_m -> d_m / r -> d_m
+(r = 4, swish) -> residual. Every sublayer is followed by a LayerNorm (post-norm, the official MT
+default) or, with ``normalize_before``, preceded by it on the branch (pre-norm, which the official
+LM forces). Dropout follows the official placement: on the attention probabilities, after the
+FFN activation, and on each branch before its residual sum.
+
+Layout is time-major, (T, B, d_m), as in the official code (sacmehta/delight,
+``delight_transformer_layer.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.ops.dextra import DExTra
+from src.ops.single_head_attention import SingleHeadAttention, causal_attention_mask
+
+SCALING_RULES = ("official", "paper")
+
+
+def block_wise_scaling(
+    n_min: int, n_max: int, w_m: float, *, num_blocks: int | None = None, rule: str = "official"
+) -> tuple[tuple[int, float], ...]:
+    """Per-block DExTra depth and width multiplier ``(N^b, w^b)`` for b = 0 .. B-1.
+
+    Thesis Eq. 5.4: ``N^b = N_min + (N_max - N_min) b / (B - 1)`` and
+    ``w^b = w_m + (N_max - N_min) b / (N_min (B - 1))``, with B = N_max "for simplicity".
+
+    ``rule="official"`` is what the released code computes:
+    ``N^b = floor(linspace(N_min, N_max, B))`` (numpy's int linspace, i.e. truncation) and
+    ``w^b = round(linspace(w_m, w_m + N_max / N_min - 1, B), 3)``. The widths are Eq. 5.4
+    rounded to three decimals; the depths are truncated, so depths step up later than in the
+    thesis (N 4 -> 8, B = 8: 4, 4, 5, 5, 6, 6, 7, 8).
+
+    ``rule="paper"`` evaluates Eq. 5.4 itself: w^b unrounded and N^b rounded to the nearest
+    integer (halves up), since a block needs a whole number of GLTs (N 4 -> 8, B = 8:
+    4, 5, 5, 6, 6, 7, 7, 8).
+
+    Args:
+        n_min: N_min, the first block's depth.
+        n_max: N_max >= N_min, the last block's depth.
+        w_m: the first block's width multiplier.
+        num_blocks: B; defaults to N_max, as in every official architecture.
+        rule: ``"official"`` or ``"paper"``.
+    """
+    if rule not in SCALING_RULES:
+        raise ValueError(f"rule must be one of {SCALING_RULES}, got {rule!r}")
+    blocks = n_max if num_blocks is None else num_blocks
+    if not 1 <= n_min <= n_max or blocks < 1 or w_m <= 0:
+        raise ValueError(
+            f"need 1 <= n_min <= n_max, num_blocks >= 1 and w_m > 0, got n_min={n_min}, "
+            f"n_max={n_max}, num_blocks={blocks}, w_m={w_m}"
+        )
+    if rule == "official":
+        depths = np.linspace(n_min, n_max, blocks, dtype=int)
+        widths = np.around(np.linspace(w_m, w_m + n_max / n_min - 1, blocks), 3)
+        return tuple((int(n), float(w)) for n, w in zip(depths, widths, strict=True))
+    steps = [b / (blocks - 1) if blocks > 1 else 0.0 for b in range(blocks)]
+    return tuple(
+        (int(np.floor(n_min + (n_max - n_min) * s + 0.5)), w_m + (n_max - n_min) * s / n_min)
+        for s in steps
+    )
+
+
+class _DeLighTBlock(nn.Module):
+    """The parts encoder and decoder blocks share: DExTra + self-attention, and the light FFN.
+
+    Shape:
+        (T, B, d_m) -> (T, B, d_m)
+    """
+
+    def __init__(
+        self,
+        d_m: int,
+        *,
+        width_multiplier: float,
+        depth: int,
+        max_groups: int,
+        d_o: int | None,
+        ffn_reduction: int,
+        normalize_before: bool,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        ffn_dropout: float,
+        dextra_dropout: float,
+        schedule: str,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        d_o = d_m // 2 if d_o is None else d_o
+        if d_m < 1 or d_o < 1 or ffn_reduction < 1 or d_m % ffn_reduction:
+            raise ValueError(
+                f"need positive d_m and d_o and d_m divisible by ffn_reduction, got d_m={d_m}, "
+                f"d_o={d_o}, ffn_reduction={ffn_reduction}"
+            )
+        for name, p in (
+            ("dropout", dropout),
+            ("attention_dropout", attention_dropout),
+            ("activation_dropout", activation_dropout),
+            ("ffn_dropout", ffn_dropout),
+        ):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {p}")
+        self.d_m = d_m
+        self.d_o = d_o
+        self.d_ffn = d_m // ffn_reduction
+        self.normalize_before = normalize_before
+        self.dropout = dropout
+        self.activation_dropout = activation_dropout
+        self.ffn_dropout = ffn_dropout
+        self.dextra = DExTra(
+            d_m,
+            d_o,
+            d_o,
+            width_multiplier=width_multiplier,
+            depth=depth,
+            max_groups=max_groups,
+            schedule=schedule,
+            dropout=dextra_dropout,
+            eps=eps,
+        )
+        self.self_attn = SingleHeadAttention(d_o, d_o, d_m, dropout=attention_dropout)
+        self.self_attn_norm = nn.LayerNorm(d_m, eps=eps)
+        self.fc1 = nn.Linear(d_m, self.d_ffn)
+        self.fc2 = nn.Linear(self.d_ffn, d_m)
+        self.final_norm = nn.LayerNorm(d_m, eps=eps)
+
+    def reset_parameters(self) -> None:
+        for module in self.children():
+            module.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_m={self.d_m}, d_o={self.d_o}, d_ffn={self.d_ffn}, "
+            f"normalize_before={self.normalize_before}, dropout={self.dropout}, "
+            f"activation_dropout={self.activation_dropout}, ffn_dropout={self.ffn_dropout}"
+        )
+
+    def _residual(self, residual: Tensor, branch: Tensor, norm: nn.LayerNorm, p: float) -> Tensor:
+        x = residual + F.dropout(branch, p, self.training)
+        return x if self.normalize_before else norm(x)
+
+    def _pre(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.normalize_before else x
+
+    def _self_attention(
+        self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None
+    ) -> Tensor:
+        h = self.dextra(self._pre(x, self.self_attn_norm))  # (T, B, d_o)
+        h, _ = self.self_attn(h, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+        return self._residual(x, h, self.self_attn_norm, self.dropout)
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        h = F.silu(self.fc1(self._pre(x, self.final_norm)))  # (T, B, d_m / r)
+        h = self.fc2(F.dropout(h, self.activation_dropout, self.training))
+        return self._residual(x, h, self.final_norm, self.ffn_dropout)
+
+
+class DeLighTEncoderBlock(_DeLighTBlock):
+    """A DeLighT encoder block: DExTra + single-head self-attention, then the light FFN.
+
+    Args:
+        d_m: the model width.
+        width_multiplier: w^b of this block (see :func:`block_wise_scaling`).
+        depth: N^b, the number of GLTs in its DExTra.
+        max_groups: g_max (:func:`src.ops.dextra.dextra_max_groups`).
+        d_o: the attention width; d_m / 2 by default, as in every experiment.
+        ffn_reduction: r; the FFN's inner width is d_m / r.
+        normalize_before: pre-norm; False (post-norm) is the official MT default.
+        dropout: on the attention branch before its residual sum.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the FFN's swish.
+        ffn_dropout: on the FFN branch before its residual sum (officially set equal to dropout).
+        dextra_dropout: inside DExTra (the official ``delight_dropout``).
+        schedule: DExTra's group schedule, ``"official"`` or ``"paper"``.
+        eps: of every LayerNorm.
+
+    Submodules: ``dextra`` (DExTra d_m -> d_o), ``self_attn`` (:class:`SingleHeadAttention`
+    d_o -> d_m), ``self_attn_norm``, ``fc1`` (d_m -> d_m / r), ``fc2`` (d_m / r -> d_m),
+    ``final_norm``.
+
+    Shape:
+        x (T, B, d_m); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
+        True) entries blocked -> (T, B, d_m)
+    """
+
+    def __init__(
+        self,
+        d_m: int,
+        *,
+        width_multiplier: float,
+        depth: int,
+        max_groups: int,
+        d_o: int | None = None,
+        ffn_reduction: int = 4,
+        normalize_before: bool = False,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        ffn_dropout: float = 0.0,
+        dextra_dropout: float = 0.0,
+        schedule: str = "official",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__(
+            d_m,
+            width_multiplier=width_multiplier,
+            depth=depth,
+            max_groups=max_groups,
+            d_o=d_o,
+            ffn_reduction=ffn_reduction,
+            normalize_before=normalize_before,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            ffn_dropout=ffn_dropout,
+            dextra_dropout=dextra_dropout,
+            schedule=schedule,
+            eps=eps,
+        )
+
+    def forward(
+        self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
+        if attn_mask is not None:
+            # the official encoder blocks with a large finite value, so no row is all -inf
+            blocked = attn_mask.bool() if attn_mask.dtype != torch.bool else attn_mask
+            attn_mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
+                blocked, -1e8
+            )
+        x = self._self_attention(x, padding_mask, attn_mask)
+        return self._feed_forward(x)
+
+
+class DeLighTDecoderBlock(_DeLighTBlock):
+    """A DeLighT decoder block: causal DExTra + self-attention, optional encoder attention, FFN.
+
+    With ``cross_attention=False`` this is the language model's block (the official LM passes
+    ``no_encoder_attn`` and pre-norm).
+
+    Args:
+        d_m: the model width.
+        width_multiplier: w^b of this block (see :func:`block_wise_scaling`).
+        depth: N^b, the number of GLTs in its DExTra.
+        max_groups: g_max (:func:`src.ops.dextra.dextra_max_groups`).
+        cross_attention: add the encoder-decoder attention sublayer.
+        d_o: the attention width; d_m / 2 by default.
+        ffn_reduction: r; the FFN's inner width is d_m / r.
+        normalize_before: pre-norm (the official LM); False (post-norm) is the MT default.
+        dropout: on each attention branch before its residual sum.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the FFN's swish.
+        ffn_dropout: on the FFN branch before its residual sum.
+        dextra_dropout: inside DExTra.
+        schedule: DExTra's group schedule, ``"official"`` or ``"paper"``.
+        eps: of every LayerNorm.
+
+    Submodules: as :class:`DeLighTEncoderBlock`, plus with ``cross_attention`` ``encoder_attn``
+    (:class:`SingleHeadAttention`, query d_m, keys/values d_m, head d_o) and
+    ``encoder_attn_norm``.
+
+    Shape:
+        x (T, B, d_m); encoder_out (S, B, d_m); encoder_padding_mask (B, S) bool, True = pad;
+        self_attn_mask (T, T) additive float, the causal mask when None; self_attn_padding_mask
+        (B, T) bool -> x (T, B, d_m) and, with ``need_weights``, the encoder-attention
+        probabilities (T, B, S), else None
+    """
+
+    def __init__(
+        self,
+        d_m: int,
+        *,
+        width_multiplier: float,
+        depth: int,
+        max_groups: int,
+        cross_attention: bool = True,
+        d_o: int | None = None,
+        ffn_reduction: int = 4,
+        normalize_before: bool = False,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        ffn_dropout: float = 0.0,
+        dextra_dropout: float = 0.0,
+        schedule: str = "official",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__(
+            d_m,
+            width_multiplier=width_multiplier,
+            depth=depth,
+            max_groups=max_groups,
+            d_o=d_o,
+            ffn_reduction=ffn_reduction,
+            normalize_before=normalize_before,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            ffn_dropout=ffn_dropout,
+            dextra_dropout=dextra_dropout,
+            schedule=schedule,
+            eps=eps,
+        )
+        self.cross_attention = cross_attention
+        if cross_attention:
+            self.encoder_attn = SingleHeadAttention(
+                d_m, self.d_o, d_m, cross_attention=True, dropout=attention_dropout
+            )
+            self.encoder_attn_norm = nn.LayerNorm(d_m, eps=eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        encoder_out: Tensor | None = None,
+        encoder_padding_mask: Tensor | None = None,
+        *,
+        self_attn_mask: Tensor | None = None,
+        self_attn_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        if (encoder_out is not None) != self.cross_attention:
+            raise ValueError(
+                f"encoder_out must be given exactly when cross_attention "
+                f"(cross_attention={self.cross_attention})"
+            )
+        if self_attn_mask is None:
+            self_attn_mask = causal_attention_mask(x.shape[0], device=x.device, dtype=x.dtype)
+        x = self._self_attention(x, self_attn_padding_mask, self_attn_mask)
+        weights = None
+        if self.cross_attention:
+            h, weights = self.encoder_attn(
+                self._pre(x, self.encoder_attn_norm),
+                encoder_out,
+                key_padding_mask=encoder_padding_mask,
+                need_weights=need_weights,
+            )
+            x = self._residual(x, h, self.encoder_attn_norm, self.dropout)
+        return self._feed_forward(x), weights

@@ -1,0 +1,192 @@
+"""DeLighT's single-head attention (thesis Sec. 5.3.2, Eq. 5.3; Mehta et al., 2021, Sec. 3.2).
+
+After the DeLighT transformation has reduced the residual width d_m to d_o = d_m / 2, one head of
+width d_o attends: ``softmax(Q K^T / sqrt(d_o)) V``, and ``out_proj`` maps d_o back to d_m. The
+attention cost is O(d_o n^2), half that of a d_m-wide multi-head layer.
+
+Official semantics (sacmehta/delight, ``single_head_attention.py``), all reproduced here:
+
+- Self-attention projects its input with **one** Linear(d_o -> 3 d_o) whose output is split into
+  q, k, v **in that order** (the official parameter is named ``linear_kqv``).
+- Encoder-decoder attention projects the query from the d_m residual stream (no DExTra) with
+  Linear(d_m -> d_o) and keys and values from the encoder output with Linear(d_m -> 2 d_o), split
+  (k, v).
+- q is scaled by d_o^-0.5 after its bias; an additive float mask is added to the scores, then
+  padded keys are filled with -inf; the softmax runs in float32 for 16-bit inputs (in the input
+  dtype otherwise); dropout acts on the probabilities.
+
+Layout is time-major, (T, B, C), as in the official code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def causal_attention_mask(
+    length: int, *, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """The additive future mask: 0 on and below the diagonal, -inf above.
+
+    Shape:
+        (length, length)
+    """
+    return torch.full((length, length), float("-inf"), device=device, dtype=dtype).triu(1)
+
+
+class SingleHeadAttention(nn.Module):
+    """One attention head of width d_o between a query stream and a key/value stream.
+
+    Args:
+        query_features: width of the query input: d_o for self-attention (the DExTra output),
+            d_m for encoder-decoder attention (the residual stream).
+        d_o: the head width.
+        out_features: d_m, the width ``out_proj`` maps back to.
+        cross_attention: encoder-decoder attention (queries and keys/values from different
+            streams, separate projections) instead of self-attention.
+        kv_features: width of the key/value input (the encoder output) for cross-attention;
+            defaults to ``query_features``.
+        dropout: on the attention probabilities.
+
+    Parameters: self-attention ``qkv_proj`` Linear(d_o -> 3 d_o); cross-attention ``q_proj``
+    Linear(query_features -> d_o) and ``kv_proj`` Linear(kv_features -> 2 d_o); ``out_proj``
+    Linear(d_o -> out_features). All with bias.
+
+    Shape:
+        query (T, B, query_features); key_value (S, B, kv_features) for cross-attention, None for
+        self-attention (S = T); key_padding_mask (B, S) bool, True = padded key; attn_mask (T, S)
+        float, added to the scores -> output (T, B, out_features) and, with ``need_weights``, the
+        attention probabilities (T, B, S) (before dropout), else None.
+    """
+
+    def __init__(
+        self,
+        query_features: int,
+        d_o: int,
+        out_features: int,
+        *,
+        cross_attention: bool = False,
+        kv_features: int | None = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if min(query_features, d_o, out_features) < 1:
+            raise ValueError(
+                f"widths must be positive, got query_features={query_features}, d_o={d_o}, "
+                f"out_features={out_features}"
+            )
+        if kv_features is not None and not cross_attention:
+            raise ValueError(
+                f"kv_features ({kv_features}) is for cross-attention; self-attention projects "
+                "its query input"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.query_features = query_features
+        self.d_o = d_o
+        self.out_features = out_features
+        self.cross_attention = cross_attention
+        self.kv_features = query_features if kv_features is None else kv_features
+        self.dropout = dropout
+        self.scaling = d_o**-0.5
+        if cross_attention:
+            self.q_proj = nn.Linear(query_features, d_o)
+            self.kv_proj = nn.Linear(self.kv_features, 2 * d_o)
+        else:
+            self.qkv_proj = nn.Linear(query_features, 3 * d_o)
+        self.out_proj = nn.Linear(d_o, out_features)
+
+    def reset_parameters(self) -> None:
+        for module in self.children():
+            module.reset_parameters()
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        if self.cross_attention:
+            if key_value is None:
+                raise ValueError("cross-attention needs key_value (the encoder output)")
+            q = self.q_proj(query)  # (T, B, d_o)
+            k, v = self.kv_proj(key_value).chunk(2, dim=-1)  # (S, B, d_o) each
+        else:
+            if key_value is not None:
+                raise ValueError("self-attention takes no key_value; it attends over its query")
+            q, k, v = self.qkv_proj(query).chunk(3, dim=-1)  # (T, B, d_o) each
+        q = q * self.scaling
+        # (T, B, d_o) -> (B, T, d_o)
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+        if key_padding_mask is not None and key_padding_mask.shape != (k.shape[0], k.shape[1]):
+            raise ValueError(
+                f"key_padding_mask must be (B, S) = {(k.shape[0], k.shape[1])}, "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        if attn_mask is not None and attn_mask.shape != (q.shape[1], k.shape[1]):
+            raise ValueError(
+                f"attn_mask must be (T, S) = {(q.shape[1], k.shape[1])}, "
+                f"got {tuple(attn_mask.shape)}"
+            )
+        p = self.dropout if self.training else 0.0
+        if need_weights or q.dtype in _HALF:
+            out, probs = self._explicit(q, k, v, key_padding_mask, attn_mask, p)
+        else:
+            # the fused kernel agrees with the explicit form to rounding in float32/float64; it
+            # cannot return probabilities and would not keep a 16-bit softmax in float32
+            mask = _additive_mask(attn_mask, key_padding_mask, q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+            probs = None
+        out = self.out_proj(out.transpose(0, 1))  # (B, T, d_o) -> (T, B, d_o) -> (T, B, d_m)
+        return out, None if probs is None else probs.transpose(0, 1)  # (T, B, S)
+
+    def _explicit(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        p: float,
+    ) -> tuple[Tensor, Tensor]:
+        """The official computation.
+
+        Shape:
+            q (B, T, d), k and v (B, S, d) -> output (B, T, d), probabilities (B, T, S)
+        """
+        scores = torch.bmm(q, k.transpose(1, 2))  # (B, T, S)
+        if attn_mask is not None:
+            scores = scores + attn_mask.to(scores.dtype)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, :], float("-inf"))
+        # 16-bit scores overflow and lose the small probabilities: softmax in float32 as officially
+        softmax_dtype = torch.float32 if scores.dtype in _HALF else scores.dtype
+        probs = F.softmax(scores.to(softmax_dtype), dim=-1)
+        dropped = F.dropout(probs, p, training=True) if p > 0 else probs
+        return torch.bmm(dropped.to(v.dtype), v), probs
+
+    def extra_repr(self) -> str:
+        kind = "cross" if self.cross_attention else "self"
+        return (
+            f"{kind}, query_features={self.query_features}, kv_features={self.kv_features}, "
+            f"d_o={self.d_o}, out_features={self.out_features}, dropout={self.dropout}"
+        )
+
+
+def _additive_mask(
+    attn_mask: Tensor | None, key_padding_mask: Tensor | None, dtype: torch.dtype
+) -> Tensor | None:
+    """attn_mask (T, S) and key_padding_mask (B, S) as one float mask (B or 1, T or 1, S)."""
+    mask = None if attn_mask is None else attn_mask.to(dtype).unsqueeze(0)  # (1, T, S)
+    if key_padding_mask is not None:
+        pad = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+        pad = pad.masked_fill(key_padding_mask, float("-inf")).unsqueeze(1)  # (B, 1, S)
+        mask = pad if mask is None else mask + pad
+    return mask

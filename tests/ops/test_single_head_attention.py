@@ -1,0 +1,144 @@
+"""DeLighT's single-head attention: masks, shapes, the fused and explicit paths, gradients, bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from src.ops.single_head_attention import SingleHeadAttention, causal_attention_mask
+from tests.amp import OP_TOLERANCE, autocast_errors
+
+T, S, B, D_O, D_M = 5, 6, 3, 16, 32
+
+
+def _self(dtype: torch.dtype = torch.float64) -> SingleHeadAttention:
+    torch.manual_seed(0)
+    return SingleHeadAttention(D_O, D_O, D_M).to(dtype).eval()
+
+
+def _cross(dtype: torch.dtype = torch.float64) -> SingleHeadAttention:
+    torch.manual_seed(0)
+    return SingleHeadAttention(D_M, D_O, D_M, cross_attention=True).to(dtype).eval()
+
+
+def test_causal_attention_mask() -> None:
+    inf = float("-inf")
+    assert causal_attention_mask(3).tolist() == [[0, inf, inf], [0, 0, inf], [0, 0, 0]]
+
+
+def test_shapes_and_weights() -> None:
+    x = torch.randn(T, B, D_O, dtype=torch.float64)
+    out, probs = _self()(x, need_weights=True)
+    assert out.shape == (T, B, D_M) and probs.shape == (T, B, T)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(T, B, dtype=torch.float64))
+    assert _self()(x)[1] is None
+    memory = torch.randn(S, B, D_M, dtype=torch.float64)
+    out, probs = _cross()(torch.randn(T, B, D_M, dtype=torch.float64), memory, need_weights=True)
+    assert out.shape == (T, B, D_M) and probs.shape == (T, B, S)
+
+
+def test_projection_is_split_q_k_v_and_q_is_scaled_after_the_bias() -> None:
+    attention = _self()
+    x = torch.randn(T, B, D_O, dtype=torch.float64)
+    weight, bias = attention.qkv_proj.weight, attention.qkv_proj.bias
+    rows = [slice(i * D_O, (i + 1) * D_O) for i in range(3)]  # q, k, v in that order
+    q, k, v = (x @ weight[r].T + bias[r] for r in rows)
+    q = q * D_O**-0.5
+    # (T, B, d) -> (B, T, d)
+    scores = torch.einsum("tbd,sbd->bts", q, k)
+    probs = scores.softmax(-1)
+    expected = attention.out_proj(torch.einsum("bts,sbd->tbd", probs, v))
+    out, weights = attention(x, need_weights=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights, probs.transpose(0, 1), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("make", [_self, _cross])
+def test_fused_and_explicit_paths_agree(make) -> None:
+    attention = make()
+    query = torch.randn(T, B, attention.query_features, dtype=torch.float64)
+    memory = torch.randn(S, B, D_M, dtype=torch.float64) if attention.cross_attention else None
+    keys = S if attention.cross_attention else T
+    pad = torch.zeros(B, keys, dtype=torch.bool)
+    pad[0, -2:] = True
+    mask = torch.randn(T, keys, dtype=torch.float64)
+    kwargs = {"key_padding_mask": pad, "attn_mask": mask}
+    fused, _ = attention(query, memory, **kwargs)
+    explicit, _ = attention(query, memory, need_weights=True, **kwargs)
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-12)
+
+
+def test_causal_mask_makes_position_t_blind_to_later_inputs() -> None:
+    attention = _self()
+    x = torch.randn(T, B, D_O, dtype=torch.float64)
+    mask = causal_attention_mask(T, dtype=torch.float64)
+    for need_weights in (False, True):
+        out, _ = attention(x, attn_mask=mask, need_weights=need_weights)
+        for t in range(T - 1):
+            changed = x.clone()
+            changed[t + 1 :] += torch.randn_like(changed[t + 1 :])
+            perturbed, _ = attention(changed, attn_mask=mask, need_weights=need_weights)
+            assert torch.equal(perturbed[: t + 1], out[: t + 1])
+            assert not torch.equal(perturbed[t + 1 :], out[t + 1 :])
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_padded_keys_are_ignored(need_weights: bool) -> None:
+    attention = _cross()
+    query = torch.randn(T, B, D_M, dtype=torch.float64)
+    memory = torch.randn(S, B, D_M, dtype=torch.float64)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[1, 4:] = True
+    out, probs = attention(query, memory, key_padding_mask=pad, need_weights=need_weights)
+    changed = memory.clone()
+    changed[4:, 1] = 1e3 * torch.randn(S - 4, D_M, dtype=torch.float64)
+    perturbed, _ = attention(query, changed, key_padding_mask=pad, need_weights=need_weights)
+    torch.testing.assert_close(perturbed, out, rtol=0, atol=1e-12)
+    # the same as attending over the unpadded keys alone
+    alone, _ = attention(query[:, 1:2], memory[:4, 1:2])
+    torch.testing.assert_close(out[:, 1:2], alone, rtol=0, atol=1e-12)
+    if need_weights:
+        assert (probs[:, 1, 4:] == 0).all()
+
+
+def test_backward_gives_finite_gradients() -> None:
+    torch.manual_seed(0)
+    attention = SingleHeadAttention(D_M, D_O, D_M, cross_attention=True, dropout=0.1).train()
+    query = torch.randn(T, B, D_M, requires_grad=True)
+    memory = torch.randn(S, B, D_M, requires_grad=True)
+    out, _ = attention(query, memory)
+    out.square().mean().backward()
+    for tensor in [query, memory, *attention.parameters()]:
+        assert tensor.grad is not None and torch.isfinite(tensor.grad).all()
+
+
+@pytest.mark.parametrize("cross_attention", [False, True])
+def test_bf16_autocast_is_close_to_float32(cross_attention: bool) -> None:
+    width = D_M if cross_attention else D_O
+
+    def make() -> SingleHeadAttention:
+        return SingleHeadAttention(width, D_O, D_M, cross_attention=cross_attention)
+
+    def inputs() -> list[torch.Tensor]:
+        memory = [torch.randn(S, B, D_M)] if cross_attention else []
+        return [torch.randn(T, B, width), *memory]
+
+    errors = autocast_errors(make, inputs, torch.bfloat16, "cpu")
+    assert errors["output"] < OP_TOLERANCE, errors
+
+
+def test_softmax_runs_in_float32_for_16_bit_inputs() -> None:
+    attention = _self(torch.bfloat16)
+    _, probs = attention(torch.randn(T, B, D_O, dtype=torch.bfloat16), need_weights=True)
+    assert probs.dtype == torch.float32
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="kv_features"):
+        SingleHeadAttention(D_O, D_O, D_M, kv_features=D_M)
+    with pytest.raises(ValueError, match="needs key_value"):
+        _cross()(torch.randn(T, B, D_M, dtype=torch.float64))
+    with pytest.raises(ValueError, match="takes no key_value"):
+        _self()(torch.randn(T, B, D_O, dtype=torch.float64), torch.randn(S, B, D_O))
+    with pytest.raises(ValueError, match="key_padding_mask must be"):
+        _self()(torch.randn(T, B, D_O, dtype=torch.float64), key_padding_mask=torch.ones(B, S) > 0)
