@@ -1,0 +1,386 @@
+"""The DeLighT encoder-decoder for machine translation (thesis Ch. 5, Secs. 5.3-5.4).
+
+Both sides start with a :class:`DeLighTEmbedding`: a 128-wide lookup table, scaled by sqrt(128),
+per-sequence dropout, a DeLighT transformation ("embedding DExTra") from 128 to d_m, then fixed
+sinusoidal positions and their dropout. The encoder stacks B :class:`DeLighTEncoderBlock`, the
+decoder B :class:`DeLighTDecoderBlock` with encoder attention, both with block-wise scaling
+(Eq. 5.4, B = N_max) and post-norm. The decoder then maps d_m back to 128 with a bias-free Linear
+and scores the vocabulary with the 128-wide lookup table (tied).
+
+This follows the released code (sacmehta/delight, ``delight_transformer.py`` and
+``dextra_emb.py``); the embedding DExTra and the d_m -> 128 projection are code details the thesis
+does not describe ([D] in the spec):
+
+- Embedding DExTra: in = 128, p = d_m / 2, o = d_m, w = w_m, N = N_min, the blocks' g_max; so its
+  widest layer is w_m * 128, which can be narrower than d_m.
+- Post-norm MT models have no LayerNorm after the last block of either side (the official one
+  exists only with ``normalize_before``), and no ``project_out`` when d_m = 128.
+- ``share_all_embeddings`` (WMT) ties only the lookup table: each side keeps its own embedding
+  DExTra. ``share_decoder_input_output_embed`` (every official MT arch) scores with the decoder's
+  table; otherwise a bias-free Linear(128 -> V_tgt) does.
+
+With these the parameter counts equal the official ``--print-stats`` totals for every MT row of the
+reference ``params.json``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.models.delight_block import DeLighTDecoderBlock, DeLighTEncoderBlock, block_wise_scaling
+from src.ops.dextra import DExTra, dextra_max_groups
+from src.ops.group_layer_norm import SharedGroupLayerNorm
+from src.ops.group_linear import GroupLinear
+
+EMBEDDING_DIM = 128  # the official ``delight_emb_map_dim`` of every MT and LM architecture
+PADDING_IDX = 1  # fairseq's dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3
+
+
+def sinusoidal_positions(padding_mask: Tensor, dim: int, padding_idx: int = PADDING_IDX) -> Tensor:
+    """fairseq's sinusoidal positions (``SinusoidalPositionalEmbedding``, no parameters).
+
+    Non-pad tokens are numbered ``padding_idx + 1, padding_idx + 2, ...`` in order, skipping pads
+    (fairseq's ``make_positions``), so left and right padding give a token the same position. The
+    vector of position t is ``[sin(t f_0), ..., sin(t f_{h-1}), cos(t f_0), ..., cos(t f_{h-1})]``
+    with h = dim // 2 and ``f_i = 10000^(-i / (h - 1))`` (a zero column appended when dim is odd);
+    pads get the zero vector (fairseq zeroes the table's ``padding_idx`` row).
+
+    Shape:
+        padding_mask (B, T) bool, True = pad -> (B, T, dim) float32
+    """
+    half = dim // 2
+    if half < 2:
+        raise ValueError(f"sinusoidal positions need dim >= 4, got {dim}")
+    keep = ~padding_mask
+    positions = torch.cumsum(keep, dim=1) * keep + padding_idx  # (B, T), pads at padding_idx
+    # fairseq builds its table in float32 with these operations, so the values agree exactly
+    freq = torch.exp(
+        torch.arange(half, dtype=torch.float, device=padding_mask.device)
+        * -(math.log(10000) / (half - 1))
+    )
+    angles = positions.float().unsqueeze(-1) * freq  # (B, T, h)
+    emb = torch.cat((torch.sin(angles), torch.cos(angles)), dim=-1)  # (B, T, 2h)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+
+
+def recurrent_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout with one mask per sequence for all its time steps (official ``RecurrentDropout``).
+
+    Shape:
+        (B, T, C) -> (B, T, C)
+    """
+    if not training or p <= 0.0:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty(x.shape[0], 1, x.shape[2]).bernoulli_(keep) / keep  # (B, 1, C)
+    return x * mask
+
+
+def _check_dropout(**values: float) -> None:
+    for name, p in values.items():
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {p}")
+
+
+class DeLighTEmbedding(nn.Module):
+    """DeLighT's input embedding: lookup (128) -> DeLighT transformation -> + positions (d_m).
+
+    ``lookup[token] * sqrt(128)`` (the scale only for a plain table, as in MT) -> per-sequence
+    dropout -> DExTra(in=128, p=d_m/2, o=d_m, w=w_m, N=N_min) -> + fairseq sinusoidal positions
+    (:func:`sinusoidal_positions`: positions start at ``padding_idx + 1``, pads get zeros) ->
+    per-sequence dropout. Official ``DExTraEmb`` plus the encoder's/decoder's position step.
+
+    Args:
+        num_embeddings: V, the vocabulary size.
+        d_model: d_m, the output width.
+        width_multiplier: w_m; the embedding DExTra's widest layer is about w_m * embedding_dim.
+        depth: N, the embedding DExTra's depth (officially N_min).
+        max_groups: g_max (officially the blocks' one).
+        embedding_dim: the lookup table's width (128 in every official model).
+        padding_idx: the pad token; its row is zero and receives no gradient.
+        scale_embedding: multiply the looked-up vectors by sqrt(embedding_dim).
+        embedding_dropout: per-sequence dropout after the lookup (``delight_emb_dropout``).
+        dextra_dropout: inside the DExTra (``delight_dropout``).
+        position_dropout: per-sequence dropout after adding positions (``pe_dropout``).
+        schedule: DExTra's group schedule, ``"official"`` or ``"paper"``.
+
+    Submodules: ``lookup`` (nn.Embedding V x embedding_dim), ``dextra`` (:class:`DExTra`).
+
+    Shape:
+        tokens (B, T) int64; padding_mask (B, T) bool, True = pad, from ``padding_idx`` when None
+        -> (B, T, d_model)
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        d_model: int,
+        *,
+        width_multiplier: float,
+        depth: int,
+        max_groups: int,
+        embedding_dim: int = EMBEDDING_DIM,
+        padding_idx: int = PADDING_IDX,
+        scale_embedding: bool = True,
+        embedding_dropout: float = 0.1,
+        dextra_dropout: float = 0.0,
+        position_dropout: float = 0.1,
+        schedule: str = "official",
+    ) -> None:
+        super().__init__()
+        if not 0 <= padding_idx < num_embeddings:
+            raise ValueError(
+                f"padding_idx must index the vocabulary, got {padding_idx} for {num_embeddings}"
+            )
+        if d_model % 2:
+            raise ValueError(f"d_model must be even (the DExTra's p is d_model / 2), got {d_model}")
+        _check_dropout(embedding_dropout=embedding_dropout, position_dropout=position_dropout)
+        self.d_model = d_model
+        self.padding_idx = padding_idx
+        self.embed_scale = math.sqrt(embedding_dim) if scale_embedding else 1.0
+        self.embedding_dropout = embedding_dropout
+        self.position_dropout = position_dropout
+        self.lookup = nn.Embedding(num_embeddings, embedding_dim, padding_idx=padding_idx)
+        self.dextra = DExTra(
+            embedding_dim,
+            d_model // 2,
+            d_model,
+            width_multiplier=width_multiplier,
+            depth=depth,
+            max_groups=max_groups,
+            schedule=schedule,
+            dropout=dextra_dropout,
+        )
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        if padding_mask is None:
+            padding_mask = tokens.eq(self.padding_idx)
+        x = self.lookup(tokens) * self.embed_scale  # (B, T, 128)
+        x = recurrent_dropout(x, self.embedding_dropout, self.training)
+        x = self.dextra(x)  # (B, T, d_m)
+        x = x + sinusoidal_positions(padding_mask, self.d_model, self.padding_idx).to(x.dtype)
+        return recurrent_dropout(x, self.position_dropout, self.training)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, padding_idx={self.padding_idx}, "
+            f"embed_scale={self.embed_scale:.4g}, embedding_dropout={self.embedding_dropout}, "
+            f"position_dropout={self.position_dropout}"
+        )
+
+
+class DeLighTEncoderDecoder(nn.Module):
+    """The DeLighT translation network: embeddings, B encoder and B decoder blocks, tied output.
+
+    Encoder: :class:`DeLighTEmbedding` -> B :class:`DeLighTEncoderBlock` (post-norm, no final
+    LayerNorm). Decoder: :class:`DeLighTEmbedding` -> B :class:`DeLighTDecoderBlock` with encoder
+    attention -> ``project_out`` Linear(d_m -> 128, no bias; absent when d_m = 128) -> logits
+    against the decoder's lookup table (``share_decoder_input_output_embed``) or a bias-free
+    ``output`` Linear(128 -> V_tgt). Block b has depth N^b and width multiplier w^b from
+    :func:`block_wise_scaling` (Eq. 5.4, the official truncation and rounding; B = N_max).
+
+    Args:
+        src_vocab: V_src.
+        tgt_vocab: V_tgt.
+        d_model: d_m.
+        n_min: N_min, the first block's DExTra depth and the embedding DExTra's.
+        n_max: N_max, the last block's depth.
+        width_multiplier: w_m, the first block's and the embedding DExTra's.
+        share_all_embeddings: one lookup table for the source, the target and the output (WMT;
+            needs ``src_vocab == tgt_vocab``, a joined dictionary).
+        share_decoder_input_output_embed: score with the decoder's lookup table (IWSLT and WMT).
+        num_blocks: B, on each side; N_max when None, as in every official architecture.
+        max_groups: g_max of every DExTra; ``dextra_max_groups(d_model)`` (the code's
+            2^ceil(log2(d_m / 32)), 16 for d_m = 384) when None.
+        embedding_dim: the lookup tables' width.
+        padding_idx: the pad token of both dictionaries.
+        dropout: on each attention branch before its residual sum.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the light FFN's swish.
+        ffn_dropout: on the FFN branch before its residual sum (officially equal to ``dropout``).
+        dextra_dropout: inside every DExTra (the official ``delight_dropout``).
+        embedding_dropout: per-sequence dropout after the lookup.
+        position_dropout: per-sequence dropout after adding positions.
+        schedule: DExTra's group schedule, ``"official"`` or ``"paper"``.
+        scaling_rule: :func:`block_wise_scaling`'s rule, ``"official"`` or ``"paper"``.
+
+    Submodules: ``encoder_embedding``, ``encoder_blocks``, ``decoder_embedding``,
+    ``decoder_blocks``, ``project_out`` (or None), ``output`` (or None when tied).
+
+    Shape:
+        src_tokens (B, S) int64; src_padding_mask (B, S) bool, True = pad, from ``padding_idx``
+        when None; prev_output_tokens (B, T) int64, right-padded -> logits (B, T, V_tgt)
+    """
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int = 512,
+        n_min: int = 4,
+        n_max: int = 8,
+        width_multiplier: float = 2.0,
+        *,
+        share_all_embeddings: bool = False,
+        share_decoder_input_output_embed: bool = True,
+        num_blocks: int | None = None,
+        max_groups: int | None = None,
+        embedding_dim: int = EMBEDDING_DIM,
+        padding_idx: int = PADDING_IDX,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        activation_dropout: float = 0.0,
+        ffn_dropout: float = 0.1,
+        dextra_dropout: float = 0.0,
+        embedding_dropout: float = 0.1,
+        position_dropout: float = 0.1,
+        schedule: str = "official",
+        scaling_rule: str = "official",
+    ) -> None:
+        super().__init__()
+        if share_all_embeddings and src_vocab != tgt_vocab:
+            raise ValueError(
+                "share_all_embeddings needs a joined dictionary, got src_vocab="
+                f"{src_vocab} and tgt_vocab={tgt_vocab}"
+            )
+        self.d_model = d_model
+        self.n_min = n_min
+        self.n_max = n_max
+        self.width_multiplier = width_multiplier
+        self.max_groups = dextra_max_groups(d_model) if max_groups is None else max_groups
+        self.padding_idx = padding_idx
+        self.share_all_embeddings = share_all_embeddings
+        self.share_decoder_input_output_embed = share_decoder_input_output_embed
+        self.scaling = block_wise_scaling(
+            n_min, n_max, width_multiplier, num_blocks=num_blocks, rule=scaling_rule
+        )
+        embedding = {
+            "width_multiplier": width_multiplier,
+            "depth": n_min,
+            "max_groups": self.max_groups,
+            "embedding_dim": embedding_dim,
+            "padding_idx": padding_idx,
+            "embedding_dropout": embedding_dropout,
+            "dextra_dropout": dextra_dropout,
+            "position_dropout": position_dropout,
+            "schedule": schedule,
+        }
+        block = {
+            "max_groups": self.max_groups,
+            "dropout": dropout,
+            "attention_dropout": attention_dropout,
+            "activation_dropout": activation_dropout,
+            "ffn_dropout": ffn_dropout,
+            "dextra_dropout": dextra_dropout,
+            "schedule": schedule,
+        }
+        self.encoder_embedding = DeLighTEmbedding(src_vocab, d_model, **embedding)
+        self.decoder_embedding = DeLighTEmbedding(tgt_vocab, d_model, **embedding)
+        if share_all_embeddings:
+            # only the table is shared; each side keeps its own embedding DExTra (official)
+            self.decoder_embedding.lookup.weight = self.encoder_embedding.lookup.weight
+        self.encoder_blocks = nn.ModuleList(
+            DeLighTEncoderBlock(d_model, width_multiplier=w, depth=n, **block)
+            for n, w in self.scaling
+        )
+        self.decoder_blocks = nn.ModuleList(
+            DeLighTDecoderBlock(d_model, width_multiplier=w, depth=n, **block)
+            for n, w in self.scaling
+        )
+        self.project_out = (
+            nn.Linear(d_model, embedding_dim, bias=False) if d_model != embedding_dim else None
+        )
+        self.output = (
+            None
+            if share_decoder_input_output_embed
+            else nn.Linear(embedding_dim, tgt_vocab, bias=False)
+        )
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """The official initialisation (sacmehta/delight ``nn_functions.py``): lookup tables
+        N(0, embedding_dim^-0.5) with a zero pad row; every Linear and GLT weight xavier-uniform
+        (a GLT's (g, d_in/g, d_out/g) tensor as one 3-d tensor, as the official ``GroupLinear``
+        does) and zero biases; LayerNorms at weight 1 and bias 0.
+        """
+        for module in self.modules():
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+            elif isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, GroupLinear):
+                # one group is the official dense Linear: xavier over its (d_in, d_out) matrix
+                nn.init.xavier_uniform_(module.weight[0] if module.groups == 1 else module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.LayerNorm, SharedGroupLayerNorm)):
+                module.reset_parameters()
+
+    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """The encoder output, time-major as the blocks keep it.
+
+        Shape:
+            src_tokens (B, S); src_padding_mask (B, S) bool or None -> (S, B, d_model)
+        """
+        if src_padding_mask is None:
+            src_padding_mask = src_tokens.eq(self.padding_idx)
+        x = self.encoder_embedding(src_tokens, src_padding_mask).transpose(0, 1)  # (S, B, d_m)
+        for block in self.encoder_blocks:
+            x = block(x, src_padding_mask)
+        return x
+
+    def decode(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Tensor,
+        src_padding_mask: Tensor | None,
+    ) -> Tensor:
+        """Logits of the next target tokens given the encoder output (teacher forcing).
+
+        Shape:
+            prev_output_tokens (B, T); encoder_out (S, B, d_model); src_padding_mask (B, S) bool
+            or None -> (B, T, V_tgt)
+        """
+        tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask).transpose(0, 1)
+        # like fairseq, the self-attention masks padded keys only when the batch has any
+        self_attn_padding_mask = tgt_padding_mask if tgt_padding_mask.any() else None
+        for block in self.decoder_blocks:
+            x, _ = block(  # (T, B, d_m)
+                x, encoder_out, src_padding_mask, self_attn_padding_mask=self_attn_padding_mask
+            )
+        x = x.transpose(0, 1)  # (B, T, d_m)
+        if self.project_out is not None:
+            x = self.project_out(x)  # (B, T, 128)
+        if self.output is not None:
+            return self.output(x)
+        return F.linear(x, self.decoder_embedding.lookup.weight)  # (B, T, V_tgt)
+
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_padding_mask: Tensor | None,
+        prev_output_tokens: Tensor,
+    ) -> Tensor:
+        if src_padding_mask is None:
+            src_padding_mask = src_tokens.eq(self.padding_idx)
+        encoder_out = self.encode(src_tokens, src_padding_mask)
+        return self.decode(prev_output_tokens, encoder_out, src_padding_mask)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, n_min={self.n_min}, n_max={self.n_max}, "
+            f"width_multiplier={self.width_multiplier}, max_groups={self.max_groups}, "
+            f"num_blocks={len(self.scaling)}, share_all_embeddings={self.share_all_embeddings}, "
+            f"share_decoder_input_output_embed={self.share_decoder_input_output_embed}"
+        )
