@@ -21,17 +21,27 @@ does not describe ([D] in the spec):
 
 With these the parameter counts equal the official ``--print-stats`` totals for every MT row of the
 reference ``params.json``.
+
+For generation the decoder also runs incrementally (:meth:`DeLighTEncoderDecoder.decode_step`),
+carrying a :class:`DecoderState`: the number of target positions so far (for the sinusoidal
+positions) and each block's :class:`DecoderBlockCache`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.delight_block import DeLighTDecoderBlock, DeLighTEncoderBlock, block_wise_scaling
+from src.models.delight_block import (
+    DecoderBlockCache,
+    DeLighTDecoderBlock,
+    DeLighTEncoderBlock,
+    block_wise_scaling,
+)
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear
@@ -40,11 +50,14 @@ EMBEDDING_DIM = 128  # the official ``delight_emb_map_dim`` of every MT and LM a
 PADDING_IDX = 1  # fairseq's dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3
 
 
-def sinusoidal_positions(padding_mask: Tensor, dim: int, padding_idx: int = PADDING_IDX) -> Tensor:
+def sinusoidal_positions(
+    padding_mask: Tensor, dim: int, padding_idx: int = PADDING_IDX, *, offset: int = 0
+) -> Tensor:
     """fairseq's sinusoidal positions (``SinusoidalPositionalEmbedding``, no parameters).
 
     Non-pad tokens are numbered ``padding_idx + 1, padding_idx + 2, ...`` in order, skipping pads
-    (fairseq's ``make_positions``), so left and right padding give a token the same position. The
+    (fairseq's ``make_positions``), so left and right padding give a token the same position.
+    ``offset`` counts unpadded tokens before the given ones (incremental decoding). The
     vector of position t is ``[sin(t f_0), ..., sin(t f_{h-1}), cos(t f_0), ..., cos(t f_{h-1})]``
     with h = dim // 2 and ``f_i = 10000^(-i / (h - 1))`` (a zero column appended when dim is odd);
     pads get the zero vector (fairseq zeroes the table's ``padding_idx`` row).
@@ -56,7 +69,8 @@ def sinusoidal_positions(padding_mask: Tensor, dim: int, padding_idx: int = PADD
     if half < 2:
         raise ValueError(f"sinusoidal positions need dim >= 4, got {dim}")
     keep = ~padding_mask
-    positions = torch.cumsum(keep, dim=1) * keep + padding_idx  # (B, T), pads at padding_idx
+    # (B, T), pads at padding_idx
+    positions = (torch.cumsum(keep, dim=1) + offset) * keep + padding_idx
     # fairseq builds its table in float32 with these operations, so the values agree exactly
     freq = torch.exp(
         torch.arange(half, dtype=torch.float, device=padding_mask.device)
@@ -113,8 +127,8 @@ class DeLighTEmbedding(nn.Module):
     Submodules: ``lookup`` (nn.Embedding V x embedding_dim), ``dextra`` (:class:`DExTra`).
 
     Shape:
-        tokens (B, T) int64; padding_mask (B, T) bool, True = pad, from ``padding_idx`` when None
-        -> (B, T, d_model)
+        tokens (B, T) int64; padding_mask (B, T) bool, True = pad, from ``padding_idx`` when None;
+        ``offset`` unpadded tokens precede ``tokens`` (incremental decoding) -> (B, T, d_model)
     """
 
     def __init__(
@@ -158,13 +172,18 @@ class DeLighTEmbedding(nn.Module):
             dropout=dextra_dropout,
         )
 
-    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, padding_mask: Tensor | None = None, *, offset: int = 0
+    ) -> Tensor:
         if padding_mask is None:
             padding_mask = tokens.eq(self.padding_idx)
         x = self.lookup(tokens) * self.embed_scale  # (B, T, 128)
         x = recurrent_dropout(x, self.embedding_dropout, self.training)
         x = self.dextra(x)  # (B, T, d_m)
-        x = x + sinusoidal_positions(padding_mask, self.d_model, self.padding_idx).to(x.dtype)
+        positions = sinusoidal_positions(
+            padding_mask, self.d_model, self.padding_idx, offset=offset
+        )  # (B, T, d_m)
+        x = x + positions.to(x.dtype)
         return recurrent_dropout(x, self.position_dropout, self.training)
 
     def extra_repr(self) -> str:
@@ -173,6 +192,28 @@ class DeLighTEmbedding(nn.Module):
             f"embed_scale={self.embed_scale:.4g}, embedding_dropout={self.embedding_dropout}, "
             f"position_dropout={self.position_dropout}"
         )
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    """The decoder's incremental state after ``length`` target positions.
+
+    Shape:
+        blocks: one :class:`DecoderBlockCache` per decoder block, self-attention keys/values
+        (length, B, d_o), encoder-attention keys/values (S, B, d_o)
+    """
+
+    length: int
+    blocks: tuple[DecoderBlockCache, ...]
+
+    def reorder(self, order: Tensor) -> DecoderState:
+        """The state of the sequences ``order`` picks, e.g. the surviving beams; later steps'
+        ``src_padding_mask`` must be reordered alike (beams of one source share it).
+
+        Shape:
+            order (B',) int64 indices into B -> caches over B'
+        """
+        return DecoderState(self.length, tuple(block.reorder(order) for block in self.blocks))
 
 
 class DeLighTEncoderDecoder(nn.Module):
@@ -359,6 +400,54 @@ class DeLighTEncoderDecoder(nn.Module):
             x, _ = block(  # (T, B, d_m)
                 x, encoder_out, src_padding_mask, self_attn_padding_mask=self_attn_padding_mask
             )
+        return self._output(x)
+
+    def decode_step(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Tensor,
+        src_padding_mask: Tensor | None,
+        state: DecoderState | None,
+    ) -> tuple[Tensor, DecoderState]:
+        """Logits of the next target tokens for new decoder inputs, given the earlier ones' state.
+
+        ``prev_output_tokens`` continues the unpadded prefix ``state`` has seen (None before the
+        first step), so the logits equal :meth:`decode`'s on the whole prefix at these positions.
+        Only the first step reads the encoder output; later ones use its cached keys/values.
+
+        Shape:
+            prev_output_tokens (B, T) int64, the new positions (usually T = 1), no pads;
+            encoder_out (S, B, d_model); src_padding_mask (B, S) bool or None -> logits
+            (B, T, V_tgt) and the state after ``state.length + T`` positions
+        """
+        if bool(prev_output_tokens.eq(self.padding_idx).any()):
+            raise ValueError(
+                f"incremental decoding takes unpadded prefixes, got padding_idx={self.padding_idx} "
+                "among prev_output_tokens"
+            )
+        past = 0 if state is None else state.length
+        no_pad = torch.zeros(
+            prev_output_tokens.shape, dtype=torch.bool, device=prev_output_tokens.device
+        )
+        x = self.decoder_embedding(prev_output_tokens, no_pad, offset=past).transpose(0, 1)
+        caches = []
+        for b, block in enumerate(self.decoder_blocks):
+            x, cache = block.forward_step(  # (T, B, d_m)
+                x,
+                encoder_out,
+                src_padding_mask,
+                None if state is None else state.blocks[b],
+            )
+            caches.append(cache)
+        state = DecoderState(past + prev_output_tokens.shape[1], tuple(caches))
+        return self._output(x), state
+
+    def _output(self, x: Tensor) -> Tensor:
+        """The decoder's last hidden states scored against the target vocabulary.
+
+        Shape:
+            (T, B, d_model) -> (B, T, V_tgt)
+        """
         x = x.transpose(0, 1)  # (B, T, d_m)
         if self.project_out is not None:
             x = self.project_out(x)  # (B, T, 128)

@@ -10,9 +10,15 @@ FFN activation, and on each branch before its residual sum.
 
 Layout is time-major, (T, B, d_m), as in the official code (sacmehta/delight,
 ``delight_transformer_layer.py``).
+
+A decoder block also decodes incrementally (:meth:`DeLighTDecoderBlock.forward_step`): every
+sublayer but the two attentions acts on each position alone, so only the attentions keep state, a
+:class:`DecoderBlockCache` of their keys and values.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,7 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.dextra import DExTra
-from src.ops.single_head_attention import SingleHeadAttention, causal_attention_mask
+from src.ops.single_head_attention import (
+    KeyValueCache,
+    SingleHeadAttention,
+    causal_attention_mask,
+)
 
 SCALING_RULES = ("official", "paper")
 
@@ -67,6 +77,34 @@ def block_wise_scaling(
         (int(np.floor(n_min + (n_max - n_min) * s + 0.5)), w_m + (n_max - n_min) * s / n_min)
         for s in steps
     )
+
+
+@dataclass(frozen=True)
+class DecoderBlockCache:
+    """One decoder block's incremental state.
+
+    ``self_attn`` holds the keys and values of the target positions decoded so far (after
+    DExTra and the qkv projection); ``encoder_attn`` those of the encoder output, computed on the
+    first step (None in a block without encoder attention).
+
+    Shape:
+        self_attn key/value (T, B, d_o); encoder_attn key/value (S, B, d_o)
+    """
+
+    self_attn: KeyValueCache
+    encoder_attn: KeyValueCache | None
+
+    def reorder(self, order: Tensor) -> DecoderBlockCache:
+        """The cache of the sequences ``order`` picks; later steps' encoder padding mask must
+        be reordered alike.
+
+        Shape:
+            order (B',) int64 indices into B -> caches over B'
+        """
+        return DecoderBlockCache(
+            self.self_attn.reorder(order),
+            None if self.encoder_attn is None else self.encoder_attn.reorder(order),
+        )
 
 
 class _DeLighTBlock(nn.Module):
@@ -344,3 +382,43 @@ class DeLighTDecoderBlock(_DeLighTBlock):
             )
             x = self._residual(x, h, self.encoder_attn_norm, self.dropout)
         return self._feed_forward(x), weights
+
+    def forward_step(
+        self,
+        x: Tensor,
+        encoder_out: Tensor | None,
+        encoder_padding_mask: Tensor | None,
+        cache: DecoderBlockCache | None,
+    ) -> tuple[Tensor, DecoderBlockCache]:
+        """The block on new target positions, given the cache of the earlier ones.
+
+        Equals :meth:`forward` over the whole unpadded prefix at the new positions. Only the first
+        step (``cache`` None) projects ``encoder_out``; later ones reuse its cached keys/values.
+
+        Shape:
+            x (T, B, d_m), the new positions; encoder_out (S, B, d_m); encoder_padding_mask (B, S)
+            bool -> x (T, B, d_m) and the cache over all positions so far
+        """
+        if (encoder_out is not None) != self.cross_attention:
+            raise ValueError(
+                f"encoder_out must be given exactly when cross_attention "
+                f"(cross_attention={self.cross_attention})"
+            )
+        past = 0 if cache is None else cache.self_attn.key.shape[0]
+        mask = causal_attention_mask(x.shape[0], past_length=past, device=x.device, dtype=x.dtype)
+        h = self.dextra(self._pre(x, self.self_attn_norm))  # (T, B, d_o)
+        h, self_cache = self.self_attn.forward_step(
+            h, None if cache is None else cache.self_attn, attn_mask=mask
+        )
+        x = self._residual(x, h, self.self_attn_norm, self.dropout)
+        encoder_cache = None
+        if self.cross_attention:
+            encoder_cache = None if cache is None else cache.encoder_attn
+            h, encoder_cache = self.encoder_attn.forward_step(
+                self._pre(x, self.encoder_attn_norm),
+                encoder_cache,
+                encoder_out if encoder_cache is None else None,
+                key_padding_mask=encoder_padding_mask,
+            )
+            x = self._residual(x, h, self.encoder_attn_norm, self.dropout)
+        return self._feed_forward(x), DecoderBlockCache(self_cache, encoder_cache)

@@ -15,10 +15,16 @@ Official semantics (sacmehta/delight, ``single_head_attention.py``), all reprodu
   padded keys are filled with -inf; the softmax runs in float32 for 16-bit inputs (in the input
   dtype otherwise); dropout acts on the probabilities.
 
+For incremental decoding, :meth:`SingleHeadAttention.forward_step` takes a
+:class:`KeyValueCache` of the keys and values already projected (the earlier target positions for
+self-attention, the encoder output for encoder-decoder attention) and projects only what is new.
+
 Layout is time-major, (T, B, C), as in the official code.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +34,46 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def causal_attention_mask(
-    length: int, *, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+    length: int,
+    *,
+    past_length: int = 0,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """The additive future mask: 0 on and below the diagonal, -inf above.
+    """The additive future mask: 0 where a query may attend, -inf on later keys.
+
+    Query i (of ``length`` new positions) sits at position ``past_length + i`` and sees the
+    ``past_length`` cached keys and the new keys up to itself.
 
     Shape:
-        (length, length)
+        (length, past_length + length)
     """
-    return torch.full((length, length), float("-inf"), device=device, dtype=dtype).triu(1)
+    return torch.full(
+        (length, past_length + length), float("-inf"), device=device, dtype=dtype
+    ).triu(1 + past_length)
+
+
+@dataclass(frozen=True)
+class KeyValueCache:
+    """The projected keys and values one attention has seen so far (incremental decoding).
+
+    Self-attention grows it by the new positions at every step; encoder-decoder attention fills it
+    once from the encoder output.
+
+    Shape:
+        key, value (S, B, d_o), straight from the projection
+    """
+
+    key: Tensor
+    value: Tensor
+
+    def reorder(self, order: Tensor) -> KeyValueCache:
+        """The cache of the sequences ``order`` picks, e.g. the surviving beams.
+
+        Shape:
+            order (B',) int64 indices into B -> key, value (S, B', d_o)
+        """
+        return KeyValueCache(self.key.index_select(1, order), self.value.index_select(1, order))
 
 
 class SingleHeadAttention(nn.Module):
@@ -122,6 +160,65 @@ class SingleHeadAttention(nn.Module):
             if key_value is not None:
                 raise ValueError("self-attention takes no key_value; it attends over its query")
             q, k, v = self.qkv_proj(query).chunk(3, dim=-1)  # (T, B, d_o) each
+        return self._attend(q, k, v, key_padding_mask, attn_mask, need_weights)
+
+    def forward_step(
+        self,
+        query: Tensor,
+        cache: KeyValueCache | None,
+        key_value: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, KeyValueCache]:
+        """Attention for new query positions, reusing the cached keys and values.
+
+        Self-attention appends the new positions' keys and values to ``cache`` (None before the
+        first step); the caller masks the future with ``attn_mask`` when T > 1. Cross-attention
+        projects ``key_value`` when ``cache`` is None and reuses the cache afterwards. Equals
+        :meth:`forward` over the whole sequence at the new positions.
+
+        Shape:
+            query (T, B, query_features); cache key/value (S', B, d_o); key_value
+            (S, B, kv_features), only for cross-attention's first step; key_padding_mask (B, S);
+            attn_mask (T, S), S counting the cached keys -> output (T, B, out_features) and the
+            cache of all S keys
+        """
+        if self.cross_attention:
+            if (cache is None) == (key_value is None):
+                raise ValueError(
+                    "cross-attention needs key_value (the encoder output) on its first step and "
+                    "the cache, without key_value, afterwards"
+                )
+            q = self.q_proj(query)  # (T, B, d_o)
+            if cache is None:
+                cache = KeyValueCache(*self.kv_proj(key_value).chunk(2, dim=-1))  # (S, B, d_o)
+        else:
+            if key_value is not None:
+                raise ValueError("self-attention takes no key_value; it attends over its query")
+            q, k, v = self.qkv_proj(query).chunk(3, dim=-1)  # (T, B, d_o) each
+            if cache is not None:
+                k = torch.cat((cache.key, k), dim=0)  # (S' + T, B, d_o)
+                v = torch.cat((cache.value, v), dim=0)
+            cache = KeyValueCache(k, v)
+        out, _ = self._attend(q, cache.key, cache.value, key_padding_mask, attn_mask, False)
+        return out, cache
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Scaled attention of projected queries over projected keys, then ``out_proj``.
+
+        Shape:
+            q (T, B, d_o), k and v (S, B, d_o) -> output (T, B, out_features), probabilities
+            (T, B, S) or None
+        """
         q = q * self.scaling
         # (T, B, d_o) -> (B, T, d_o)
         q, k, v = (t.transpose(0, 1) for t in (q, k, v))

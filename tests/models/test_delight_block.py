@@ -107,6 +107,32 @@ def test_decoder_is_causal(cross_attention: bool) -> None:
         assert not torch.equal(perturbed[t + 1 :], y[t + 1 :])
 
 
+@pytest.mark.parametrize(
+    "cross_attention, normalize_before", [(True, False), (False, True)]  # the MT and LM blocks
+)
+@torch.no_grad()
+def test_decoder_step_equals_forward(cross_attention: bool, normalize_before: bool) -> None:
+    block = _decoder(cross_attention=cross_attention, normalize_before=normalize_before)
+    x = _x()
+    padding_mask = torch.tensor([[False] * S, [False] * (S - 2) + [True] * 2])
+    memory = (_x(S), padding_mask) if cross_attention else (None, None)
+    y, _ = block(x, *memory)
+    cache = None
+    for t in range(T):
+        step, cache = block.forward_step(x[t : t + 1], *memory, cache)
+        assert cache.self_attn.key.shape == (t + 1, B, block.d_o)
+        assert (cache.encoder_attn is not None) == cross_attention
+        torch.testing.assert_close(step[0], y[t], atol=1e-10, rtol=0)
+    # the cache follows its sequences when reordered; the encoder output is then read from it
+    order = torch.tensor([1, 1])
+    new = _x(1)
+    if cross_attention:
+        memory = (memory[0][:, order], padding_mask[order])
+    step, _ = block.forward_step(new, *memory, cache.reorder(order))
+    full, _ = block(torch.cat((x[:, order], new)), *memory)
+    torch.testing.assert_close(step[0], full[-1], atol=1e-10, rtol=0)
+
+
 def test_encoder_attn_mask_blocks_its_nonzero_entries() -> None:
     block = _encoder()
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
