@@ -18,6 +18,8 @@ sublayer but the two attentions acts on each position alone, so only the attenti
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,16 +123,16 @@ class _DeLighTBlock(nn.Module):
         width_multiplier: float,
         depth: int,
         max_groups: int,
-        d_o: int | None,
-        ffn_reduction: int,
-        normalize_before: bool,
-        dropout: float,
-        attention_dropout: float,
-        activation_dropout: float,
-        ffn_dropout: float,
-        dextra_dropout: float,
-        schedule: str,
-        eps: float,
+        d_o: int | None = None,
+        ffn_reduction: int = 4,
+        normalize_before: bool = False,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        ffn_dropout: float = 0.0,
+        dextra_dropout: float = 0.0,
+        schedule: str = "official",
+        eps: float = 1e-5,
     ) -> None:
         super().__init__()
         d_o = d_m // 2 if d_o is None else d_o
@@ -230,41 +232,6 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         True) entries blocked -> (T, B, d_m)
     """
 
-    def __init__(
-        self,
-        d_m: int,
-        *,
-        width_multiplier: float,
-        depth: int,
-        max_groups: int,
-        d_o: int | None = None,
-        ffn_reduction: int = 4,
-        normalize_before: bool = False,
-        dropout: float = 0.0,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        ffn_dropout: float = 0.0,
-        dextra_dropout: float = 0.0,
-        schedule: str = "official",
-        eps: float = 1e-5,
-    ) -> None:
-        super().__init__(
-            d_m,
-            width_multiplier=width_multiplier,
-            depth=depth,
-            max_groups=max_groups,
-            d_o=d_o,
-            ffn_reduction=ffn_reduction,
-            normalize_before=normalize_before,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            ffn_dropout=ffn_dropout,
-            dextra_dropout=dextra_dropout,
-            schedule=schedule,
-            eps=eps,
-        )
-
     def forward(
         self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None
     ) -> Tensor:
@@ -312,47 +279,15 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         probabilities (T, B, S), else None
     """
 
-    def __init__(
-        self,
-        d_m: int,
-        *,
-        width_multiplier: float,
-        depth: int,
-        max_groups: int,
-        cross_attention: bool = True,
-        d_o: int | None = None,
-        ffn_reduction: int = 4,
-        normalize_before: bool = False,
-        dropout: float = 0.0,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        ffn_dropout: float = 0.0,
-        dextra_dropout: float = 0.0,
-        schedule: str = "official",
-        eps: float = 1e-5,
-    ) -> None:
-        super().__init__(
-            d_m,
-            width_multiplier=width_multiplier,
-            depth=depth,
-            max_groups=max_groups,
-            d_o=d_o,
-            ffn_reduction=ffn_reduction,
-            normalize_before=normalize_before,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            ffn_dropout=ffn_dropout,
-            dextra_dropout=dextra_dropout,
-            schedule=schedule,
-            eps=eps,
-        )
+    def __init__(self, d_m: int, *, cross_attention: bool = True, **block_args: Any) -> None:
+        super().__init__(d_m, **block_args)
         self.cross_attention = cross_attention
         if cross_attention:
+            # the same attention dropout and LayerNorm eps as the self-attention sublayer
             self.encoder_attn = SingleHeadAttention(
-                d_m, self.d_o, d_m, cross_attention=True, dropout=attention_dropout
+                d_m, self.d_o, d_m, cross_attention=True, dropout=self.self_attn.dropout
             )
-            self.encoder_attn_norm = nn.LayerNorm(d_m, eps=eps)
+            self.encoder_attn_norm = nn.LayerNorm(d_m, eps=self.self_attn_norm.eps)
 
     def forward(
         self,
