@@ -35,6 +35,7 @@ from src.utils.run_record import (
     describe_model,
     load_task_weights,
     make_record,
+    override_key,
     read_checkpoint,
     record_of,
 )
@@ -137,7 +138,7 @@ def build_from_checkpoint(cfg: DictConfig) -> tuple[L.LightningDataModule, L.Lig
     checkpoint = read_checkpoint(cfg.ckpt_path)
     record = record_of(checkpoint)
     overrides = hydra_overrides()
-    chosen = {o.split("=", 1)[0] for o in overrides if "=" in o}
+    chosen = {override_key(o) for o in overrides}
     choices = {k: v for k, v in hydra_choices().items() if k in chosen}
     if record is not None:
         for line in config_from_checkpoint(cfg, record, overrides):

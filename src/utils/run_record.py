@@ -166,7 +166,7 @@ def load_task_weights(
     task.load_state_dict(state)
 
 
-def _override_key(override: str) -> str:
+def override_key(override: str) -> str:
     """``data.batch_size`` of ``data.batch_size=32`` (also ``+key=``, ``++key=``, ``~key``)."""
     return override.split("=", 1)[0].lstrip("+~")
 
@@ -181,11 +181,11 @@ def config_from_checkpoint(
     that composed section; a key override (``data.batch_size=32``) is applied over the record.
     Returns one line per decision, for the log.
     """
-    keys = [_override_key(o) for o in overrides]
+    keys = [override_key(o) for o in overrides]
     lines = []
     for section in SECTIONS:
         if section in keys or "experiment" in keys:
-            chosen = next(o for o in overrides if _override_key(o) in (section, "experiment"))
+            chosen = next(o for o in overrides if override_key(o) in (section, "experiment"))
             lines.append(f"{section}: as composed for {chosen} (the checkpoint's is not used)")
             continue
         composed = cfg[section]
