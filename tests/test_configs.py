@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF, compose_config
+from src.utils.config_checks import MODEL_TASKS
 from train import build_task, build_trainer
 
 
@@ -36,28 +37,45 @@ EXPERIMENT_NEEDS = {
 CPU_ONLY = ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true"]
 
 
+def data_task(data: str) -> str:
+    """The task a data option selects (``override /task@_global_.task: <task>`` in its defaults)."""
+    for entry in OmegaConf.load(CONF / "data" / f"{data}.yaml").get("defaults", []):
+        for key, value in dict(entry).items():
+            if key.endswith("/task@_global_.task"):
+                return value
+    return "classification"  # conf/train.yaml's default task
+
+
 def same_kind_pairs() -> list[tuple[str, str]]:
-    """(data, model) pairs of the same modality: image data with vision models, text with text."""
-    pairs = []
-    for data in options("data"):
-        text_data = "vocab_size" in OmegaConf.load(CONF / "data" / f"{data}.yaml")
-        for model in options("model"):
-            text_model = "n_token" in OmegaConf.load(CONF / "model" / f"{model}.yaml")
-            if text_data == text_model:
-                pairs.append((data, model))
-    return pairs
+    """(data, model) pairs where the model serves the data's task (``MODEL_TASKS``)."""
+    return [
+        (data, model)
+        for data in options("data")
+        for model in options("model")
+        if data_task(data) in MODEL_TASKS.get(model, ())
+    ]
 
 
-def small_input(datamodule: L.LightningDataModule) -> torch.Tensor:
+def small_input(datamodule: L.LightningDataModule) -> torch.Tensor | tuple:
     """The datamodule's example batch of 2, cut to at most 64 pixels or 32 tokens per side."""
     x = datamodule.example_input(2)
+    if isinstance(x, tuple):  # (src_tokens, src_padding_mask, prev_output_tokens) of translation
+        src, mask, prev = x
+        return src[:, :32], None if mask is None else mask[:, :32], prev[:, :32]
     if x.is_floating_point():
         return x[..., :64, :64]
     return x[:, :32]
 
 
-def check_output(output: torch.Tensor, x: torch.Tensor, cfg) -> None:
-    if x.is_floating_point():
+def run_task(task: L.LightningModule, x: torch.Tensor | tuple) -> torch.Tensor:
+    output = task(*x) if isinstance(x, tuple) else task(x)
+    return output[0] if isinstance(output, tuple) else output
+
+
+def check_output(output: torch.Tensor, x: torch.Tensor | tuple, cfg) -> None:
+    if isinstance(x, tuple):  # translation: next-target-token logits
+        assert output.shape == (*x[2].shape, cfg.data.tgt_vocab_size)
+    elif x.is_floating_point():
         # classifiers give (2, classes), segmentation networks (2, classes, H, W)
         assert output.shape[:2] == (2, cfg.data.num_classes)
     else:
@@ -91,8 +109,7 @@ def test_models_forward_backward(model: str, tmp_path) -> None:
     cfg = compose_config("train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path)
     datamodule, task = build_task(cfg)
     x = small_input(datamodule)
-    output = task(x)
-    output = output[0] if isinstance(output, tuple) else output
+    output = run_task(task, x)
     check_output(output, x, cfg)
     output.float().sum().backward()
     assert any(p.grad is not None for p in task.net.parameters())
@@ -145,8 +162,7 @@ def test_experiments_build(experiment: str, tmp_path) -> None:
     datamodule, task = build_task(cfg)
     build_trainer(cfg)
     x = small_input(datamodule)
-    output = task(x)
-    check_output(output[0] if isinstance(output, tuple) else output, x, cfg)
+    check_output(run_task(task, x), x, cfg)
 
 
 @pytest.mark.parametrize("debug", options("debug"))
