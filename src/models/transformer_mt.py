@@ -1,0 +1,352 @@
+"""The Transformer encoder-decoder (Vaswani et al., 2017), the baseline of DeLighT's MT tables.
+
+fairseq's ``transformer`` architecture (the baseline the DeLighT thesis retrains, Table 5.1) on
+torch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``: token embeddings scaled
+by sqrt(d_model) plus fairseq's sinusoidal positions
+(:func:`src.models.delight.sinusoidal_positions`, no parameters), dropout, L encoder and L
+decoder layers (ReLU FFN, post-norm by default), logits against the decoder's embedding table
+(``share_decoder_input_output_embed``) or a bias-free Linear.
+As in fairseq, the stacks end with a LayerNorm only when ``normalize_before`` (pre-norm).
+
+The layers run time-major (``batch_first=False``): ``encode`` returns (S, B, d) as the searches
+and :class:`src.models.delight.DeLighTEncoderDecoder` do, and torch's inference fast path (only
+taken for batch-first layers) stays off, so eval and training run the same kernels.
+
+Parameter counts (``sum(p.numel() for p in model.parameters())``, a tied table once). A torch
+layer's ``in_proj_weight`` (3d, d) and ``in_proj_bias`` (3d) hold exactly fairseq's separate
+q/k/v projections with biases, so every layer matches fairseq's count:
+
+- encoder layer 4(d^2 + d) + 2(d f) + f + d + 4d, decoder layer 8(d^2 + d) + 2(d f) + f + d + 6d;
+- ``transformer_iwslt_de_en`` (d 512, f 1024, 4 heads, 6 + 6 layers, de 8,848 / en 6,632,
+  decoder input/output tied): 39,469,056;
+- ``transformer_wmt_en_de`` base (d 512, f 2048, 8 heads, 6 + 6, all embeddings shared):
+  En-De V 43,736: 66,531,328; En-Fr V 44,512: 66,928,640; En-Ro V 34,968: 62,042,112;
+- ``transformer_vaswani_wmt_en_de_big`` (d 1024, f 4096, 16 heads, shared): En-De 221,143,040,
+  En-Fr 221,937,664, En-Ro 212,164,608.
+
+The thesis's "Transformer (our impl.)" rows are these base models: 62 M on WMT'16 En-Ro
+(62.04 M) and 67 M on WMT'14 En-De / En-Fr (66.53 M / 66.93 M). Its IWSLT'14 42 M is not the
+tied ``transformer_iwslt_de_en`` on fairseq's dictionaries (39.47 M); the same model with an
+untied output layer has 42,864,640.
+
+Generation: torch's layers keep no key/value cache, so :meth:`TransformerEncoderDecoder.decode_step`
+stores the target prefix (:class:`PrefixState`) and runs the decoder over all of it at every step,
+O(T^2) layer work for T steps instead of O(T) with a cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from src.models.delight import PADDING_IDX, sinusoidal_positions
+
+
+@dataclass(frozen=True)
+class PrefixState:
+    """The target tokens the decoder has read so far; each step recomputes the decoder over them.
+
+    Shape:
+        tokens (B, length) int64, no pads
+    """
+
+    tokens: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    def reorder(self, order: Tensor) -> PrefixState:
+        """The state of the sequences ``order`` picks (e.g. the surviving beams).
+
+        Shape:
+            order (B',) int64 indices into B -> tokens (B', length)
+        """
+        return PrefixState(self.tokens.index_select(0, order))
+
+
+def _check_dropout(**values: float) -> None:
+    for name, p in values.items():
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {p}")
+
+
+def _set_dropouts(
+    layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer,
+    attention_dropout: float,
+    activation_dropout: float,
+) -> None:
+    """Give a torch layer fairseq's three dropouts.
+
+    torch uses its one ``dropout`` on the attention probabilities, after the FFN's ReLU and on
+    each residual branch; fairseq's ``attention_dropout`` and ``activation_dropout`` replace the
+    first two, ``dropout`` stays on the branches.
+    """
+    layer.self_attn.dropout = attention_dropout
+    if isinstance(layer, nn.TransformerDecoderLayer):
+        layer.multihead_attn.dropout = attention_dropout
+    layer.dropout = nn.Dropout(activation_dropout)
+
+
+class TransformerEncoderDecoder(nn.Module):
+    """The Transformer translation network with fairseq's ``transformer`` semantics.
+
+    Encoder: ``embed_scale * encoder_embedding(src) + positions`` -> dropout -> L
+    ``nn.TransformerEncoderLayer`` (-> ``encoder_norm`` when ``normalize_before``). Decoder: the
+    same on the target with L ``nn.TransformerDecoderLayer`` (causal self-attention, then
+    attention over the encoder output) (-> ``decoder_norm``) -> logits against the decoder's
+    table or ``output``.
+
+    Args:
+        src_vocab: V_src.
+        tgt_vocab: V_tgt.
+        d_model: d, the embedding and layer width.
+        ffn_dim: f, the FFN's hidden width.
+        num_heads: attention heads (``d_model`` must divide by it).
+        num_layers: L, on each side.
+        share_all_embeddings: one table for the source, the target and the output (WMT; needs
+            ``src_vocab == tgt_vocab`` and ``share_decoder_input_output_embed``).
+        share_decoder_input_output_embed: score with the decoder's table (every fairseq MT arch).
+        padding_idx: the pad token of both dictionaries.
+        dropout: after the embeddings and on every residual branch.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the FFN's ReLU.
+        normalize_before: pre-norm layers and a final LayerNorm on each side (fairseq's
+            ``--encoder-normalize-before --decoder-normalize-before``); post-norm when False.
+
+    Submodules: ``encoder_embedding``, ``encoder_layers``, ``encoder_norm`` (or None),
+    ``decoder_embedding``, ``decoder_layers``, ``decoder_norm`` (or None), ``output`` (or None
+    when tied).
+
+    Shape:
+        src_tokens (B, S) int64; src_padding_mask (B, S) bool, True = pad, from ``padding_idx``
+        when None; prev_output_tokens (B, T) int64, right-padded -> logits (B, T, V_tgt)
+    """
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int = 512,
+        ffn_dim: int = 2048,
+        num_heads: int = 8,
+        num_layers: int = 6,
+        *,
+        share_all_embeddings: bool = False,
+        share_decoder_input_output_embed: bool = True,
+        padding_idx: int = PADDING_IDX,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        normalize_before: bool = False,
+    ) -> None:
+        super().__init__()
+        if share_all_embeddings and src_vocab != tgt_vocab:
+            raise ValueError(
+                "share_all_embeddings needs a joined dictionary, got src_vocab="
+                f"{src_vocab} and tgt_vocab={tgt_vocab}"
+            )
+        if share_all_embeddings and not share_decoder_input_output_embed:
+            raise ValueError(
+                "share_all_embeddings also ties the output layer; it needs "
+                "share_decoder_input_output_embed=True"
+            )
+        if d_model % num_heads:
+            raise ValueError(f"d_model must divide by num_heads, got {d_model} and {num_heads}")
+        if d_model < 4 or num_layers < 1:
+            raise ValueError(f"need d_model >= 4 and num_layers >= 1, got {d_model}, {num_layers}")
+        if not (0 <= padding_idx < src_vocab and padding_idx < tgt_vocab):
+            raise ValueError(
+                f"padding_idx must index both vocabularies, got {padding_idx} for "
+                f"{src_vocab} and {tgt_vocab}"
+            )
+        _check_dropout(
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+        )
+        self.d_model = d_model
+        self.ffn_dim = ffn_dim
+        self.num_heads = num_heads
+        self.num_layers = num_layers
+        self.padding_idx = padding_idx
+        self.share_all_embeddings = share_all_embeddings
+        self.share_decoder_input_output_embed = share_decoder_input_output_embed
+        self.normalize_before = normalize_before
+        self.embed_scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder_embedding = nn.Embedding(src_vocab, d_model, padding_idx=padding_idx)
+        self.decoder_embedding = (
+            self.encoder_embedding
+            if share_all_embeddings
+            else nn.Embedding(tgt_vocab, d_model, padding_idx=padding_idx)
+        )
+        layer = {
+            "d_model": d_model,
+            "nhead": num_heads,
+            "dim_feedforward": ffn_dim,
+            "dropout": dropout,
+            "activation": "relu",
+            "batch_first": False,
+            "norm_first": normalize_before,
+        }
+        self.encoder_layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(**layer) for _ in range(num_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            nn.TransformerDecoderLayer(**layer) for _ in range(num_layers)
+        )
+        for each in (*self.encoder_layers, *self.decoder_layers):
+            _set_dropouts(each, attention_dropout, activation_dropout)
+        # fairseq has a final LayerNorm only after pre-norm stacks
+        self.encoder_norm = nn.LayerNorm(d_model) if normalize_before else None
+        self.decoder_norm = nn.LayerNorm(d_model) if normalize_before else None
+        self.output = (
+            None
+            if share_decoder_input_output_embed
+            else nn.Linear(d_model, tgt_vocab, bias=False)
+        )
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """fairseq's initialisation (``transformer.py``, ``multihead_attention.py``).
+
+        Embeddings N(0, d^-0.5) with a zero pad row; an untied output layer N(0, d^-0.5);
+        FFN Linears xavier-uniform with zero bias; attention: q, k and v weights each
+        xavier-uniform with gain 1/sqrt(2), their biases U(-d^-0.5, d^-0.5) (fairseq leaves
+        nn.Linear's default there), the output projection xavier-uniform with zero bias;
+        LayerNorms at weight 1, bias 0.
+        """
+        d = self.d_model
+        for module in self.modules():
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=d**-0.5)
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+            elif isinstance(module, nn.MultiheadAttention):
+                for projection in module.in_proj_weight.chunk(3):  # q, k, v: (d, d) each
+                    nn.init.xavier_uniform_(projection, gain=2**-0.5)
+                nn.init.uniform_(module.in_proj_bias, -(d**-0.5), d**-0.5)
+                nn.init.xavier_uniform_(module.out_proj.weight)
+                nn.init.zeros_(module.out_proj.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        for each in (*self.encoder_layers, *self.decoder_layers):
+            for linear in (each.linear1, each.linear2):
+                nn.init.xavier_uniform_(linear.weight)
+                nn.init.zeros_(linear.bias)
+        if self.output is not None:
+            nn.init.normal_(self.output.weight, std=d**-0.5)
+
+    def _embed(self, table: nn.Embedding, tokens: Tensor, padding_mask: Tensor) -> Tensor:
+        """Scaled token embeddings plus sinusoidal positions, dropout, time-major.
+
+        Shape:
+            tokens (B, T); padding_mask (B, T) bool -> (T, B, d_model)
+        """
+        x = table(tokens) * self.embed_scale  # (B, T, d)
+        positions = sinusoidal_positions(padding_mask, self.d_model, self.padding_idx)
+        x = self.dropout(x + positions.to(x.dtype))
+        return x.transpose(0, 1)  # (T, B, d)
+
+    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """The encoder output, time-major.
+
+        Shape:
+            src_tokens (B, S); src_padding_mask (B, S) bool or None -> (S, B, d_model)
+        """
+        if src_padding_mask is None:
+            src_padding_mask = src_tokens.eq(self.padding_idx)
+        x = self._embed(self.encoder_embedding, src_tokens, src_padding_mask)  # (S, B, d)
+        for layer in self.encoder_layers:
+            x = layer(x, src_key_padding_mask=src_padding_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x
+
+    def decode(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Tensor,
+        src_padding_mask: Tensor | None,
+    ) -> Tensor:
+        """Logits of the next target tokens given the encoder output (teacher forcing).
+
+        Shape:
+            prev_output_tokens (B, T); encoder_out (S, B, d_model); src_padding_mask (B, S) bool
+            or None (no padding) -> (B, T, V_tgt)
+        """
+        tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        x = self._embed(self.decoder_embedding, prev_output_tokens, tgt_padding_mask)  # (T, B, d)
+        length = prev_output_tokens.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
+        # like fairseq, the self-attention masks padded keys only when the batch has any
+        self_padding_mask = tgt_padding_mask if bool(tgt_padding_mask.any()) else None
+        for layer in self.decoder_layers:
+            x = layer(
+                x,
+                encoder_out,
+                tgt_mask=causal,
+                tgt_key_padding_mask=self_padding_mask,
+                memory_key_padding_mask=src_padding_mask,
+            )
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        x = x.transpose(0, 1)  # (B, T, d)
+        if self.output is not None:
+            return self.output(x)
+        return F.linear(x, self.decoder_embedding.weight)  # (B, T, V_tgt)
+
+    def decode_step(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Tensor,
+        src_padding_mask: Tensor | None,
+        state: PrefixState | None,
+    ) -> tuple[Tensor, PrefixState]:
+        """Logits of the next target tokens for new decoder inputs, given the earlier ones.
+
+        Recomputes the decoder over the stored prefix and the new tokens (no key/value cache in
+        torch's layers): step t costs a decoder pass over t positions. The logits equal
+        :meth:`decode`'s on the whole prefix at the new positions.
+
+        Shape:
+            prev_output_tokens (B, T) int64, the new positions (usually T = 1), no pads;
+            encoder_out (S, B, d_model); src_padding_mask (B, S) bool or None -> logits
+            (B, T, V_tgt) and the state after ``state.length + T`` positions
+        """
+        if bool(prev_output_tokens.eq(self.padding_idx).any()):
+            raise ValueError(
+                f"incremental decoding takes unpadded prefixes, got padding_idx={self.padding_idx} "
+                "among prev_output_tokens"
+            )
+        tokens = (
+            prev_output_tokens
+            if state is None
+            else torch.cat((state.tokens, prev_output_tokens), dim=1)
+        )  # (B, length + T)
+        logits = self.decode(tokens, encoder_out, src_padding_mask)  # (B, length + T, V)
+        return logits[:, -prev_output_tokens.shape[1] :], PrefixState(tokens)
+
+    def forward(
+        self,
+        src_tokens: Tensor,
+        src_padding_mask: Tensor | None,
+        prev_output_tokens: Tensor,
+    ) -> Tensor:
+        if src_padding_mask is None:
+            src_padding_mask = src_tokens.eq(self.padding_idx)
+        encoder_out = self.encode(src_tokens, src_padding_mask)
+        return self.decode(prev_output_tokens, encoder_out, src_padding_mask)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, ffn_dim={self.ffn_dim}, num_heads={self.num_heads}, "
+            f"num_layers={self.num_layers}, normalize_before={self.normalize_before}, "
+            f"share_all_embeddings={self.share_all_embeddings}, "
+            f"share_decoder_input_output_embed={self.share_decoder_input_output_embed}"
+        )
