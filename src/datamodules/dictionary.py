@@ -1,0 +1,76 @@
+"""A token dictionary laid out as fairseq's, so vocabulary sizes and ids match the official runs.
+
+fairseq's ``Dictionary`` (which ``fairseq-preprocess`` writes as ``dict.<lang>.txt`` and the
+official DeLighT models were trained with) puts four special symbols first, ``<s>`` = 0,
+``<pad>`` = 1, ``</s>`` = 2, ``<unk>`` = 3, then the training corpus's tokens by descending
+count (ties in alphabetical order), then pads the table with ``madeupword0000``, ... to a multiple
+of 8 (``padding_factor``). The official IWSLT'14 De-En dictionaries so hold 8,848 (de) and 6,632
+(en) entries.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
+SPECIALS = (BOS, PAD, EOS, UNK)
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = range(4)
+PADDING_FACTOR = 8
+
+
+class Dictionary:
+    """Symbols <-> ids; the four specials first (ids 0-3).
+
+    Args:
+        symbols: the table after the specials, in id order.
+    """
+
+    def __init__(self, symbols: Iterable[str]) -> None:
+        self.symbols: list[str] = [*SPECIALS, *symbols]
+        self.indices = {symbol: i for i, symbol in enumerate(self.symbols)}
+        if len(self.indices) != len(self.symbols):
+            repeated = [s for s, n in Counter(self.symbols).items() if n > 1][:5]
+            raise ValueError(f"a dictionary lists each symbol once; repeated: {repeated}")
+
+    @classmethod
+    def build(cls, lines: Iterable[str], *, threshold: int = 0, padding_factor: int = PADDING_FACTOR) -> Dictionary:
+        """fairseq-preprocess's dictionary of the whitespace tokens of ``lines``: tokens counted at
+        least ``threshold`` times (0 keeps all), by descending count, ties alphabetical."""
+        counts: Counter[str] = Counter()
+        for line in lines:
+            counts.update(line.split())
+        for special in SPECIALS:
+            counts.pop(special, None)
+        ranked = sorted((symbol for symbol, n in counts.items() if n >= threshold), key=lambda s: (-counts[s], s))
+        filler = (-(len(SPECIALS) + len(ranked))) % padding_factor
+        return cls([*ranked, *(f"madeupword{i:04d}" for i in range(filler))])
+
+    @classmethod
+    def load(cls, path: str | Path) -> Dictionary:
+        """A fairseq ``dict.<lang>.txt``: one ``<symbol> <count>`` line per entry after the
+        specials (which the file does not list)."""
+        path = Path(path)
+        symbols = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            symbol, _, count = line.rstrip().rpartition(" ")
+            if not symbol or not count.lstrip("-").isdigit():
+                raise ValueError(f"{path}:{number}: expected '<symbol> <count>', got {line!r}")
+            symbols.append(symbol)
+        return cls(symbols)
+
+    def save(self, path: str | Path) -> None:
+        """Write the table after the specials in ``dict.<lang>.txt`` form (counts not kept: 1)."""
+        Path(path).write_text("".join(f"{symbol} 1\n" for symbol in self.symbols[len(SPECIALS):]), encoding="utf-8")
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        """Ids of ``tokens`` (``<unk>`` for unknown ones), without eos."""
+        return [self.indices.get(token, UNK_ID) for token in tokens]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Symbols of ``ids``, leaving out bos, pad and eos."""
+        return [self.symbols[i] for i in ids if i not in (BOS_ID, PAD_ID, EOS_ID)]

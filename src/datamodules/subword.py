@@ -1,0 +1,112 @@
+"""Text <-> token ids for translation: pre-tokenised BPE text, or a SentencePiece model.
+
+Two codecs with one interface (``encode(text) -> ids``, ``decode(ids) -> text``, ``vocab_size``):
+
+- :class:`DictionaryCodec`: text already tokenised and split into subwords (Moses + subword-nmt,
+  as the official IWSLT/WMT preparation scripts write it); tokens are looked up in a fairseq
+  :class:`~src.datamodules.dictionary.Dictionary`. Decoding joins the tokens and removes the
+  ``@@ `` continuation markers (fairseq's ``--remove-bpe``), giving tokenised text.
+- :class:`SentencePieceCodec`: raw text and a SentencePiece model trained on the training split
+  (:func:`train_sentencepiece`). Its special ids are fairseq's (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2,
+  ``<unk>`` 3), so the models' ``padding_idx`` and eos are the same for both codecs. Decoding
+  gives detokenised text, which sacreBLEU scores as it should.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import sentencepiece as spm
+
+from src.datamodules.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Dictionary
+
+log = logging.getLogger(__name__)
+
+BPE_MARKER = "@@ "
+
+
+class TextCodec(Protocol):
+    """Text <-> ids of one vocabulary (no eos added or expected)."""
+
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class DictionaryCodec:
+    """Whitespace tokens of pre-tokenised (and BPE-split) text looked up in ``dictionary``."""
+
+    def __init__(self, dictionary: Dictionary) -> None:
+        self.dictionary = dictionary
+        self.vocab_size = len(dictionary)
+
+    def encode(self, text: str) -> list[int]:
+        return self.dictionary.encode(text.split())
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return remove_bpe(" ".join(self.dictionary.decode(ids)))
+
+
+def remove_bpe(text: str) -> str:
+    """Join subword-nmt pieces: ``"Ge@@ schich@@ te"`` -> ``"Geschichte"`` (fairseq's rule)."""
+    return (text + " ").replace(BPE_MARKER, "").rstrip()
+
+
+class SentencePieceCodec:
+    """A SentencePiece model whose special ids are fairseq's."""
+
+    def __init__(self, model_file: str | Path) -> None:
+        self.model_file = Path(model_file)
+        self.processor = spm.SentencePieceProcessor(model_file=str(model_file))
+        ids = (self.processor.bos_id(), self.processor.pad_id(), self.processor.eos_id(), self.processor.unk_id())
+        if ids != (BOS_ID, PAD_ID, EOS_ID, UNK_ID):
+            raise ValueError(
+                f"{model_file} has special ids (bos, pad, eos, unk) = {ids}; the models expect "
+                f"{(BOS_ID, PAD_ID, EOS_ID, UNK_ID)}. Train it with train_sentencepiece."
+            )
+        self.vocab_size = self.processor.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.processor.encode(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.processor.decode([i for i in ids if i not in (BOS_ID, PAD_ID, EOS_ID)])
+
+
+def train_sentencepiece(
+    texts: Sequence[str], model_prefix: str | Path, vocab_size: int, *, model_type: str = "bpe"
+) -> SentencePieceCodec:
+    """Train a SentencePiece model of exactly ``vocab_size`` pieces on ``texts``.
+
+    Writes ``<model_prefix>.model`` and ``.vocab``. Every character of the text is covered
+    (``character_coverage=1.0``: names in many scripts must not become ``<unk>``). One thread, so
+    the same text gives the same model.
+    """
+    model_prefix = Path(model_prefix)
+    model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_prefix=str(model_prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            bos_id=BOS_ID,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as error:  # e.g. "Vocabulary size is too high (2000). Please set it to a value <= 1500."
+        raise ValueError(
+            f"cannot train a SentencePiece model of {vocab_size} pieces on {len(texts)} sentences: "
+            f"{error}. Choose a smaller vocabulary size."
+        ) from error
+    log.info("trained a %s SentencePiece model of %d pieces: %s.model", model_type, vocab_size, model_prefix)
+    return SentencePieceCodec(f"{model_prefix}.model")

@@ -1,0 +1,541 @@
+"""Parallel corpora for translation, batched by token count (fairseq's ``--max-tokens``).
+
+Layout under ``root`` (what the official preparation scripts, ``prepare-iwslt14.sh`` and
+``prepare-wmt14en2de.sh``, write)::
+
+    root/train.<src>  root/train.<tgt>     one sentence per line, line i of one file translates
+    root/valid.<src>  root/valid.<tgt>     line i of the other
+    root/test.<src>   root/test.<tgt>
+    root/dict.<lang>.txt                   optional: fairseq-preprocess's dictionaries
+
+``tokenizer: bpe`` reads text already Moses-tokenised and split by subword-nmt (``@@`` markers)
+and looks tokens up in fairseq dictionaries (read from ``dict.<lang>.txt`` or built from the
+training files as ``fairseq-preprocess`` does: counts, then padding to a multiple of 8; with
+``joined_dictionary`` one table from both sides). References are then tokenised text with the BPE
+removed, which is what the papers' *tokenised* BLEU scores. ``tokenizer: sentencepiece`` reads raw
+text and trains a joint SentencePiece model on the training split (cached in ``root``); references
+are the raw target lines, which sacreBLEU scores.
+
+Input checks (all before training starts): a missing file names its path and this layout; a
+language pair without files names the languages ``root`` has; files of one split with different
+line counts are refused (misaligned corpora translate garbage); pairs with an empty side are
+dropped with a logged count; a training pair longer than ``max_source_positions`` /
+``max_target_positions`` tokens (eos included) is dropped with a logged count, and in valid/test is
+an error (a test sentence is never dropped silently).
+
+Batches (:class:`TokenBatches`): sentences sorted by target then source length (fairseq's order;
+shuffled first for training) are grouped greedily so that ``sentences * longest <= max_tokens``;
+the training batches are shuffled every epoch and, under DDP, dealt to the processes in turn (each
+process gets the same number).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
+
+from src.datamodules.dictionary import EOS_ID, PAD_ID, UNK_ID, Dictionary
+from src.datamodules.gettext_catalogs import parallel_messages
+from src.datamodules.subword import (
+    DictionaryCodec,
+    SentencePieceCodec,
+    TextCodec,
+    remove_bpe,
+    train_sentencepiece,
+)
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+TOKENIZERS = ("bpe", "sentencepiece")
+MAX_LISTED = 5  # line numbers quoted in a message
+
+
+class CorpusError(ValueError):
+    """A parallel corpus that cannot be read as asked; the message names the fix."""
+
+
+def layout(root: Path, source_lang: str, target_lang: str) -> str:
+    """The expected files, for error messages."""
+    files = ", ".join(f"{split}.{lang}" for split in SPLITS for lang in (source_lang, target_lang))
+    return f"{root}/ with {files} (one sentence per line, aligned by line number)"
+
+
+def read_parallel(source: Path, target: Path) -> tuple[list[str], list[str], list[int]]:
+    """The aligned non-empty lines of two files and their 1-based line numbers.
+
+    Raises :class:`CorpusError` when the files have different line counts; pairs with an empty
+    side are dropped and counted in the log.
+    """
+    src_lines = source.read_text(encoding="utf-8").splitlines()
+    tgt_lines = target.read_text(encoding="utf-8").splitlines()
+    if len(src_lines) != len(tgt_lines):
+        raise CorpusError(
+            f"{source} has {len(src_lines)} lines but {target} has {len(tgt_lines)}: parallel files "
+            "must be aligned line by line (line i of one translates line i of the other). Re-run the "
+            "preparation script or remove the unmatched lines from both files."
+        )
+    kept_src, kept_tgt, numbers, empty = [], [], [], []
+    for number, (src, tgt) in enumerate(zip(src_lines, tgt_lines), start=1):
+        if src.strip() and tgt.strip():
+            kept_src.append(src.strip())
+            kept_tgt.append(tgt.strip())
+            numbers.append(number)
+        else:
+            empty.append(number)
+    if empty:
+        log.warning(
+            "%s / %s: dropped %d of %d pairs with an empty side (lines %s%s)",
+            source, target, len(empty), len(src_lines), ", ".join(map(str, empty[:MAX_LISTED])),
+            ", ..." if len(empty) > MAX_LISTED else "",
+        )
+    if not kept_src:
+        raise CorpusError(f"{source} and {target} have no pair with both sides non-empty")
+    return kept_src, kept_tgt, numbers
+
+
+@dataclass
+class ParallelSplit:
+    """One split, encoded: token ids end with eos; ``references`` is the target text BLEU
+    compares with; ``line_numbers`` point into the files."""
+
+    source: list[Tensor]
+    target: list[Tensor]
+    references: list[str]
+    line_numbers: list[int]
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def collate(split: ParallelSplit, indices: Sequence[int]) -> dict:
+    """A padded batch of the pairs ``indices``.
+
+    Shape:
+        src_tokens (B, S) and target (B, T) right-padded with pad; prev_output_tokens (B, T) is
+        the target shifted right behind eos (teacher forcing); id (B,) the pairs' indices;
+        references: B strings
+    """
+    sources = [split.source[i] for i in indices]
+    targets = [split.target[i] for i in indices]
+    pad = torch.nn.utils.rnn.pad_sequence
+    target = pad(targets, batch_first=True, padding_value=PAD_ID)
+    previous = [torch.cat((t.new_tensor([EOS_ID]), t[:-1])) for t in targets]
+    return {
+        "src_tokens": pad(sources, batch_first=True, padding_value=PAD_ID),
+        "prev_output_tokens": pad(previous, batch_first=True, padding_value=PAD_ID),
+        "target": target,
+        "id": torch.tensor(list(indices), dtype=torch.long),
+        "references": [split.references[i] for i in indices],
+    }
+
+
+def batch_by_tokens(lengths: Sequence[int], order: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of ``order`` with ``len(run) * max(lengths[run]) <= max_tokens``
+    (fairseq's ``batch_by_size``); a pair longer than ``max_tokens`` gets a batch of its own."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for index in order:
+        longest_with = max(longest, lengths[index])
+        if batch and (len(batch) + 1) * longest_with > max_tokens:
+            batches.append(batch)
+            batch, longest_with = [], lengths[index]
+        batch.append(index)
+        longest = longest_with
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+class TokenBatches(IterableDataset):
+    """Token-count batches of one split, collated; see the module docstring for the order.
+
+    Args:
+        split: the encoded pairs.
+        max_tokens: the largest ``sentences * longest side`` of a batch.
+        shuffle: shuffle before sorting and shuffle the batches every epoch (training).
+        seed: base of the shuffles' seeds.
+        epoch: called at each pass, the shuffle's epoch (the trainer's current epoch).
+        rank: this process.
+        world_size: the number of processes; training batches are dealt round-robin and cut to
+            a common count, evaluation batches are dealt without cutting.
+    """
+
+    def __init__(
+        self,
+        split: ParallelSplit,
+        max_tokens: int,
+        *,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: Callable[[], int] = lambda: 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.split = split
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = epoch
+        self.rank = rank
+        self.world_size = world_size
+        self.lengths = [max(len(s), len(t)) for s, t in zip(split.source, split.target)]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This process's batches (lists of pair indices) for ``epoch``."""
+        order = list(range(len(self.split)))
+        generator = random.Random(self.seed + epoch)
+        if self.shuffle:
+            generator.shuffle(order)
+        # stable sorts: by source length, then target length (fairseq's ordered_indices)
+        order.sort(key=lambda i: len(self.split.source[i]))
+        order.sort(key=lambda i: len(self.split.target[i]))
+        batches = batch_by_tokens(self.lengths, order, self.max_tokens)
+        if self.shuffle:
+            generator.shuffle(batches)
+            per_rank = len(batches) // self.world_size
+            if per_rank == 0:
+                raise CorpusError(
+                    f"{len(batches)} batches cannot feed {self.world_size} processes; lower max_tokens"
+                )
+            batches = batches[: per_rank * self.world_size]
+        return batches[self.rank :: self.world_size]
+
+    def __len__(self) -> int:
+        return len(self.batches(0))
+
+    def __iter__(self):
+        for indices in self.batches(self.epoch()):
+            yield collate(self.split, indices)
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """A parallel corpus under ``root`` in the layout of the module docstring.
+
+    Args:
+        root: the corpus folder.
+        source_lang: the source files' suffix (``de`` for IWSLT'14 De-En).
+        target_lang: the target files' suffix.
+        tokenizer: ``"bpe"`` (pre-tokenised, BPE-split text and fairseq dictionaries) or
+            ``"sentencepiece"`` (raw text; a joint model trained on the training split).
+        src_vocab_size: the source dictionary's size (the model is built with it before any data
+            is read); a dictionary of another size is an error that names the size to set. None
+            takes the data's count.
+        tgt_vocab_size: the same for the target.
+        joined_dictionary: one dictionary for both sides (WMT; ``share_all_embeddings``).
+        sentencepiece_vocab_size: pieces of the SentencePiece model (``tokenizer: sentencepiece``).
+        max_tokens: training batch size in tokens.
+        eval_max_tokens: validation/test batch size in tokens; ``max_tokens`` when None.
+        max_source_positions: the longest source in tokens, eos included.
+        max_target_positions: the longest target in tokens, eos included.
+        padding_idx: the pad id (fairseq's 1); the models are built with it.
+        compound_split: this corpus's BLEU splits hyphenated compounds (WMT'14 En-De); the task
+            reads it.
+        seed: base seed of the batch shuffles.
+    """
+
+    has_test = True
+
+    def __init__(
+        self,
+        root: str,
+        source_lang: str,
+        target_lang: str,
+        *,
+        tokenizer: str = "bpe",
+        src_vocab_size: int | None = None,
+        tgt_vocab_size: int | None = None,
+        joined_dictionary: bool = False,
+        sentencepiece_vocab_size: int = 8000,
+        max_tokens: int = 4096,
+        eval_max_tokens: int | None = None,
+        max_source_positions: int = 1024,
+        max_target_positions: int = 1024,
+        padding_idx: int = PAD_ID,
+        compound_split: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
+        if padding_idx != PAD_ID:
+            raise ValueError(f"the dictionaries pad with id {PAD_ID} (fairseq's), got padding_idx={padding_idx}")
+        if source_lang == target_lang:
+            raise ValueError(f"source_lang and target_lang must differ, got {source_lang!r} twice")
+        if min(max_tokens, eval_max_tokens or max_tokens, max_source_positions, max_target_positions) < 2:
+            raise ValueError("max_tokens, eval_max_tokens and the max positions must be >= 2")
+        self.root = Path(root)
+        self.source_lang = source_lang
+        self.target_lang = target_lang
+        self.tokenizer = tokenizer
+        self.joined_dictionary = joined_dictionary or tokenizer == "sentencepiece"
+        self.sentencepiece_vocab_size = sentencepiece_vocab_size
+        self.max_tokens = max_tokens
+        self.eval_max_tokens = eval_max_tokens or max_tokens
+        self.max_positions = {"source": max_source_positions, "target": max_target_positions}
+        self.padding_idx = padding_idx
+        self.compound_split = compound_split
+        self.seed = seed
+        self.configured_sizes = {"source": src_vocab_size, "target": tgt_vocab_size}
+        self.codecs: dict[str, TextCodec] | None = None
+        self.splits: dict[str, ParallelSplit] = {}
+
+    # -- vocabulary ---------------------------------------------------------------------------
+    @property
+    def tokenized(self) -> bool:
+        """Whether the text (and so the references) is tokenised: BLEU then counts its tokens."""
+        return self.tokenizer == "bpe"
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.configured_sizes["source"] or self.load_codecs()["source"].vocab_size
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.configured_sizes["target"] or self.load_codecs()["target"].vocab_size
+
+    def example_input(self, batch_size: int = 1, source_len: int = 20, target_len: int = 20) -> tuple:
+        """A batch of ``source_len`` source and ``target_len`` target tokens (the thesis counts
+        MACs for 20 + 20, Table 5.2), no padding: ``(src_tokens, None, prev_output_tokens)``."""
+        src = torch.full((batch_size, source_len), UNK_ID, dtype=torch.long)
+        prev = torch.full((batch_size, target_len), UNK_ID, dtype=torch.long)
+        return src, None, prev
+
+    def path(self, split: str, lang: str) -> Path:
+        return self.root / f"{split}.{lang}"
+
+    def check_files(self) -> None:
+        """Every file of the layout is there, or an error that says what is."""
+        if not self.root.is_dir():
+            raise CorpusError(
+                f"translation data not found: {self.root} does not exist. Expected "
+                f"{layout(self.root, self.source_lang, self.target_lang)}; set data.root to that folder."
+            )
+        missing = [self.path(s, lang) for s in SPLITS for lang in (self.source_lang, self.target_lang)]
+        missing = [p for p in missing if not p.is_file()]
+        if not missing:
+            return
+        found = sorted({p.suffix[1:] for p in self.root.glob("train.*")})
+        pair = f"{self.source_lang}-{self.target_lang}"
+        if found and not {self.source_lang, self.target_lang} <= set(found):
+            raise CorpusError(
+                f"{self.root} has no {pair} corpus: its training files are for the languages "
+                f"{', '.join(found)}. Set data.source_lang/data.target_lang to two of them, or data.root "
+                f"to a {pair} corpus."
+            )
+        raise CorpusError(
+            f"missing {', '.join(str(p) for p in missing)}. Expected "
+            f"{layout(self.root, self.source_lang, self.target_lang)}."
+        )
+
+    def load_codecs(self) -> dict[str, TextCodec]:
+        """The source and target codecs: read (``dict.<lang>.txt``, a cached SentencePiece model)
+        or built from the training files, then checked against the configured sizes."""
+        if self.codecs is not None:
+            return self.codecs
+        self.check_files()
+        if self.tokenizer == "sentencepiece":
+            codec = self._sentencepiece()
+            codecs: dict[str, TextCodec] = {"source": codec, "target": codec}
+        else:
+            codecs = {side: DictionaryCodec(d) for side, d in self._dictionaries().items()}
+        for side, codec in codecs.items():
+            configured = self.configured_sizes[side]
+            if configured is not None and configured != codec.vocab_size:
+                key = "src_vocab_size" if side == "source" else "tgt_vocab_size"
+                raise CorpusError(
+                    f"data.{key} is {configured} but the {side} vocabulary of {self.root} has "
+                    f"{codec.vocab_size} entries; set data.{key}={codec.vocab_size} (or null to take "
+                    "the data's count). A checkpoint only fits data with its vocabulary."
+                )
+        self.codecs = codecs
+        return codecs
+
+    def _dictionaries(self) -> dict[str, Dictionary]:
+        langs = {"source": self.source_lang, "target": self.target_lang}
+        files = {side: self.root / f"dict.{lang}.txt" for side, lang in langs.items()}
+        if all(f.is_file() for f in files.values()):
+            log.info("dictionaries: %s", ", ".join(str(f) for f in files.values()))
+            return {side: Dictionary.load(f) for side, f in files.items()}
+        train = {side: self.path("train", lang).read_text(encoding="utf-8").splitlines() for side, lang in langs.items()}
+        if self.joined_dictionary:
+            joined = Dictionary.build([*train["source"], *train["target"]])
+            return {"source": joined, "target": joined}
+        return {side: Dictionary.build(lines) for side, lines in train.items()}
+
+    def _sentencepiece(self) -> SentencePieceCodec:
+        src, tgt, _ = read_parallel(self.path("train", self.source_lang), self.path("train", self.target_lang))
+        texts = [*src, *tgt]
+        # the model is cached under a name that changes with the training text and the size
+        digest = zlib.crc32("\n".join(texts).encode("utf-8"))
+        prefix = self.root / f"spm{self.sentencepiece_vocab_size}.{digest:08x}"
+        if Path(f"{prefix}.model").is_file():
+            return SentencePieceCodec(f"{prefix}.model")
+        return train_sentencepiece(texts, prefix, self.sentencepiece_vocab_size)
+
+    # -- splits -------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        self.check_files()
+
+    def setup(self, stage: str | None = None) -> None:
+        codecs = self.load_codecs()
+        for split in SPLITS:
+            if split not in self.splits:
+                self.splits[split] = self._encode(split, codecs)
+
+    def _encode(self, split: str, codecs: dict[str, TextCodec]) -> ParallelSplit:
+        source_path, target_path = self.path(split, self.source_lang), self.path(split, self.target_lang)
+        src_lines, tgt_lines, numbers = read_parallel(source_path, target_path)
+        encoded = ParallelSplit([], [], [], [])
+        too_long: list[int] = []
+        for src, tgt, number in zip(src_lines, tgt_lines, numbers):
+            source = codecs["source"].encode(src) + [EOS_ID]
+            target = codecs["target"].encode(tgt) + [EOS_ID]
+            if len(source) > self.max_positions["source"] or len(target) > self.max_positions["target"]:
+                if split != "train":
+                    raise CorpusError(
+                        f"{source_path}:{number}: a pair of {len(source)} source / {len(target)} target "
+                        f"tokens exceeds the model's maximum of {self.max_positions['source']} / "
+                        f"{self.max_positions['target']}; {split} sentences are never dropped. Raise "
+                        "data.max_source_positions / data.max_target_positions."
+                    )
+                too_long.append(number)
+                continue
+            encoded.source.append(torch.tensor(source, dtype=torch.long))
+            encoded.target.append(torch.tensor(target, dtype=torch.long))
+            # raw text for sacreBLEU, or the tokenised text without BPE markers (tokenised BLEU)
+            encoded.references.append(tgt if self.tokenizer == "sentencepiece" else remove_bpe(tgt))
+            encoded.line_numbers.append(number)
+        if too_long:
+            log.warning(
+                "%s: dropped %d of %d training pairs longer than %d source / %d target tokens (lines %s%s)",
+                source_path, len(too_long), len(src_lines), self.max_positions["source"], self.max_positions["target"],
+                ", ".join(map(str, too_long[:MAX_LISTED])), ", ..." if len(too_long) > MAX_LISTED else "",
+            )
+        if not len(encoded):
+            raise CorpusError(f"{source_path}: no pair is left after the length filter")
+        log.info("%s: %d pairs", split, len(encoded))
+        return encoded
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The target text of ``ids`` as BLEU compares it with the references."""
+        return self.load_codecs()["target"].decode(ids)
+
+    def encode_source(self, text: str) -> Tensor:
+        """A source sentence's ids with eos, as the training pairs are encoded.
+
+        Shape:
+            -> (S,) int64
+        """
+        ids = self.load_codecs()["source"].encode(text) + [EOS_ID]
+        return torch.tensor(ids, dtype=torch.long)
+
+    # -- loaders ------------------------------------------------------------------------------
+    def _loader(self, split: str, max_tokens: int, shuffle: bool) -> DataLoader:
+        trainer = getattr(self, "trainer", None)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        batches = TokenBatches(
+            self.splits[split],
+            max_tokens,
+            shuffle=shuffle,
+            seed=self.seed,
+            epoch=lambda: trainer.current_epoch if trainer is not None else 0,
+            rank=rank,
+            world_size=world,
+        )
+        # the dataset yields whole collated batches
+        return DataLoader(batches, batch_size=None, num_workers=0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.max_tokens, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("valid", self.eval_max_tokens, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", self.eval_max_tokens, shuffle=False)
+
+
+class GettextTranslationDataModule(TranslationDataModule):
+    """English-<language> messages of the installed packages' gettext catalogues
+    (:mod:`src.datamodules.gettext_catalogs`), written to ``root`` in the corpus layout and read
+    back as a raw-text (``sentencepiece``) corpus.
+
+    Each message goes to train/valid/test by a hash of its English text (``valid_percent`` and
+    ``test_percent`` of 100 buckets), so a split never shares a message with another and stays
+    the same when packages add messages. Line breaks inside a message become spaces.
+
+    Args:
+        root: where the corpus files and the SentencePiece model are written.
+        language: the catalogues' language (``de``).
+        direction: ``"to_english"`` (source = the translation, target = English, like IWSLT
+            De-En) or ``"from_english"``.
+        valid_percent: share of the messages for validation.
+        test_percent: share for the test.
+        **kwargs: :class:`TranslationDataModule`'s (``tokenizer`` is ``sentencepiece``).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        language: str = "de",
+        *,
+        direction: str = "to_english",
+        valid_percent: int = 5,
+        test_percent: int = 5,
+        **kwargs,
+    ) -> None:
+        if direction not in ("to_english", "from_english"):
+            raise ValueError(f"direction must be 'to_english' or 'from_english', got {direction!r}")
+        if not (0 < valid_percent and 0 < test_percent and valid_percent + test_percent < 100):
+            raise ValueError(f"need 0 < valid_percent, test_percent and a sum < 100, got {valid_percent}, {test_percent}")
+        source_lang, target_lang = (language, "en") if direction == "to_english" else ("en", language)
+        kwargs.setdefault("tokenizer", "sentencepiece")
+        super().__init__(root, source_lang, target_lang, **kwargs)
+        self.language = language
+        self.bounds = (valid_percent, valid_percent + test_percent)
+
+    def split_of(self, message: str) -> str:
+        bucket = zlib.crc32(message.encode("utf-8")) % 100
+        return "valid" if bucket < self.bounds[0] else "test" if bucket < self.bounds[1] else "train"
+
+    def check_files(self) -> None:
+        if not all(self.path(s, lang).is_file() for s in SPLITS for lang in (self.source_lang, self.target_lang)):
+            self.write_corpus()
+        super().check_files()
+
+    def write_corpus(self) -> None:
+        """Collect the catalogues' messages and write the six corpus files under ``root``."""
+        lines: dict[tuple[str, str], list[str]] = {(s, lang): [] for s in SPLITS for lang in ("en", self.language)}
+        count = 0
+        for entry in parallel_messages(self.language):
+            split = self.split_of(entry.source)
+            lines[split, "en"].append(" ".join(entry.source.split()))
+            lines[split, self.language].append(" ".join(entry.translation.split()))
+            count += 1
+        if count == 0:
+            raise CorpusError(
+                f"no gettext catalogue for language {self.language!r} among the installed packages "
+                f"(locale*/{self.language}/LC_MESSAGES/*.mo); install Django and pycountry (pip install "
+                "django pycountry) or choose a language they ship."
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        for (split, lang), text in lines.items():
+            temporary = self.path(split, lang).with_suffix(f".{lang}.tmp")
+            temporary.write_text("".join(f"{line}\n" for line in text), encoding="utf-8")
+            temporary.replace(self.path(split, lang))
+        log.info(
+            "wrote %d %s-en messages to %s: %s", count, self.language, self.root,
+            ", ".join(f"{s} {len(lines[s, 'en'])}" for s in SPLITS),
+        )
