@@ -287,9 +287,10 @@ class WikiTextDataModule(L.LightningDataModule):
         missing = [str(p) for p in files.values() if not p.is_file()]
         if missing:
             raise FileNotFoundError(
-                f"WikiText files not found under {root}: missing {', '.join(missing)}. Expected the "
-                f"WikiText-103 layout: {root}/wiki.train.tokens, wiki.valid.tokens, "
-                f"wiki.test.tokens (unzip {self.url} and set data.root to its wikitext-103 folder)"
+                f"WikiText files not found under {root}: missing {', '.join(missing)}. "
+                f"Expected the WikiText-103 layout: {root}/wiki.train.tokens, "
+                f"wiki.valid.tokens, wiki.test.tokens (unzip {self.url} and set data.root to "
+                "its wikitext-103 folder)"
             )
         return files
 
@@ -345,7 +346,11 @@ class WikiTextDataModule(L.LightningDataModule):
             np.save(tmp, ids)
             os.replace(tmp, cache / f"{split}.npy")
             lengths[split] = len(ids)
-        meta = {"source": self.source_signature(), "vocab_size": len(dictionary), "lengths": lengths}
+        meta = {
+            "source": self.source_signature(),
+            "vocab_size": len(dictionary),
+            "lengths": lengths,
+        }
         _atomic_write(cache / "meta.json", json.dumps(meta))  # written last: the cache is complete
         log.info("word LM: %d words, splits %s cached under %s", len(dictionary), lengths, cache)
 
@@ -413,7 +418,8 @@ def pydoc_word_splits(
         raise ValueError(
             f"fractions must be in (0, 1) and sum below 1, got {val_fraction}, {test_fraction}"
         )
-    lines = [words for words in (WORD.findall(line) for line in pydoc_corpus().split("\n")) if words]
+    cut = (WORD.findall(line) for line in pydoc_corpus().split("\n"))
+    lines = [words for words in cut if words]
     n_val, n_test = round(len(lines) * val_fraction), round(len(lines) * test_fraction)
     n_train = len(lines) - n_val - n_test
     splits = {

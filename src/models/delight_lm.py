@@ -91,7 +91,10 @@ class DeLighTLMEmbedding(nn.Module):
         super().__init__()
         if d_model % 2:
             raise ValueError(f"d_model must be even (the DExTra's p is d_model / 2), got {d_model}")
-        for name, p in (("embedding_dropout", embedding_dropout), ("position_dropout", position_dropout)):
+        for name, p in (
+            ("embedding_dropout", embedding_dropout),
+            ("position_dropout", position_dropout),
+        ):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
         self.lookup = lookup
@@ -187,7 +190,9 @@ class DeLighTLanguageModel(nn.Module):
     ) -> None:
         super().__init__()
         if not 0 <= padding_idx < vocab_size:
-            raise ValueError(f"padding_idx must index the vocabulary, got {padding_idx} for {vocab_size}")
+            raise ValueError(
+                f"padding_idx must index the vocabulary, got {padding_idx} for {vocab_size}"
+            )
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.n_min = n_min
@@ -261,7 +266,8 @@ class DeLighTLanguageModel(nn.Module):
         and GLT weight xavier-uniform, zero biases; LayerNorms at weight 1 and bias 0."""
         lookup = self.embedding.lookup
         # the adaptive input/softmax owns its init (fairseq's), applied last
-        adaptive = {id(m) for m in lookup.modules()} if isinstance(lookup, AdaptiveInputSoftmax) else set()
+        is_adaptive = isinstance(lookup, AdaptiveInputSoftmax)
+        adaptive = {id(m) for m in lookup.modules()} if is_adaptive else set()
         for module in self.modules():
             if id(module) in adaptive:
                 continue

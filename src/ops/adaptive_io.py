@@ -103,7 +103,9 @@ class AdaptiveInputSoftmax(nn.Module):
             nn.Embedding(hi - lo, dim, padding_idx=padding_idx if i == 0 else None)
             for i, (lo, hi, dim) in enumerate(zip(self.bounds, self.bounds[1:], self.dims))
         )
-        self.projections = nn.ModuleList(nn.Linear(dim, output_dim, bias=False) for dim in self.dims)
+        self.projections = nn.ModuleList(
+            nn.Linear(dim, output_dim, bias=False) for dim in self.dims
+        )
         self.class_proj = nn.Linear(output_dim, len(cutoffs), bias=False)
         self.register_buffer("_cutoffs", torch.tensor(cutoffs), persistent=False)
         self.reset_parameters()
@@ -149,7 +151,11 @@ class AdaptiveInputSoftmax(nn.Module):
 
     # -- adaptive softmax -----------------------------------------------------------------------
     def _head_log_probs(self, hidden: Tensor) -> Tensor:
-        """Log-probabilities over band 0's words and the tail clusters. (N, d) -> (N, c_1 + n_tails)."""
+        """Log-probabilities of band 0's words and the tail clusters.
+
+        Shape:
+            (N, d) -> (N, c_1 + n_tails) float32
+        """
         words = F.linear(hidden, self.embeddings[0].weight)  # (N, c_1)
         clusters = self.class_proj(hidden)  # (N, n_tails)
         return torch.cat((words, clusters.to(words.dtype)), dim=-1).float().log_softmax(-1)

@@ -99,7 +99,8 @@ class WordLanguageModel(L.LightningModule):
             return {"optimizer": optimizer}
         total_steps = int(self.trainer.estimated_stepping_batches)
         scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        schedule = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
 @torch.no_grad()
