@@ -54,9 +54,16 @@ def report(cfg: DictConfig) -> dict:
         memories = [torch.zeros(example.shape[0], net.mem_len, net.d_model) for _ in range(net.n_layer + 1)]
         result["memory_len"] = net.mem_len
         result["macs_with_memory"] = measure(WithMemory(net, memories), example).macs // per_sample
-    if hasattr(net, "paper_flops"):
+    if hasattr(net, "paper_flops") and isinstance(example, Tensor):
         result["paper_flops"] = net.paper_flops(example.shape[-1])
     return result
+
+
+def input_shape(shape: list) -> str:
+    """``[1, 3, 224, 224]`` -> ``1x3x224x224``; several inputs joined by `` + ``."""
+    if shape and isinstance(shape[0], list):
+        return " + ".join("x".join(map(str, s)) for s in shape)
+    return "x".join(map(str, shape))
 
 
 def table(result: dict) -> str:
@@ -64,7 +71,7 @@ def table(result: dict) -> str:
     rows = [
         ("network", str(result["model"].get("name") or result["model"]["_target_"])),
         ("data", result["data"]),
-        ("input shape", "x".join(map(str, result["input_shape"]))),
+        ("input shape", input_shape(result["input_shape"])),
         ("parameters", f"{result['params']:,} ({result['params'] / 1e6:.3f} M)"),
         ("trainable", f"{result['trainable_params']:,}"),
         ("MACs", f"{result['macs']:,} ({result['macs'] / 1e6:.2f} M)"),

@@ -42,16 +42,21 @@ from src.utils.run_record import (
 
 log = logging.getLogger(__name__)
 
+# data keys a datamodule can count itself when the config leaves them null
+VOCABULARY_KEYS = ("vocab_size", "src_vocab_size", "tgt_vocab_size")
+
 
 def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule]:
     """Instantiate the datamodule, the network and the task that wraps it (no dataset is read).
 
-    A vocabulary the config leaves to the data (``data.vocab_size: null``) is the datamodule's
-    count, written into ``cfg`` so that ``${data.vocab_size}`` (the model's ``n_token``) is it.
+    A vocabulary the config leaves to the data (``data.vocab_size: null``, and a translation
+    corpus's ``src_vocab_size``/``tgt_vocab_size``) is the datamodule's count, written into ``cfg``
+    so that ``${data.vocab_size}`` (the model's ``n_token``) is it.
     """
     datamodule = instantiate(cfg.data)
-    if "vocab_size" in cfg.data and cfg.data.vocab_size is None:
-        cfg.data.vocab_size = datamodule.vocab_size
+    for key in VOCABULARY_KEYS:
+        if key in cfg.data and cfg.data[key] is None:
+            cfg.data[key] = getattr(datamodule, key)
     net = instantiate(cfg.model)
     task = instantiate(cfg.task, net=net)
     return datamodule, task

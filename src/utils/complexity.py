@@ -26,7 +26,7 @@ class Complexity:
     macs: int
     macs_conv: int
     macs_by_op: dict[str, int]
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...] | tuple[tuple[int, ...], ...]
 
     def as_dict(self) -> dict:
         return {
@@ -35,7 +35,7 @@ class Complexity:
             "macs": self.macs,
             "macs_conv": self.macs_conv,
             "macs_by_op": self.macs_by_op,
-            "input_shape": list(self.input_shape),
+            "input_shape": [list(s) if isinstance(s, tuple) else s for s in self.input_shape],
         }
 
 
@@ -45,8 +45,10 @@ def count_params(module: nn.Module, *, trainable_only: bool = False) -> int:
     return sum(seen.values())
 
 
-def measure(module: nn.Module, example_input: Tensor) -> Complexity:
-    """Count parameters and MACs of ``module(example_input)`` in eval mode.
+def measure(module: nn.Module, example_input: Tensor | tuple) -> Complexity:
+    """Count parameters and MACs of ``module(example_input)`` in eval mode; a tuple is passed as
+    the positional arguments (an encoder-decoder's sources and targets), its tensors' shapes
+    becoming ``input_shape``.
 
     Autograd stays on: without it, eval-mode blocks take their folded inference path
     (:mod:`src.ops.inference_folding`), which computes the same map with fewer, differently shaped
@@ -57,7 +59,10 @@ def measure(module: nn.Module, example_input: Tensor) -> Complexity:
     counter = FlopCounterMode(display=False)
     try:
         with torch.enable_grad(), counter:
-            module(example_input)
+            if isinstance(example_input, tuple):
+                module(*example_input)
+            else:
+                module(example_input)
     finally:
         module.train(was_training)
     by_op = {str(op).split(".")[-1]: int(flops) // 2 for op, flops in counter.get_flop_counts()["Global"].items()}
@@ -68,5 +73,9 @@ def measure(module: nn.Module, example_input: Tensor) -> Complexity:
         macs=int(counter.get_total_flops()) // 2,
         macs_conv=conv,
         macs_by_op=by_op,
-        input_shape=tuple(example_input.shape),
+        input_shape=(
+            tuple(tuple(x.shape) for x in example_input if isinstance(x, Tensor))
+            if isinstance(example_input, tuple)
+            else tuple(example_input.shape)
+        ),
     )

@@ -27,6 +27,9 @@ MODEL_TASKS: dict[str, frozenset[str]] = {
     "torchvision_seg": frozenset({"segmentation"}),
     "group_transformer": frozenset({"language_model"}),
     "transformer_xl": frozenset({"language_model"}),
+    "delight_lm": frozenset({"word_language_model"}),
+    "delight_mt": frozenset({"translation"}),
+    "transformer_mt": frozenset({"translation"}),
 }
 
 
