@@ -97,11 +97,15 @@ class Dictionary:
         lines = [f"{w} {counts.get(w, 0)}\n" for w in self.symbols[len(SPECIALS) :]]
         _atomic_write(path, "".join(lines))
 
+    def index(self, word: str) -> int:
+        """The id of ``word``, ``<unk>``'s for a word outside the dictionary."""
+        return self._index.get(word, UNK)
+
     def encode(self, lines: Iterable[Sequence[str]]) -> np.ndarray:
         """(N,) int32: the ids of the words of every line, each line followed by ``</s>``."""
-        index, ids = self._index, []
+        ids: list[int] = []
         for words in lines:
-            ids.extend(index.get(w, UNK) for w in words)
+            ids.extend(map(self.index, words))
             ids.append(EOS)
         return np.asarray(ids, dtype=np.int32)
 

@@ -44,6 +44,8 @@ def test_dictionary_follows_fairseq(wikitext: Path) -> None:
     assert words[:10] == ("<s>", "<pad>", "</s>", "<unk>", "the", "=", "sat", "Title", "cat", "dog")
     assert words[10:12] == ("mat", "on") and words[12:] == ("madeupword0000", "madeupword0001", "madeupword0002", "madeupword0003")
     assert dm.vocab_size == len(dm.dictionary) == 16
+    assert (dm.dictionary.index("cat"), dm.dictionary.index("zebra")) == (8, UNK)
+    assert dm.dictionary.decode([4, 8, EOS, 6]) == "the cat\nsat"
     # every line ends with </s>, an empty line is </s> alone, unknown words are <unk>
     assert np.asarray(dm.splits["val"]).tolist() == [4, 8, EOS]
     assert np.asarray(dm.splits["test"]).tolist() == [UNK, 9, 6, UNK, EOS, UNK, EOS]
