@@ -56,6 +56,9 @@ def report(cfg: DictConfig) -> dict:
         result["macs_with_memory"] = measure(WithMemory(net, memories), example).macs // per_sample
     if hasattr(net, "paper_flops") and isinstance(example, Tensor):
         result["paper_flops"] = net.paper_flops(example.shape[-1])
+    if hasattr(net, "paper_macs") and isinstance(example, tuple):
+        # an encoder-decoder: (src_tokens, src_padding_mask, prev_output_tokens)
+        result["paper_macs"] = net.paper_macs(example[0].shape[-1], example[2].shape[-1])
     return result
 
 
@@ -81,6 +84,8 @@ def table(result: dict) -> str:
     if "macs_with_memory" in result:
         memory = result["macs_with_memory"]
         rows.append((f"MACs, {result['memory_len']} memory", f"{memory:,} ({memory / 1e6:.2f} M)"))
+    if "paper_macs" in result:
+        rows.append(("MACs, official profiler", f"{result['paper_macs']:,} ({result['paper_macs'] / 1e9:.2f} G)"))
     if "paper_flops" in result:
         rows.append(("FLOPs, paper convention", f"{result['paper_flops']:,} ({result['paper_flops'] / 1e9:.2f} G)"))
     width = max(len(name) for name, _ in rows)

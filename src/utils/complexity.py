@@ -41,8 +41,8 @@ class Complexity:
 
 def count_params(module: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of distinct parameters (shared tensors count once)."""
-    seen = {p.data_ptr(): p.numel() for p in module.parameters() if p.requires_grad or not trainable_only}
-    return sum(seen.values())
+    # module.parameters() yields a tied Parameter once; by identity, so meta-device modules count too
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
 def measure(module: nn.Module, example_input: Tensor | tuple) -> Complexity:
