@@ -17,7 +17,9 @@ Batches (fairseq ``--sample-break-mode none``): a split is one stream; training 
 ``tokens_per_sample`` targets, each input the stream shifted by one (the split's first token is
 predicted from ``</s>``, as fairseq's ``TokenBlockDataset`` does), shuffled. Validation and test
 use context windows (fairseq ``eval_lm --context-window``, :class:`ContextWindows`): every token
-is scored exactly once, after up to ``eval_context_window`` tokens of context.
+is scored exactly once, after up to ``eval_context_window`` tokens of context. (Under DDP,
+Lightning's distributed sampler repeats up to world_size - 1 windows to even out the ranks; take
+the exact figure on one process.)
 
 ``PydocWordsDataModule`` is an offline demo corpus: CPython's documentation topics
 (``pydoc_data.topics``) cut into words and punctuation, written in the WikiText layout under
