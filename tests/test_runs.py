@@ -188,7 +188,10 @@ def test_unknown_top_level_key_is_refused() -> None:
     ("data", "model"),
     [("digits", "dicenet"), ("imagenet", "dicenet"), ("enwik8", "group_transformer"),
      ("text8", "group_transformer"), ("pydoc_chars", "group_transformer"), ("voc_seg", "espnetv2_seg"),
-     ("cityscapes", "espnetv2_seg"), ("coco_multilabel", "dicenet"), ("image_folder", "dicenet")],
+     ("cityscapes", "espnetv2_seg"), ("coco_multilabel", "dicenet"), ("image_folder", "dicenet"),
+     ("wikitext103", "delight_lm"), ("pydoc_words", "delight_lm"), ("gettext_de_en", "delight_mt"),
+     ("iwslt14_de_en", "delight_mt"), ("wmt16_en_ro", "delight_mt"), ("wmt14_en_de", "delight_mt"),
+     ("wmt14_en_fr", "delight_mt")],
 )  # fmt: skip
 def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
     needs = ["data.num_classes=5"] if data == "image_folder" else []  # the folders give it at run time
@@ -204,7 +207,8 @@ def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
 def test_every_data_config_is_covered() -> None:
     covered = {p.stem for p in (CONF / "data").glob("*.yaml")}
     assert covered == {"digits", "imagenet", "enwik8", "text8", "pydoc_chars", "voc_seg", "cityscapes",
-                       "coco_multilabel", "image_folder"}  # fmt: skip
+                       "coco_multilabel", "image_folder", "wikitext103", "pydoc_words", "gettext_de_en",
+                       "iwslt14_de_en", "wmt16_en_ro", "wmt14_en_de", "wmt14_en_fr"}  # fmt: skip
 
 
 def test_an_explicit_model_still_wins() -> None:

@@ -10,8 +10,9 @@ of 8 (``padding_factor``). The official IWSLT'14 De-En dictionaries so hold 8,84
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
@@ -28,24 +29,32 @@ class Dictionary:
     """
 
     def __init__(self, symbols: Iterable[str]) -> None:
-        self.symbols: list[str] = [*SPECIALS, *symbols]
+        self.symbols: tuple[str, ...] = (*SPECIALS, *symbols)
         self.indices = {symbol: i for i, symbol in enumerate(self.symbols)}
         if len(self.indices) != len(self.symbols):
             repeated = [s for s, n in Counter(self.symbols).items() if n > 1][:5]
             raise ValueError(f"a dictionary lists each symbol once; repeated: {repeated}")
 
     @classmethod
+    def from_counts(
+        cls, counts: Mapping[str, int], *, threshold: int = 0, padding_factor: int = PADDING_FACTOR
+    ) -> Dictionary:
+        """fairseq's ``Dictionary.finalize``: symbols counted at least ``threshold`` times (0 keeps
+        all; the specials are placed first whatever their count), by descending count, ties in
+        string order, then ``madeupword0000``, ... up to a multiple of ``padding_factor``."""
+        ranked = sorted(
+            (s for s, n in counts.items() if n >= threshold and s not in SPECIALS), key=lambda s: (-counts[s], s)
+        )
+        filler = (-(len(SPECIALS) + len(ranked))) % padding_factor
+        return cls([*ranked, *(f"madeupword{i:04d}" for i in range(filler))])
+
+    @classmethod
     def build(cls, lines: Iterable[str], *, threshold: int = 0, padding_factor: int = PADDING_FACTOR) -> Dictionary:
-        """fairseq-preprocess's dictionary of the whitespace tokens of ``lines``: tokens counted at
-        least ``threshold`` times (0 keeps all), by descending count, ties alphabetical."""
+        """fairseq-preprocess's dictionary of the whitespace tokens of ``lines``."""
         counts: Counter[str] = Counter()
         for line in lines:
             counts.update(line.split())
-        for special in SPECIALS:
-            counts.pop(special, None)
-        ranked = sorted((symbol for symbol, n in counts.items() if n >= threshold), key=lambda s: (-counts[s], s))
-        filler = (-(len(SPECIALS) + len(ranked))) % padding_factor
-        return cls([*ranked, *(f"madeupword{i:04d}" for i in range(filler))])
+        return cls.from_counts(counts, threshold=threshold, padding_factor=padding_factor)
 
     @classmethod
     def load(cls, path: str | Path) -> Dictionary:
@@ -60,12 +69,22 @@ class Dictionary:
             symbols.append(symbol)
         return cls(symbols)
 
-    def save(self, path: str | Path) -> None:
-        """Write the table after the specials in ``dict.<lang>.txt`` form (counts not kept: 1)."""
-        Path(path).write_text("".join(f"{symbol} 1\n" for symbol in self.symbols[len(SPECIALS):]), encoding="utf-8")
+    def save(self, path: str | Path, counts: Mapping[str, int] | None = None) -> None:
+        """Write the table after the specials in fairseq's ``dict.txt`` form, ``<symbol> <count>``
+        (0 where ``counts`` has none), via a temporary file and an atomic rename."""
+        counts = counts or {}
+        path = Path(path)
+        temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        text = "".join(f"{symbol} {counts.get(symbol, 0)}\n" for symbol in self.symbols[len(SPECIALS) :])
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
 
     def __len__(self) -> int:
         return len(self.symbols)
+
+    def index(self, symbol: str) -> int:
+        """The id of ``symbol``, ``<unk>``'s when it is not in the table."""
+        return self.indices.get(symbol, UNK_ID)
 
     def encode(self, tokens: Sequence[str]) -> list[int]:
         """Ids of ``tokens`` (``<unk>`` for unknown ones), without eos."""

@@ -3,7 +3,7 @@
 ``WikiTextDataModule`` reads ``wiki.train.tokens``, ``wiki.valid.tokens`` and ``wiki.test.tokens``
 from ``root`` (the unpacked ``wikitext-103-v1.zip``). As ``fairseq-preprocess --only-source``:
 every line is split on white space and ends with ``</s>`` (an empty line is ``</s>`` alone); the
-dictionary is fairseq's (:class:`Dictionary`): ``<s> <pad> </s> <unk>`` = 0, 1, 2, 3, then the
+dictionary is fairseq's (:class:`~src.datamodules.dictionary.Dictionary`): ``<s> <pad> </s> <unk>`` = 0, 1, 2, 3, then the
 training words by descending count, ties in string order (fairseq sorts the words before
 ``Counter.most_common``), padded with ``madeupword0000``... to a multiple of 8. WikiText-103
 gives 267,735 words + 4 specials, padded to 267,744. A fairseq ``dict.txt`` (``word count``
@@ -36,7 +36,6 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -46,74 +45,28 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from src.datamodules.char_lm import pydoc_corpus
+from src.datamodules.dictionary import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Dictionary
 
 log = logging.getLogger(__name__)
 
-SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
-BOS, PAD, EOS, UNK = 0, 1, 2, 3
+BOS, PAD, EOS, UNK = BOS_ID, PAD_ID, EOS_ID, UNK_ID
 SPLITS = ("train", "val", "test")
 SPLIT_FILES = {"train": "wiki.train.tokens", "val": "wiki.valid.tokens", "test": "wiki.test.tokens"}
-PADDING_FACTOR = 8  # fairseq-preprocess pads the dictionary to a multiple of 8
 CACHE_DIR = "word_lm_cache"
 
 
-@dataclass(frozen=True)
-class Dictionary:
-    """fairseq's word dictionary: ``symbols[i]`` is the word of id i (specials first)."""
+def encode_lines(dictionary: Dictionary, lines: Iterable[Sequence[str]]) -> np.ndarray:
+    """(N,) int32: the ids of the words of every line, each line followed by ``</s>``."""
+    ids: list[int] = []
+    for words in lines:
+        ids.extend(map(dictionary.index, words))
+        ids.append(EOS)
+    return np.asarray(ids, dtype=np.int32)
 
-    symbols: tuple[str, ...]
 
-    def __post_init__(self) -> None:
-        if self.symbols[: len(SPECIALS)] != SPECIALS:
-            raise ValueError(f"a dictionary starts with {SPECIALS}, got {self.symbols[:4]}")
-        object.__setattr__(self, "_index", {w: i for i, w in enumerate(self.symbols)})
-
-    def __len__(self) -> int:
-        return len(self.symbols)
-
-    @classmethod
-    def build(cls, counts: Counter, padding_factor: int = PADDING_FACTOR) -> Dictionary:
-        """fairseq's ``Dictionary.finalize``: words by descending count, ties by string order;
-        then ``madeupword%04d`` entries up to a multiple of ``padding_factor``."""
-        words = sorted((w for w in counts if w not in SPECIALS), key=lambda w: (-counts[w], w))
-        symbols = [*SPECIALS, *words]
-        filler = 0
-        while len(symbols) % padding_factor:
-            symbols.append(f"madeupword{filler:04d}")
-            filler += 1
-        return cls(tuple(symbols))
-
-    @classmethod
-    def load(cls, path: Path) -> Dictionary:
-        """A fairseq ``dict.txt``: one ``word count`` per line, the specials left out."""
-        words = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            word, _, count = line.rstrip().rpartition(" ")
-            if not word or not count.lstrip("-").isdigit():
-                raise ValueError(f"{path}:{number}: expected '<word> <count>', got {line!r}")
-            words.append(word)
-        return cls((*SPECIALS, *words))
-
-    def save(self, path: Path, counts: Counter) -> None:
-        """Write ``dict.txt`` in fairseq's format (padding entries with count 0)."""
-        lines = [f"{w} {counts.get(w, 0)}\n" for w in self.symbols[len(SPECIALS) :]]
-        _atomic_write(path, "".join(lines))
-
-    def index(self, word: str) -> int:
-        """The id of ``word``, ``<unk>``'s for a word outside the dictionary."""
-        return self._index.get(word, UNK)
-
-    def encode(self, lines: Iterable[Sequence[str]]) -> np.ndarray:
-        """(N,) int32: the ids of the words of every line, each line followed by ``</s>``."""
-        ids: list[int] = []
-        for words in lines:
-            ids.extend(map(self.index, words))
-            ids.append(EOS)
-        return np.asarray(ids, dtype=np.int32)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """The words of ``ids`` joined by spaces, ``</s>`` as a line break."""
-        return " ".join(self.symbols[i] for i in ids).replace(" </s> ", "\n").replace("</s>", "\n")
+def decode_words(dictionary: Dictionary, ids: Iterable[int]) -> str:
+    """The words of ``ids`` joined by spaces, ``</s>`` as a line break."""
+    return " ".join(dictionary.symbols[i] for i in ids).replace(" </s> ", "\n").replace("</s>", "\n")
 
 
 def read_lines(path: Path) -> list[list[str]]:
@@ -328,7 +281,7 @@ class WikiTextDataModule(L.LightningDataModule):
         given = Path(self.root) / "dict.txt"
         if given.is_file():
             return Dictionary.load(given), counts
-        return Dictionary.build(counts), counts
+        return Dictionary.from_counts(counts), counts
 
     def _count_vocabulary(self) -> int:
         if self._cache_is_current():
@@ -347,7 +300,7 @@ class WikiTextDataModule(L.LightningDataModule):
         dictionary.save(cache / "dict.txt", counts)
         lengths = {}
         for split, path in files.items():
-            ids = dictionary.encode(read_lines(path))
+            ids = encode_lines(dictionary, read_lines(path))
             tmp = cache / f"{split}.tmp{os.getpid()}.npy"
             np.save(tmp, ids)
             os.replace(tmp, cache / f"{split}.npy")
@@ -483,7 +436,7 @@ class PydocWordsDataModule(WikiTextDataModule):
         }
         if vocab_size is None:
             lines = (text.split() for text in self._texts["train"].splitlines())
-            vocab_size = len(Dictionary.build(word_counts(lines)))
+            vocab_size = len(Dictionary.from_counts(word_counts(lines)))
         super().__init__(
             root,
             vocab_size,

@@ -65,9 +65,10 @@ def small_corpus(root: Path) -> None:
 def test_dictionary_orders_like_fairseq_and_pads_to_eight(tmp_path) -> None:
     d = Dictionary.build(["b a c a", "c a"])
     # specials, then by count (a 3, c 2, b 1), then fillers up to a multiple of 8
-    assert d.symbols[:7] == ["<s>", "<pad>", "</s>", "<unk>", "a", "c", "b"]
+    assert d.symbols[:7] == ("<s>", "<pad>", "</s>", "<unk>", "a", "c", "b")
     assert len(d) == 8 and d.symbols[7] == "madeupword0000"
-    assert Dictionary.build(["x y"]).symbols[4:6] == ["x", "y"]  # ties alphabetical
+    assert Dictionary.build(["x y"]).symbols[4:6] == ("x", "y")  # ties alphabetical
+    assert Dictionary.build(["x y y z"], threshold=2).symbols[4] == "y"
     assert d.encode(["a", "zzz"]) == [4, UNK_ID]
     assert d.decode([4, EOS_ID, PAD_ID, 6]) == ["a", "b"]
     d.save(tmp_path / "dict.txt")

@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from src.datamodules.dictionary import Dictionary
 from src.datamodules.word_lm import (
     EOS,
     PAD,
     UNK,
     ContextWindows,
-    Dictionary,
     PydocWordsDataModule,
     TokenBlocks,
     WikiTextDataModule,
     collate,
+    decode_words,
 )
 
 TRAIN = "the cat sat\n\nthe dog sat on the mat\n= Title =\n"
@@ -45,7 +46,7 @@ def test_dictionary_follows_fairseq(wikitext: Path) -> None:
     assert words[10:12] == ("mat", "on") and words[12:] == ("madeupword0000", "madeupword0001", "madeupword0002", "madeupword0003")
     assert dm.vocab_size == len(dm.dictionary) == 16
     assert (dm.dictionary.index("cat"), dm.dictionary.index("zebra")) == (8, UNK)
-    assert dm.dictionary.decode([4, 8, EOS, 6]) == "the cat\nsat"
+    assert decode_words(dm.dictionary, [4, 8, EOS, 6]) == "the cat\nsat"
     # every line ends with </s>, an empty line is </s> alone, unknown words are <unk>
     assert np.asarray(dm.splits["val"]).tolist() == [4, 8, EOS]
     assert np.asarray(dm.splits["test"]).tolist() == [UNK, 9, 6, UNK, EOS, UNK, EOS]
@@ -77,7 +78,7 @@ def test_missing_root_names_the_path_and_layout(tmp_path: Path) -> None:
 
 def test_bad_dict_txt_line_is_named(wikitext: Path) -> None:
     (wikitext / "dict.txt").write_text("sat 9\nbroken\n")
-    with pytest.raises(ValueError, match=r"dict.txt:2: expected '<word> <count>'"):
+    with pytest.raises(ValueError, match=r"dict.txt:2: expected '<symbol> <count>'"):
         WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
 
 
