@@ -1,4 +1,7 @@
-"""Generate text with a character language model: ``python generate.py ckpt_path=... prompt='...'``.
+"""Generate text with a language model: ``python generate.py ckpt_path=... prompt='...'``.
+
+Character models (Transformer-XL, Group-Transformer) and word models (DeLighT LM on WikiText-103
+or pydoc_words) are both served; word models support ``mode=sample`` only.
 
 The datamodule, network and task are rebuilt from the checkpoint's run record (command-line
 overrides still win) and its ``state_dict`` is loaded into the task; without ``ckpt_path`` the run
@@ -23,6 +26,9 @@ import torch
 from omegaconf import DictConfig
 
 from src.datamodules.char_lm import CharLMDataModule
+from src.datamodules.dictionary import EOS_ID, SPECIALS
+from src.datamodules.word_lm import WikiTextDataModule, decode_words
+from src.tasks import word_language_model
 from src.tasks.generation import complete_words, decode, encode, is_boundary, sample, vocabulary_masks
 from train import build_from_checkpoint, check_config
 
@@ -52,10 +58,12 @@ def generate(cfg: DictConfig) -> dict:
             "one); allow_random=true generates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
+    if isinstance(datamodule, WikiTextDataModule):
+        return generate_words(cfg, prompt, datamodule, task.net)
     if not isinstance(datamodule, CharLMDataModule):
         raise TypeError(
-            f"generation needs a character language model; {cfg.ckpt_path or 'the config'} is a "
-            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8)"
+            f"generation needs a language model; {cfg.ckpt_path or 'the config'} is a "
+            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, pydoc_words)"
         )
     datamodule.setup("predict")  # builds the cache (and vocabulary) under data.root when missing
     symbols = datamodule.symbols
@@ -92,6 +100,32 @@ def generate(cfg: DictConfig) -> dict:
     if len(words) < cfg.num_words:
         log.warning("found %d of %d words within max_word_len=%d", len(words), cfg.num_words, cfg.max_word_len)
     return {"mode": "words", "prompt": prompt, "words": words}
+
+
+def generate_words(cfg: DictConfig, prompt: str, datamodule: WikiTextDataModule, net: torch.nn.Module) -> dict:
+    """``mode=sample`` for a word language model: the prompt's whitespace words (after ``</s>``,
+    as every corpus line starts) continued by ``max_new_words`` sampled words."""
+    if cfg.mode != "sample":
+        raise ValueError(f"word language models support mode=sample only, got mode={cfg.mode}")
+    datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
+    dictionary = datamodule.dictionary
+    words = prompt.split()
+    unknown = [w for w in words if dictionary.index(w) == dictionary.index(SPECIALS[-1])]
+    if unknown:
+        log.warning("words outside the vocabulary read as <unk>: %s", ", ".join(unknown[:10]))
+    device = torch.device(cfg.device)
+    net = net.to(device).eval()
+    tokens = torch.tensor([[EOS_ID, *(dictionary.index(w) for w in words)]], device=device)  # (1, T)
+    # never produce the specials but </s> (a line break), nor the dictionary's padding entries
+    banned = torch.tensor([s in SPECIALS[:2] + SPECIALS[3:] or s.startswith("madeupword") for s in dictionary.symbols])
+    generator = torch.Generator(device).manual_seed(cfg.seed)
+    new = word_language_model.sample(
+        net, tokens, cfg.max_new_words, context=datamodule.tokens_per_sample, temperature=cfg.temperature,
+        top_k=cfg.top_k, banned=banned, generator=generator,
+    )  # (1, max_new_words)
+    continuation = decode_words(dictionary, new[0].tolist())
+    sys.stdout.write(f"{prompt} {continuation}\n")
+    return {"mode": "sample", "prompt": prompt, "continuation": continuation}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="generate")

@@ -7,12 +7,15 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
 from generate import last_word
+from src.datamodules.dictionary import EOS_ID
+from src.datamodules.word_lm import decode_words
 from src.tasks.generation import complete_words, decode, encode, read_context, sample, vocabulary_masks
 from tests.conftest import ROOT, compose_config
 from train import build_task
@@ -211,3 +214,38 @@ def test_words_mode_prints_ranked_words(checkpoint) -> None:
     assert len(set(words)) == 4
     values = [float(s) for s in scores]
     assert all(v <= 0 for v in values) and values == sorted(values, reverse=True)
+
+
+# -- word language models ---------------------------------------------------------------------
+WORD_PROMPT = "The default value of the"
+
+
+@pytest.fixture(scope="module")
+def word_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], nn.Module, Any]:
+    """An untrained small DeLighT word LM on pydoc_words, the overrides to rebuild it, its network
+    and the corpus's dictionary."""
+    tmp = tmp_path_factory.mktemp("generate_words")
+    overrides = ["experiment=delight_lm_demo", "data.tokens_per_sample=16", "data.eval_context_window=8", f"data.root={tmp / 'data'}"]
+    cfg = compose_config("train", overrides, tmp / "run")
+    datamodule, task = build_task(cfg)
+    path = tmp / "model.ckpt"
+    torch.save({"state_dict": task.state_dict()}, path)
+    datamodule.setup("fit")
+    return [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.dictionary
+
+
+def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint) -> None:
+    overrides, net, dictionary = word_checkpoint
+    out = run_generate(overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1")
+    assert out.startswith(WORD_PROMPT + " ")
+    # by hand: </s> + the prompt's words, each step the argmax over the last 16 tokens, specials
+    # (but </s>) and padding entries never chosen
+    tokens = [EOS_ID, *(dictionary.index(w) for w in WORD_PROMPT.split())]
+    banned = torch.tensor([s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword") for s in dictionary.symbols])
+    with torch.no_grad():
+        for _ in range(12):
+            scores = net.log_prob(torch.tensor([tokens[-16:]]))[0, -1].masked_fill(banned, -math.inf)
+            tokens.append(int(scores.argmax()))
+    assert out == f"{WORD_PROMPT} {decode_words(dictionary, tokens[-12:])}\n"
+    with pytest.raises(AssertionError, match="mode=sample only"):
+        run_generate(overrides, f"prompt='{WORD_PROMPT}'", "mode=words")
