@@ -458,7 +458,10 @@ class TranslationDataModule(L.LightningDataModule):
         return DataLoader(batches, batch_size=None, num_workers=0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.max_tokens, shuffle=True)
+        trainer = getattr(self, "trainer", None)
+        # overfit_batches repeats the first batches: they must be the same every epoch
+        overfit = trainer is not None and bool(trainer.overfit_batches)
+        return self._loader("train", self.max_tokens, shuffle=not overfit)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader("valid", self.eval_max_tokens, shuffle=False)

@@ -13,11 +13,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from src.models.delight import DeLighTEncoderDecoder
+from src.models.delight_lm import DeLighTLanguageModel
 from src.models.dice_variants import dice_mobilenet, dice_resnet
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.group_transformer import GroupTransformer
 from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from src.models.transformer_mt import TransformerEncoderDecoder
 from src.models.transformer_xl import TransformerXL
 from tests.amp import NETWORK_TOLERANCE, autocast_errors, device_dtypes, straighten_prelus
 
@@ -39,6 +42,25 @@ class TwoSegments(nn.Module):
         _, memories = self.net(first)
         logits, _ = self.net(second, memories)
         return logits
+
+
+class Translate(nn.Module):
+    """An encoder-decoder reading a source and a target prefix cut from one token tensor.
+
+    Shape:
+        tokens (B, S + T) -> logits (B, T, V), S = ``source_len``
+    """
+
+    def __init__(self, net: nn.Module, source_len: int) -> None:
+        super().__init__()
+        self.net = net
+        self.source_len = source_len
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.net(tokens[:, : self.source_len], None, tokens[:, self.source_len :])
+
+
+NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0}
 
 
 def images(size: tuple[int, int] = (64, 64)) -> list[Tensor]:
@@ -64,6 +86,23 @@ CASES = {
     "TransformerXL": (
         lambda: TwoSegments(TransformerXL(30, 2, 32, 4, 64, mem_len=8, dropout=0.0)),
         lambda: [torch.randint(30, (2, 16))],
+    ),
+    "DeLighTEncoderDecoder": (
+        lambda: Translate(
+            DeLighTEncoderDecoder(
+                30, 30, 64, 2, 3, 2.0, ffn_dropout=0.0, embedding_dropout=0.0, position_dropout=0.0, **NO_DROPOUT
+            ),
+            source_len=7,
+        ),
+        lambda: [torch.randint(4, 30, (2, 12))],
+    ),
+    "TransformerEncoderDecoder": (
+        lambda: Translate(TransformerEncoderDecoder(30, 30, 32, 64, 4, 2, **NO_DROPOUT), source_len=7),
+        lambda: [torch.randint(4, 30, (2, 12))],
+    ),
+    "DeLighTLanguageModel": (
+        lambda: DeLighTLanguageModel(40, 64, 2, 3, 2.0, cutoffs=(10, 20), dropout=0.0),
+        lambda: [torch.randint(4, 40, (2, 10))],
     ),
 }
 

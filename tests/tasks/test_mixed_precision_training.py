@@ -1,7 +1,7 @@
 """Every task trains a paper network with Lightning's ``bf16-mixed`` precision and its loss falls.
 
-Each run is ``train.py``'s composition on small data (the embedded digits and character corpus,
-generated VOC and COCO folders) fitting one batch over and over, the way ``debug=overfit`` does;
+Each run is ``train.py``'s composition on small data (the embedded digits, character and word
+corpora, generated VOC and COCO folders, a generated parallel corpus) fitting one batch over and over, the way ``debug=overfit`` does;
 the mean training loss of the last epoch must be below 80% of the first epoch's. On a CUDA machine
 the same runs repeat on the GPU in ``bf16-mixed`` and ``16-mixed``.
 
@@ -20,6 +20,7 @@ import torch
 
 from tests.datamodules.test_coco_multilabel import make_coco
 from tests.datamodules.test_voc_seg import make_voc
+from tests.tasks.test_translation_task import reversal_corpus
 from train import train
 
 OVERFIT = [
@@ -77,11 +78,41 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.scheduler.warmup_steps=2",
             "task.optimizer.lr=1e-2",
         ],
+        "word_language_model": [
+            "experiment=delight_lm_demo",
+            f"data.root={root / 'pydoc_words'}",
+            "data.tokens_per_sample=16",
+            "data.eval_context_window=8",
+            "data.batch_size=4",
+            "task.scheduler.warmup_steps=2",
+            "task.optimizer.lr=1e-2",
+        ],
+        "translation": [
+            "data=iwslt14_de_en",
+            f"data.root={reversal_corpus(root / 'reversal', n_train=64)}",
+            "data.source_lang=xx",
+            "data.target_lang=yy",
+            "data.src_vocab_size=null",
+            "data.tgt_vocab_size=null",
+            "data.max_tokens=64",
+            "model.d_model=64",
+            "model.n_min=2",
+            "model.n_max=3",
+            *(f"model.{p}_dropout=0.0" for p in ("ffn", "attention", "dextra", "embedding", "position")),
+            "model.dropout=0.0",
+            "task.max_len_b=4",
+            "task.val_decoding=none",
+            "task.scheduler.warmup_steps=2",
+            "task.optimizer.lr=3e-3",
+        ],
     }
 
 
 # epochs per task: a step of the character LM costs a fraction of a convolutional one
-EPOCHS = {"classification": 6, "multilabel": 6, "segmentation": 6, "language_model": 12}
+EPOCHS = {
+    "classification": 6, "multilabel": 6, "segmentation": 6, "language_model": 12, "word_language_model": 12,
+    "translation": 12,
+}  # fmt: skip
 
 
 def runs() -> list[tuple[str, str]]:
@@ -102,7 +133,7 @@ def epoch_losses(run_dir: Path) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("accelerator", "precision"), runs())
-@pytest.mark.parametrize("task", ["classification", "multilabel", "segmentation", "language_model"])
+@pytest.mark.parametrize("task", list(EPOCHS))
 def test_task_trains_in_mixed_precision(
     make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
 ) -> None:

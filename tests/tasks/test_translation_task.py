@@ -57,7 +57,7 @@ def test_bad_settings_are_refused() -> None:
         Translation(tiny_net(), partial(torch.optim.Adam), label_smoothing=1.0)
 
 
-def reversal_corpus(root: Path, n_train: int = 600) -> None:
+def reversal_corpus(root: Path, n_train: int = 600) -> Path:
     """Sources of 2-5 words; each target is its source reversed, in other 'language' words."""
     generator = random.Random(0)
     root.mkdir(parents=True)
@@ -69,6 +69,7 @@ def reversal_corpus(root: Path, n_train: int = 600) -> None:
             tgt.append(" ".join(w.replace("w", "v") for w in reversed(words)))
         (root / f"{split}.xx").write_text("".join(f"{s}\n" for s in src))
         (root / f"{split}.yy").write_text("".join(f"{t}\n" for t in tgt))
+    return root
 
 
 @pytest.mark.slow
