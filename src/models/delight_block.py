@@ -133,6 +133,7 @@ class _DeLighTBlock(nn.Module):
         dextra_dropout: float = 0.0,
         schedule: str = "official",
         eps: float = 1e-5,
+        glt_shuffle: bool = True,
     ) -> None:
         super().__init__()
         d_o = d_m // 2 if d_o is None else d_o
@@ -166,6 +167,7 @@ class _DeLighTBlock(nn.Module):
             schedule=schedule,
             dropout=dextra_dropout,
             eps=eps,
+            glt_shuffle=glt_shuffle,
         )
         self.self_attn = SingleHeadAttention(d_o, d_o, d_m, dropout=attention_dropout)
         self.self_attn_norm = nn.LayerNorm(d_m, eps=eps)
@@ -222,6 +224,8 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         dextra_dropout: inside DExTra (the official ``delight_dropout``).
         schedule: DExTra's group schedule, ``"official"`` or ``"paper"``.
         eps: of every LayerNorm.
+        glt_shuffle: DExTra's feature shuffle between groups (official ``--no-glt-shuffle``
+            turns it off).
 
     Submodules: ``dextra`` (DExTra d_m -> d_o), ``self_attn`` (:class:`SingleHeadAttention`
     d_o -> d_m), ``self_attn_norm``, ``fc1`` (d_m -> d_m / r), ``fc2`` (d_m / r -> d_m),

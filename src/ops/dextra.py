@@ -130,6 +130,8 @@ class DExTra(nn.Module):
         dropout: applied after every swish, as the official ``dextra_dropout``.
         eps: of every LayerNorm.
         impl: the GLTs' implementation, ``"auto"``, ``"reference"`` or ``"triton"``.
+        glt_shuffle: shuffle each GLT's output features across groups (official
+            ``--no-glt-shuffle`` turns it off); a permutation, so no parameter depends on it.
 
     Submodules: ``input_layer``/``input_norm`` (Linear(d_in -> p), LayerNorm(p)),
     ``glts``/``glt_norms`` (the N shuffled GLTs and their :class:`SharedGroupLayerNorm`),
@@ -152,6 +154,7 @@ class DExTra(nn.Module):
         dropout: float = 0.0,
         eps: float = 1e-5,
         impl: str = "auto",
+        glt_shuffle: bool = True,
     ) -> None:
         super().__init__()
         plan = dextra_schedule(
@@ -186,10 +189,11 @@ class DExTra(nn.Module):
         self.dropout = dropout
         self.eps = eps
         self.impl = check_impl(impl)
+        self.glt_shuffle = glt_shuffle
         self.input_layer = nn.Linear(in_features, in_proj_features)
         self.input_norm = nn.LayerNorm(in_proj_features, eps=eps)
         self.glts = nn.ModuleList(
-            GroupLinear(d_in, d_out, g, shuffle=True, impl=impl)
+            GroupLinear(d_in, d_out, g, shuffle=glt_shuffle, impl=impl)
             for g, d_in, d_out in zip(plan.groups, plan.in_features, plan.out_features, strict=True)
         )
         self.glt_norms = nn.ModuleList(
@@ -218,7 +222,7 @@ class DExTra(nn.Module):
             # the input mixer as two parts: [x0_1, y_1, ..., x0_g, y_g] is never materialised
             parts = (x0,) if y is None else (x0, y)
             y = interleaved_group_linear(
-                parts, glt.weight, glt.bias, shuffle=True, impl=self.impl
+                parts, glt.weight, glt.bias, shuffle=self.glt_shuffle, impl=self.impl
             )  # (N, out_l)
             y = self._swish(norm(y))
         # output layer on concat(x0, y): (N, p + o) -> (N, o)
@@ -230,5 +234,5 @@ class DExTra(nn.Module):
             f"in_features={self.in_features}, in_proj_features={self.in_proj_features}, "
             f"out_features={self.out_features}, groups={self.plan.groups}, "
             f"widths={self.plan.out_features}, schedule={self.schedule!r}, "
-            f"dropout={self.dropout}, impl={self.impl!r}"
+            f"dropout={self.dropout}, impl={self.impl!r}, glt_shuffle={self.glt_shuffle}"
         )

@@ -30,6 +30,8 @@ MODEL_TASKS: dict[str, frozenset[str]] = {
     "delight_lm": frozenset({"word_language_model"}),
     "delight_mt": frozenset({"translation"}),
     "transformer_mt": frozenset({"translation"}),
+    "delight_classifier": frozenset({"text_classification"}),
+    "transformer_classifier": frozenset({"text_classification"}),
 }
 
 
