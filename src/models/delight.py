@@ -216,6 +216,33 @@ class DecoderState:
         return DecoderState(self.length, tuple(block.reorder(order) for block in self.blocks))
 
 
+def init_official(root: nn.Module, skip: nn.Module | None = None) -> None:
+    """The official DeLighT initialisation (sacmehta/delight ``nn_functions.py``) of every module
+    under ``root`` but those under ``skip``: lookup tables N(0, embedding_dim^-0.5) with a zero pad
+    row; every Linear and GLT weight xavier-uniform (a GLT's (g, d_in/g, d_out/g) tensor as one
+    3-d tensor, as the official ``GroupLinear`` does) and zero biases; LayerNorms at weight 1 and
+    bias 0."""
+    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
+    for module in root.modules():
+        if id(module) in skipped:
+            continue
+        if isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, GroupLinear):
+            # one group is the official dense Linear: xavier over its (d_in, d_out) matrix
+            nn.init.xavier_uniform_(module.weight[0] if module.groups == 1 else module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.LayerNorm, SharedGroupLayerNorm)):
+            module.reset_parameters()
+
+
 def _linear_params(module: nn.Module | None) -> int:
     """Weights and biases of the linear maps and GLTs in ``module`` (not norms, not lookups):
     what one token costs in the official profiler's convention."""
@@ -356,27 +383,8 @@ class DeLighTEncoderDecoder(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
-        """The official initialisation (sacmehta/delight ``nn_functions.py``): lookup tables
-        N(0, embedding_dim^-0.5) with a zero pad row; every Linear and GLT weight xavier-uniform
-        (a GLT's (g, d_in/g, d_out/g) tensor as one 3-d tensor, as the official ``GroupLinear``
-        does) and zero biases; LayerNorms at weight 1 and bias 0.
-        """
-        for module in self.modules():
-            if isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-            elif isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, GroupLinear):
-                # one group is the official dense Linear: xavier over its (d_in, d_out) matrix
-                nn.init.xavier_uniform_(module.weight[0] if module.groups == 1 else module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, SharedGroupLayerNorm)):
-                module.reset_parameters()
+        """The official initialisation (:func:`init_official`)."""
+        init_official(self)
 
     def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """The encoder output, time-major as the blocks keep it.

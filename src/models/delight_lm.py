@@ -20,21 +20,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.delight import (
     EMBEDDING_DIM,
     PADDING_IDX,
+    init_official,
     recurrent_dropout,
     sinusoidal_positions,
 )
 from src.models.delight_block import DeLighTDecoderBlock, block_wise_scaling
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from src.ops.dextra import DExTra, dextra_max_groups
-from src.ops.group_layer_norm import SharedGroupLayerNorm
-from src.ops.group_linear import GroupLinear
 
 
 def wikitext103_dropout(d_model: int) -> float:
@@ -265,27 +263,9 @@ class DeLighTLanguageModel(nn.Module):
         ``adaptive_input.py``): lookup tables N(0, width^-0.5) with a zero pad row; every Linear
         and GLT weight xavier-uniform, zero biases; LayerNorms at weight 1 and bias 0."""
         lookup = self.embedding.lookup
-        # the adaptive input/softmax owns its init (fairseq's), applied last
-        is_adaptive = isinstance(lookup, AdaptiveInputSoftmax)
-        adaptive = {id(m) for m in lookup.modules()} if is_adaptive else set()
-        for module in self.modules():
-            if id(module) in adaptive:
-                continue
-            if isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-            elif isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, GroupLinear):
-                # one group is the official dense Linear: xavier over its (d_in, d_out) matrix
-                nn.init.xavier_uniform_(module.weight[0] if module.groups == 1 else module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, SharedGroupLayerNorm)):
-                module.reset_parameters()
+        # the adaptive input/softmax owns its init (fairseq's)
+        adaptive = isinstance(lookup, AdaptiveInputSoftmax)
+        init_official(self, skip=lookup if adaptive else None)
         if adaptive:
             lookup.reset_parameters()
 

@@ -11,6 +11,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from src.tasks.schedules import per_update
+
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
@@ -78,10 +80,5 @@ class ImageClassification(L.LightningModule):
         self._shared_step(batch, "test", self.test_metrics)
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)
 

@@ -18,6 +18,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 
+from src.tasks.schedules import per_update
+
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
@@ -117,9 +119,4 @@ class LanguageModel(L.LightningModule):
         self._end_eval("test", self.test_nll)
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)

@@ -26,6 +26,7 @@ from torchmetrics.classification import (
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
 from src.tasks.finetune import load_network_weights
+from src.tasks.schedules import per_update
 
 
 def harmonic_mean(a: Tensor, b: Tensor) -> Tensor:
@@ -135,9 +136,4 @@ class MultiLabelClassification(L.LightningModule):
         self._log_epoch("test", self.test_metrics)
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)

@@ -8,8 +8,23 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Callable
+from typing import Any
+
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler, SequentialLR
+
+
+def per_update(
+    optimizer: Optimizer, scheduler_factory: Callable[..., LRScheduler] | None, task: Any
+) -> dict:
+    """``configure_optimizers``' answer for ``task`` (a LightningModule): ``optimizer`` and, unless
+    ``scheduler_factory`` is None, its schedule sized by the run's optimiser steps
+    (``task.trainer.estimated_stepping_batches``) and stepped after every update."""
+    if scheduler_factory is None:
+        return {"optimizer": optimizer}
+    scheduler = scheduler_factory(optimizer, total_steps=int(task.trainer.estimated_stepping_batches))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def warmup_cosine(

@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardInd
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
 from src.tasks.finetune import batch_norms, freeze_batch_norm_parameters, load_network_weights
+from src.tasks.schedules import per_update
 
 
 def inverse_log_frequency_weights(pixel_counts: Sequence[float] | Tensor, c: float = 1.10) -> Tensor:
@@ -170,8 +171,4 @@ class SemanticSegmentation(L.LightningModule):
         # scale before the scheduler is built: schedulers take each group's lr as its base
         for group in optimizer.param_groups:
             group["lr"] *= group.get("lr_multiplier", 1.0)
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return per_update(optimizer, self.scheduler_factory, self)

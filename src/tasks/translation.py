@@ -35,6 +35,7 @@ from torchmetrics import MeanMetric
 
 from src.tasks.beam_search import beam_search, greedy_search
 from src.tasks.bleu import sacre_bleu, tokenized_bleu
+from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
@@ -190,9 +191,4 @@ class Translation(L.LightningModule):
         self._end_eval("test")
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)

@@ -21,6 +21,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import SumMetric
 
+from src.tasks.schedules import per_update
+
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
@@ -94,13 +96,7 @@ class WordLanguageModel(L.LightningModule):
         self._end_eval("test")
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        schedule = {"scheduler": scheduler, "interval": "step"}
-        return {"optimizer": optimizer, "lr_scheduler": schedule}
+        return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)
 
 
 @torch.no_grad()
