@@ -29,6 +29,7 @@ import csv
 import importlib.metadata
 import io
 import logging
+import random
 import zlib
 from abc import ABCMeta, abstractmethod
 from collections import Counter
@@ -173,8 +174,8 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         max_length: texts are cut to this many pieces.
         batch_size: training batch size.
         eval_batch_size: validation/test batch size.
-        train_size: train on the first ``train_size`` training examples (a smaller budget); all
-            of them when None.
+        train_size: train on a fixed random ``train_size`` of the training examples (a smaller
+            budget); all of them when None.
         test_each_epoch: evaluate the test split after every epoch too (a second validation
             loader, logged as ``test_epoch/...``).
         num_workers: DataLoader workers.
@@ -257,8 +258,11 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
             bad = sorted(set(part.labels) - set(range(self.num_classes)))
             if bad:
                 raise TextCorpusError(f"{name} split has labels {bad} outside 0..{self.num_classes - 1}")
-        if self.train_size is not None:
-            splits["train"] = splits["train"].subset(list(range(min(self.train_size, len(splits["train"])))))
+        if self.train_size is not None and self.train_size < len(splits["train"]):
+            # a fixed random subset: a prefix would follow the file's order (the tweets CSV is
+            # sorted by label, so its first rows are all negative)
+            chosen = random.Random(0).sample(range(len(splits["train"])), self.train_size)
+            splits["train"] = splits["train"].subset(sorted(chosen))
         self.codec = self.load_codec(splits["train"].texts)
         for name in SPLITS:
             part = splits[name]

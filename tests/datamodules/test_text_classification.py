@@ -105,12 +105,17 @@ def test_setup_trains_the_vocabulary_on_train_and_pads_batches(tmp_path) -> None
     assert all(torch.equal(a[0], b[0]) for a, b in zip(again.encoded["test"], dm.encoded["test"]))
 
 
-def test_train_size_cuts_the_training_split(tmp_path) -> None:
-    dm = SentimentTweetsDataModule(
-        str(tmp_path), csv_path=str(tweets_file(tmp_path / "t.csv")), vocab_size=40, train_size=30
-    )
+def test_train_size_takes_a_random_subset(tmp_path) -> None:
+    # sorted by label as the tweets corpus is: a prefix of train would be all negative
+    lines = tweets_file(tmp_path / "t.csv").read_text().splitlines()
+    rank = {"negative": 0, "neutral": 1, "positive": 2}
+    lines[1:] = sorted(lines[1:], key=lambda line: rank[line.split(",")[0]])
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    dm = SentimentTweetsDataModule(str(tmp_path), csv_path=str(tmp_path / "t.csv"), vocab_size=40, train_size=30)
     dm.setup("fit")
     assert {k: len(v) for k, v in dm.encoded.items()} == {"train": 30, "valid": 12, "test": 12}
+    counts = Counter(label for _, label in dm.encoded["train"])
+    assert set(counts) == {0, 1, 2} and counts[0] < 30
 
 
 def test_missing_imdb_names_the_path_and_layout(tmp_path) -> None:
