@@ -139,7 +139,7 @@ def stratified_split(
     data: LabelledTexts, fractions: tuple[float, float], seed: int
 ) -> tuple[LabelledTexts, LabelledTexts, LabelledTexts]:
     """Train / valid / test parts with the class shares of ``data`` (valid and test
-    ``fractions`` of all rows), the same for the same ``seed``."""
+    ``fractions`` of all rows), each in a shuffled order, the same for the same ``seed``."""
     valid_fraction, test_fraction = fractions
     indices = list(range(len(data)))
     rest, test = train_test_split(
@@ -149,7 +149,9 @@ def stratified_split(
     train, valid = train_test_split(
         rest, test_size=valid_fraction / (1.0 - test_fraction), stratify=rest_labels, random_state=seed
     )
-    return data.subset(sorted(train)), data.subset(sorted(valid)), data.subset(sorted(test))
+    # in train_test_split's shuffled order: the files are sorted by label, and an evaluation cut to
+    # its first batches (trainer.limit_val_batches) must still see every class
+    return data.subset(train), data.subset(valid), data.subset(test)
 
 
 def collate(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor]:
@@ -402,7 +404,9 @@ class ImdbDataModule(TextClassificationDataModule):
             list(range(len(train_all))), test_size=self.valid_fraction, stratify=train_all.labels,
             random_state=self.split_seed,
         )
-        return {"train": train_all.subset(sorted(train)), "valid": train_all.subset(sorted(valid)), "test": test}
+        # the test files are read negatives first: shuffle them as the other splits are
+        shuffled = random.Random(self.split_seed).sample(range(len(test)), len(test))
+        return {"train": train_all.subset(train), "valid": train_all.subset(valid), "test": test.subset(shuffled)}
 
 
 class Sst2DataModule(TextClassificationDataModule):
@@ -452,4 +456,4 @@ class Sst2DataModule(TextClassificationDataModule):
             list(range(len(train_all))), test_size=self.valid_fraction, stratify=train_all.labels,
             random_state=self.split_seed,
         )
-        return {"train": train_all.subset(sorted(train)), "valid": train_all.subset(sorted(valid)), "test": test}
+        return {"train": train_all.subset(train), "valid": train_all.subset(valid), "test": test}

