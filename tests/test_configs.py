@@ -75,8 +75,9 @@ def run_task(task: L.LightningModule, x: torch.Tensor | tuple) -> torch.Tensor:
 def check_output(output: torch.Tensor, x: torch.Tensor | tuple, cfg) -> None:
     if isinstance(x, tuple):  # translation: next-target-token logits
         assert output.shape == (*x[2].shape, cfg.data.tgt_vocab_size)
-    elif x.is_floating_point():
-        # classifiers give (2, classes), segmentation networks (2, classes, H, W)
+    elif x.is_floating_point() or "num_classes" in cfg.data:
+        # classifiers (of images or token sequences) give (2, classes), segmentation networks
+        # (2, classes, H, W)
         assert output.shape[:2] == (2, cfg.data.num_classes)
     else:
         assert output.shape == (*x.shape, cfg.data.vocab_size)  # next-token logits
