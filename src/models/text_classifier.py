@@ -24,11 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.delight import PADDING_IDX, sinusoidal_positions
+from src.models.delight import PADDING_IDX, init_official, sinusoidal_positions
 from src.models.delight_block import DeLighTEncoderBlock, block_wise_scaling
 from src.ops.dextra import dextra_max_groups
-from src.ops.group_layer_norm import SharedGroupLayerNorm
-from src.ops.group_linear import GroupLinear
 
 
 def masked_mean_pool(x: Tensor, padding_mask: Tensor) -> Tensor:
@@ -202,17 +200,7 @@ class DeLighTClassifier(_PooledClassifier):
         """The official DeLighT initialisation (sacmehta/delight ``nn_functions.py``, as
         :meth:`src.models.delight.DeLighTEncoderDecoder.init_weights`): every Linear and GLT weight
         xavier-uniform with zero biases, LayerNorms at 1 and 0; the lookup N(0, d_m^-0.5)."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, GroupLinear):
-                nn.init.xavier_uniform_(module.weight[0] if module.groups == 1 else module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.LayerNorm, SharedGroupLayerNorm)):
-                module.reset_parameters()
+        init_official(self)
         self._init_stem_and_head()
 
     def encode(self, x: Tensor, padding_mask: Tensor) -> Tensor:
