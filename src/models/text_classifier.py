@@ -149,7 +149,7 @@ class DeLighTClassifier(_PooledClassifier):
         num_classes: int,
         d_model: int = 64,
         n_min: int = 4,
-        n_max: int = 8,
+        n_max: int = 7,
         width_multiplier: float = 2.0,
         *,
         num_blocks: int = 3,
