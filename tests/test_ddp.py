@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from eval import evaluate
+from tests.conftest import ROOT, compose_config
 
 QUIET = ["logger=csv", "data.num_workers=0"]
 
 
-def run(script: str, log_dir: Path, *overrides: str) -> dict:
-    """Run an entry point in a fresh process; return the metrics.json of its run."""
-    command = [sys.executable, script, f"paths.log_dir={log_dir}", *QUIET, *overrides]
+def train(log_dir: Path, *overrides: str) -> dict:
+    """Run ``train.py`` in a fresh process; return the metrics.json of its run."""
+    command = [sys.executable, "train.py", f"paths.log_dir={log_dir}", *QUIET, *overrides]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (metrics,) = log_dir.glob("*/runs/*/metrics.json")
@@ -30,8 +31,7 @@ def run(script: str, log_dir: Path, *overrides: str) -> dict:
 
 @pytest.mark.slow
 def test_ddp_cpu_metrics_equal_single_process(tmp_path) -> None:
-    ddp = run(
-        "train.py",
+    ddp = train(
         tmp_path / "ddp",
         "trainer=ddp_cpu",
         "callbacks.progress_bar=null",
@@ -40,11 +40,11 @@ def test_ddp_cpu_metrics_equal_single_process(tmp_path) -> None:
     )
     best = ddp["best_checkpoint"]
     assert best and Path(best).is_file()
-    # the single-process evaluation on the CPU too, where the DDP run's numbers were computed; the
-    # network (timm) comes from the checkpoint
-    single = ["trainer=cpu", f"ckpt_path={best}"]
-    val = run("eval.py", tmp_path / "val", *single, "split=val")["metrics"]
-    test = run("eval.py", tmp_path / "test", *single, "split=test")["metrics"]
+    # the single-process evaluation (eval.py's, in this process) on the CPU too, where the DDP
+    # run's numbers were computed; the network (timm) comes from the checkpoint
+    single = [*QUIET, "trainer=cpu", f"ckpt_path={best}"]
+    val = evaluate(compose_config("eval", [*single, "split=val"], tmp_path / "val"))["metrics"]
+    test = evaluate(compose_config("eval", [*single, "split=test"], tmp_path / "test"))["metrics"]
 
     assert ddp["metrics"]["best_val/acc"] == pytest.approx(val["val/acc"], abs=1e-6)
     assert ddp["metrics"]["test/acc"] == pytest.approx(test["test/acc"], abs=1e-6)

@@ -1,5 +1,7 @@
 """Text generation: the algorithms on a hand-made Markov "network" (exact outputs), and the
-``generate.py`` entry point as a subprocess on a small untrained Group-Transformer checkpoint."""
+``generate.py`` entry point on small untrained checkpoints: once as a subprocess (the command line
+a user types), otherwise its ``generate`` function in this process (the same code, without the
+seconds of start-up a subprocess costs)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from generate import last_word
+from generate import generate, last_word
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.word_lm import decode_words
 from src.tasks.generation import complete_words, decode, encode, read_context, sample, vocabulary_masks
@@ -175,7 +177,14 @@ def run_generate(overrides: list[str], *extra: str) -> str:
     return result.stdout
 
 
-def test_sample_mode_prints_prompt_and_continuation(checkpoint) -> None:
+def generate_here(capsys: pytest.CaptureFixture, overrides: list[str], *extra: str) -> str:
+    """What ``generate.py *overrides *extra`` writes to stdout, run in this process."""
+    capsys.readouterr()  # drop what earlier steps printed
+    generate(compose_config("generate", [*overrides, *extra]))
+    return capsys.readouterr().out
+
+
+def test_sample_mode_prints_prompt_and_continuation(checkpoint, capsys) -> None:
     _, overrides, _, symbols = checkpoint
     args = [f"prompt='{PROMPT}'", "max_new_chars=40", "temperature=0.8", "top_k=10", "seed=3"]
     out = run_generate(overrides, *args)
@@ -183,12 +192,12 @@ def test_sample_mode_prints_prompt_and_continuation(checkpoint) -> None:
     continuation = out[len(PROMPT) : -1]
     assert len(continuation) == 40
     assert set(continuation) <= {chr(code) for code in symbols}
-    assert run_generate(overrides, *args) == out  # same seed, same text
+    assert generate_here(capsys, overrides, *args) == out  # same seed, same text
 
 
-def test_top_k_1_is_greedy_decoding(checkpoint) -> None:
+def test_top_k_1_is_greedy_decoding(checkpoint, capsys) -> None:
     _, overrides, net, symbols = checkpoint
-    out = run_generate(overrides, f"prompt='{PROMPT}'", "max_new_chars=25", "top_k=1")
+    out = generate_here(capsys, overrides, f"prompt='{PROMPT}'", "max_new_chars=25", "top_k=1")
     # greedy decoding by hand: the prompt in segments of tgt_len = 16 with memories, then argmax
     ids = torch.tensor([encode(PROMPT, symbols)])
     memories = None
@@ -202,9 +211,9 @@ def test_top_k_1_is_greedy_decoding(checkpoint) -> None:
     assert out == PROMPT + decode(greedy, symbols) + "\n"
 
 
-def test_words_mode_prints_ranked_words(checkpoint) -> None:
+def test_words_mode_prints_ranked_words(checkpoint, capsys) -> None:
     _, overrides, _, _ = checkpoint
-    out = run_generate(overrides, "prompt='The default val'", "mode=words", "num_words=4", "max_word_len=6")
+    out = generate_here(capsys, overrides, "prompt='The default val'", "mode=words", "num_words=4", "max_word_len=6")
     header, *rows = out.splitlines()
     assert header.split() == ["rank", "word", "log_prob"]
     assert len(rows) == 4
@@ -234,9 +243,9 @@ def word_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str]
     return [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.dictionary
 
 
-def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint) -> None:
+def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint, capsys) -> None:
     overrides, net, dictionary = word_checkpoint
-    out = run_generate(overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1")
+    out = generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1")
     assert out.startswith(WORD_PROMPT + " ")
     # by hand: </s> + the prompt's words, each step the argmax over the last 16 tokens, specials
     # (but </s>) and padding entries never chosen
@@ -247,5 +256,5 @@ def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint) -
             scores = net.log_prob(torch.tensor([tokens[-16:]]))[0, -1].masked_fill(banned, -math.inf)
             tokens.append(int(scores.argmax()))
     assert out == f"{WORD_PROMPT} {decode_words(dictionary, tokens[-12:])}\n"
-    with pytest.raises(AssertionError, match="mode=sample only"):
-        run_generate(overrides, f"prompt='{WORD_PROMPT}'", "mode=words")
+    with pytest.raises(ValueError, match="mode=sample only"):
+        generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "mode=words")

@@ -1,4 +1,5 @@
-"""The prediction entry point as a subprocess: segmentation overlay, classification top-k."""
+"""The prediction entry point: segmentation overlay (its ``predict`` function, in this process) and
+classification top-k (``python predict.py`` as a subprocess, the command a user types)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from predict import LEGEND_PAD, LEGEND_ROW, voc_palette
-from tests.conftest import ROOT
+from predict import LEGEND_PAD, LEGEND_ROW, predict, voc_palette
+from tests.conftest import ROOT, compose_config
 from tests.parity.reference import reference_dir
 
 WEIGHTS = "espnetv2_s_0.5_pascal_256x256"
@@ -47,13 +48,13 @@ def edgenets_files(image_name: str) -> tuple[Path, Path, Path]:
 def test_segmentation_overlay_matches_official_mask(tmp_path: Path, image_name: str) -> None:
     weights, image_path, masks = edgenets_files(image_name)
     output = tmp_path / "out.png"
-    result = run_predict(
+    overrides = [
         "data=voc_seg", "model=espnetv2_seg", "model.scale=0.5", f"model.pretrained={weights}",
         f"image={image_path}", "size=[256,256]", f"output={output}",
-        f"paths.log_dir={tmp_path / 'logs'}",
         "alpha=1.0",  # pure class colours, so the overlay's colours name the predicted classes
-    )  # fmt: skip
-    assert str(output) in result.stderr + result.stdout  # the path is logged
+    ]  # fmt: skip
+    result = predict(compose_config("predict", overrides, tmp_path))
+    assert result["task"] == "segmentation" and result["output"] == str(output)
 
     with Image.open(image_path) as image:
         width, height = image.size
