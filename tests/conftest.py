@@ -23,6 +23,16 @@ sys.path.insert(0, str(ROOT))
 # when a kernel is defined, so it is set before any test module imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under pytest-xdist (the README's ``pytest -n auto``) each worker runs PyTorch on one thread, and
+# so do the entry points it starts as subprocesses: on a machine with as many cores as workers,
+# OpenMP threads of one process spin against the others' and slow every test down. Each worker also
+# has its own project root (``paths.root_dir``: data caches and runs), so two workers never build
+# the same cache at the same time.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    os.environ["PROJECT_ROOT"] = str(ROOT / ".test_roots" / WORKER)
 
 
 def compose_config(
