@@ -18,6 +18,7 @@ Where the official code and the thesis differ:
   (3M/4, M/4) and K = 4, M = 64 as (36, 16, 8, 4). This module follows the code. With the
   thesis split, thesis Table 4.2's "PT input" unit (600 -> 600, K = 2, g = 1) has 2.5 M
   parameters; with the code's it has 2,704,800 (Table 4.1 matches the code).
+  ``split="paper"`` gives the thesis's equal split, for the ablations of thesis Table 4.2.
 * The code requires N and M to be divisible by 2^K, so the thesis example N = M = 600, K = 4 cannot
   be built there; this module accepts any sizes for which every level gets at least one output.
 """
@@ -34,9 +35,18 @@ GATES = 4  # the LSTM gates, in the official order (f, g, i, o)
 SUBSAMPLINGS = ("avg", "max", "skip", "learned")
 
 
-def level_out_features(out_features: int, levels: int) -> tuple[int, ...]:
-    """Outputs per gate of each level (official): m_k = ceil(M / 2^(k+1)), remainder to k = 0."""
-    widths = [math.ceil(out_features / 2 ** (k + 1)) for k in range(levels)]
+SPLITS = ("official", "paper")
+
+
+def level_out_features(out_features: int, levels: int, split: str = "official") -> tuple[int, ...]:
+    """Outputs per gate of each level: ``"official"`` m_k = ceil(M / 2^(k+1)), ``"paper"`` (thesis
+    Eq. 4.2) m_k = floor(M / K); the remainder goes to level 0 in both."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split == "official":
+        widths = [math.ceil(out_features / 2 ** (k + 1)) for k in range(levels)]
+    else:
+        widths = [out_features // levels] * levels
     widths[0] += out_features - sum(widths)
     return tuple(widths)
 
@@ -53,6 +63,9 @@ class PyramidalTransform(nn.Module):
             ``"skip"`` every second feature, ``"learned"`` a strided one-channel convolution
             initialised to the average pooling.
         bias: learn a bias in each level's linear map.
+        split: how M is shared by the levels, ``"official"`` (code) or ``"paper"`` (M / K each).
+        residual: add x to the gates; None (official) when N == M, False never (thesis Table
+            4.2 row R6, "PT without residual").
 
     Parameters: ``transforms.{k}`` is level k's ``nn.Linear(ceil(N / 2^k), 4 * m_k)``, its output
     read as four consecutive chunks (f, g, i, o); ``subsamplers.{k-1}`` is level k's convolution
@@ -70,6 +83,8 @@ class PyramidalTransform(nn.Module):
         levels: int = 2,
         subsampling: str = "avg",
         bias: bool = True,
+        split: str = "official",
+        residual: bool | None = None,
     ) -> None:
         super().__init__()
         if in_features < 1 or out_features < 1 or levels < 1:
@@ -79,8 +94,8 @@ class PyramidalTransform(nn.Module):
             )
         if subsampling not in SUBSAMPLINGS:
             raise ValueError(f"subsampling must be one of {SUBSAMPLINGS}, got {subsampling!r}")
-        widths = level_out_features(out_features, levels)
-        if widths[0] < 1:
+        widths = level_out_features(out_features, levels, split)
+        if min(widths) < 1:
             raise ValueError(
                 f"out_features ({out_features}) is too small for {levels} levels: the levels "
                 f"would get {widths} outputs per gate"
@@ -91,7 +106,13 @@ class PyramidalTransform(nn.Module):
         self.subsampling = subsampling
         self.level_in_features = tuple(math.ceil(in_features / 2**k) for k in range(levels))
         self.level_out_features = widths
-        self.residual = in_features == out_features
+        if residual and in_features != out_features:
+            raise ValueError(
+                f"the residual needs in_features == out_features, got {in_features} and "
+                f"{out_features}"
+            )
+        self.split = split
+        self.residual = in_features == out_features if residual is None else residual
         self.transforms = nn.ModuleList(
             nn.Linear(n_k, GATES * m_k, bias=bias)
             for n_k, m_k in zip(self.level_in_features, widths)
@@ -160,5 +181,6 @@ class PyramidalTransform(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"levels={self.levels}, subsampling={self.subsampling!r}, "
-            f"level_out_features={self.level_out_features}, residual={self.residual}"
+            f"level_out_features={self.level_out_features}, split={self.split!r}, "
+            f"residual={self.residual}"
         )

@@ -114,3 +114,38 @@ def test_thesis_k4_example_buildable() -> None:
         p.numel() for p in linear.parameters()
     )
     assert 0.26 < saving < 0.28
+
+
+def test_paper_split_gives_each_level_m_over_k() -> None:
+    assert level_out_features(64, 2, "paper") == (32, 32)
+    assert level_out_features(600, 4, "paper") == (150, 150, 150, 150)
+    assert level_out_features(66, 4, "paper") == (18, 16, 16, 16)  # remainder to level 0
+    assert level_out_features(64, 2) == (48, 16)  # the code's 3M/4, M/4
+    with pytest.raises(ValueError, match="split must be one of"):
+        level_out_features(64, 2, "equal")
+
+
+def test_paper_split_reproduces_the_thesis_table_4_2_unit() -> None:
+    """Thesis Table 4.2, "PT input + LT context" at 600 -> 600, K = 2: 2.5 M recurrent-unit
+    parameters with the thesis's equal split, 2,704,800 with the code's."""
+    context = 600 * 2400 + 2400  # the LT of h to the four gates, with bias
+
+    def unit(split: str) -> int:
+        pt = PyramidalTransform(600, 600, levels=2, split=split)
+        return sum(p.numel() for p in pt.parameters()) + context
+
+    assert unit("official") == 2_704_800
+    assert unit("paper") == 2_524_800
+
+
+def test_residual_can_be_switched_off() -> None:
+    torch.manual_seed(0)
+    with_residual = PyramidalTransform(8, 8, levels=2)
+    without = PyramidalTransform(8, 8, levels=2, residual=False)
+    without.load_state_dict(with_residual.state_dict())
+    x = torch.randn(3, 8)
+    assert with_residual.residual and not without.residual
+    torch.testing.assert_close(with_residual(x) - without(x), x.unsqueeze(-2).expand(3, 4, 8))
+    assert not PyramidalTransform(8, 16).residual
+    with pytest.raises(ValueError, match="the residual needs in_features == out_features"):
+        PyramidalTransform(8, 16, residual=True)
