@@ -1,6 +1,7 @@
 """PTB-layout word streams: the official vocabulary order and <eos>, column streams carried across
 batches, the variable-BPTT rule, DDP column slices, evaluation windows that score every token
-once, the bad-input messages, loader workers and the embedded pydoc_ptb corpus."""
+once, the bad-input messages, loader workers, a Lightning fit over two epochs and the embedded
+pydoc_ptb corpus."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import lightning as L
 import pytest
 import torch
 
@@ -289,3 +291,46 @@ def test_pydoc_ptb_corpus_builds_offline(tmp_path: Path) -> None:
     assert (tmp_path / "train.txt").stat().st_mtime_ns == written
     inputs, targets = next(iter(dm.val_dataloader()))
     assert inputs.shape == targets.shape == (10, 35)
+
+
+class RecordLengths(L.LightningModule):
+    """Records the window length of every training batch, by epoch; learns one scalar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+        self.lengths: dict[int, list[int]] = {}
+        self.val_batches = 0
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> torch.Tensor:
+        inputs, targets = batch
+        self.lengths.setdefault(self.current_epoch, []).append(inputs.shape[1])
+        return self.weight * targets.float().mean()
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> None:
+        self.val_batches += 1
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_draws_each_epochs_lengths_and_validates_at_its_end(tmp_path: Path) -> None:
+    root = write_corpus(tmp_path / "data", numbered(999), EVAL, EVAL)
+    dm = WordStreamDataModule(str(root), batch_size=4, eval_batch_size=2, bptt=10, seed=7)
+    module = RecordLengths()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=dm)
+    rule = dict(bptt=10, short_prob=0.05, std=5.0, min_len=5, seed=7)
+    for epoch in (0, 1):
+        assert module.lengths[epoch] == bptt_lengths(1000 // 4, epoch=epoch, **rule)
+    assert module.lengths[0] != module.lengths[1]
+    assert module.val_batches == 2 * 8  # 150 tokens: 2 columns of 75, 74 targets in windows of 10
