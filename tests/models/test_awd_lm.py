@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.awd_lm import AWDLanguageModel, AWDOutput, convert_official_state_dict
+from src.utils.complexity import count_params
 from tests.parity.reference import reference_dir
 
 V, E, M = 50, 16, 32
@@ -31,10 +32,6 @@ VOCAB = {"PTB": 10_000, "WT2": 33_278}
 def small(rnn: str, **kwargs) -> AWDLanguageModel:
     options = dict(rnn=rnn, embedding_dim=E, hidden_size=M, num_layers=3, groups=4, levels=2)
     return AWDLanguageModel(V, **{**options, **kwargs})
-
-
-def params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 
 def on_meta(
@@ -202,7 +199,7 @@ def test_official_initialisation() -> None:
 def test_parameter_counts_written_here() -> None:
     for (rnn, g, k, hidden), counts in OFFICIAL_COUNTS.items():
         for vocab, expected in zip(VOCAB.values(), counts):
-            assert params(on_meta(vocab, rnn, g, k, hidden)) == expected, (rnn, g, k, hidden)
+            assert count_params(on_meta(vocab, rnn, g, k, hidden)) == expected, (rnn, g, k, hidden)
 
 
 def official_rows() -> list:
@@ -226,12 +223,12 @@ def test_parameter_counts_equal_the_official_ones(row: dict) -> None:
     assert row["emsize"] == 400 and row["layers"] == 3
     rnn, groups, levels = ("lstm", 1, 1) if lstm else ("pru", row["g"], row["K"])
     model = on_meta(row["vocab"], rnn, groups, levels, row["M(hidden)"])
-    assert params(model) == row["total_params"]
+    assert count_params(model) == row["total_params"]
     breakdown = row["breakdown"]
     assert model.embedding.weight.numel() == breakdown["embedding(tied with decoder.weight)"]
     assert model.decoder.bias.numel() == breakdown["decoder.bias"]
     for layer, rnn in enumerate(model.rnns):
-        assert params(rnn) == breakdown[f"rnn_layer_{layer}"]
+        assert count_params(rnn) == breakdown[f"rnn_layer_{layer}"]
     for layer, shapes in enumerate(row.get("pyramid_per_layer", [])):
         cell = model.rnns[layer].cells[0]
         assert list(cell.pyramid.level_in_features) == shapes["level_in_dims"]
