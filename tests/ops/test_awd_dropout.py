@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,6 +102,27 @@ def test_weight_drop_on_an_lstm_matches_the_lstm_with_the_dropped_weight() -> No
         assert not torch.allclose(before, ref_out)
         lstm.eval()
         assert torch.equal(call_with_weight_drop(lstm, ["weight_hh_l0"], 0.5, x, hx)[0], before)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN needs a CUDA device")
+def test_weight_drop_on_a_cudnn_lstm() -> None:
+    """cuDNN compacts the dropped weights silently, and the LSTM's own weights stay flattened."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(16, 32, batch_first=True).cuda()
+    x = torch.randn(4, 10, 16, device="cuda")
+    with torch.no_grad():
+        before = lstm(x)[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, _ = call_with_weight_drop(lstm, ["weight_hh_l0"], 0.5, x)
+        out.sum().backward()
+        with torch.no_grad():
+            after = lstm(x)[0]
+    assert not [w for w in caught if "contiguous chunk" in str(w.message)]
+    assert lstm.weight_hh_l0.grad.abs().sum() > 0
+    assert not torch.allclose(out, before)
+    torch.testing.assert_close(after, before)
 
 
 def test_weight_drop_on_the_pru_context_weight() -> None:
