@@ -76,6 +76,10 @@ class AWDLanguageModel(nn.Module):
         groups: g of each PRU context GLT.
         levels: K of each PRU pyramidal transformation.
         subsampling: the pyramids' sub-sampling (see :class:`PyramidalTransform`).
+        pyramid_split: the pyramids' output split, ``"official"`` (code: 3M/4 + M/4 at K = 2) or
+            ``"paper"`` (thesis Eq. 4.2: M/K per level).
+        residual: the pyramids' residual; None (official) in the layers where N == M, False in
+            none (thesis Table 4.2 R6).
         dropout: on the last layer's output (AWD ``dropout``).
         dropout_hidden: on the outputs of the other layers (AWD ``dropouth``).
         dropout_input: on the embedding output (AWD ``dropouti``).
@@ -99,6 +103,8 @@ class AWDLanguageModel(nn.Module):
         groups: int = 1,
         levels: int = 2,
         subsampling: str = "avg",
+        pyramid_split: str = "official",
+        residual: bool | None = None,
         dropout: float = 0.4,
         dropout_hidden: float = 0.3,
         dropout_input: float = 0.65,
@@ -150,7 +156,16 @@ class AWDLanguageModel(nn.Module):
             layers = [nn.LSTM(n, m, 1, batch_first=True) for n, m in self.layer_sizes]
         else:
             layers = [
-                PRU(n, m, groups=groups, levels=levels, subsampling=subsampling, batch_first=True)
+                PRU(
+                    n,
+                    m,
+                    groups=groups,
+                    levels=levels,
+                    subsampling=subsampling,
+                    batch_first=True,
+                    split=pyramid_split,
+                    residual=None if residual is None or n != m else residual,
+                )
                 for n, m in self.layer_sizes
             ]
         self.rnns = nn.ModuleList(layers)

@@ -118,6 +118,8 @@ class PRUCell(nn.Module):
         levels: K of the pyramidal transformation.
         subsampling: the pyramid's sub-sampling (see :class:`PyramidalTransform`).
         bias: learn the biases of both transforms.
+        split: the pyramid's output split, ``"official"`` or ``"paper"``.
+        residual: the pyramid's residual; None (official) when N == M.
 
     Shape:
         x (B, N) or (N,); hx = (h, c) each (B, M) or (M,), zeros when omitted -> (h, c) each (B, M)
@@ -133,12 +135,20 @@ class PRUCell(nn.Module):
         levels: int = 2,
         subsampling: str = "avg",
         bias: bool = True,
+        split: str = "official",
+        residual: bool | None = None,
     ) -> None:
         super().__init__()
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.pyramid = PyramidalTransform(
-            input_size, hidden_size, levels=levels, subsampling=subsampling, bias=bias
+            input_size,
+            hidden_size,
+            levels=levels,
+            subsampling=subsampling,
+            bias=bias,
+            split=split,
+            residual=residual,
         )
         self.context = GroupedContextTransform(hidden_size, groups=groups, bias=bias)
 
@@ -199,6 +209,8 @@ class PRU(nn.Module):
         batch_first: input and output are (B, T, .) instead of (T, B, .); the hidden state is
             (num_layers, B, M) either way.
         dropout: probability of dropping the outputs of each layer but the last.
+        split: the pyramids' output split, ``"official"`` or ``"paper"``.
+        residual: the pyramids' residual; None (official) where N == M.
 
     Shape:
         x (T, B, N) (or (B, T, N) when ``batch_first``, or unbatched (T, N)); hx = (h_0, c_0) each
@@ -218,6 +230,8 @@ class PRU(nn.Module):
         bias: bool = True,
         batch_first: bool = False,
         dropout: float = 0.0,
+        split: str = "official",
+        residual: bool | None = None,
     ) -> None:
         super().__init__()
         if num_layers < 1:
@@ -237,6 +251,8 @@ class PRU(nn.Module):
                 levels=levels,
                 subsampling=subsampling,
                 bias=bias,
+                split=split,
+                residual=residual,
             )
             for layer in range(num_layers)
         )

@@ -269,3 +269,24 @@ def test_converter_renames_and_rejects_unknown_keys() -> None:
     ]
     with pytest.raises(ValueError, match=r"'rnns.0.module.weight_hh_l0_raw' is not a parameter"):
         convert_official_state_dict({"rnns.0.module.weight_hh_l0_raw": w})
+
+
+def test_table_4_2_options_reach_the_pyramids() -> None:
+    """One 600-wide layer (thesis Table 4.2): the equal split and the residual switch."""
+    def unit(**kwargs) -> AWDLanguageModel:
+        with torch.device("meta"):
+            return AWDLanguageModel(
+                10_000, rnn="pru", embedding_dim=600, hidden_size=600, num_layers=1, groups=1,
+                levels=2, **kwargs,
+            )  # fmt: skip
+
+    official, paper = unit(), unit(pyramid_split="paper")
+    assert count_params(official.rnns) == 2_704_800  # the code's split (3M/4 + M/4)
+    assert count_params(paper.rnns) == 2_524_800  # thesis: 2.5 M
+    assert official.rnns[0].cells[0].pyramid.residual  # N == M
+    assert not unit(residual=False).rnns[0].cells[0].pyramid.residual
+    # in a 3-layer model only the middle layer (M -> M) has a residual; False removes it there
+    three = small("pru", residual=False, **NO_DROPOUT)
+    assert [rnn.cells[0].pyramid.residual for rnn in three.rnns] == [False, False, False]
+    default = small("pru", **NO_DROPOUT)
+    assert [rnn.cells[0].pyramid.residual for rnn in default.rnns] == [False, True, False]
