@@ -13,13 +13,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from eval import dynamic_metrics
+from eval import dynamic_metrics, evaluate
 from src.datamodules.word_stream import WordStreamDataModule
 from src.models.awd_lm import AWDLanguageModel
 from src.tasks.awd_language_model import AWDLanguageModelTask
 from src.tasks.dynamic_eval import dynamic_evaluate, gradient_statistics, segments
 from tests.conftest import compose_config
 from tests.tasks.test_awd_language_model import VOCAB, TinyLM, make_trainer, write_corpus
+from train import train
 
 
 def stream(rows: int, length: int, seed: int) -> list[tuple[Tensor, Tensor]]:
@@ -185,3 +186,24 @@ def test_eval_dynamic_metrics_without_steps_equal_the_test_loss(tmp_path) -> Non
     cfg = OmegaConf.create({"split": "test", "data": data, "dynamic_eval_options": options})
     adapted = dynamic_metrics(cfg, task, torch.device("cpu"))
     assert adapted["test/dynamic_loss"] != pytest.approx(static["test/loss"], rel=1e-4)
+
+
+def test_train_then_eval_with_dynamic_evaluation(tmp_path) -> None:
+    """``python train.py data=pydoc_ptb ...`` then ``python eval.py ckpt_path=<best>
+    +dynamic_eval=true``: without steps or decay the dynamic loss is the test loss."""
+    tiny = [
+        "data=pydoc_ptb", f"data.root={tmp_path / 'pydoc_ptb'}", "model.embedding_dim=16",
+        "model.hidden_size=16", "model.num_layers=2", "model.groups=2", "trainer.max_epochs=2",
+        "trainer.limit_train_batches=4", "trainer.limit_val_batches=3", "trainer.accelerator=cpu",
+        "callbacks.progress_bar=null", "data.val_fraction=0.02", "data.test_fraction=0.02",
+    ]  # fmt: skip
+    trained = train(compose_config("train", tiny, tmp_path / "train"))
+    overrides = [
+        f"ckpt_path={trained['best_checkpoint']}", "trainer.accelerator=cpu", "+dynamic_eval=true",
+        "dynamic_eval_options.lr=0", "dynamic_eval_options.lamb=0", "dynamic_eval_options.bptt=35",
+        "dynamic_eval_options.max_batches=2",
+    ]  # fmt: skip
+    metrics = evaluate(compose_config("eval", overrides, tmp_path / "eval"))["metrics"]
+    assert metrics["test/loss"] == pytest.approx(trained["metrics"]["test/loss"], rel=1e-6)
+    assert metrics["test/dynamic_loss"] == pytest.approx(metrics["test/loss"], rel=1e-5)
+    assert metrics["test/dynamic_ppl"] == pytest.approx(metrics["test/ppl"], rel=1e-5)
