@@ -231,6 +231,7 @@ class Watch(Callback):
         self.validations: list[dict] = []
         self.at_start: str | None = None
         self.start_weights: dict[str, Tensor] = {}
+        self.before_validation: dict[str, Tensor] = {}
         self.final: dict | None = None
 
     @staticmethod
@@ -238,6 +239,11 @@ class Watch(Callback):
         optimizer = trainer.optimizers[0]
         return {n: optimizer.state[p]["ax"].clone() for n, p in pl_module.net.named_parameters()
                 if "ax" in optimizer.state.get(p, {})}  # fmt: skip
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        # callbacks run before the module's hook: these are the weights training goes on from
+        net = pl_module.net
+        self.before_validation = {n: p.detach().clone() for n, p in net.named_parameters()}
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.at_start = type(trainer.optimizers[0]).__name__
@@ -250,6 +256,8 @@ class Watch(Callback):
             "optimizer": type(trainer.optimizers[0]).__name__,
             "weights": {n: p.detach().clone() for n, p in pl_module.net.named_parameters()},
             "averages": self.averages(trainer, pl_module),
+            "training": self.before_validation,
+            "step": trainer.global_step,
         })  # fmt: skip
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -324,6 +332,28 @@ def test_checkpoints_hold_the_averaged_weights(asgd_run) -> None:
         torch.testing.assert_close(state["net.decoder.weight"], expected["embedding.weight"])
         assert checkpoint["nt_asgd"]["asgd_phase"] == (v["optimizer"] == "ASGD")
         assert ("training_weights" in checkpoint["nt_asgd"]) == bool(v["averages"])
+
+
+def test_checkpoints_written_while_validating_hold_the_averages(tmp_path) -> None:
+    # validating twice an epoch, ModelCheckpoint saves in on_validation_end, with the averages in
+    watch = Watch()
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", filename="s{step}", auto_insert_metric_name=False, save_top_k=-1
+    )
+    trainer = make_trainer(tmp_path, 4, [watch, checkpoints], val_check_interval=2)
+    trainer.fit(make_task(nonmono=1), train_loader(), loader(val_batches()))
+    averaged = [v for v in watch.validations if v["averages"]]
+    assert averaged
+    for v in averaged:
+        checkpoint = torch.load(tmp_path / "ckpt" / f"s{v['step']}.ckpt", weights_only=True)
+        training = checkpoint["nt_asgd"]["training_weights"]
+        for name, average in v["averages"].items():
+            saved = checkpoint["state_dict"][f"net.{name}"]
+            torch.testing.assert_close(saved, average, rtol=0, atol=0)
+            torch.testing.assert_close(training[f"net.{name}"], v["training"][name], rtol=0, atol=0)
+    # (ASGD's first two steps set the average to the weights; later they part)
+    last = averaged[-1]
+    assert any(not torch.equal(last["training"][n], a) for n, a in last["averages"].items())
 
 
 def test_network_keeps_the_averages_after_fitting(asgd_run) -> None:
