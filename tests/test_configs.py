@@ -31,7 +31,10 @@ DATA_NEEDS = {"image_folder": ["data.root=/nonexistent", "data.num_classes=5"]}
 # overrides an experiment needs without files on disk (weights-only inits are read when fitting starts)
 EXPERIMENT_NEEDS = {
     name: ["task.init_checkpoint=/nonexistent.ckpt"]
-    for name in ["voc_seg_stage2", "cityscapes_stage2", "coco_multilabel_finetune"]
+    for name in [
+        "voc_seg_stage2", "cityscapes_stage2", "coco_multilabel_finetune",
+        "pru_table4_1_awd_pru_g4_m1400_finetune",
+    ]  # fmt: skip
 }
 # multi-device and GPU trainers are instantiated on one CPU device here
 CPU_ONLY = ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true"]
