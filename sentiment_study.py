@@ -158,6 +158,7 @@ def plot_curves(runs: list[Run], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     for name, group in by_variant(runs).items():
@@ -170,6 +171,7 @@ def plot_curves(runs: list[Run], path: Path) -> Path:
         axes.plot(x, means, marker="o", label=name)
         axes.fill_between(x, [m - s for m, s in stats], [m + s for m, s in stats], alpha=0.2)
     axes.set_xlabel("epoch")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     axes.set_ylabel("test accuracy (%)")
     axes.set_title("Tweets sentiment (3 classes): mean ± std over seeds")
     axes.grid(alpha=0.3)
