@@ -29,10 +29,8 @@ the exact figure on one process.)
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -46,6 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from src.datamodules.char_lm import pydoc_corpus
 from src.datamodules.dictionary import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Dictionary
+from src.datamodules.token_cache import TokenCache, atomic_write_text, files_signature
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +83,6 @@ def word_counts(lines: Iterable[Sequence[str]]) -> Counter:
     return counts
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class TokenBlocks(Dataset):
@@ -253,8 +248,8 @@ class WikiTextDataModule(L.LightningDataModule):
             )
         return files
 
-    def _cache(self) -> Path:
-        return Path(self.root) / CACHE_DIR
+    def _cache(self) -> TokenCache:
+        return TokenCache(Path(self.root) / CACHE_DIR, SPLITS, "dict.txt")
 
     def source_signature(self) -> str:
         """Sizes and times of the split files (and ``dict.txt``); a cache of others is rebuilt."""
@@ -262,19 +257,10 @@ class WikiTextDataModule(L.LightningDataModule):
         given = Path(self.root) / "dict.txt"
         if given.is_file():
             files.append(given)
-        return ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+        return files_signature(files)
 
     def _cache_is_current(self) -> bool:
-        meta = self._cache() / "meta.json"
-        if not meta.is_file():
-            return False
-        try:
-            recorded = json.loads(meta.read_text())
-        except ValueError:
-            return False
-        return recorded.get("source") == self.source_signature() and all(
-            (self._cache() / f"{split}.npy").is_file() for split in SPLITS
-        )
+        return self._cache().is_current(self.source_signature())
 
     def _dictionary_and_counts(self, files: dict[str, Path]) -> tuple[Dictionary, Counter]:
         counts = word_counts(read_lines(files["train"]))
@@ -285,7 +271,7 @@ class WikiTextDataModule(L.LightningDataModule):
 
     def _count_vocabulary(self) -> int:
         if self._cache_is_current():
-            return len(Dictionary.load(self._cache() / "dict.txt"))
+            return len(Dictionary.load(self._cache().vocabulary_path))
         return len(self._dictionary_and_counts(self._source_files())[0])
 
     def prepare_data(self) -> None:
@@ -296,22 +282,13 @@ class WikiTextDataModule(L.LightningDataModule):
         dictionary, counts = self._dictionary_and_counts(files)
         self._check_vocab_size(len(dictionary))
         cache = self._cache()
-        cache.mkdir(parents=True, exist_ok=True)
-        dictionary.save(cache / "dict.txt", counts)
-        lengths = {}
-        for split, path in files.items():
-            ids = encode_lines(dictionary, read_lines(path))
-            tmp = cache / f"{split}.tmp{os.getpid()}.npy"
-            np.save(tmp, ids)
-            os.replace(tmp, cache / f"{split}.npy")
-            lengths[split] = len(ids)
-        meta = {
-            "source": self.source_signature(),
-            "vocab_size": len(dictionary),
-            "lengths": lengths,
-        }
-        _atomic_write(cache / "meta.json", json.dumps(meta))  # written last: the cache is complete
-        log.info("word LM: %d words, splits %s cached under %s", len(dictionary), lengths, cache)
+        cache.folder.mkdir(parents=True, exist_ok=True)
+        dictionary.save(cache.vocabulary_path, counts)
+        ids = {split: encode_lines(dictionary, read_lines(path)) for split, path in files.items()}
+        lengths = cache.write(self.source_signature(), len(dictionary), ids)
+        log.info(
+            "word LM: %d words, splits %s cached under %s", len(dictionary), lengths, cache.folder
+        )
 
     def _check_vocab_size(self, size: int) -> None:
         if size != self.vocab_size:
@@ -325,9 +302,10 @@ class WikiTextDataModule(L.LightningDataModule):
         if self.splits:
             return
         self.prepare_data()  # returns at once when the cache is current
-        self.dictionary = Dictionary.load(self._cache() / "dict.txt")
+        cache = self._cache()
+        self.dictionary = Dictionary.load(cache.vocabulary_path)
         self._check_vocab_size(len(self.dictionary))
-        self.splits = {s: np.load(self._cache() / f"{s}.npy", mmap_mode="r") for s in SPLITS}
+        self.splits = cache.load()
 
     # -- batches --------------------------------------------------------------------------------
     def example_input(self, batch_size: int = 1) -> Tensor:
@@ -456,7 +434,7 @@ class PydocWordsDataModule(WikiTextDataModule):
             text = self._texts[split]
             if path.is_file() and _digest(path.read_text(encoding="utf-8")) == _digest(text):
                 continue
-            _atomic_write(path, text)
+            atomic_write_text(path, text)
 
     def _source_files(self) -> dict[str, Path]:
         self._write_splits()

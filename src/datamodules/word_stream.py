@@ -41,10 +41,8 @@ style under ``root`` and read back by the same code.
 from __future__ import annotations
 
 import abc
-import json
 import logging
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -57,6 +55,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from src.datamodules.char_lm import pydoc_corpus
+from src.datamodules.token_cache import TokenCache, atomic_write_text, files_signature
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ class Vocabulary:
 
     def save(self, path: str | Path) -> None:
         """Write one word per line (words hold no white space), atomically."""
-        _atomic_write(Path(path), "".join(f"{word}\n" for word in self.symbols))
+        atomic_write_text(Path(path), "".join(f"{word}\n" for word in self.symbols))
 
     def __len__(self) -> int:
         return len(self.symbols)
@@ -145,12 +144,6 @@ def read_lines(path: Path) -> list[list[str]]:
             "put the corpus's text there again"
         )
     return lines
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def batchify(stream: np.ndarray, columns: int) -> np.ndarray:
@@ -367,32 +360,19 @@ class WordStreamDataModule(L.LightningDataModule):
             )
         return files
 
-    def _cache(self) -> Path:
-        return Path(self.root) / CACHE_DIR
+    def _cache(self) -> TokenCache:
+        return TokenCache(Path(self.root) / CACHE_DIR, SPLITS, "vocab.txt")
 
     def source_signature(self) -> str:
         """Names, sizes and times of the split files; a cache of other files is rebuilt."""
-        return ";".join(
-            f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
-            for p in self._source_files().values()
-        )
+        return files_signature(self._source_files().values())
 
     def _cache_is_current(self) -> bool:
-        meta = self._cache() / "meta.json"
-        if not meta.is_file():
-            return False
-        try:
-            recorded = json.loads(meta.read_text())
-        except ValueError:
-            return False
-        names = ("vocab.txt", *(f"{split}.npy" for split in SPLITS))
-        return recorded.get("source") == self.source_signature() and all(
-            (self._cache() / name).is_file() for name in names
-        )
+        return self._cache().is_current(self.source_signature())
 
     def _count_vocabulary(self) -> int:
         if self._cache_is_current():
-            return len(Vocabulary.load(self._cache() / "vocab.txt"))
+            return len(Vocabulary.load(self._cache().vocabulary_path))
         return len(Vocabulary.from_lines(read_lines(self._source_files()["train"])))
 
     def _check_vocab_size(self, size: int) -> None:
@@ -429,30 +409,22 @@ class WordStreamDataModule(L.LightningDataModule):
         vocabulary = Vocabulary.from_lines(read_lines(files["train"]))
         self._check_vocab_size(len(vocabulary))
         cache = self._cache()
-        cache.mkdir(parents=True, exist_ok=True)
-        vocabulary.save(cache / "vocab.txt")
-        lengths = {}
-        for split, path in files.items():
-            ids = self._encode(vocabulary, path)
-            tmp = cache / f"{split}.tmp{os.getpid()}.npy"
-            np.save(tmp, ids)
-            os.replace(tmp, cache / f"{split}.npy")
-            lengths[split] = len(ids)
-        meta = {
-            "source": self.source_signature(),
-            "vocab_size": len(vocabulary),
-            "lengths": lengths,
-        }
-        _atomic_write(cache / "meta.json", json.dumps(meta))  # written last: the cache is complete
-        log.info("word stream: %d words, splits %s cached in %s", len(vocabulary), lengths, cache)
+        cache.folder.mkdir(parents=True, exist_ok=True)
+        vocabulary.save(cache.vocabulary_path)
+        ids = {split: self._encode(vocabulary, path) for split, path in files.items()}
+        lengths = cache.write(self.source_signature(), len(vocabulary), ids)
+        log.info(
+            "word stream: %d words, splits %s cached in %s", len(vocabulary), lengths, cache.folder
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
         self.prepare_data()  # returns at once when the cache is current
-        self.dictionary = Vocabulary.load(self._cache() / "vocab.txt")
+        cache = self._cache()
+        self.dictionary = Vocabulary.load(cache.vocabulary_path)
         self._check_vocab_size(len(self.dictionary))
-        self.splits = {s: np.load(self._cache() / f"{s}.npy", mmap_mode="r") for s in SPLITS}
+        self.splits = cache.load()
         self._train_rows()  # fail here, not at the first epoch, when the stream is too short
         self._eval_rows("val", self.eval_batch_size)
         self._eval_rows("test", self.test_batch_size)
@@ -642,7 +614,7 @@ class PydocPTBDataModule(WordStreamDataModule):
             text = self._texts[split]
             if path.is_file() and path.read_text(encoding="utf-8") == text:
                 continue
-            _atomic_write(path, text)
+            atomic_write_text(path, text)
 
     def _source_files(self) -> dict[str, Path]:
         self._write_splits()
