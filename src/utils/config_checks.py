@@ -25,6 +25,7 @@ MODEL_TASKS: dict[str, frozenset[str]] = {
     "dicenet_seg": frozenset({"segmentation"}),
     "espnetv2_seg": frozenset({"segmentation"}),
     "torchvision_seg": frozenset({"segmentation"}),
+    "ssd": frozenset({"detection"}),
     "group_transformer": frozenset({"language_model"}),
     "transformer_xl": frozenset({"language_model"}),
     "delight_lm": frozenset({"word_language_model"}),
