@@ -12,6 +12,7 @@ from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import box_convert
 
+from src.models.espnetv2 import ESPNetv2
 from src.models.ssd import SSD
 from src.models.ssd_priors import prior_box_sizes, prior_feature_sizes, ssd_priors
 from src.utils.complexity import count_params, measure
@@ -180,3 +181,13 @@ def test_espnetv2_ssd_macs_match_the_model_zoo(classes, size, macs, zoo) -> None
     counted = measure(model, images)
     assert counted.macs_conv == counted.macs == macs
     assert math.floor(macs / 1e8) / 10 == zoo
+
+
+def test_classification_espnetv2_weights_load_into_the_backbone() -> None:
+    """The classifier's ``backbone.*`` and ``head_conv.*`` are the detector's, name and shape."""
+    classifier = ESPNetv2(0.5, num_classes=10)
+    model = SSD(21, scale=0.5)
+    result = model.load_state_dict(classifier.state_dict(), strict=False)
+    assert result.unexpected_keys == ["classifier.weight", "classifier.bias"]
+    assert not [k for k in result.missing_keys if k.startswith(("backbone.", "head_conv."))]
+    torch.testing.assert_close(model.head_conv[3].weight, classifier.head_conv[3].weight)
