@@ -15,7 +15,7 @@ from pycocotools.cocoeval import COCOeval
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchvision.models.detection._utils import BoxCoder
-from torchvision.ops import box_convert
+from torchvision.ops import box_convert, box_iou
 
 from src.tasks.detection import (
     DetectionTask,
@@ -85,6 +85,26 @@ def test_matching_conflicts_and_empty_images() -> None:
     assert torch.allclose(locations[0], encode(boxes[1:], PRIORS[:1])[0])
     locations, labels = match_priors(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64), PRIORS)
     assert labels.tolist() == [0] * 6 and not locations.any()
+
+
+def test_matching_equals_the_official_loop_on_random_boxes() -> None:
+    generator = torch.Generator().manual_seed(1)
+    priors = random_priors(200, generator)
+    boxes = box_convert(random_priors(12, generator), "cxcywh", "xyxy")
+    boxes = torch.cat([boxes, boxes[:3] + 0.01])  # near-duplicates that claim the same priors
+    labels = torch.randint(1, 5, (15,), generator=generator)
+    # assign_priors as written in the official code: a Python loop over the boxes
+    iou = box_iou(box_convert(priors, "cxcywh", "xyxy"), boxes)
+    best_iou, best_gt = iou.max(dim=1)
+    best_prior = iou.argmax(dim=0)
+    for gt_index, prior_index in enumerate(best_prior.tolist()):
+        best_gt[prior_index] = gt_index
+    best_iou[best_prior] = 2.0
+    expected_labels = labels[best_gt].masked_fill(best_iou < 0.45, 0)
+    locations, matched = match_priors(boxes, labels, priors)
+    assert len(set(best_prior.tolist())) < 15  # some boxes claim the same prior
+    assert torch.equal(matched, expected_labels)
+    assert torch.allclose(locations, encode(boxes[best_gt], priors))
 
 
 def test_multibox_loss_hand_computed() -> None:
