@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
