@@ -11,7 +11,11 @@ per-channel normalisation). A network output of shape:
   (``alpha`` opacity, at the image's own size) with a legend of the classes present underneath,
   and written as a PNG (``output``, default ``<run dir>/<image stem>_overlay.png``);
 - (1, C) (classification): the ``top_k`` classes and their softmax probabilities are written to
-  stdout as a table and logged.
+  stdout as a table and logged;
+- a pair (1, P, 4), (1, P, C) (SSD detection): the detections (softmax, decoding, NMS as in
+  evaluation) scoring at least ``score_threshold`` are drawn on the image as boxes tagged with the
+  class name and score, and written as a PNG (``output``, default
+  ``<run dir>/<image stem>_detections.png``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch import Tensor
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
+from src.tasks.detection import postprocess
 from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
@@ -136,7 +141,7 @@ def preprocess(
     Shape:
         -> (1, in_chans, H, W)
     """
-    in_chans = datamodule.in_chans
+    in_chans = getattr(datamodule, "in_chans", 3)  # detection data: RGB
     if isinstance(datamodule, DigitsDataModule):
         mode, mean, std = "L", (DIGITS_MEAN,), (DIGITS_STD,)
     else:
@@ -190,6 +195,32 @@ def overlay(
     return canvas
 
 
+def draw_detections(
+    image: Image.Image,
+    detections: dict[str, Tensor],
+    names: Sequence[str],
+    palette: np.ndarray,
+) -> Image.Image:
+    """``image`` with each detection's box (normalised (x1, y1, x2, y2), scaled to the image)
+    outlined in its class colour and tagged "name score" above its top-left corner."""
+    out = image.convert("RGB")
+    draw = ImageDraw.Draw(out)
+    width, height = out.size
+    for box, label, score in zip(
+        detections["boxes"].tolist(), detections["labels"].tolist(), detections["scores"].tolist()
+    ):
+        x1, y1, x2, y2 = box[0] * width, box[1] * height, box[2] * width, box[3] * height
+        colour = tuple(int(c) for c in palette[label])
+        draw.rectangle((x1, y1, x2, y2), outline=colour, width=2)
+        tag = f"{names[label]} {score:.2f}"
+        left, top, right, bottom = draw.textbbox((0, 0), tag)
+        tag_top = max(0.0, y1 - (bottom - top) - 2)
+        tag_box = (x1, tag_top, x1 + right - left + 2, tag_top + bottom - top + 2)
+        draw.rectangle(tag_box, fill=colour)
+        draw.text((x1 + 1, tag_top), tag, fill=(255, 255, 255))
+    return out
+
+
 def top_k_table(probabilities: Tensor, names: Sequence[str], k: int) -> list[tuple[str, float]]:
     """The ``k`` most probable classes (at most C), highest first.
 
@@ -239,6 +270,26 @@ def predict(cfg: DictConfig) -> dict:
     with torch.no_grad():
         logits = task.net(x)
 
+    if isinstance(logits, tuple) and len(logits) == 2:  # SSD: (1, P, 4) offsets, (1, P, C)
+        locations, scores = logits
+        found = postprocess(
+            locations, scores, task.net.priors, score_threshold=cfg.score_threshold
+        )[0]
+        num_classes = scores.shape[-1]
+        names = getattr(datamodule, "class_names", tuple(f"class {i}" for i in range(num_classes)))
+        default = Path(cfg.paths.output_dir) / f"{image_path.stem}_detections.png"
+        output = Path(cfg.output) if cfg.output is not None else default
+        output.parent.mkdir(parents=True, exist_ok=True)
+        draw_detections(image, found, names, palette_for(num_classes)).save(output)
+        listed = [
+            (names[label], round(score, 4), [round(v, 4) for v in box])
+            for box, label, score in zip(
+                found["boxes"].tolist(), found["labels"].tolist(), found["scores"].tolist()
+            )
+        ]
+        log.info("%d detections scoring >= %s: %s", len(listed), cfg.score_threshold, listed[:10])
+        log.info("detections drawn to %s", output)
+        return {"task": "detection", "output": str(output), "detections": listed}
     if logits.ndim == 4 and logits.shape[0] == 1:  # (1, C, H, W): segmentation
         num_classes = logits.shape[1]
         mask = logits[0].argmax(0).cpu().numpy()  # (H, W) class ids

@@ -107,3 +107,24 @@ def test_classification_top_k(tmp_path: Path) -> None:
     assert all(0.0 <= p <= 1.0 for p in probabilities)
     assert probabilities == sorted(probabilities, reverse=True)
     assert sum(probabilities) <= 1.0 + 1e-4  # rounded to 4 decimals
+
+
+def test_detection_draws_tagged_boxes(tmp_path: Path) -> None:
+    """An SSD (random weights) on a photograph: the boxes it keeps are drawn on the image."""
+    from skimage import data
+
+    image_path = tmp_path / "coins.png"
+    Image.fromarray(data.coins()).save(image_path)
+    output = tmp_path / "boxes.png"
+    overrides = [
+        "data=coins_det", "model.scale=0.5", f"image={image_path}", f"output={output}",
+        "allow_random=true", "score_threshold=0.45",
+    ]  # fmt: skip
+    result = predict(compose_config("predict", overrides, tmp_path))
+    assert result["task"] == "detection" and result["output"] == str(output)
+    assert result["detections"], "an untrained two-class SSD scores many priors near 0.5"
+    assert all(name == "coin" and score >= 0.45 for name, score, _ in result["detections"])
+    with Image.open(image_path) as original, Image.open(output) as drawn:
+        assert drawn.size == original.size and drawn.mode == "RGB"
+        changed = np.any(np.asarray(drawn) != np.asarray(original.convert("RGB")), axis=-1)
+    assert changed.mean() > 0.001  # boxes were drawn
