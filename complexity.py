@@ -5,7 +5,9 @@ number of classes; no data is read), counts one forward pass with ``src.utils.co
 prints a table, then one JSON object as the last line. Recurrent-memory language models (a
 ``mem_len`` attribute) are also counted with a full memory of ``mem_len`` cached states
 (``macs_with_memory``, the training/evaluation steady state), and networks that define
-``paper_flops`` report their paper's own FLOP convention next to the measurement.
+``paper_flops`` report their paper's own FLOP convention next to the measurement. An SSD is also
+counted at its other image size (300 and 512, as the model zoo lists both), each beside the
+published figures of that configuration.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from src.utils.complexity import measure
+from src.models.ssd import SSD
+from src.models.ssd_priors import PRIOR_STRIDES
+from src.utils.complexity import count_params, measure
 from train import build_task, check_config
 
 
@@ -59,7 +63,25 @@ def report(cfg: DictConfig) -> dict:
     if hasattr(net, "paper_macs") and isinstance(example, tuple):
         # an encoder-decoder: (src_tokens, src_padding_mask, prev_output_tokens)
         result["paper_macs"] = net.paper_macs(example[0].shape[-1], example[2].shape[-1])
+    if isinstance(net, SSD):
+        result["ssd_sizes"] = ssd_sizes(net)
     return result
+
+
+def ssd_sizes(net: SSD) -> list[dict]:
+    """Params and conv MACs of ``net``'s configuration at every prior layout (batch 1), each with
+    its published (params, FLOPs, source) or None."""
+    rows = []
+    for size in sorted(PRIOR_STRIDES):
+        model = net
+        if size != net.image_size:
+            model = SSD(net.num_classes, backbone=net.backbone_name, scale=net.scale, image_size=size)
+        counted = measure(model, torch.zeros(1, 3, size, size))
+        rows.append(
+            {"image_size": size, "params": count_params(model), "macs_conv": counted.macs_conv,
+             "reported": model.reported()}
+        )  # fmt: skip
+    return rows
 
 
 def input_shape(shape: list) -> str:
@@ -88,6 +110,14 @@ def table(result: dict) -> str:
         rows.append(("MACs, official profiler", f"{result['paper_macs']:,} ({result['paper_macs'] / 1e9:.2f} G)"))
     if "paper_flops" in result:
         rows.append(("FLOPs, paper convention", f"{result['paper_flops']:,} ({result['paper_flops'] / 1e9:.2f} G)"))
+    for row in result.get("ssd_sizes", []):
+        reported = row["reported"]
+        published = "none published"
+        if reported is not None:
+            params = "-" if reported[0] is None else f"{reported[0]} M"
+            published = f"{reported[2]}: {params}, {reported[1]} B"
+        ours = f"{row['params'] / 1e6:.3f} M, {row['macs_conv'] / 1e9:.3f} B conv MACs"
+        rows.append((f"SSD{row['image_size']}", f"{ours} ({published})"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 

@@ -34,7 +34,7 @@ EXPERIMENT_NEEDS = {
     name: ["task.init_checkpoint=/nonexistent.ckpt"]
     for name in [
         "voc_seg_stage2", "cityscapes_stage2", "coco_multilabel_finetune",
-        "pru_table4_1_awd_pru_g4_m1400_finetune",
+        "pru_table4_1_awd_pru_g4_m1400_finetune", "ssd_espnetv2_512",
     ]  # fmt: skip
 }
 # multi-device and GPU trainers are instantiated on one CPU device here

@@ -20,9 +20,10 @@ Thesis Sec. 2.4.3 and 3.6.1; structure as the official EdgeNets
 
 Initialisation as the official ``init_params``: ``xavier_uniform_`` on every convolution weight
 of the whole network (its comment: Kaiming "does not let the model converge"); biases, BN and
-PReLU keep PyTorch's defaults. ImageNet weights are then loaded over the backbone: the names
-``backbone.*`` and ``head_conv.*`` are those of the classification ESPNetv2, so its state dict
-loads with ``strict=False``.
+PReLU keep PyTorch's defaults. ImageNet weights (``backbone_weights``, the official recipe's start)
+are then loaded over the backbone: the names ``backbone.*`` and ``head_conv.*`` are those of the
+classification ESPNetv2 (DiCENet: ``backbone.*``), so an official ``.pth`` loads through the
+classifier's key map and a classifier checkpoint of this project loads as it is.
 
 Differences from the official code:
 
@@ -47,18 +48,21 @@ thesis's detector must have used a lighter neck, which it does not describe.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.dicenet import DiCENetBackbone
-from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2Backbone
+from src.models.dicenet import DiCENet, DiCENetBackbone
+from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2, ESPNetv2Backbone
 from src.models.ssd_priors import BOXES_PER_LOCATION, prior_feature_sizes, ssd_priors
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.shuffle import channel_shuffle
+from src.utils.state_dicts import mismatch_summary, project_network_state, torch_load
 
 BACKBONES = ("espnetv2", "dicenet")
 EXTRA_CHANNELS = (512, 256, 128)  # extra6, extra7, extra8 (official ``config += [512, 256, 128]``)
@@ -68,6 +72,19 @@ EPP_MIN_SIZE = 5  # the official pyramid never resizes below 5 x 5
 # ``bu_3x3_5x5`` ... ``bu_19x19_38x38``)
 FUSION_SCALES = ((2.0, 1.0), (2.0, 1.0, 0.5), (2.0, 1.0, 0.5, 0.25), (2.0, 1.0, 0.5, 0.25))
 DICENET_BUILD_SIZE = 224
+# Published sizes, (backbone, scale, C, image size) -> (params in M or None, FLOPs in B, source):
+# EdgeNets model zoo (model/detection/model_zoo/README.md; "FLOPs" are conv multiply-adds) and
+# thesis Table 3.6(a) for DiCENet (COCO params "about 5 M").
+REPORTED: Mapping[tuple[str, float, int, int], tuple[float | None, float, str]] = MappingProxyType(
+    {
+        ("espnetv2", 2.0, 21, 300): (4.75, 0.9, "EdgeNets model zoo"),
+        ("espnetv2", 2.0, 21, 512): (4.75, 2.5, "EdgeNets model zoo"),
+        ("espnetv2", 2.0, 81, 300): (5.81, 1.1, "EdgeNets model zoo"),
+        ("espnetv2", 2.0, 81, 512): (5.81, 3.2, "EdgeNets model zoo"),
+        ("dicenet", 2.4, 21, 300): (None, 0.7, "thesis Table 3.6(a)"),
+        ("dicenet", 2.4, 81, 300): (5.0, 0.9, "thesis Table 3.6(a), params 'about 5 M'"),
+    }
+)
 
 
 def _upsample(x: Tensor, size: Sequence[int]) -> Tensor:
@@ -189,6 +206,8 @@ class SSD(nn.Module):
         scale: the backbone width s, a key of its width table (ESPNetv2: 0.5 ... 2.0, the model
             zoo's 2.0; DiCENet: 0.1 ... 2.4, the thesis's 2.4).
         image_size: 300 or 512, the square input the priors are laid out for.
+        backbone_weights: ImageNet weights for the backbone (:meth:`load_backbone_weights`);
+            None keeps the random initialisation.
 
     Attributes:
         priors: buffer (P, 4), (cx, cy, w, h) normalised (:func:`ssd_priors`).
@@ -206,6 +225,7 @@ class SSD(nn.Module):
         backbone: str = "espnetv2",
         scale: float = 2.0,
         image_size: int = 300,
+        backbone_weights: str | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -215,6 +235,7 @@ class SSD(nn.Module):
         self.register_buffer("priors", ssd_priors(image_size), persistent=False)
         self.map_sizes = prior_feature_sizes(image_size)
         self.backbone_name = backbone
+        self.scale = scale
         self.backbone, self.head_conv, (c8, c16, c32) = _backbone(backbone, scale)
         c6, c7, c8_extra = EXTRA_CHANNELS
         self.extra6 = ExtraLayer(c32, c6)
@@ -236,6 +257,48 @@ class SSD(nn.Module):
             nn.Conv2d(c, BOXES_PER_LOCATION * num_classes, 1) for c in self.head_channels
         )
         self.init_weights()
+        if backbone_weights is not None:
+            self.load_backbone_weights(backbone_weights)
+
+    def load_backbone_weights(self, path: str | Path) -> None:
+        """Load the classification network's weights over ``backbone.*`` and ``head_conv.*``.
+
+        ``path``: an official EdgeNets ImageNet ``.pth`` of the same backbone and scale (read
+        through the classifier's key map, 1,000 classes), or a Lightning checkpoint of this
+        project's classifier (any number of classes) or detector of that backbone and scale.
+        DiCENet's classifier has no ``head_conv`` (its grouped FC is not a convolution), so that
+        stays as initialised.
+
+        Raises:
+            KeyError: the file does not hold every backbone tensor in this network's shapes.
+        """
+        loaded = torch_load(path, "model.backbone_weights")
+        state = project_network_state(loaded)
+        if state is None:  # an official file: its names go through the classifier's key map
+            classifier_type = ESPNetv2 if self.backbone_name == "espnetv2" else DiCENet
+            classifier = classifier_type(self.scale, num_classes=1000, pretrained=str(path))
+            state = classifier.state_dict()
+        prefixes = ("backbone.", "head_conv.")
+        found = {k: v for k, v in state.items() if k.startswith(prefixes)}
+        # the ESPNetv2 classifier has our head_conv; DiCENet's only where the file is a detector's
+        with_head = self.backbone_name == "espnetv2" or any(k.startswith("head_conv.") for k in found)
+        expected = {
+            k: v
+            for k, v in self.state_dict().items()
+            if k.startswith("backbone.") or (with_head and k.startswith("head_conv."))
+        }
+        problems = mismatch_summary(expected, found)
+        if problems:
+            raise KeyError(
+                f"model.backbone_weights={path} does not fit the {self.backbone_name} s={self.scale} "
+                f"backbone: {problems}"
+            )
+        self.load_state_dict(found, strict=False)
+
+    def reported(self) -> tuple[float | None, float, str] | None:
+        """This configuration's published (params in M, FLOPs in B, source), if any
+        (:data:`REPORTED`)."""
+        return REPORTED.get((self.backbone_name, self.scale, self.num_classes, self.image_size))
 
     def init_weights(self) -> None:
         """Official ``SSD300.init_params``: xavier-uniform weights for every convolution (DimConv's
@@ -286,6 +349,6 @@ class SSD(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"backbone={self.backbone_name!r}, num_classes={self.num_classes}, "
+            f"backbone={self.backbone_name!r}, scale={self.scale}, num_classes={self.num_classes}, "
             f"image_size={self.image_size}"
         )

@@ -12,6 +12,8 @@ from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import box_convert
 
+from src.compat.edgenets import official_key_map
+from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.ssd import SSD
 from src.models.ssd_priors import prior_box_sizes, prior_feature_sizes, ssd_priors
@@ -191,3 +193,40 @@ def test_classification_espnetv2_weights_load_into_the_backbone() -> None:
     assert result.unexpected_keys == ["classifier.weight", "classifier.bias"]
     assert not [k for k in result.missing_keys if k.startswith(("backbone.", "head_conv."))]
     torch.testing.assert_close(model.head_conv[3].weight, classifier.head_conv[3].weight)
+
+
+def test_backbone_weights_from_an_official_file(tmp_path) -> None:
+    """An official-format ESPNetv2 ImageNet file (our classifier's tensors under the official names)
+    initialises backbone and head_conv; the neck and heads keep their initialisation."""
+    torch.manual_seed(0)
+    classifier = ESPNetv2(0.5, num_classes=1000)
+    ours = classifier.state_dict()
+    key_map, _ = official_key_map(classifier)
+    path = tmp_path / "espnetv2_s_0.5_imagenet_224x224.pth"
+    torch.save({f"module.{official}": ours[name] for official, (name, _) in key_map.items()}, path)
+    torch.manual_seed(1)
+    fresh = SSD(21, scale=0.5)
+    torch.manual_seed(1)
+    model = SSD(21, scale=0.5, backbone_weights=str(path))
+    state, initial = model.state_dict(), fresh.state_dict()
+    loaded = [k for k in state if k.startswith(("backbone.", "head_conv."))]
+    assert len(loaded) > 100
+    for key in loaded:
+        torch.testing.assert_close(state[key], ours[key], rtol=0, atol=0)
+    for key in ("fusion.0.project.0.weight", "cls_heads.0.weight", "extra6.layer.1.0.weight"):
+        torch.testing.assert_close(state[key], initial[key], rtol=0, atol=0)
+
+
+def test_backbone_weights_from_a_classifier_checkpoint(tmp_path) -> None:
+    """A checkpoint of this project's DiCENet classifier (10 classes) fills the DiCENet-SSD's
+    backbone; a checkpoint of another scale is refused with the mismatch named."""
+    classifier = DiCENet(0.5, num_classes=10)
+    state = {f"net.{k}": v for k, v in classifier.state_dict().items()}
+    path = tmp_path / "dicenet.ckpt"
+    torch.save({"state_dict": state}, path)
+    model = SSD(2, backbone="dicenet", scale=0.5, backbone_weights=str(path))
+    for key, value in classifier.state_dict().items():
+        if key.startswith("backbone."):
+            torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
+    with pytest.raises(KeyError, match=r"does not fit the dicenet s=1.0 backbone: .* differ in shape"):
+        SSD(2, backbone="dicenet", scale=1.0, backbone_weights=str(path))
