@@ -19,6 +19,11 @@ the median of ``--repeats`` runs reported:
   every switch on "reference", so the kernel's effect shows; ESPNetv2 has none. With
   ``--compile`` each of DiCENet and ESPNetv2 is compiled in a child process under
   ``--compile-timeout`` (its first training step is the compile time).
+- ``wgrad``: the GLT weight gradient dW = x^T dy (with dy's column sums, the bias gradient) for
+  each weight shape of that DExTra unit, at its token counts, fp32 and bf16: the grouped-GEMM
+  kernel in one pass over the tokens, the same kernel split over the tokens (split-K), and
+  ``torch.bmm`` on strided views; the GLT's backward takes the faster of the last two per shape
+  (``src.ops.triton.group_linear.weight_grad_method``). On the CPU only ``bmm`` runs.
 - ``amp``: every op and model above runs forward+backward under bf16 autocast (and fp16 on CUDA);
   each case reports ok, nonfinite (loss or a gradient) or the error it raised.
 
@@ -30,7 +35,7 @@ for cold ones). On the CPU the defaults shrink (512 DExTra tokens, 2 x 32-charac
 4 images of 128 x 128 in fp32, 3 repeats, no compile) so that the whole script runs anywhere in
 about a minute (one thread, so that OpenMP does not spin against other jobs; ``--threads``).
 
-    python benchmarks/gpu.py [--device cuda|cpu] [--parts dextra charlm vision amp]
+    python benchmarks/gpu.py [--device cuda|cpu] [--parts dextra charlm vision wgrad amp]
         [--repeats 21] [--tokens 4096 16384] [--lm-batch 22] [--lm-len 512]
         [--vision-batch 256] [--image-size 224] [--vision-precision bf16]
         [--compile/--no-compile] [--compile-timeout 600] [--tf32] [--threads N] [--json PATH]
@@ -42,6 +47,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import functools
 import json
 import math
 import multiprocessing
@@ -70,9 +76,10 @@ from src.models.espnetv2 import ESPNetv2  # noqa: E402
 from src.models.group_transformer import GroupTransformer  # noqa: E402
 from src.models.transformer_xl import TransformerXL  # noqa: E402
 from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
+from src.ops.group_linear import GroupLinear  # noqa: E402
 from src.ops.triton import triton_available, use_triton  # noqa: E402
 
-PARTS = ("dextra", "charlm", "vision", "amp")
+PARTS = ("dextra", "charlm", "vision", "wgrad", "amp")
 PRECISIONS = ("fp32", "bf16")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -297,6 +304,63 @@ def dextra_part(s: Settings) -> list[dict]:
                 )
             del ours, reference, x, a, b, steps
             release(s.device)
+    return rows
+
+
+# --- wgrad --------------------------------------------------------------------------------------
+
+
+def glt_weight_shapes() -> list[tuple[int, int, int]]:
+    """The distinct (g, k, n) GLT weights of the DExTra unit, in layer order (a layer with the
+    input mixer is timed as one part of width g k)."""
+    shapes: list[tuple[int, int, int]] = []
+    for module in dextra_unit().modules():
+        if isinstance(module, GroupLinear) and tuple(module.weight.shape) not in shapes:
+            shapes.append(tuple(module.weight.shape))
+    return shapes
+
+
+def wgrad_part(s: Settings) -> list[dict]:
+    kernels = s.device.type == "cuda" and triton_available()
+    if kernels:
+        from src.ops.triton.group_linear import _grouped_gemm, weight_grad_splitk
+    from src.ops.triton.group_linear import weight_grad_bmm
+
+    rows = []
+    for tokens in s.tokens:
+        for precision in PRECISIONS:
+            dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+            for groups, k, n in glt_weight_shapes():
+                progress(f"wgrad: {tokens} tokens, {precision}, {groups}x{k}x{n}")
+                xg = torch.randn(tokens, groups, k, device=s.device, dtype=dtype)
+                dy = torch.randn(tokens, groups, n, device=s.device, dtype=dtype)
+                out = torch.empty(groups, k, n, device=s.device, dtype=dtype)
+                colsum = torch.empty(groups, n, device=s.device, dtype=dtype)
+                steps: dict[str, Callable[[], object]] = {
+                    "bmm": functools.partial(weight_grad_bmm, xg, dy, out, colsum)
+                }
+                if kernels:
+                    steps["split_k"] = functools.partial(weight_grad_splitk, xg, dy, out, colsum)
+                    steps["one_pass"] = functools.partial(
+                        _grouped_gemm, xg.permute(2, 1, 0), dy.transpose(0, 1),
+                        out.transpose(0, 1), colsum=colsum,
+                    )  # fmt: skip
+                timings = time_interleaved(steps, s)
+                live = {name: t.ms for name, t in timings.items() if t.ms is not None}
+                fastest = min(live, key=live.__getitem__) if live else None
+                for name, t in timings.items():
+                    rows.append(
+                        {
+                            "part": "wgrad", "name": name, "tokens": tokens, "precision": precision,
+                            "shape": f"{groups}x{k}x{n}", "ms": rounded(t.ms, 4),
+                            "tflops": rounded(2 * tokens * groups * k * n / t.ms / 1e9)
+                            if t.ms else None,
+                            "speedup_vs_bmm": ratio(timings["bmm"].ms, t.ms),
+                            "fastest": name == fastest, "error": t.error,
+                        }
+                    )  # fmt: skip
+                del xg, dy, out, colsum, steps
+                release(s.device)
     return rows
 
 
@@ -644,6 +708,9 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                        ("compile s", "compile_s", ".1f"), ("graphs", "graphs", ""),
                        ("breaks", "graph_breaks", ""), ("compiled ms", "compiled_ms", ".2f"),
                        ("images/s", "compiled_images_per_s", ",.1f")],
+    "wgrad": [("method", "name", ""), ("tokens", "tokens", ","), ("precision", "precision", ""),
+              ("g x k x n", "shape", ""), ("ms", "ms", ".4f"), ("TFLOP/s", "tflops", ".3g"),
+              ("x bmm", "speedup_vs_bmm", ".2f"), ("fastest", "fastest", "")],
     "amp": [("case", "name", ""), ("precision", "precision", ""), ("status", "status", ""),
             ("output", "output_dtype", "")],
 }
@@ -743,6 +810,14 @@ def summary(rows: list[dict]) -> list[str]:
         lines.append(
             "vision  compile " + ", ".join(f"{r['name']} {fmt_seconds(r)}" for r in compiled)
         )
+    wgrad: dict[tuple[int, str], list[str]] = {}
+    for r in rows:
+        if r["part"] == "wgrad" and r["name"] == "split_k":
+            wgrad.setdefault((r["tokens"], r["precision"]), []).append(
+                f"{r['shape']} {fmt_ratio(r['speedup_vs_bmm'])}"
+            )
+    for (tokens, precision), shapes in wgrad.items():
+        lines.append(f"wgrad   {tokens:>6} tokens {precision:<5} split-K / bmm: {', '.join(shapes)}")
     for precision in ("bf16", "fp16"):
         amp = [r for r in rows if r["part"] == "amp" and r.get("precision") == precision]
         if amp:
@@ -888,13 +963,17 @@ def configure(s: Settings) -> None:
 def main() -> None:
     s, json_path = parse_settings()
     configure(s)
-    run = {"dextra": dextra_part, "charlm": charlm_part, "vision": vision_part, "amp": amp_part}
+    run = {
+        "dextra": dextra_part, "charlm": charlm_part, "vision": vision_part, "wgrad": wgrad_part,
+        "amp": amp_part,
+    }  # fmt: skip
     titles = {
         "dextra": f"DExTra(d_m={D_M}, w_m=2, N=8) forward+backward",
         "charlm": f"enwik8 LM training step (Adam), {s.lm_batch} x {s.lm_len} characters, "
         f"memory {s.lm_len}",
         "vision": f"training and inference, {s.vision_batch} x {s.image_size}^2 images, "
         f"{s.vision_precision}, channels-last",
+        "wgrad": "GLT weight gradient x^T dy (+ column sums) of the DExTra unit's shapes",
         "amp": "mixed precision forward+backward",
     }
     rows: list[dict] = []

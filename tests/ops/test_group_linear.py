@@ -213,3 +213,71 @@ def test_bad_sizes_raise() -> None:
         )
     with pytest.raises(ValueError, match="impl must be one of"):
         GroupLinear(4, 4, 2, impl="cuda")
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+def test_split_k_grouped_gemm(splits: int, kernel_device: torch.device) -> None:
+    """The weight-gradient product x^T dy split over the tokens: the sum of the float32 partials
+    equals the one-pass product, and the column sums come out of the same programs."""
+    from src.ops.triton.group_linear import _grouped_gemm
+
+    torch.manual_seed(splits)
+    tokens, groups, k, n = 300, 3, 5, 6  # 300 tokens: 10 blocks of 32, a ragged last split
+    xg = torch.randn(tokens, groups, k, device=kernel_device)
+    dy = torch.randn(tokens, groups, n, device=kernel_device)
+    out = torch.empty(groups, k, n, device=kernel_device)
+    colsum = torch.empty(groups, n, device=kernel_device)
+    _grouped_gemm(xg.permute(2, 1, 0), dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits)
+    torch.testing.assert_close(out, torch.einsum("tgk,tgn->gkn", xg, dy), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(colsum, dy.sum(0), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["splitk", "bmm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_weight_gradient_methods_match_reference(
+    method: str, dtype: torch.dtype, kernel_device: torch.device, monkeypatch
+) -> None:
+    """Both weight-gradient methods, chosen by LIGHTNETS_GLT_WGRAD, through the GLT with the input
+    mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32 sums)."""
+    from src.ops.triton.group_linear import WEIGHT_GRAD_ENV, split_k_splits
+
+    monkeypatch.setenv(WEIGHT_GRAD_ENV, method)
+    torch.manual_seed(0)
+    tokens, groups, n = 333, 4, 7
+    parts = [torch.randn(tokens, groups * d, device=kernel_device, dtype=dtype, requires_grad=True) for d in (3, 5)]
+    weight, bias = _params(groups, 8, n, dtype, kernel_device)
+    assert split_k_splits(parts[0].unflatten(1, (groups, -1)).permute(2, 1, 0), n, programs=16) > 1
+    y = interleaved_group_linear(parts, weight, bias, shuffle=True, impl="triton")
+    ref = interleaved_group_linear(
+        [p.float() for p in parts], weight.float(), bias.float(), shuffle=True, impl="reference"
+    )
+    tol = {"atol": 1e-4, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.25, "rtol": 2e-2}
+    got = _grads(y, [weight, bias, *parts])
+    want = _grads(ref, [weight, bias, *parts])
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.float(), w.float(), **tol)
+
+
+def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch) -> None:
+    """auto: the faster method by the timer, kept per shape and dtype; a bad setting is named."""
+    from src.ops.triton import group_linear as triton_glt
+
+    monkeypatch.setattr(triton_glt, "_weight_grad_choice", {})
+    monkeypatch.delenv(triton_glt.WEIGHT_GRAD_ENV, raising=False)
+    calls = []
+
+    def timer(fn) -> float:
+        calls.append(fn.func.__name__)
+        return {"weight_grad_splitk": 2.0, "weight_grad_bmm": 1.0}[fn.func.__name__]
+
+    xg, dy = torch.randn(64, 2, 3), torch.randn(64, 2, 4)
+    assert triton_glt.weight_grad_method(xg, dy, timer) == "bmm"
+    assert triton_glt.weight_grad_method(xg, dy, timer) == "bmm"
+    assert calls == ["weight_grad_splitk", "weight_grad_bmm"]  # measured once
+    assert triton_glt.weight_grad_method(xg.double(), dy.double(), timer) == "bmm"
+    assert len(calls) == 4  # another dtype is another choice
+    assert triton_glt.weight_grad_method(xg, dy) == "splitk"  # CPU, untimed: the interpreted kernel
+    monkeypatch.setenv(triton_glt.WEIGHT_GRAD_ENV, "cublas")
+    with pytest.raises(ValueError, match="LIGHTNETS_GLT_WGRAD='cublas'; choose auto, splitk or bmm"):
+        triton_glt.weight_grad_method(xg, dy)

@@ -18,7 +18,10 @@ PyTorch computes only the bias gradient (weight frozen), it reduces it itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import math
+import os
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -33,18 +36,22 @@ from src.ops.triton import autocast_off, opaque_op
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr, a1_ptr, b_ptr, bias_ptr, c_ptr, colsum_ptr,
-    R, T, T1, C, n_col_blocks,
+    R, T, T1, C, n_col_blocks, T_SPLIT,
     s_ar, s_ag, s_at,
     s_a1r, s_a1g, s_a1t,
     s_bg, s_bt, s_bc,
-    s_cr, s_cg, s_cc,
-    s_biasg, s_sumg,
+    s_cs, s_cr, s_cg, s_cc,
+    s_biasg, s_sums, s_sumg,
     HAS_A1: tl.constexpr, HAS_BIAS: tl.constexpr, COLSUM: tl.constexpr, IEEE: tl.constexpr,
     WIDEN: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     pid_r = tl.program_id(0)
     pid_gc = tl.program_id(1)
+    # split-K: program s reduces t in [s T_SPLIT, (s + 1) T_SPLIT) (T_SPLIT a multiple of BLOCK_T)
+    # into its own slice of C (and of the column sums); one split reduces all of T (and T1)
+    pid_s = tl.program_id(2)
+    t_begin = pid_s * T_SPLIT
     group = pid_gc // n_col_blocks
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = (pid_gc % n_col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -53,7 +60,7 @@ def _grouped_gemm_kernel(
     b_base = b_ptr + group * s_bg + cols[None, :] * s_bc
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     col_sum = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for t0 in range(0, T, BLOCK_T):
+    for t0 in range(t_begin, t_begin + T_SPLIT, BLOCK_T):
         t = t0 + red
         a = tl.load(
             a_base + t[None, :] * s_at, mask=(rows[:, None] < R) & (t[None, :] < T), other=0.0
@@ -95,12 +102,12 @@ def _grouped_gemm_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + group * s_biasg + cols, mask=cols < C, other=0.0)
         acc += bias.to(tl.float32)[None, :]
-    c = c_ptr + group * s_cg + rows[:, None] * s_cr + cols[None, :] * s_cc
+    c = c_ptr + pid_s * s_cs + group * s_cg + rows[:, None] * s_cr + cols[None, :] * s_cc
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < R) & (cols[None, :] < C))
     if COLSUM:
         # only the first row block writes: every row block reduced the same columns of B
-        tl.store(colsum_ptr + group * s_sumg + cols, col_sum.to(colsum_ptr.dtype.element_ty),
-                 mask=(cols < C) & (pid_r == 0))  # fmt: skip
+        tl.store(colsum_ptr + pid_s * s_sums + group * s_sumg + cols,
+                 col_sum.to(colsum_ptr.dtype.element_ty), mask=(cols < C) & (pid_r == 0))  # fmt: skip
 
 
 def _block(size: int, low: int, high: int) -> int:
@@ -115,8 +122,13 @@ def _grouped_gemm(
     a1: Tensor | None = None,
     bias: Tensor | None = None,
     colsum: Tensor | None = None,
+    splits: int = 1,
 ) -> None:
     """``c[r, i] = concat(a[r, i], a1[r, i]) @ b[i] (+ bias[i])``; ``colsum[i] = b[i].sum(0)``.
+
+    ``splits`` > 1 splits the reduction over T (split-K): each split writes a float32 partial
+    product (and column sums), summed afterwards. It is how a long reduction with a small output,
+    the weight gradient over thousands of tokens, fills the GPU; it takes no ``a1`` or ``bias``.
 
     Shape:
         a (R, g, T), a1 (R, g, T1), b (g, T + T1, C), bias (g, C), c (R, g, C), colsum (g, C);
@@ -125,11 +137,20 @@ def _grouped_gemm(
     rows, groups, red = a.shape
     red1 = a1.shape[2] if a1 is not None else 0
     cols = b.shape[2]
-    block_r = 64 if a.is_cuda else 32
-    block_t = _block(max(red, red1), 16, 32)
-    block_c = _block(cols, 16, 64)
+    block_r, block_t, block_c = _blocks(a, red, red1, cols)
     if len({a.dtype, b.dtype, c.dtype}) > 1:
         raise TypeError(f"a, b and c must share one dtype, got {a.dtype}, {b.dtype}, {c.dtype}")
+    if splits > 1 and (a1 is not None or bias is not None):
+        raise ValueError("split-K reduces one operand pair: no a1 or bias")
+    # the reduction per split, whole blocks of BLOCK_T so that no block straddles two splits
+    t_split = triton.cdiv(triton.cdiv(red, max(splits, 1)), block_t) * block_t
+    splits = max(triton.cdiv(red, t_split), 1)
+    out, out_sum = c, colsum
+    if splits > 1:
+        out = torch.empty((splits, *c.shape), dtype=torch.float32, device=c.device)
+        out_sum = None
+        if colsum is not None:
+            out_sum = torch.empty((splits, *colsum.shape), dtype=torch.float32, device=c.device)
     # 16-bit inputs in the interpreter (CPU tensors): its tl.dot multiplies bfloat16 bit patterns
     # as integers (triton-lang/triton#11584), so the operands are widened to float32 first; the
     # products of 16-bit values are exact in float32, which is what the GPU's 16-bit dot gives
@@ -142,17 +163,39 @@ def _grouped_gemm(
     # unused pointers (no second part, bias or column sums) are given c; the kernel never reads them
     a1_arg = a1 if a1 is not None else a
     bias_arg = bias if bias is not None else c
-    sum_arg = colsum if colsum is not None else c
-    grid = (triton.cdiv(rows, block_r), groups * n_col_blocks)
+    sum_arg = out_sum if out_sum is not None else c
+    # (split stride, then the three of one split) of the output and column sums
+    out_strides = out.stride() if splits > 1 else (0, *c.stride())
+    split_sums = splits > 1 and out_sum is not None
+    sum_strides = sum_arg.stride()[:2] if split_sums else (0, sum_arg.stride(0))
+    grid = (triton.cdiv(rows, block_r), groups * n_col_blocks, splits)
     _grouped_gemm_kernel[grid](
-        a, a1_arg, b, bias_arg, c, sum_arg,
-        rows, red, red1, cols, n_col_blocks,
-        *a.stride(), *a1_arg.stride(), *b.stride(), *c.stride(),
-        bias_arg.stride(0), sum_arg.stride(0),
+        a, a1_arg, b, bias_arg, out, sum_arg,
+        rows, red, red1, cols, n_col_blocks, t_split,
+        *a.stride(), *a1_arg.stride(), *b.stride(), *out_strides,
+        bias_arg.stride(0), *sum_strides,
         HAS_A1=a1 is not None, HAS_BIAS=bias is not None, COLSUM=colsum is not None, IEEE=ieee,
         WIDEN=widen,
         BLOCK_R=block_r, BLOCK_T=block_t, BLOCK_C=block_c,
     )  # fmt: skip
+    if splits > 1:
+        c.copy_(out.sum(0))
+        if colsum is not None:
+            colsum.copy_(out_sum.sum(0))
+
+
+def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_T, BLOCK_C) of a launch."""
+    return 64 if a.is_cuda else 32, _block(max(red, red1), 16, 32), _block(cols, 16, 64)
+
+
+def split_k_splits(a: Tensor, cols: int, *, programs: int) -> int:
+    """Reduction splits for a grouped GEMM with ``a`` (R, g, T) and C columns: enough for about
+    ``programs`` programs in all, each split reducing at least four blocks of T."""
+    rows, groups, red = a.shape
+    block_r, block_t, block_c = _blocks(a, red, 0, cols)
+    tiles = triton.cdiv(rows, block_r) * groups * triton.cdiv(cols, block_c)
+    return max(1, min(triton.cdiv(programs, tiles), red // (4 * block_t)))
 
 
 def _grouped_view(y: Tensor, groups: int, shuffle: bool) -> Tensor:
@@ -263,18 +306,94 @@ def glt_triton_backward(
             # dx_j = dy @ W_j^T: W_j seen as (g, n, d_j/g)
             _grouped_gemm(dy, w.transpose(1, 2), next(given).unflatten(1, (groups, -1)))
         if grad_w is not None:
-            # dW_j = x_j^T @ dy: x_j as (d_j/g, g, N), dy as (g, N, n), dW_j as (d_j/g, g, n);
-            # the first part's programs also reduce the bias gradient (column sums of dy)
-            _grouped_gemm(
-                xg.permute(2, 1, 0),
-                dy.transpose(0, 1),
-                grad_w[:, offset : offset + width].transpose(0, 1),
-                colsum=grad_b if j == 0 else None,
-            )
+            # the first part's weight gradient also gives the bias gradient (column sums of dy)
+            weight_grad_into(xg, dy, grad_w[:, offset : offset + width], grad_b if j == 0 else None)
         offset += width
     if grad_b is not None and grad_w is None:
         grad_b.copy_(dy.sum(0, dtype=torch.float32))
     return grads
+
+
+def weight_grad_splitk(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
+    """dW = x^T dy by the grouped-GEMM kernel, split over the tokens (:func:`split_k_splits`).
+
+    Shape:
+        xg (N, g, k), dy (N, g, n) -> out (g, k, n), colsum (g, n); any strides
+    """
+    # about four programs per SM on a GPU; a fixed 16 in the interpreter, so tests split too
+    programs = 16
+    if xg.is_cuda:
+        programs = 4 * torch.cuda.get_device_properties(xg.device).multi_processor_count
+    a = xg.permute(2, 1, 0)  # (k, g, N)
+    splits = split_k_splits(a, dy.shape[2], programs=programs)
+    _grouped_gemm(a, dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits)
+
+
+def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
+    """dW = x^T dy by ``torch.bmm`` on strided views (cuBLAS's batched GEMM), as
+    :func:`weight_grad_splitk`; the column sums are a separate reduction."""
+    out.copy_(torch.bmm(xg.permute(1, 2, 0), dy.transpose(0, 1)))  # (g, k, N) @ (g, N, n)
+    if colsum is not None:
+        colsum.copy_(dy.sum(0, dtype=torch.float32))
+
+
+WEIGHT_GRAD_METHODS = {"splitk": weight_grad_splitk, "bmm": weight_grad_bmm}
+WEIGHT_GRAD_ENV = "LIGHTNETS_GLT_WGRAD"  # auto (default) | splitk | bmm
+# (N, g, k, n, dtype, device) -> the faster method, measured on first use of a CUDA shape
+_weight_grad_choice: dict[tuple, str] = {}
+
+
+def weight_grad_method(
+    xg: Tensor, dy: Tensor, timer: Callable[[Callable[[], None]], float] | None = None
+) -> str:
+    """The weight-gradient method for these operands: ``LIGHTNETS_GLT_WGRAD`` when it names one;
+    otherwise, on CUDA, whichever of split-K and bmm measured faster on the first backward of this
+    shape and dtype (kept for the process), and split-K on CPU tensors (the interpreter).
+
+    ``timer(fn)`` -> seconds of one ``fn()`` (default: CUDA events, the best of 5 after a warm-up).
+    """
+    chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")
+    if chosen not in ("auto", *WEIGHT_GRAD_METHODS):
+        names = " or ".join(WEIGHT_GRAD_METHODS)
+        raise ValueError(f"{WEIGHT_GRAD_ENV}={chosen!r}; choose auto, {names}")
+    if chosen != "auto":
+        return chosen
+    if not xg.is_cuda and timer is None:
+        return "splitk"
+    key = (*xg.shape, dy.shape[2], xg.dtype, str(xg.device))
+    if key not in _weight_grad_choice:
+        out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
+        colsum = torch.empty(dy.shape[1:], dtype=dy.dtype, device=dy.device)
+        timer = timer or _cuda_time
+        times = {
+            name: timer(functools.partial(method, xg, dy, out, colsum))
+            for name, method in WEIGHT_GRAD_METHODS.items()
+        }
+        _weight_grad_choice[key] = min(times, key=times.__getitem__)
+    return _weight_grad_choice[key]
+
+
+def _cuda_time(fn: Callable[[], None], repeats: int = 5) -> float:
+    fn()  # compiles the kernel / picks the cuBLAS algorithm
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = math.inf
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def weight_grad_into(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
+    """dW_j = x_j^T @ dy into ``out`` (and dy's column sums into ``colsum``) by the method of
+    :func:`weight_grad_method`.
+
+    Shape:
+        xg (N, g, k), dy (N, g, n) -> out (g, k, n), colsum (g, n) or None
+    """
+    WEIGHT_GRAD_METHODS[weight_grad_method(xg, dy)](xg, dy, out, colsum)
 
 
 def interleaved_group_linear_triton(
