@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from torchvision.models.detection._utils import BoxCoder
 from torchvision.ops import box_convert, box_iou
 
+from src.models.ssd_priors import ssd_priors
 from src.tasks.detection import (
     DetectionTask,
     coco_metric,
@@ -149,6 +150,30 @@ def test_postprocess_thresholds_nms_and_top_k() -> None:
     (top1,) = postprocess(torch.zeros(1, 3, 4), logits, priors, max_per_class=1)
     assert top1["labels"].tolist() == [1, 2]
     assert top1["scores"].tolist() == pytest.approx([0.8, 0.1])
+    # one candidate per class enters NMS: the best of each, nothing left to suppress
+    (pre1,) = postprocess(torch.zeros(1, 3, 4), logits, priors, pre_nms_top_k=1)
+    assert pre1["labels"].tolist() == [1, 2]
+    assert pre1["scores"].tolist() == pytest.approx([0.8, 0.1])
+    assert torch.allclose(pre1["boxes"], corners[[0, 0]])
+
+
+def test_pre_nms_top_k_on_an_untrained_network() -> None:
+    """Random logits over the 11,640 priors, every score above 0.01: greedy NMS decides each
+    candidate by the better ones only, so with 400 candidates per class the detections are the
+    first ones of the unlimited run's, class by class (here all 200 a class keeps)."""
+    torch.manual_seed(0)
+    classes = 6
+    priors = ssd_priors(300)
+    locations, logits = torch.randn(1, 11_640, 4) * 0.1, torch.randn(1, 11_640, classes)
+    (full,) = postprocess(locations, logits, priors)
+    (limited,) = postprocess(locations, logits, priors, pre_nms_top_k=400)
+    assert len(limited["scores"]) == len(full["scores"]) == 200 * (classes - 1)
+    for label in range(1, classes):
+        mine, theirs = (d["labels"] == label for d in (limited, full))
+        kept = int(mine.sum())
+        assert 0 < kept <= 200
+        torch.testing.assert_close(limited["scores"][mine], full["scores"][theirs][:kept])
+        torch.testing.assert_close(limited["boxes"][mine], full["boxes"][theirs][:kept])
 
 
 def coco_fixture() -> tuple[list[dict], list[dict]]:

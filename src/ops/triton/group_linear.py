@@ -351,6 +351,8 @@ def weight_grad_method(
     shape and dtype (kept for the process), and split-K on CPU tensors (the interpreter).
 
     ``timer(fn)`` -> seconds of one ``fn()`` (default: CUDA events, the best of 5 after a warm-up).
+    The measurement synchronises the device once per shape: take one eager step before capturing
+    CUDA graphs, or fix the method with the environment variable.
     """
     chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")
     if chosen not in ("auto", *WEIGHT_GRAD_METHODS):
