@@ -22,6 +22,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch import nn
 
 from src.callbacks.interrupt import InterruptCheckpoint
 from src.utils.complexity import Complexity, measure
@@ -60,6 +61,17 @@ def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModul
     net = instantiate(cfg.model)
     task = instantiate(cfg.task, net=net)
     return datamodule, task
+
+
+def compile_network(net: nn.Module, options: DictConfig | None) -> None:
+    """``net.compile(...)`` in place when ``options.enabled`` (the other keys are torch.compile's
+    arguments): forward and backward then run compiled, while ``net.state_dict()`` keeps its keys,
+    so checkpoints, resume and ``eval.py`` work as with the eager network."""
+    if options is None or not options.get("enabled", False):
+        return
+    kwargs = {k: v for k, v in OmegaConf.to_container(options).items() if k != "enabled"}
+    net.compile(**kwargs)
+    log.info("compiled the network with torch.compile(%s)", kwargs)
 
 
 def build_trainer(cfg: DictConfig, extra_callbacks: tuple = ()) -> L.Trainer:
@@ -209,7 +221,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule, task = build_task(cfg)
     if resumed is not None:
         check_resume(cfg, resumed, cfg.ckpt_path)
-    complexity = complexity_of(task, datamodule)
+    complexity = complexity_of(task, datamodule)  # of the eager network
+    compile_network(task.net, cfg.get("compile"))
     output_dir = Path(cfg.paths.output_dir)
     record = RunRecord(make_record(cfg, hydra_choices()), start=start, previous_time=previous_time)
     interrupt = InterruptCheckpoint(output_dir / "checkpoints")
