@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DiCENet, DiCENetBackbone
 from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2, ESPNetv2Backbone
 from src.models.ssd_priors import BOXES_PER_LOCATION, prior_feature_sizes, ssd_priors
@@ -275,13 +276,19 @@ class SSD(nn.Module):
         loaded = torch_load(path, "model.backbone_weights")
         state = project_network_state(loaded)
         if state is None:  # an official file: its names go through the classifier's key map
+            if not isinstance(loaded, Mapping):
+                raise TypeError(f"model.backbone_weights={path} holds a {type(loaded).__name__}")
             classifier_type = ESPNetv2 if self.backbone_name == "espnetv2" else DiCENet
-            classifier = classifier_type(self.scale, num_classes=1000, pretrained=str(path))
+            classifier = classifier_type(self.scale, num_classes=1000)
+            official = {key.removeprefix("module."): value for key, value in loaded.items()}
+            load_official_weights(classifier, official)
             state = classifier.state_dict()
         prefixes = ("backbone.", "head_conv.")
         found = {k: v for k, v in state.items() if k.startswith(prefixes)}
         # the ESPNetv2 classifier has our head_conv; DiCENet's only where the file is a detector's
-        with_head = self.backbone_name == "espnetv2" or any(k.startswith("head_conv.") for k in found)
+        with_head = self.backbone_name == "espnetv2" or any(
+            k.startswith("head_conv.") for k in found
+        )
         expected = {
             k: v
             for k, v in self.state_dict().items()
@@ -290,8 +297,8 @@ class SSD(nn.Module):
         problems = mismatch_summary(expected, found)
         if problems:
             raise KeyError(
-                f"model.backbone_weights={path} does not fit the {self.backbone_name} s={self.scale} "
-                f"backbone: {problems}"
+                f"model.backbone_weights={path} does not fit the {self.backbone_name} "
+                f"s={self.scale} backbone: {problems}"
             )
         self.load_state_dict(found, strict=False)
 
