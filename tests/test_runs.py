@@ -181,7 +181,7 @@ def test_unknown_top_level_key_is_refused() -> None:
     )
     assert done.returncode == 1
     assert "unknown top-level config key 'modle' (did you mean 'model'?)" in done.stderr
-    assert "Known keys and config groups: callbacks, ckpt_path, data," in done.stderr
+    assert "Known keys and config groups: callbacks, ckpt_path, compile, data," in done.stderr
 
 
 @pytest.mark.parametrize(
