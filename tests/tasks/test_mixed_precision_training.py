@@ -1,7 +1,8 @@
 """Every task trains a paper network with Lightning's ``bf16-mixed`` precision and its loss falls.
 
 Each run is ``train.py``'s composition on small data (the embedded digits, character and word
-corpora, generated VOC and COCO folders, a generated parallel corpus) fitting one batch over and over, the way ``debug=overfit`` does;
+corpora, the embedded tweets and coins, generated VOC and COCO folders, a generated parallel corpus)
+fitting one batch over and over, the way ``debug=overfit`` does;
 the mean training loss of the last epoch must be below 80% of the first epoch's. On a CUDA machine
 the same runs repeat on the GPU in ``bf16-mixed`` and ``16-mixed``.
 
@@ -105,13 +106,48 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.scheduler.warmup_steps=2",
             "task.optimizer.lr=3e-3",
         ],
+        "awd_language_model": [
+            "experiment=pru_demo",
+            f"data.root={root / 'pydoc_ptb'}",
+            "data.batch_size=4",
+            "data.bptt=16",
+            "data.bptt_short_prob=0.0",
+            "data.bptt_std=0.0",
+            "model.num_layers=1",
+            "model.embedding_dim=32",
+            "model.hidden_size=64",
+            "model.groups=2",
+            *(f"model.{p}=0.0" for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding", "weight_drop")),
+            "task.asgd=false",
+            "task.optimizer.lr=5",
+        ],
+        "text_classification": [
+            "experiment=sentiment_delight",
+            f"data.root={root / 'sentiment_tweets'}",
+            "data.batch_size=8",
+            "data.max_length=24",
+            "data.test_each_epoch=false",
+            "model.d_model=32",
+            "model.num_blocks=1",
+            *(f"model.{p}=0.0" for p in ("dropout", "attention_dropout", "ffn_dropout", "embedding_dropout")),
+            "task.scheduler.warmup_steps=2",
+        ],
+        "detection": [
+            "data=coins_det",
+            f"data.root={root / 'coins_det'}",
+            "data.num_train=2",
+            "data.num_test=2",
+            "data.batch_size=2",
+            "data.num_workers=0",
+            "model.scale=0.5",
+        ],
     }
 
 
 # epochs per task: a step of the character LM costs a fraction of a convolutional one
 EPOCHS = {
     "classification": 6, "multilabel": 6, "segmentation": 6, "language_model": 12, "word_language_model": 12,
-    "translation": 12,
+    "translation": 12, "awd_language_model": 12, "text_classification": 12, "detection": 12,
 }  # fmt: skip
 
 
