@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from src.models.awd_lm import AWDLanguageModel
 from src.models.delight import DeLighTEncoderDecoder
 from src.models.delight_lm import DeLighTLanguageModel
 from src.models.dice_variants import dice_mobilenet, dice_resnet
@@ -20,6 +21,8 @@ from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.group_transformer import GroupTransformer
 from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from src.models.ssd import SSD
+from src.models.text_classifier import DeLighTClassifier, TransformerClassifier
 from src.models.transformer_mt import TransformerEncoderDecoder
 from src.models.transformer_xl import TransformerXL
 from tests.amp import NETWORK_TOLERANCE, autocast_errors, device_dtypes, straighten_prelus
@@ -60,7 +63,41 @@ class Translate(nn.Module):
         return self.net(tokens[:, : self.source_len], None, tokens[:, self.source_len :])
 
 
+class Detections(nn.Module):
+    """An SSD's two outputs as one tensor.
+
+    Shape:
+        (B, 3, S, S) -> (B, P, 4 + C), box offsets then class scores per prior
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: Tensor) -> Tensor:
+        return torch.cat(self.net(images), dim=-1)
+
+
+class Logits(nn.Module):
+    """The logits of an AWD language model's output tuple.
+
+    Shape:
+        tokens (B, T) -> (B, T, V)
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.net(tokens).logits
+
+
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0}
+AWD_SMALL = {
+    "embedding_dim": 16, "hidden_size": 32, "num_layers": 2,
+    **{p: 0.0 for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding", "weight_drop")},
+}  # fmt: skip
 
 
 def images(size: tuple[int, int] = (64, 64)) -> list[Tensor]:
@@ -104,6 +141,25 @@ CASES = {
         lambda: DeLighTLanguageModel(40, 64, 2, 3, 2.0, cutoffs=(10, 20), dropout=0.0),
         lambda: [torch.randint(4, 40, (2, 10))],
     ),
+    "AWDLanguageModel_pru": (
+        lambda: Logits(AWDLanguageModel(40, groups=2, **AWD_SMALL)),
+        lambda: [torch.randint(40, (2, 12))],
+    ),
+    "AWDLanguageModel_lstm": (
+        lambda: Logits(AWDLanguageModel(40, rnn="lstm", **AWD_SMALL)),
+        lambda: [torch.randint(40, (2, 12))],
+    ),
+    "DeLighTClassifier": (
+        lambda: DeLighTClassifier(
+            40, 3, 32, num_blocks=2, embedding_dropout=0.0, ffn_dropout=0.0, **NO_DROPOUT
+        ),
+        lambda: [torch.randint(2, 40, (2, 10))],
+    ),
+    "TransformerClassifier": (
+        lambda: TransformerClassifier(40, 3, 32, 2, embedding_dropout=0.0, dropout=0.0),
+        lambda: [torch.randint(2, 40, (2, 10))],
+    ),
+    "SSD": (lambda: Detections(SSD(3, scale=0.5)), lambda: [torch.randn(1, 3, 300, 300)]),
 }
 
 
