@@ -5,9 +5,10 @@ drift affects all alike, with CUDA synchronised around every timed call, warm-up
 the median of ``--repeats`` runs reported:
 
 - ``dextra``: DExTra(d_m=512, w_m=2, N=8, g_max=16) forward+backward on (tokens/512, 512, 512)
-  inputs, fp32 and bf16 autocast: ``impl="auto"`` (the fused Triton GLT kernels on CUDA) against
-  the same weights with ``impl="reference"`` (plain PyTorch) and a dense GEMM of equal FLOPs (the
-  rate the hardware reaches on this much arithmetic).
+  inputs, fp32 and bf16 autocast: ``impl="auto"`` (on CUDA, per GLT shape the faster of the fused
+  Triton kernel and the reference, measured on first use) against the same weights with
+  ``impl="triton"`` (the kernel everywhere, CUDA only) and ``impl="reference"`` (plain PyTorch),
+  and a dense GEMM of equal FLOPs (the rate the hardware reaches on this much arithmetic).
 - ``charlm``: a training step (forward with a full memory, cross-entropy, backward, Adam) of the
   2- and 4-group Group-Transformers against Transformer-XL (9, 256, 8; pre-norm, untied) at enwik8
   sizes, in tokens/s, fp32 and bf16, eagerly and under ``torch.compile``; a compiled entry also
@@ -263,6 +264,9 @@ def dextra_part(s: Settings) -> list[dict]:
             torch.manual_seed(0)
             ours = dextra_unit().to(s.device)
             reference = with_impl(copy.deepcopy(ours), "reference")
+            # the kernel forced, where it runs natively (auto picks per shape between it and the
+            # reference, src.ops.group_linear.auto_path)
+            kernel = with_impl(copy.deepcopy(ours), "triton") if s.device.type == "cuda" else None
             shape = dextra_input_shape(tokens)
             x = torch.randn(*shape, device=s.device, requires_grad=True)
             flops = 2 * tokens * dextra_macs_per_token(ours)
@@ -276,13 +280,17 @@ def dextra_part(s: Settings) -> list[dict]:
                 "dense_gemm": forward_backward(lambda: a @ b, s.device, precision),
             }
             paths = {
-                "dextra_auto": "triton" if use_triton("auto", x) else "pytorch",
+                "dextra_auto": "measured" if use_triton("auto", x) else "pytorch",
                 "dextra_reference": "pytorch",
                 "dense_gemm": "gemm",
             }
             entry_flops = {
                 "dextra_auto": flops, "dextra_reference": flops, "dense_gemm": 2 * tokens * 1024 * n
             }
+            if kernel is not None:
+                steps["dextra_triton"] = forward_backward(lambda: kernel(x), s.device, precision)
+                paths["dextra_triton"] = "triton"
+                entry_flops["dextra_triton"] = flops
             timings = time_interleaved(steps, s)
             for name, t in timings.items():
                 rows.append(
@@ -302,7 +310,7 @@ def dextra_part(s: Settings) -> list[dict]:
                         "error": t.error,
                     }
                 )
-            del ours, reference, x, a, b, steps
+            del ours, reference, kernel, x, a, b, steps
             release(s.device)
     return rows
 
@@ -766,11 +774,18 @@ def fmt_seconds(row: dict) -> str:
 def summary(rows: list[dict]) -> list[str]:
     """One line per compared group with the ratios it measures; "n/a" where an entry failed."""
     lines = []
+    kernels = {
+        (r["tokens"], r["precision"]): r
+        for r in rows
+        if r["part"] == "dextra" and r["name"] == "dextra_triton"
+    }
     for r in rows:
         if r["part"] == "dextra" and r["name"] == "dextra_auto":
+            kernel = kernels.get((r["tokens"], r["precision"]))
+            forced = f"; triton / reference {fmt_ratio(kernel['speedup_vs_reference'])}" if kernel else ""
             lines.append(
                 f"dextra  {r['tokens']:>6} tokens {r['precision']:<5} auto ({r['path']}) / "
-                f"reference {fmt_ratio(r['speedup_vs_reference'])}; auto runs at "
+                f"reference {fmt_ratio(r['speedup_vs_reference'])}{forced}; auto runs at "
                 f"{fmt_ratio(r['fraction_of_dense'])} a dense GEMM's speed"
             )
     groups: dict[tuple[str, str], dict[str, dict]] = {}

@@ -8,6 +8,7 @@ so the next GLT mixes information between groups. g = 1 is an ordinary linear la
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -16,10 +17,12 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.ops.triton import (
+    Timer,
     autocast_off,
     autocast_operands,
     check_impl,
     check_same_dtype,
+    fastest,
     opaque_op,
     use_triton,
 )
@@ -34,7 +37,8 @@ class GroupLinear(nn.Module):
         groups: g, the number of independent linear maps.
         bias: learn a bias per output feature.
         shuffle: interleave the groups' outputs (output feature ``j * g + i`` is unit j of group i).
-        impl: ``"auto"`` (Triton kernel on CUDA), ``"reference"`` or ``"triton"``.
+        impl: ``"auto"`` (on CUDA the faster of the Triton kernel and the reference for each
+            shape, :func:`auto_path`), ``"reference"`` or ``"triton"``.
 
     Parameters (the official DeLighT/PRU layout): ``weight`` (g, d_in/g, d_out/g) used as
     ``x_i @ W_i`` (no transpose); ``bias`` (g, d_out/g).
@@ -148,7 +152,10 @@ def interleaved_group_linear(
     dtype = check_same_dtype("the GLT", parts=parts, weight=weight, bias=bias)
     # BLAS and the kernel need unit stride along the features; rows may be strided
     parts = tuple(p if p.stride(1) == 1 else p.contiguous() for p in parts)
-    if use_triton(impl, parts[0]) and (impl == "triton" or dtype in TRITON_DTYPES):
+    kernel = use_triton(impl, parts[0]) and (impl == "triton" or dtype in TRITON_DTYPES)
+    if kernel and impl == "auto" and len(parts) <= 2 and not torch.compiler.is_compiling():
+        kernel = auto_path(parts, weight, bias, shuffle) == "triton"
+    if kernel:
         if dtype not in TRITON_DTYPES or len(parts) > 2:
             raise TypeError(
                 f"the Triton GLT takes one or two parts of dtype {TRITON_DTYPES}, "
@@ -158,6 +165,43 @@ def interleaved_group_linear(
 
         return interleaved_group_linear_triton(parts, weight, bias, shuffle)
     return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
+
+
+# (part shapes, weight shape, bias, shuffle, dtype, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = {}
+
+
+def auto_path(
+    parts: Sequence[Tensor],
+    weight: Tensor,
+    bias: Tensor | None,
+    shuffle: bool,
+    timer: Timer | None = None,
+) -> str:
+    """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
+    call with these shapes and dtype (:func:`src.ops.triton.fastest`; kept for the process). The
+    kernel is not faster everywhere: cuBLAS's GEMMs beat it on some shapes and dtypes, so the
+    choice is measured rather than assumed. Under ``torch.compile`` the kernel is traced.
+
+    Shape:
+        as :func:`interleaved_group_linear`, after autocast's casts
+    """
+    key = (
+        tuple(tuple(p.shape) for p in parts), tuple(weight.shape), bias is not None, shuffle,
+        weight.dtype, str(weight.device),
+    )  # fmt: skip
+    if key in _auto_path_choice:
+        return _auto_path_choice[key]
+    from src.ops.triton.group_linear import interleaved_group_linear_triton
+
+    def run(path: str) -> Tensor:
+        with torch.no_grad():
+            if path == "triton":
+                return interleaved_group_linear_triton(parts, weight, bias, shuffle)
+            return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
+
+    paths = ("triton", "reference")
+    return fastest(_auto_path_choice, key, {p: functools.partial(run, p) for p in paths}, timer)
 
 
 class InterleavedGroupLinearFunction(torch.autograd.Function):

@@ -281,3 +281,29 @@ def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch) -> None:
     monkeypatch.setenv(triton_glt.WEIGHT_GRAD_ENV, "cublas")
     with pytest.raises(ValueError, match="LIGHTNETS_GLT_WGRAD='cublas'; choose auto, splitk or bmm"):
         triton_glt.weight_grad_method(xg, dy)
+
+
+def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
+    """impl="auto" on CUDA runs whichever of the kernel and the reference timed faster for the
+    shape (the timer injected here; both candidates compute the same output)."""
+    from src.ops import group_linear as glt
+
+    monkeypatch.setattr(glt, "_auto_path_choice", {})
+    times = {"triton": 2.0, "reference": 1.0}
+    outputs = {}
+
+    def timer(fn) -> float:
+        path = fn.args[0]
+        outputs[path] = fn()
+        return times[path]
+
+    torch.manual_seed(0)
+    parts = [torch.randn(37, 8), torch.randn(37, 12)]
+    weight, bias = _params(4, 5, 3, torch.float32)
+    assert glt.auto_path(parts, weight, bias, True, timer) == "reference"
+    torch.testing.assert_close(outputs["triton"], outputs["reference"], atol=1e-5, rtol=1e-5)
+    assert not outputs["triton"].requires_grad  # measured without autograd
+    times["reference"] = 3.0
+    assert glt.auto_path(parts, weight, bias, True, timer) == "reference"  # kept
+    assert glt.auto_path(parts, weight, None, True, timer) == "triton"  # another key
+    assert len(glt._auto_path_choice) == 2

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar, cast
 
@@ -100,6 +100,38 @@ def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F],
         return cast(F, call)
 
     return register
+
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def cuda_time(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Seconds of one ``fn()`` on the current CUDA stream: the best of ``repeats`` after a warm-up
+    call (which compiles a kernel or lets cuBLAS pick its algorithm)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def fastest(
+    cache: dict, key: Hashable, candidates: Mapping[str, Callable[[], object]], timer: Timer | None
+) -> str:
+    """The name of the fastest of ``candidates`` (interchangeable computations of one result) for
+    ``key``: timed on first use (``timer``, default :func:`cuda_time`) and kept in ``cache`` for
+    the process. The measurement synchronises the device once per key: take one eager step
+    before capturing CUDA graphs."""
+    if key not in cache:
+        timer = timer or cuda_time
+        times = {name: timer(fn) for name, fn in candidates.items()}
+        cache[key] = min(times, key=times.__getitem__)
+    return cache[key]
 
 
 def check_same_dtype(op: str, **operands: Tensor | Sequence[Tensor] | None) -> torch.dtype:

@@ -19,9 +19,8 @@ PyTorch computes only the bias gradient (weight frozen), it reduces it itself.
 from __future__ import annotations
 
 import functools
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -30,7 +29,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.ops.group_linear import GLT_BACKWARD_SCHEMA, glt_grads_like, unpack_glt_grads
-from src.ops.triton import autocast_off, opaque_op
+from src.ops.triton import Timer, autocast_off, fastest, opaque_op
 
 
 @triton.jit
@@ -343,16 +342,11 @@ WEIGHT_GRAD_ENV = "LIGHTNETS_GLT_WGRAD"  # auto (default) | splitk | bmm
 _weight_grad_choice: dict[tuple, str] = {}
 
 
-def weight_grad_method(
-    xg: Tensor, dy: Tensor, timer: Callable[[Callable[[], None]], float] | None = None
-) -> str:
+def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> str:
     """The weight-gradient method for these operands: ``LIGHTNETS_GLT_WGRAD`` when it names one;
     otherwise, on CUDA, whichever of split-K and bmm measured faster on the first backward of this
-    shape and dtype (kept for the process), and split-K on CPU tensors (the interpreter).
-
-    ``timer(fn)`` -> seconds of one ``fn()`` (default: CUDA events, the best of 5 after a warm-up).
-    The measurement synchronises the device once per shape: take one eager step before capturing
-    CUDA graphs, or fix the method with the environment variable.
+    shape and dtype (:func:`src.ops.triton.fastest`, kept for the process), and split-K on CPU
+    tensors (the interpreter; a ``timer`` measures there too, for tests).
     """
     chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")
     if chosen not in ("auto", *WEIGHT_GRAD_METHODS):
@@ -363,29 +357,15 @@ def weight_grad_method(
     if not xg.is_cuda and timer is None:
         return "splitk"
     key = (*xg.shape, dy.shape[2], xg.dtype, str(xg.device))
-    if key not in _weight_grad_choice:
-        out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
-        colsum = torch.empty(dy.shape[1:], dtype=dy.dtype, device=dy.device)
-        timer = timer or _cuda_time
-        times = {
-            name: timer(functools.partial(method, xg, dy, out, colsum))
-            for name, method in WEIGHT_GRAD_METHODS.items()
-        }
-        _weight_grad_choice[key] = min(times, key=times.__getitem__)
-    return _weight_grad_choice[key]
-
-
-def _cuda_time(fn: Callable[[], None], repeats: int = 5) -> float:
-    fn()  # compiles the kernel / picks the cuBLAS algorithm
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = math.inf
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
+    if key in _weight_grad_choice:
+        return _weight_grad_choice[key]
+    out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
+    colsum = torch.empty(dy.shape[1:], dtype=dy.dtype, device=dy.device)
+    candidates = {
+        name: functools.partial(method, xg, dy, out, colsum)
+        for name, method in WEIGHT_GRAD_METHODS.items()
+    }
+    return fastest(_weight_grad_choice, key, candidates, timer)
 
 
 def weight_grad_into(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
