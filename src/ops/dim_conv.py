@@ -31,13 +31,14 @@ happens. Other sizes always take the PyTorch reference.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.triton import autocast_operands, check_impl, use_triton
+from src.ops.triton import Timer, autocast_operands, check_impl, fastest, use_triton
 
 
 class DimConv(nn.Module):
@@ -51,7 +52,8 @@ class DimConv(nn.Module):
         dilation: (d_channel, d_height, d_width), one dilation per branch.
         interleave: output channel ``3c + b`` is branch b of channel c (the thesis's DimConv);
             False concatenates the branches [channel-wise, height-wise, width-wise] instead.
-        impl: ``"auto"`` (Triton kernel on CUDA), ``"reference"`` or ``"triton"``.
+        impl: ``"auto"`` (on CUDA at the build size, the faster of the Triton kernel and the
+            reference for each input shape, :func:`auto_path`), ``"reference"`` or ``"triton"``.
 
     Parameters: ``weight_channel`` (C, 1, k, k), ``weight_height`` (H_b, 1, k, k) with kernel axes
     (channel, width), ``weight_width`` (W_b, 1, k, k) with kernel axes (height, channel).
@@ -100,26 +102,15 @@ class DimConv(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.channels:
             raise ValueError(f"expected (B, {self.channels}, H, W), got {tuple(x.shape)}")
-        at_build_size = x.shape[-2:] == (self.height, self.width)
-        if use_triton(self.impl, x) and at_build_size:
+        weights = (self.weight_channel, self.weight_height, self.weight_width)
+        kernel = use_triton(self.impl, x) and x.shape[-2:] == (self.height, self.width)
+        if kernel and self.impl == "auto" and not torch.compiler.is_compiling():
+            kernel = auto_path(x, weights, self.dilation, self.interleave) == "triton"
+        if kernel:
             from src.ops.triton.dim_conv import dim_conv_triton
 
-            return dim_conv_triton(
-                x,
-                self.weight_channel,
-                self.weight_height,
-                self.weight_width,
-                dilation=self.dilation,
-                interleave=self.interleave,
-            )
-        return dim_conv_reference(
-            x,
-            self.weight_channel,
-            self.weight_height,
-            self.weight_width,
-            dilation=self.dilation,
-            interleave=self.interleave,
-        )
+            return dim_conv_triton(x, *weights, dilation=self.dilation, interleave=self.interleave)
+        return dim_conv_reference(x, *weights, dilation=self.dilation, interleave=self.interleave)
 
     def extra_repr(self) -> str:
         return (
@@ -127,6 +118,41 @@ class DimConv(nn.Module):
             f"kernel_size={self.kernel_size}, dilation={self.dilation}, "
             f"interleave={self.interleave}, impl={self.impl!r}"
         )
+
+
+# (input shape, dtype, autocast dtype, dilation, interleave, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = {}
+
+
+def auto_path(
+    x: Tensor,
+    weights: tuple[Tensor, Tensor, Tensor],
+    dilation: tuple[int, int, int],
+    interleave: bool,
+    timer: Timer | None = None,
+) -> str:
+    """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
+    convolutions), whichever forward ran faster on the first call with this input shape and dtype
+    (:func:`src.ops.triton.fastest`; kept for the process). Under ``torch.compile`` the kernel is
+    traced.
+
+    Shape:
+        x (B, C, H, W), weights as :class:`DimConv`'s
+    """
+    device = x.device.type
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    key = (tuple(x.shape), x.dtype, autocast, dilation, interleave, str(x.device))
+    if key in _auto_path_choice:
+        return _auto_path_choice[key]
+    from src.ops.triton.dim_conv import dim_conv_triton
+
+    def run(path: str) -> Tensor:
+        forward = dim_conv_triton if path == "triton" else dim_conv_reference
+        with torch.no_grad():
+            return forward(x, *weights, dilation=dilation, interleave=interleave)
+
+    paths = ("triton", "reference")
+    return fastest(_auto_path_choice, key, {p: functools.partial(run, p) for p in paths}, timer)
 
 
 def resize_matrix(n_in: int, n_out: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.ops.dim_conv import DimConv, dim_conv_reference, resize_matrix
+from src.ops.dim_conv import DimConv, auto_path, dim_conv_reference, resize_matrix
 
 triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
 
@@ -118,10 +118,39 @@ def test_module_dispatch(kernel_device: torch.device) -> None:
     out = layer(other)
     assert not _ran_triton(out)
     torch.testing.assert_close(out, dim_conv_reference(other, *weights))
-    # auto: the kernel on a CUDA tensor, the reference on a CPU tensor
+    # auto: on a CUDA tensor the path measured faster for the shape, the reference on a CPU tensor
     layer.impl = "auto"
-    assert _ran_triton(layer(x)) == (kernel_device.type == "cuda")
+    measured = kernel_device.type == "cuda" and auto_path(x, weights, (1, 1, 1), True) == "triton"
+    assert _ran_triton(layer(x)) == measured
     assert not _ran_triton(layer.cpu()(x.cpu()))
+
+
+def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
+    """The kernel and the reference compute the same output; the faster (injected timer) is kept
+    per input shape."""
+    from src.ops import dim_conv
+
+    monkeypatch.setattr(dim_conv, "_auto_path_choice", {})
+    times = {"triton": 1.0, "reference": 2.0}
+    outputs = {}
+
+    def timer(fn) -> float:
+        path = fn.args[0]
+        outputs[path] = fn()
+        return times[path]
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 6)
+    weights = tuple(_weights(4, 5, 6))
+    assert auto_path(x, weights, (1, 2, 1), True, timer) == "triton"
+    torch.testing.assert_close(outputs["triton"], outputs["reference"], atol=1e-5, rtol=1e-5)
+    assert not outputs["reference"].requires_grad
+    times["triton"] = 3.0
+    assert auto_path(x, weights, (1, 2, 1), True, timer) == "triton"  # kept
+    assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"  # another shape
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # another key: the autocast dtype
+        assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"
+    assert len(dim_conv._auto_path_choice) == 3
 
 
 @pytest.mark.parametrize("size", [(3, 11), (8, 8), (12, 5), (1, 1)])
