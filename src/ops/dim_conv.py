@@ -38,7 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.triton import Timer, autocast_operands, check_impl, fastest, use_triton
+from src.ops.triton import (
+    Timer,
+    autocast_operands,
+    check_impl,
+    fastest,
+    size_bucket,
+    use_triton,
+)
 
 
 class DimConv(nn.Module):
@@ -120,7 +127,8 @@ class DimConv(nn.Module):
         )
 
 
-# (input shape, dtype, autocast dtype, dilation, interleave, device) -> "triton" or "reference"
+# (batch bucket, C, H, W, dtype, autocast dtype, dilation, interleave, device)
+#   -> "triton" or "reference"
 _auto_path_choice: dict[tuple, str] = {}
 
 
@@ -132,7 +140,8 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
-    convolutions), whichever forward ran faster on the first call with this input shape and dtype
+    convolutions), whichever forward ran faster on the first call with this input shape (batch by
+    :func:`src.ops.triton.size_bucket`) and dtype
     (:func:`src.ops.triton.fastest`; kept for the process). Under ``torch.compile`` the kernel is
     traced.
 
@@ -141,7 +150,10 @@ def auto_path(
     """
     device = x.device.type
     autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    key = (tuple(x.shape), x.dtype, autocast, dilation, interleave, str(x.device))
+    key = (
+        size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, dilation, interleave,
+        str(x.device),
+    )  # fmt: skip
     if key in _auto_path_choice:
         return _auto_path_choice[key]
     from src.ops.triton.dim_conv import dim_conv_triton

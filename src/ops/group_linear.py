@@ -24,6 +24,7 @@ from src.ops.triton import (
     check_same_dtype,
     fastest,
     opaque_op,
+    size_bucket,
     use_triton,
 )
 
@@ -167,7 +168,7 @@ def interleaved_group_linear(
     return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
 
 
-# (part shapes, weight shape, bias, shuffle, dtype, device) -> "triton" or "reference"
+# (row bucket, part widths, weight shape, bias, shuffle, dtype, device) -> "triton" or "reference"
 _auto_path_choice: dict[tuple, str] = {}
 
 
@@ -179,7 +180,8 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
-    call with these shapes and dtype (:func:`src.ops.triton.fastest`; kept for the process). The
+    call with these shapes (rows by :func:`src.ops.triton.size_bucket`) and dtype
+    (:func:`src.ops.triton.fastest`; kept for the process). The
     kernel is not faster everywhere: cuBLAS's GEMMs beat it on some shapes and dtypes, so the
     choice is measured rather than assumed. Under ``torch.compile`` the kernel is traced.
 
@@ -187,8 +189,8 @@ def auto_path(
         as :func:`interleaved_group_linear`, after autocast's casts
     """
     key = (
-        tuple(tuple(p.shape) for p in parts), tuple(weight.shape), bias is not None, shuffle,
-        weight.dtype, str(weight.device),
+        size_bucket(parts[0].shape[0]), tuple(p.shape[1] for p in parts), tuple(weight.shape),
+        bias is not None, shuffle, weight.dtype, str(weight.device),
     )  # fmt: skip
     if key in _auto_path_choice:
         return _auto_path_choice[key]

@@ -306,4 +306,7 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
     times["reference"] = 3.0
     assert glt.auto_path(parts, weight, bias, True, timer) == "reference"  # kept
     assert glt.auto_path(parts, weight, None, True, timer) == "triton"  # another key
-    assert len(glt._auto_path_choice) == 2
+    # rows are kept by power-of-two bucket: 33..64 rows share the choice made at 37
+    assert glt.auto_path([p[:50] for p in parts], weight, bias, True, timer) == "reference"
+    assert glt.auto_path([p[:20] for p in parts], weight, bias, True, timer) == "triton"
+    assert len(glt._auto_path_choice) == 3

@@ -120,6 +120,12 @@ def cuda_time(fn: Callable[[], object], repeats: int = 5) -> float:
     return best
 
 
+def size_bucket(n: int) -> int:
+    """The power of two at or above ``n``: measured choices are kept per bucket of a varying size
+    (tokens per batch, batch size), so that variable-length batches are not each timed anew."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def fastest(
     cache: dict, key: Hashable, candidates: Mapping[str, Callable[[], object]], timer: Timer | None
 ) -> str:

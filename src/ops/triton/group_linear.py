@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.ops.group_linear import GLT_BACKWARD_SCHEMA, glt_grads_like, unpack_glt_grads
-from src.ops.triton import Timer, autocast_off, fastest, opaque_op
+from src.ops.triton import Timer, autocast_off, fastest, opaque_op, size_bucket
 
 
 @triton.jit
@@ -345,8 +345,9 @@ _weight_grad_choice: dict[tuple, str] = {}
 def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> str:
     """The weight-gradient method for these operands: ``LIGHTNETS_GLT_WGRAD`` when it names one;
     otherwise, on CUDA, whichever of split-K and bmm measured faster on the first backward of this
-    shape and dtype (:func:`src.ops.triton.fastest`, kept for the process), and split-K on CPU
-    tensors (the interpreter; a ``timer`` measures there too, for tests).
+    shape (tokens by :func:`src.ops.triton.size_bucket`) and dtype (:func:`src.ops.triton.fastest`,
+    kept for the process), and split-K on CPU tensors (the interpreter; a ``timer`` measures there
+    too, for tests).
     """
     chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")
     if chosen not in ("auto", *WEIGHT_GRAD_METHODS):
@@ -356,7 +357,7 @@ def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> st
         return chosen
     if not xg.is_cuda and timer is None:
         return "splitk"
-    key = (*xg.shape, dy.shape[2], xg.dtype, str(xg.device))
+    key = (size_bucket(xg.shape[0]), *xg.shape[1:], dy.shape[2], xg.dtype, str(xg.device))
     if key in _weight_grad_choice:
         return _weight_grad_choice[key]
     out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
