@@ -83,6 +83,35 @@ def test_triton_matches_reference_fp32(
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=f"grad of {name}")
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "sliced"])
+@pytest.mark.parametrize("interleave", [True, False])
+def test_triton_reads_any_layout(layout: str, interleave: bool, kernel_device: torch.device) -> None:
+    """Channels-last inputs and strided views are read in place: a channels-last input gives
+    channels-last outputs and input gradients, and every value matches the reference."""
+    torch.manual_seed(0)
+    base = torch.randn(2, 10, 5, 7, device=kernel_device)
+    if layout == "channels_last":
+        x = base.to(memory_format=torch.channels_last).requires_grad_()
+    else:  # every other channel of a wider tensor: neither layout is dense
+        x = base.repeat_interleave(2, dim=1)[:, ::2].requires_grad_()
+        assert not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last)
+    x_ref = x.detach().contiguous().requires_grad_()
+    weights = _weights(10, 5, 7, device=kernel_device)
+    kwargs = {"dilation": (1, 2, 1), "interleave": interleave}
+    out = triton_dim_conv.dim_conv_triton(x, *weights, **kwargs)
+    ref = dim_conv_reference(x_ref, *weights, **kwargs)
+    assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # a channels-last output gradient, as the next layer of a channels-last network hands back
+    grad = torch.randn(out.shape, device=kernel_device).to(memory_format=torch.channels_last)
+    got = torch.autograd.grad(out, [x, *weights], grad)
+    want = torch.autograd.grad(ref, [x_ref, *weights], grad)
+    if layout == "channels_last":
+        assert got[0].is_contiguous(memory_format=torch.channels_last)
+    for name, g, r in zip(("input", "channel", "height", "width"), got, want):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=f"grad of {name}")
+
+
 def test_triton_bf16_within_bf16_tolerance(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 6, 5, 7, dtype=torch.bfloat16, device=kernel_device, requires_grad=True)

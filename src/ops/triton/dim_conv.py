@@ -19,6 +19,10 @@ per-program partial sums with float32 atomics (one launch). Accumulation is floa
 input dtype. The GPU tile (512 pixels) and weight-gradient grid (about 512 programs) were picked
 by a small sweep on an H100 at DiCENet shapes.
 
+Every tensor is addressed through its own strides, so a channels-last network (the GPU trainer's
+layout) is read and written in place: a channels-last input gives a channels-last output and input
+gradient, and neither direction makes a contiguous copy.
+
 Only inputs at the layer's build size (H = H_b, W = W_b) come here; see :mod:`src.ops.dim_conv`.
 """
 
@@ -56,13 +60,14 @@ def _tile(C, H, W, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.con
 def _dim_conv_fwd_kernel(
     x_ptr, wc_ptr, wh_ptr, ww_ptr, y_ptr,
     C, H, W,
+    sx_b, sx_c, sx_h, sx_w,
+    sy_b, sy_c, sy_h, sy_w,
     slot_stride, chan_stride,
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    hw = H * W
-    x_img = x_ptr + b * C * hw
+    x_img = x_ptr + b * sx_b
     c_ok = c < C
     h_ok = h < H
     w_ok = w < W
@@ -77,42 +82,43 @@ def _dim_conv_fwd_kernel(
             hs = h + (i - P) * D_C
             ws = w + (j - P) * D_C
             m = c_ok & (hs >= 0) & (hs < H) & (ws >= 0) & (ws < W)
-            xv = tl.load(x_img + c * hw + hs * W + ws, mask=m, other=0.0).to(tl.float32)
+            xv = tl.load(x_img + c * sx_c + hs * sx_h + ws * sx_w, mask=m, other=0.0)
             wv = tl.load(wc_ptr + c * (K * K) + tap, mask=c_ok, other=0.0).to(tl.float32)
-            acc_c += xv * wv
+            acc_c += xv.to(tl.float32) * wv
             # height-wise: taps over (c, w), one kernel per row
             cs = c + (i - P) * D_H
             ws = w + (j - P) * D_H
             m = h_ok & (cs >= 0) & (cs < C) & (ws >= 0) & (ws < W)
-            xv = tl.load(x_img + cs * hw + h * W + ws, mask=m, other=0.0).to(tl.float32)
+            xv = tl.load(x_img + cs * sx_c + h * sx_h + ws * sx_w, mask=m, other=0.0)
             wv = tl.load(wh_ptr + h * (K * K) + tap, mask=h_ok, other=0.0).to(tl.float32)
-            acc_h += xv * wv
+            acc_h += xv.to(tl.float32) * wv
             # width-wise: taps over (h, c), one kernel per column
             hs = h + (i - P) * D_W
             cs = c + (j - P) * D_W
             m = w_ok & (cs >= 0) & (cs < C) & (hs >= 0) & (hs < H)
-            xv = tl.load(x_img + cs * hw + hs * W + w, mask=m, other=0.0).to(tl.float32)
+            xv = tl.load(x_img + cs * sx_c + hs * sx_h + w * sx_w, mask=m, other=0.0)
             wv = tl.load(ww_ptr + w * (K * K) + tap, mask=w_ok, other=0.0).to(tl.float32)
-            acc_w += xv * wv
+            acc_w += xv.to(tl.float32) * wv
     m = c_ok & h_ok & w_ok
-    out = y_ptr + b * 3 * C * hw + (c * chan_stride) * hw + h * W + w
+    out = y_ptr + b * sy_b + (c * chan_stride) * sy_c + h * sy_h + w * sy_w
     dtype = y_ptr.dtype.element_ty
     tl.store(out, acc_c.to(dtype), mask=m)
-    tl.store(out + slot_stride * hw, acc_h.to(dtype), mask=m)
-    tl.store(out + 2 * slot_stride * hw, acc_w.to(dtype), mask=m)
+    tl.store(out + slot_stride * sy_c, acc_h.to(dtype), mask=m)
+    tl.store(out + 2 * slot_stride * sy_c, acc_w.to(dtype), mask=m)
 
 
 @triton.jit
 def _dim_conv_bwd_input_kernel(
     gy_ptr, wc_ptr, wh_ptr, ww_ptr, gx_ptr,
     C, H, W,
+    sy_b, sy_c, sy_h, sy_w,
+    sx_b, sx_c, sx_h, sx_w,
     slot_stride, chan_stride,
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    hw = H * W
-    gy_img = gy_ptr + b * 3 * C * hw
+    gy_img = gy_ptr + b * sy_b
     c_ok = c < C
     h_ok = h < H
     w_ok = w < W
@@ -125,7 +131,9 @@ def _dim_conv_bwd_input_kernel(
             hs = h - (i - P) * D_C
             ws = w - (j - P) * D_C
             m = c_ok & (hs >= 0) & (hs < H) & (ws >= 0) & (ws < W)
-            g = tl.load(gy_img + (c * chan_stride) * hw + hs * W + ws, mask=m, other=0.0)
+            g = tl.load(
+                gy_img + (c * chan_stride) * sy_c + hs * sy_h + ws * sy_w, mask=m, other=0.0
+            )
             wv = tl.load(wc_ptr + c * (K * K) + tap, mask=c_ok, other=0.0).to(tl.float32)
             acc += g.to(tl.float32) * wv
             # height-wise: feeds y_h[c - (i-p)d, h, w - (j-p)d] through W_h[h, i, j]
@@ -133,7 +141,9 @@ def _dim_conv_bwd_input_kernel(
             ws = w - (j - P) * D_H
             m = h_ok & (cs >= 0) & (cs < C) & (ws >= 0) & (ws < W)
             g = tl.load(
-                gy_img + (cs * chan_stride + slot_stride) * hw + h * W + ws, mask=m, other=0.0
+                gy_img + (cs * chan_stride + slot_stride) * sy_c + h * sy_h + ws * sy_w,
+                mask=m,
+                other=0.0,
             )
             wv = tl.load(wh_ptr + h * (K * K) + tap, mask=h_ok, other=0.0).to(tl.float32)
             acc += g.to(tl.float32) * wv
@@ -142,18 +152,23 @@ def _dim_conv_bwd_input_kernel(
             cs = c - (j - P) * D_W
             m = w_ok & (cs >= 0) & (cs < C) & (hs >= 0) & (hs < H)
             g = tl.load(
-                gy_img + (cs * chan_stride + 2 * slot_stride) * hw + hs * W + w, mask=m, other=0.0
+                gy_img + (cs * chan_stride + 2 * slot_stride) * sy_c + hs * sy_h + w * sy_w,
+                mask=m,
+                other=0.0,
             )
             wv = tl.load(ww_ptr + w * (K * K) + tap, mask=w_ok, other=0.0).to(tl.float32)
             acc += g.to(tl.float32) * wv
     m = c_ok & h_ok & w_ok
-    tl.store(gx_ptr + b * C * hw + c * hw + h * W + w, acc.to(gx_ptr.dtype.element_ty), mask=m)
+    gx = gx_ptr + b * sx_b + c * sx_c + h * sx_h + w * sx_w
+    tl.store(gx, acc.to(gx_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _dim_conv_bwd_weight_kernel(
     x_ptr, gy_ptr, gwc_ptr, gwh_ptr, gww_ptr,
     B, C, H, W,
+    sx_b, sx_c, sx_h, sx_w,
+    sy_b, sy_c, sy_h, sy_w,
     slot_stride, chan_stride,
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BATCH_BLOCK: tl.constexpr,
@@ -172,9 +187,8 @@ def _dim_conv_bwd_weight_kernel(
     c = c1[:, None, None]
     h = h1[None, :, None]
     w = w1[None, None, :]
-    hw = H * W
     m_out = (c < C) & (h < H) & (w < W)
-    gy_tile = (c * chan_stride) * hw + h * W + w
+    gy_tile = (c * chan_stride) * sy_c + h * sy_h + w * sy_w
     P: tl.constexpr = (K - 1) // 2
     for i in tl.static_range(K):
         for j in tl.static_range(K):
@@ -184,28 +198,28 @@ def _dim_conv_bwd_weight_kernel(
             acc_h = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
             acc_w = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
             for b in range(b_first, b_last):
-                x_img = x_ptr + b * C * hw
-                gy = gy_ptr + b * 3 * C * hw + gy_tile
+                x_img = x_ptr + b * sx_b
+                gy = gy_ptr + b * sy_b + gy_tile
                 # channel-wise: W_c[c] sums over (h, w)
                 hs = h + (i - P) * D_C
                 ws = w + (j - P) * D_C
                 m = m_out & (hs >= 0) & (hs < H) & (ws >= 0) & (ws < W)
-                xv = tl.load(x_img + c * hw + hs * W + ws, mask=m, other=0.0).to(tl.float32)
-                acc_c += tl.load(gy, mask=m_out, other=0.0).to(tl.float32) * xv
+                xv = tl.load(x_img + c * sx_c + hs * sx_h + ws * sx_w, mask=m, other=0.0)
+                acc_c += tl.load(gy, mask=m_out, other=0.0).to(tl.float32) * xv.to(tl.float32)
                 # height-wise: W_h[h] sums over (c, w)
                 cs = c + (i - P) * D_H
                 ws = w + (j - P) * D_H
                 m = m_out & (cs >= 0) & (cs < C) & (ws >= 0) & (ws < W)
-                xv = tl.load(x_img + cs * hw + h * W + ws, mask=m, other=0.0).to(tl.float32)
-                g = tl.load(gy + slot_stride * hw, mask=m_out, other=0.0).to(tl.float32)
-                acc_h += g * xv
+                xv = tl.load(x_img + cs * sx_c + h * sx_h + ws * sx_w, mask=m, other=0.0)
+                g = tl.load(gy + slot_stride * sy_c, mask=m_out, other=0.0).to(tl.float32)
+                acc_h += g * xv.to(tl.float32)
                 # width-wise: W_w[w] sums over (c, h)
                 hs = h + (i - P) * D_W
                 cs = c + (j - P) * D_W
                 m = m_out & (cs >= 0) & (cs < C) & (hs >= 0) & (hs < H)
-                xv = tl.load(x_img + cs * hw + hs * W + w, mask=m, other=0.0).to(tl.float32)
-                g = tl.load(gy + 2 * slot_stride * hw, mask=m_out, other=0.0).to(tl.float32)
-                acc_w += g * xv
+                xv = tl.load(x_img + cs * sx_c + hs * sx_h + w * sx_w, mask=m, other=0.0)
+                g = tl.load(gy + 2 * slot_stride * sy_c, mask=m_out, other=0.0).to(tl.float32)
+                acc_w += g * xv.to(tl.float32)
             part_c = tl.sum(tl.sum(acc_c, axis=2), axis=1)  # (BLOCK_C,)
             part_h = tl.sum(tl.sum(acc_h, axis=2), axis=0)  # (BLOCK_H,)
             part_w = tl.sum(tl.sum(acc_w, axis=1), axis=0)  # (BLOCK_W,)
@@ -265,7 +279,7 @@ class _DimConvFunction(torch.autograd.Function):
         dilation: tuple[int, int, int],
         interleave: bool,
     ) -> Tensor:
-        x = x.contiguous()
+        # x is read through its strides (NCHW, channels-last or any view): no copy
         weights = [w.contiguous() for w in (weight_channel, weight_height, weight_width)]
         with autocast_off(x.device.type):
             y = dim_conv_forward(x, *weights, dilation, interleave)
@@ -281,7 +295,7 @@ class _DimConvFunction(torch.autograd.Function):
         want_w = any(ctx.needs_input_grad[1:4])
         with autocast_off(x.device.type):
             grads = dim_conv_backward(
-                grad_y.contiguous(), x, wc, wh, ww, ctx.dilation, ctx.interleave, want_x, want_w
+                grad_y, x, wc, wh, ww, ctx.dilation, ctx.interleave, want_x, want_w
             )
         given = iter(grads)
         grad_x = next(given) if want_x else None
@@ -297,8 +311,16 @@ def _dim_conv_forward_fake(
     dilation: Sequence[int],
     interleave: bool,
 ) -> Tensor:
+    return _output_like(x)
+
+
+def _output_like(x: Tensor) -> Tensor:
+    """The (B, 3C, H, W) output in x's memory format: channels-last in, channels-last out."""
     batch, channels, height, width = x.shape
-    return x.new_empty(batch, 3 * channels, height, width)
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    shape = (batch, 3 * channels, height, width)
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
 
 
 @opaque_op(
@@ -318,14 +340,16 @@ def dim_conv_forward(
     """Forward of :class:`_DimConvFunction`: one kernel launch.
 
     Shape:
-        x (B, C, H_b, W_b), weights (C | H_b | W_b, 1, k, k), all contiguous -> (B, 3C, H_b, W_b)
+        x (B, C, H_b, W_b) any strides, weights (C | H_b | W_b, 1, k, k) contiguous
+        -> (B, 3C, H_b, W_b), channels-last when x is
     """
-    batch, channels, height, width = x.shape
-    y = x.new_empty(batch, 3 * channels, height, width)
+    _, channels, height, width = x.shape
+    y = _output_like(x)
     grid, meta = _launch_config(x.shape, interleave, x.is_cuda)
     d_c, d_h, d_w = dilation
     _dim_conv_fwd_kernel[grid](
         x, weight_channel, weight_height, weight_width, y, channels, height, width,
+        *x.stride(), *y.stride(),
         K=weight_channel.shape[-1], D_C=d_c, D_H=d_h, D_W=d_w, **meta,
     )  # fmt: skip
     return y
@@ -370,8 +394,8 @@ def dim_conv_backward(
     dtype).
 
     Shape:
-        grad_y (B, 3C, H_b, W_b), x (B, C, H_b, W_b), all contiguous
-        -> [(B, C, H_b, W_b)], [(C, 1, k, k), (H_b, 1, k, k), (W_b, 1, k, k)]
+        grad_y (B, 3C, H_b, W_b) and x (B, C, H_b, W_b) any strides, weights contiguous
+        -> [(B, C, H_b, W_b) in x's memory format], [(C, 1, k, k), (H_b, 1, k, k), (W_b, 1, k, k)]
     """
     weights = (weight_channel, weight_height, weight_width)
     _, channels, height, width = x.shape
@@ -380,16 +404,18 @@ def dim_conv_backward(
     consts = {"K": weight_channel.shape[-1], "D_C": d_c, "D_H": d_h, "D_W": d_w, **meta}
     grads = []
     if input_grad:
-        grad_x = torch.empty_like(x)
+        grad_x = torch.empty_like(x)  # x's memory format (dense strides even for a view)
         _dim_conv_bwd_input_kernel[grid](
-            grad_y, *weights, grad_x, channels, height, width, **consts
-        )
+            grad_y, *weights, grad_x, channels, height, width, *grad_y.stride(), *grad_x.stride(),
+            **consts,
+        )  # fmt: skip
         grads.append(grad_x)
     if weight_grads:
         partials = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in weights]
         w_grid, batch_block = _weight_grid(grid, x.shape[0], x.is_cuda)
         _dim_conv_bwd_weight_kernel[w_grid](
             x, grad_y, *partials, x.shape[0], channels, height, width,
+            *x.stride(), *grad_y.stride(),
             BATCH_BLOCK=batch_block, **consts,
         )  # fmt: skip
         grads += [p.to(w.dtype) for p, w in zip(partials, weights, strict=True)]
