@@ -192,18 +192,20 @@ def auto_path(
         size_bucket(parts[0].shape[0]), tuple(p.shape[1] for p in parts), tuple(weight.shape),
         bias is not None, shuffle, weight.dtype, str(weight.device),
     )  # fmt: skip
-    if key in _auto_path_choice:
-        return _auto_path_choice[key]
-    from src.ops.triton.group_linear import interleaved_group_linear_triton
 
     def run(path: str) -> Tensor:
+        from src.ops.triton.group_linear import interleaved_group_linear_triton
+
         with torch.no_grad():
             if path == "triton":
                 return interleaved_group_linear_triton(parts, weight, bias, shuffle)
             return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
 
-    paths = ("triton", "reference")
-    return fastest(_auto_path_choice, key, {p: functools.partial(run, p) for p in paths}, timer)
+    def candidates() -> dict:
+        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+
+    # both paths sum in a fixed order; the kernel was the rule before choices were measured
+    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
 
 
 class InterleavedGroupLinearFunction(torch.autograd.Function):

@@ -180,6 +180,13 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):  # another key: the autocast dtype
         assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"
     assert len(dim_conv._auto_path_choice) == 3
+    # deterministic algorithms: nothing timed, cuDNN's convolutions (the kernel adds atomics)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert auto_path(x, weights, (1, 2, 1), True) == "reference"
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
 
 
 @pytest.mark.parametrize("size", [(3, 11), (8, 8), (12, 5), (1, 1)])

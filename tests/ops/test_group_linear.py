@@ -310,3 +310,10 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
     assert glt.auto_path([p[:50] for p in parts], weight, bias, True, timer) == "reference"
     assert glt.auto_path([p[:20] for p in parts], weight, bias, True, timer) == "triton"
     assert len(glt._auto_path_choice) == 3
+    # deterministic algorithms: nothing timed, the kernel (a fixed summation order)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert glt.auto_path(parts, weight, bias, True) == "triton"
+    finally:
+        torch.use_deterministic_algorithms(deterministic)

@@ -127,15 +127,27 @@ def size_bucket(n: int) -> int:
 
 
 def fastest(
-    cache: dict, key: Hashable, candidates: Mapping[str, Callable[[], object]], timer: Timer | None
+    cache: dict,
+    key: Hashable,
+    candidates: Callable[[], Mapping[str, Callable[[], object]]],
+    timer: Timer | None,
+    *,
+    deterministic: str,
 ) -> str:
-    """The name of the fastest of ``candidates`` (interchangeable computations of one result) for
-    ``key``: timed on first use (``timer``, default :func:`cuda_time`) and kept in ``cache`` for
-    the process. The measurement synchronises the device once per key: take one eager step
-    before capturing CUDA graphs."""
+    """The name of the fastest of ``candidates()`` (interchangeable computations of one result,
+    built only to be timed) for ``key``: timed on first use (``timer``, default
+    :func:`cuda_time`) and kept in ``cache`` for the process. The measurement synchronises the device once per key: take one eager step
+    before capturing CUDA graphs.
+
+    With ``torch.use_deterministic_algorithms(True)`` nothing is timed and ``deterministic`` is
+    the answer: a timed choice may differ between processes (a resumed run would then round
+    differently), and ``deterministic`` names a candidate whose result does not depend on the run.
+    """
+    if timer is None and torch.are_deterministic_algorithms_enabled():
+        return deterministic
     if key not in cache:
         timer = timer or cuda_time
-        times = {name: timer(fn) for name, fn in candidates.items()}
+        times = {name: timer(fn) for name, fn in candidates().items()}
         cache[key] = min(times, key=times.__getitem__)
     return cache[key]
 

@@ -358,15 +358,16 @@ def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> st
     if not xg.is_cuda and timer is None:
         return "splitk"
     key = (size_bucket(xg.shape[0]), *xg.shape[1:], dy.shape[2], xg.dtype, str(xg.device))
-    if key in _weight_grad_choice:
-        return _weight_grad_choice[key]
-    out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
-    colsum = torch.empty(dy.shape[1:], dtype=dy.dtype, device=dy.device)
-    candidates = {
-        name: functools.partial(method, xg, dy, out, colsum)
-        for name, method in WEIGHT_GRAD_METHODS.items()
-    }
-    return fastest(_weight_grad_choice, key, candidates, timer)
+
+    def candidates() -> dict:
+        out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
+        colsum = torch.empty(dy.shape[1:], dtype=dy.dtype, device=dy.device)
+        return {
+            name: functools.partial(method, xg, dy, out, colsum)
+            for name, method in WEIGHT_GRAD_METHODS.items()
+        }
+
+    return fastest(_weight_grad_choice, key, candidates, timer, deterministic="splitk")
 
 
 def weight_grad_into(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
