@@ -141,9 +141,8 @@ def auto_path(
 ) -> str:
     """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
     convolutions), whichever forward ran faster on the first call with this input shape (batch by
-    :func:`src.ops.triton.size_bucket`) and dtype
-    (:func:`src.ops.triton.fastest`; kept for the process). Under ``torch.compile`` the kernel is
-    traced.
+    :func:`src.ops.triton.size_bucket`) and dtype (:func:`src.ops.triton.fastest`; kept for the
+    process). Under ``torch.compile`` the kernel is traced.
 
     Shape:
         x (B, C, H, W), weights as :class:`DimConv`'s

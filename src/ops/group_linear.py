@@ -181,9 +181,9 @@ def auto_path(
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
     call with these shapes (rows by :func:`src.ops.triton.size_bucket`) and dtype
-    (:func:`src.ops.triton.fastest`; kept for the process). The
-    kernel is not faster everywhere: cuBLAS's GEMMs beat it on some shapes and dtypes, so the
-    choice is measured rather than assumed. Under ``torch.compile`` the kernel is traced.
+    (:func:`src.ops.triton.fastest`; kept for the process). The kernel is not faster everywhere:
+    cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is measured rather than
+    assumed. Under ``torch.compile`` the kernel is traced.
 
     Shape:
         as :func:`interleaved_group_linear`, after autocast's casts
