@@ -123,13 +123,9 @@ def test_triton_float16(kernel_device: torch.device) -> None:
         torch.testing.assert_close(got.float(), want.float(), atol=5e-2, rtol=2e-2)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(
-    not CUDA,
-    reason="bf16 needs CUDA: Triton's interpreter multiplies bf16 bit patterns in tl.dot "
-    "(triton-lang/triton#11584, not supported there)",
-)
 def test_triton_bfloat16(kernel_device: torch.device) -> None:
+    """bf16 operands, float32 accumulation; in the interpreter the kernel widens them before
+    tl.dot (which there multiplies bf16 bit patterns, triton-lang/triton#11584)."""
     torch.manual_seed(0)
     x = torch.randn(300, 64, device=kernel_device, dtype=torch.bfloat16, requires_grad=True)
     weight, bias = _params(8, 8, 16, torch.bfloat16, kernel_device)
