@@ -60,6 +60,20 @@ def test_compiled_network_trains_and_checkpoints_like_eager(make_cfg) -> None:
         torch.testing.assert_close(runs[True][key], value, rtol=1e-5, atol=1e-6)
 
 
+def test_last_checkpoint_follows_every_epoch_when_the_best_does_not(make_cfg) -> None:
+    """Monitoring the epoch number for a minimum keeps epoch 0 as the best; last.ckpt must still
+    hold the final epoch (Lightning 2.6 alone would leave it at the best), so a resume continues
+    from there."""
+    cfg = make_cfg(*SHORT, "test=false", "callbacks.model_checkpoint.monitor=epoch",
+                   "callbacks.model_checkpoint.mode=min")  # fmt: skip
+    summary = train(cfg)
+    checkpoints = Path(cfg.paths.output_dir) / "checkpoints"
+    best = torch.load(summary["best_checkpoint"], map_location="cpu", weights_only=True)
+    last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
+    assert (best["epoch"], best["global_step"]) == (0, 4)
+    assert (last["epoch"], last["global_step"]) == (2, 12)  # 3 epochs of 4 batches
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     return checkpoint["state_dict"]
