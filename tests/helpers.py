@@ -89,3 +89,16 @@ def use_inference_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(src.ops.eesp, "cpu_kernels", lambda: False)
     else:
         raise ValueError(f"path must be 'kernel' or 'eager', got {path!r}")
+
+
+def path_timer(times: dict[str, float], outputs: dict[str, Tensor]) -> Callable:
+    """A timer for the measured kernel choices (``src.ops.triton.fastest``): each candidate is
+    ``functools.partial(run, path)``; its output is recorded in ``outputs[path]`` and its time is
+    ``times[path]`` (read when called, so a test can change it between choices)."""
+
+    def timer(fn: Callable[[], Tensor]) -> float:
+        path = fn.args[0]
+        outputs[path] = fn()
+        return times[path]
+
+    return timer

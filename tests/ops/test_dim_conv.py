@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from src.ops.dim_conv import DimConv, auto_path, dim_conv_reference, resize_matrix
+from tests.helpers import path_timer
 
 triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
 
@@ -161,12 +162,8 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
 
     monkeypatch.setattr(dim_conv, "_auto_path_choice", {})
     times = {"triton": 1.0, "reference": 2.0}
-    outputs = {}
-
-    def timer(fn) -> float:
-        path = fn.args[0]
-        outputs[path] = fn()
-        return times[path]
+    outputs: dict = {}
+    timer = path_timer(times, outputs)
 
     torch.manual_seed(0)
     x = torch.randn(2, 4, 5, 6)

@@ -17,7 +17,7 @@ from src.ops.group_linear import (
     group_linear_reference,
     interleaved_group_linear,
 )
-from tests.helpers import tf32
+from tests.helpers import path_timer, tf32
 
 CUDA = torch.cuda.is_available()
 
@@ -286,12 +286,8 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
 
     monkeypatch.setattr(glt, "_auto_path_choice", {})
     times = {"triton": 2.0, "reference": 1.0}
-    outputs = {}
-
-    def timer(fn) -> float:
-        path = fn.args[0]
-        outputs[path] = fn()
-        return times[path]
+    outputs: dict = {}
+    timer = path_timer(times, outputs)
 
     torch.manual_seed(0)
     parts = [torch.randn(37, 8), torch.randn(37, 12)]
