@@ -272,9 +272,11 @@ def predict(cfg: DictConfig) -> dict:
 
     if isinstance(logits, tuple) and len(logits) == 2:  # SSD: (1, P, 4) offsets, (1, P, C)
         locations, scores = logits
+        # the task's NMS settings; only the drawing threshold is predict.py's own
         found = postprocess(
-            locations, scores, task.net.priors, score_threshold=cfg.score_threshold
-        )[0]
+            locations, scores, task.net.priors, cfg.score_threshold, task.nms_threshold,
+            task.max_per_class, task.pre_nms_top_k,
+        )[0]  # fmt: skip
         num_classes = scores.shape[-1]
         names = getattr(datamodule, "class_names", tuple(f"class {i}" for i in range(num_classes)))
         default = Path(cfg.paths.output_dir) / f"{image_path.stem}_detections.png"
