@@ -319,13 +319,18 @@ def weight_grad_splitk(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | Non
     Shape:
         xg (N, g, k), dy (N, g, n) -> out (g, k, n), colsum (g, n); any strides
     """
-    # about four programs per SM on a GPU; a fixed 16 in the interpreter, so tests split too
-    programs = 16
-    if xg.is_cuda:
-        programs = 4 * torch.cuda.get_device_properties(xg.device).multi_processor_count
     a = xg.permute(2, 1, 0)  # (k, g, N)
-    splits = split_k_splits(a, dy.shape[2], programs=programs)
+    splits = split_k_splits(a, dy.shape[2], programs=_split_k_programs(xg.device))
     _grouped_gemm(a, dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits)
+
+
+@functools.cache
+def _split_k_programs(device: torch.device) -> int:
+    """About four programs per SM on a GPU (looked up once per device); a fixed 16 in the
+    interpreter, so that tests split too."""
+    if device.type != "cuda":
+        return 16
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
@@ -338,7 +343,7 @@ def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) 
 
 WEIGHT_GRAD_METHODS = {"splitk": weight_grad_splitk, "bmm": weight_grad_bmm}
 WEIGHT_GRAD_ENV = "LIGHTNETS_GLT_WGRAD"  # auto (default) | splitk | bmm
-# (N, g, k, n, dtype, device) -> the faster method, measured on first use of a CUDA shape
+# (token bucket, g, k, n, dtype, device) -> the faster method, measured on first use on CUDA
 _weight_grad_choice: dict[tuple, str] = {}
 
 
