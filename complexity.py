@@ -64,21 +64,22 @@ def report(cfg: DictConfig) -> dict:
         # an encoder-decoder: (src_tokens, src_padding_mask, prev_output_tokens)
         result["paper_macs"] = net.paper_macs(example[0].shape[-1], example[2].shape[-1])
     if isinstance(net, SSD):
-        result["ssd_sizes"] = ssd_sizes(net)
+        result["ssd_sizes"] = ssd_sizes(net, counted_macs=result["macs_conv"])
     return result
 
 
-def ssd_sizes(net: SSD) -> list[dict]:
+def ssd_sizes(net: SSD, counted_macs: int) -> list[dict]:
     """Params and conv MACs of ``net``'s configuration at every prior layout (batch 1), each with
-    its published (params, FLOPs, source) or None."""
+    its published (params, FLOPs, source) or None; ``counted_macs`` are those of ``net`` itself,
+    already measured."""
     rows = []
     for size in sorted(PRIOR_STRIDES):
-        model = net
+        model, macs = net, counted_macs
         if size != net.image_size:
             model = SSD(net.num_classes, backbone=net.backbone_name, scale=net.scale, image_size=size)
-        counted = measure(model, torch.zeros(1, 3, size, size))
+            macs = measure(model, torch.zeros(1, 3, size, size)).macs_conv
         rows.append(
-            {"image_size": size, "params": count_params(model), "macs_conv": counted.macs_conv,
+            {"image_size": size, "params": count_params(model), "macs_conv": macs,
              "reported": model.reported()}
         )  # fmt: skip
     return rows
