@@ -23,13 +23,15 @@ DiCENet (thesis ch. 3, Sec. 3.3 and Fig. 3.5). Matches the official EdgeNets ``D
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.cpu import cpu_kernels
 from src.ops.dim_conv import DimConv, resize_matrix
-from src.ops.dim_fuse import DimFuse
+from src.ops.dim_fuse import DimFuse, local_fusion
 from src.ops.inference_folding import (
     ConvBNPReLU,
     batch_norm_affine,
@@ -39,6 +41,7 @@ from src.ops.inference_folding import (
 )
 from src.ops.pooling import AvgPool2d
 from src.ops.shuffle import concat_shuffle
+from src.ops.triton import Timer, fastest, size_bucket, use_triton
 
 
 def _reset_children(module: nn.Module) -> None:
@@ -117,7 +120,69 @@ class DiCE(nn.Module):
                 return self._kernel_forward(x)
             if x.shape[2:] == (conv.height, conv.width):
                 return self._folded_forward(x)
+        if self._local_fusion_applies(x):
+            from src.ops.triton.dim_fuse import local_fusion_triton
+
+            fused = local_fusion_triton(x, *self._conv_weights(), **self._local_fusion_args())
+            if self.training:  # inference folded the second BN and PReLU in (post)
+                fused = self.dim_fuse.local[2](self.dim_fuse.local[1](fused))
+            return self.dim_fuse.global_fusion(fused)
         return self.dim_fuse(self.dim_conv(x))
+
+    def _conv_weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        conv = self.dim_conv
+        return conv.weight_channel, conv.weight_height, conv.weight_width
+
+    def _local_fusion_applies(self, x: Tensor) -> bool:
+        """Whether DimConv and DimFuse's local fusion run as one Triton pass
+        (:mod:`src.ops.triton.dim_fuse`): DimConv's kernel would run (CUDA, or ``impl="triton"``),
+        interleaved, at the build size, BN tracking running statistics; in training, or in
+        inference without autograd. ``impl="auto"`` takes it where :func:`local_fusion_path`
+        measured it faster (not while ``torch.compile`` traces)."""
+        conv, fuse = self.dim_conv, self.dim_fuse
+        norm = fuse.norm
+        if not (
+            conv.interleave
+            and x.dim() == 4
+            and tuple(x.shape[1:]) == (conv.channels, conv.height, conv.width)
+            and use_triton(conv.impl, x)
+            and norm.track_running_stats
+            and norm.affine
+            and norm.training == fuse.local[1].training == self.training
+            and (self.training or not torch.is_grad_enabled())
+        ):
+            return False
+        if conv.impl == "triton":
+            return True
+        return not torch.compiler.is_compiling() and local_fusion_path(self, x) == "fused"
+
+    def _local_fusion_args(self, *, advance: bool = True) -> dict:
+        """Keyword arguments of :func:`src.ops.dim_fuse.local_fusion_reference` for this unit's
+        state. In training ``advance`` counts the batch in BN's ``num_batches_tracked`` and resolves
+        ``momentum=None`` (a cumulative average) as ``nn.BatchNorm2d`` does."""
+        fuse = self.dim_fuse
+        norm = fuse.norm
+        momentum = 0.0 if norm.momentum is None else norm.momentum
+        if self.training and advance and norm.num_batches_tracked is not None:
+            norm.num_batches_tracked.add_(1)
+            if norm.momentum is None:
+                momentum = 1.0 / float(norm.num_batches_tracked)
+        args = {
+            "dilation": self.dim_conv.dilation,
+            "running_mean": norm.running_mean,
+            "running_var": norm.running_var,
+            "weight": norm.weight,
+            "bias": norm.bias,
+            "alpha": fuse.act.weight,
+            "w_local": fuse.local[0].weight,
+            "training": self.training,
+            "momentum": momentum,
+            "eps": norm.eps,
+        }
+        if not self.training:
+            scale, shift = batch_norm_affine(fuse.local[1])
+            args["post"] = (scale, shift, fuse.local[2].weight.expand(fuse.channels))
+        return args
 
     def _kernel_applies(self, x: Tensor) -> bool:
         """Whether the fused C++ kernel covers this unit: float32, depth-wise global fusion."""
@@ -314,6 +379,56 @@ class DiCE(nn.Module):
         # channel gate: (B, C) -> (B, C // 4) -> (B, C_out)
         gate = torch.sigmoid(torch.relu_(fused.mean((2, 3)) @ w_gate_in) @ w_gate_out)
         return spatial.mul_(gate[:, :, None, None])
+
+
+# (batch bucket, C, H, W, dtype, autocast dtype, dilation, training, device) -> "fused" | "unfused"
+_local_fusion_choice: dict[tuple, str] = {}
+
+
+def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
+    """``impl="auto"`` on CUDA: "fused" (DimConv and the local fusion in one Triton pass,
+    :mod:`src.ops.triton.dim_fuse`) or "unfused" (DimConv's own choice, then BN, PReLU and the
+    grouped 1x1 conv), whichever was faster on the first call with this input shape (batch by
+    :func:`src.ops.triton.size_bucket`), dtype and mode (:func:`src.ops.triton.fastest`). Training
+    times forward and backward, on copies of the running statistics and without touching the
+    parameters' gradients; inference times the forward.
+
+    Under ``torch.use_deterministic_algorithms(True)`` training takes "unfused" (the fused
+    backward adds DimConv's weight gradient with float atomics) and inference "fused".
+
+    Shape:
+        x (B, C, H_b, W_b)
+    """
+    device = x.device.type
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    conv = unit.dim_conv
+    key = (
+        size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, conv.dilation, unit.training,
+        str(x.device),
+    )  # fmt: skip
+
+    def run(path: str) -> None:
+        from src.ops.triton.dim_fuse import local_fusion_triton
+
+        args = unit._local_fusion_args(advance=False)
+        for name in ("running_mean", "running_var"):
+            args[name] = args[name].clone()
+        inputs = x.detach().requires_grad_(unit.training)
+        with torch.set_grad_enabled(unit.training):
+            if path == "fused":
+                out = local_fusion_triton(inputs, *unit._conv_weights(), **args)
+            else:
+                del args["dilation"]
+                out = local_fusion(conv(inputs), **args)
+            if unit.training:
+                leaves = [inputs, *(p for p in unit.parameters() if p.requires_grad)]
+                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+
+    def candidates() -> dict:
+        return {path: functools.partial(run, path) for path in ("fused", "unfused")}
+
+    deterministic = "unfused" if unit.training else "fused"
+    return fastest(_local_fusion_choice, key, candidates, timer, deterministic=deterministic)
 
 
 class StridedDiCE(nn.Module):

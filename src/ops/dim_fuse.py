@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import math
 
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from src.ops.dim_conv import dim_conv_reference
 
 
 class DimFuse(nn.Module):
@@ -81,8 +84,90 @@ class DimFuse(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != 3 * self.channels:
             raise ValueError(f"expected (B, {3 * self.channels}, H, W), got {tuple(x.shape)}")
-        fused = self.local(self.act(self.norm(x)))  # (B, C, H, W)
+        return self.global_fusion(self.local(self.act(self.norm(x))))
+
+    def global_fusion(self, fused: Tensor) -> Tensor:
+        """The global fusion of the local fusion's output Y_l.
+
+        Shape:
+            (B, C, H, W) -> (B, C_out, H, W)
+        """
         return self.spatial(fused) * self.gate(fused)  # (B, C_out, H, W) * (B, C_out, 1, 1)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, out_channels={self.out_channels}"
+
+
+def local_fusion_reference(
+    x: Tensor,
+    weight_channel: Tensor,
+    weight_height: Tensor,
+    weight_width: Tensor,
+    *,
+    dilation: tuple[int, int, int],
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor,
+    bias: Tensor,
+    alpha: Tensor,
+    w_local: Tensor,
+    training: bool,
+    momentum: float,
+    eps: float,
+    post: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    """Interleaved DimConv then DimFuse's local fusion, in plain PyTorch (the oracle of the fused
+    kernel, :func:`src.ops.triton.dim_fuse.local_fusion_triton`):
+    ``conv1x1_groups=C(PReLU(BN(DimConv(x))))``, BN as ``F.batch_norm`` (``training`` uses and
+    ``momentum`` updates the running statistics). ``post = (scale, shift, slope)`` appends the
+    second BN folded to an affine map and its PReLU (inference).
+
+    Shape:
+        x (B, C, H, W); DimConv weights as :class:`src.ops.dim_conv.DimConv`'s; running
+        statistics, weight, bias, alpha (3C,); w_local (C, 3, 1, 1); post three (C,)
+        -> (B, C, H, W)
+    """
+    h = dim_conv_reference(
+        x, weight_channel, weight_height, weight_width, dilation=dilation, interleave=True
+    )
+    return local_fusion(
+        h,
+        running_mean=running_mean,
+        running_var=running_var,
+        weight=weight,
+        bias=bias,
+        alpha=alpha,
+        w_local=w_local,
+        training=training,
+        momentum=momentum,
+        eps=eps,
+        post=post,
+    )
+
+
+def local_fusion(
+    h: Tensor,
+    *,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor,
+    bias: Tensor,
+    alpha: Tensor,
+    w_local: Tensor,
+    training: bool,
+    momentum: float,
+    eps: float,
+    post: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    """DimFuse's local fusion of DimConv's interleaved output h, as functions of its parameters
+    (see :func:`local_fusion_reference`).
+
+    Shape:
+        h (B, 3C, H, W) -> (B, C, H, W)
+    """
+    z = F.batch_norm(h, running_mean, running_var, weight, bias, training, momentum, eps)
+    local = F.conv2d(F.prelu(z, alpha), w_local, groups=h.shape[1] // 3)
+    if post is not None:
+        scale, shift, slope = post
+        local = F.prelu(local * scale[:, None, None] + shift[:, None, None], slope)
+    return local

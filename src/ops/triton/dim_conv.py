@@ -57,17 +57,13 @@ def _tile(C, H, W, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.con
 
 
 @triton.jit
-def _dim_conv_fwd_kernel(
-    x_ptr, wc_ptr, wh_ptr, ww_ptr, y_ptr,
-    C, H, W,
-    sx_b, sx_c, sx_h, sx_w,
-    sy_b, sy_c, sy_h, sy_w,
-    slot_stride, chan_stride,
+def _branches(
+    x_img, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    x_img = x_ptr + b * sx_b
+    """The channel-, height- and width-wise responses of one image's (c, h, w) tile, in float32;
+    arbitrary (finite) values where the tile runs past the tensor."""
     c_ok = c < C
     h_ok = h < H
     w_ok = w < W
@@ -99,7 +95,25 @@ def _dim_conv_fwd_kernel(
             xv = tl.load(x_img + cs * sx_c + hs * sx_h + w * sx_w, mask=m, other=0.0)
             wv = tl.load(ww_ptr + w * (K * K) + tap, mask=w_ok, other=0.0).to(tl.float32)
             acc_w += xv.to(tl.float32) * wv
-    m = c_ok & h_ok & w_ok
+    return acc_c, acc_h, acc_w
+
+
+@triton.jit
+def _dim_conv_fwd_kernel(
+    x_ptr, wc_ptr, wh_ptr, ww_ptr, y_ptr,
+    C, H, W,
+    sx_b, sx_c, sx_h, sx_w,
+    sy_b, sy_c, sy_h, sy_w,
+    slot_stride, chan_stride,
+    K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    acc_c, acc_h, acc_w = _branches(
+        x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
+        K, D_C, D_H, D_W, BLOCK_C, BLOCK_H, BLOCK_W,
+    )  # fmt: skip
+    m = (c < C) & (h < H) & (w < W)
     out = y_ptr + b * sy_b + (c * chan_stride) * sy_c + h * sy_h + w * sy_w
     dtype = y_ptr.dtype.element_ty
     tl.store(out, acc_c.to(dtype), mask=m)
