@@ -1,6 +1,6 @@
 """GPU speed of the DeLighT transformation, the character LMs and the vision networks, side by side.
 
-Four parts. Within a part the compared entries run in one process, interleaved round-robin so that
+Six parts. Within a part the compared entries run in one process, interleaved round-robin so that
 drift affects all alike, with CUDA synchronised around every timed call, warm-up calls first, and
 the median of ``--repeats`` runs reported:
 
@@ -20,6 +20,12 @@ the median of ``--repeats`` runs reported:
   every switch on "reference", so the kernel's effect shows; ESPNetv2 has none. With
   ``--compile`` each of DiCENet and ESPNetv2 is compiled in a child process under
   ``--compile-timeout`` (its first training step is the compile time).
+- ``dice``: one DiCE unit per distinct DiCENet s=1.0 stage shape, training step (forward and
+  backward) and inference at the vision batch and precision, channels-last: DimConv and DimFuse's
+  local fusion as one Triton pass (``fused``, ``src/ops/triton/dim_fuse.py``), DimConv's kernel
+  followed by the eager local fusion (``kernel``), plain PyTorch (``reference``) and ``auto``;
+  on CUDA each training entry also reports the peak memory its step allocates. On the CPU only
+  ``auto`` and ``reference`` run.
 - ``wgrad``: the GLT weight gradient dW = x^T dy (with dy's column sums, the bias gradient) for
   each weight shape of that DExTra unit, at its token counts, fp32 and bf16: the grouped-GEMM
   kernel in one pass over the tokens, the same kernel split over the tokens (split-K), and
@@ -36,7 +42,7 @@ for cold ones). On the CPU the defaults shrink (512 DExTra tokens, 2 x 32-charac
 4 images of 128 x 128 in fp32, 3 repeats, no compile) so that the whole script runs anywhere in
 about a minute (one thread, so that OpenMP does not spin against other jobs; ``--threads``).
 
-    python benchmarks/gpu.py [--device cuda|cpu] [--parts dextra charlm vision wgrad amp]
+    python benchmarks/gpu.py [--device cuda|cpu] [--parts dextra charlm vision dice wgrad amp]
         [--repeats 21] [--tokens 4096 16384] [--lm-batch 22] [--lm-len 512]
         [--vision-batch 256] [--image-size 224] [--vision-precision bf16]
         [--compile/--no-compile] [--compile-timeout 600] [--tf32] [--threads N] [--json PATH]
@@ -77,10 +83,11 @@ from src.models.espnetv2 import ESPNetv2  # noqa: E402
 from src.models.group_transformer import GroupTransformer  # noqa: E402
 from src.models.transformer_xl import TransformerXL  # noqa: E402
 from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
+from src.ops.dice import DiCE  # noqa: E402
 from src.ops.group_linear import GroupLinear  # noqa: E402
 from src.ops.triton import triton_available, use_triton  # noqa: E402
 
-PARTS = ("dextra", "charlm", "vision", "wgrad", "amp")
+PARTS = ("dextra", "charlm", "vision", "dice", "wgrad", "amp")
 PRECISIONS = ("fp32", "bf16")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -553,6 +560,88 @@ def vision_part(s: Settings) -> list[dict]:
     return rows
 
 
+# --- dice ---------------------------------------------------------------------------------------
+
+
+def dice_shapes(s: Settings) -> list[tuple[int, int, int]]:
+    """The distinct (C, H_b, W_b) of DiCENet s=1.0's DiCE units at the run's image size."""
+    shapes: list[tuple[int, int, int]] = []
+    for module in DiCENet(scale=1.0, input_size=s.image_size).modules():
+        if isinstance(module, DiCE):
+            conv = module.dim_conv
+            if (conv.channels, conv.height, conv.width) not in shapes:
+                shapes.append((conv.channels, conv.height, conv.width))
+    return shapes
+
+
+def dice_variant(unit: DiCE, name: str) -> DiCE:
+    """A copy of ``unit`` on one path: "fused" (DimConv + local fusion in one Triton pass),
+    "kernel" (DimConv's Triton kernel, then the eager local fusion), "reference" (PyTorch) or
+    "auto" (per shape the measured faster of each choice)."""
+    variant = copy.deepcopy(unit)
+    variant.dim_conv.impl = {"fused": "triton", "kernel": "triton"}.get(name, name)
+    variant.local_fusion = name != "kernel"
+    return variant
+
+
+def peak_mib(step: Callable[[], object], device: torch.device) -> float | None:
+    """MiB the step allocates above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    release(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    step()
+    synchronize(device)
+    return round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
+
+
+def dice_part(s: Settings) -> list[dict]:
+    """One DiCE unit per DiCENet stage shape: a training step (forward, backward from a ones
+    gradient) and inference, batch ``--vision-batch``, channels-last, the vision precision."""
+    names = ["auto", "reference"]
+    if s.device.type == "cuda" and triton_available():
+        names = ["fused", "kernel", *names]
+    rows = []
+    for channels, height, width in dice_shapes(s):
+        torch.manual_seed(0)
+        unit = DiCE(channels, channels, height, width).to(s.device)
+        units = {name: dice_variant(unit, name) for name in names}
+        x = torch.randn(s.vision_batch, channels, height, width, device=s.device)
+        x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+        for pass_ in ("train", "infer"):
+            progress(f"dice: {channels}x{height}x{width}, {pass_}")
+            steps: dict[str, Callable[[], object]] = {}
+            for name, variant in units.items():
+                variant.train(pass_ == "train")
+                if pass_ == "train":
+                    steps[name] = forward_backward(
+                        functools.partial(variant, x), s.device, s.vision_precision
+                    )
+                else:
+                    steps[name] = vision_infer_step(variant, x, s)
+            timings = time_interleaved(steps, s)
+            for name, t in timings.items():
+                memory = peak_mib(steps[name], s.device) if t.ms and pass_ == "train" else None
+                rows.append(
+                    {
+                        "part": "dice", "name": name, "pass": pass_,
+                        "shape": f"{channels}x{height}x{width}", "batch": s.vision_batch,
+                        "precision": s.vision_precision, "ms": rounded(t.ms, 4),
+                        "peak_mib": memory,
+                        "speedup_vs_reference": ratio(timings["reference"].ms, t.ms),
+                        "speedup_vs_kernel": ratio(timings["kernel"].ms, t.ms)
+                        if "kernel" in timings else None,
+                        "error": t.error,
+                    }
+                )  # fmt: skip
+            del steps
+            release(s.device)
+        del unit, units, x
+        release(s.device)
+    return rows
+
+
 def compile_probe(name: str, s: Settings, results: Connection) -> None:
     """In a child process: compile ``name``'s training step, time its first call and a few more."""
     if hasattr(os, "setpgid"):
@@ -716,6 +805,10 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                        ("compile s", "compile_s", ".1f"), ("graphs", "graphs", ""),
                        ("breaks", "graph_breaks", ""), ("compiled ms", "compiled_ms", ".2f"),
                        ("images/s", "compiled_images_per_s", ",.1f")],
+    "dice": [("path", "name", ""), ("pass", "pass", ""), ("C x H x W", "shape", ""),
+             ("batch", "batch", ""), ("precision", "precision", ""), ("ms", "ms", ".3f"),
+             ("peak MiB", "peak_mib", ".1f"), ("x reference", "speedup_vs_reference", ".2f"),
+             ("x kernel", "speedup_vs_kernel", ".2f")],
     "wgrad": [("method", "name", ""), ("tokens", "tokens", ","), ("precision", "precision", ""),
               ("g x k x n", "shape", ""), ("ms", "ms", ".4f"), ("TFLOP/s", "tflops", ".3g"),
               ("x bmm", "speedup_vs_bmm", ".2f"), ("fastest", "fastest", "")],
@@ -825,6 +918,18 @@ def summary(rows: list[dict]) -> list[str]:
         lines.append(
             "vision  compile " + ", ".join(f"{r['name']} {fmt_seconds(r)}" for r in compiled)
         )
+    for pass_ in ("train", "infer"):
+        dice = {
+            (r["shape"], r["name"]): r for r in rows if r["part"] == "dice" and r["pass"] == pass_
+        }
+        if dice:
+            shapes = list(dict.fromkeys(shape for shape, _ in dice))
+            best = "fused" if any(name == "fused" for _, name in dice) else "auto"
+            text = ", ".join(
+                f"{shape} {fmt_ratio(dice.get((shape, best), {}).get('speedup_vs_reference'))}"
+                for shape in shapes
+            )
+            lines.append(f"dice    {pass_:<5} {best} / reference: {text}")
     wgrad: dict[tuple[int, str], list[str]] = {}
     for r in rows:
         if r["part"] == "wgrad" and r["name"] == "split_k":
@@ -979,8 +1084,8 @@ def main() -> None:
     s, json_path = parse_settings()
     configure(s)
     run = {
-        "dextra": dextra_part, "charlm": charlm_part, "vision": vision_part, "wgrad": wgrad_part,
-        "amp": amp_part,
+        "dextra": dextra_part, "charlm": charlm_part, "vision": vision_part, "dice": dice_part,
+        "wgrad": wgrad_part, "amp": amp_part,
     }  # fmt: skip
     titles = {
         "dextra": f"DExTra(d_m={D_M}, w_m=2, N=8) forward+backward",
@@ -988,6 +1093,8 @@ def main() -> None:
         f"memory {s.lm_len}",
         "vision": f"training and inference, {s.vision_batch} x {s.image_size}^2 images, "
         f"{s.vision_precision}, channels-last",
+        "dice": f"DiCE units of DiCENet s=1.0, batch {s.vision_batch}, {s.vision_precision}, "
+        "channels-last",
         "wgrad": "GLT weight gradient x^T dy (+ column sums) of the DExTra unit's shapes",
         "amp": "mixed precision forward+backward",
     }

@@ -73,12 +73,21 @@ class DiCE(nn.Module):
     C_out = C, the kernel built; ``cpu_kernel = False`` opts a unit out), else at the build size
     :meth:`_folded_forward`'s eager calls.
 
+    Where DimConv's Triton kernel runs (CUDA, or ``impl="triton"``) at the build size, DimConv and
+    the first half of DimFuse (BN, PReLU, grouped 1x1 conv: the local fusion) can run as one pass
+    that never writes DimConv's 3C channels (:mod:`src.ops.triton.dim_fuse`): in training with
+    BN's batch statistics (the backward recomputes them), in inference with the second BN and
+    PReLU folded in too. ``impl="triton"`` always takes it, ``"auto"`` where
+    :func:`local_fusion_path` measured it faster; ``local_fusion = False`` opts a unit out.
+
     Shape:
         (B, C, H, W) -> (B, C_out, H, W), any H and W (see :class:`DimConv`).
     """
 
     #: take the fused C++ kernel in CPU inference where it applies (False: eager folded calls)
     cpu_kernel: bool = True
+    #: run DimConv and DimFuse's local fusion as one Triton pass where it applies (False: never)
+    local_fusion: bool = True
 
     def __init__(
         self,
@@ -142,7 +151,8 @@ class DiCE(nn.Module):
         conv, fuse = self.dim_conv, self.dim_fuse
         norm = fuse.norm
         if not (
-            conv.interleave
+            self.local_fusion
+            and conv.interleave
             and x.dim() == 4
             and tuple(x.shape[1:]) == (conv.channels, conv.height, conv.width)
             and use_triton(conv.impl, x)
