@@ -25,7 +25,9 @@ the median of ``--repeats`` runs reported:
   local fusion as one Triton pass (``fused``, ``src/ops/triton/dim_fuse.py``), DimConv's kernel
   followed by the eager local fusion (``kernel``), plain PyTorch (``reference``) and ``auto``;
   on CUDA each training entry also reports the peak memory its step allocates. On the CPU only
-  ``auto`` and ``reference`` run.
+  ``auto`` and ``reference`` are timed. Then DiCENet's activation memory per image (what autograd
+  keeps for the backward, fp32) on each path; with ``TRITON_INTERPRET=1`` the CPU run includes
+  the kernel paths here too (the figure does not depend on the device).
 - ``wgrad``: the GLT weight gradient dW = x^T dy (with dy's column sums, the bias gradient) for
   each weight shape of that DExTra unit, at its token counts, fp32 and bf16: the grouped-GEMM
   kernel in one pass over the tokens, the same kernel split over the tokens (split-K), and
@@ -596,13 +598,60 @@ def peak_mib(step: Callable[[], object], device: torch.device) -> float | None:
     return round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
 
 
+def saved_mib(net: nn.Module, x: Tensor) -> float:
+    """MiB of the distinct storages autograd keeps for the backward of ``net(x)`` (the training
+    step's activation memory, whatever the device's allocator does around it)."""
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(x)
+    return round(sum(storages.values()) / 2**20, 2)
+
+
+def dicenet_saved_rows(names: list[str], s: Settings) -> list[dict]:
+    """DiCENet s=1.0's activation memory per image with its DiCE units on each path, fp32 (one
+    image; the figure scales with the batch)."""
+    rows = []
+    x = torch.randn(1, 3, s.image_size, s.image_size, device=s.device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    for name in names:
+        torch.manual_seed(0)
+        net = DiCENet(scale=1.0, input_size=s.image_size)
+        for unit in net.modules():
+            if isinstance(unit, DiCE):
+                unit.dim_conv.impl = {"fused": "triton", "kernel": "triton"}.get(name, name)
+                unit.local_fusion = name != "kernel"
+        net = net.to(s.device, memory_format=torch.channels_last).train()
+        mib = saved_mib(net, x)
+        rows.append(
+            {
+                "part": "dice_memory", "name": name, "shape": f"{s.image_size}^2",
+                "saved_mib_per_image": mib,
+            }
+        )  # fmt: skip
+    base = next((r for r in rows if r["name"] == "kernel"), rows[-1])["saved_mib_per_image"]
+    for row in rows:
+        row["fraction_of_base"] = ratio(row["saved_mib_per_image"], base)
+    return rows
+
+
 def dice_part(s: Settings) -> list[dict]:
     """One DiCE unit per DiCENet stage shape: a training step (forward, backward from a ones
-    gradient) and inference, batch ``--vision-batch``, channels-last, the vision precision."""
+    gradient) and inference, batch ``--vision-batch``, channels-last, the vision precision; then
+    DiCENet's activation memory per path (:func:`dicenet_saved_rows`)."""
     names = ["auto", "reference"]
-    if s.device.type == "cuda" and triton_available():
+    kernels = triton_available() and (
+        s.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    )
+    if kernels:
         names = ["fused", "kernel", *names]
-    rows = []
+    rows = dicenet_saved_rows(names, s)
+    if s.device.type != "cuda":  # the interpreter's speed means nothing
+        names = [name for name in names if name not in ("fused", "kernel")]
     for channels, height, width in dice_shapes(s):
         torch.manual_seed(0)
         unit = DiCE(channels, channels, height, width).to(s.device)
@@ -809,6 +858,9 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
              ("batch", "batch", ""), ("precision", "precision", ""), ("ms", "ms", ".3f"),
              ("peak MiB", "peak_mib", ".1f"), ("x reference", "speedup_vs_reference", ".2f"),
              ("x kernel", "speedup_vs_kernel", ".2f")],
+    "dice_memory": [("path", "name", ""), ("image", "shape", ""),
+                    ("saved MiB/image", "saved_mib_per_image", ".2f"),
+                    ("x kernel", "fraction_of_base", ".3f")],
     "wgrad": [("method", "name", ""), ("tokens", "tokens", ","), ("precision", "precision", ""),
               ("g x k x n", "shape", ""), ("ms", "ms", ".4f"), ("TFLOP/s", "tflops", ".3g"),
               ("x bmm", "speedup_vs_bmm", ".2f"), ("fastest", "fastest", "")],
@@ -930,6 +982,10 @@ def summary(rows: list[dict]) -> list[str]:
                 for shape in shapes
             )
             lines.append(f"dice    {pass_:<5} {best} / reference: {text}")
+    memory = [r for r in rows if r["part"] == "dice_memory"]
+    if memory:
+        text = ", ".join(f"{r['name']} {r['saved_mib_per_image']:.2f}" for r in memory)
+        lines.append(f"dice    DiCENet activation MiB per image: {text}")
     wgrad: dict[tuple[int, str], list[str]] = {}
     for r in rows:
         if r["part"] == "wgrad" and r["name"] == "split_k":

@@ -222,3 +222,29 @@ def test_fused_dice_compiles_in_one_graph() -> None:
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(unit.dim_fuse.norm.running_var, ref.dim_fuse.norm.running_var)
     torch._dynamo.reset()
+
+
+def _saved_bytes(unit: nn.Module, x: Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of ``unit(x)``."""
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        unit(x)
+    return sum(storages.values())
+
+
+def test_fused_training_keeps_nine_fewer_channel_planes(kernel_device: torch.device) -> None:
+    """The unfused unit keeps DimConv's output, BN's and PReLU's (3C channels each) for the
+    backward; the fused one keeps none of them (it recomputes them from x, which both keep)."""
+    fused = DiCE(8, 8, 6, 7, impl="triton").to(kernel_device)
+    unfused = DiCE(8, 8, 6, 7, impl="triton").to(kernel_device)
+    unfused.local_fusion = False
+    x = torch.randn(2, 8, 6, 7, device=kernel_device, requires_grad=True)
+    saved = _saved_bytes(unfused, x) - _saved_bytes(fused, x)
+    planes = x.numel() * x.element_size()  # C channels of the batch
+    # the fused pass keeps a few per-channel vectors instead (batch mean, 1/std, scale, shift)
+    assert 9 * planes - 4 * 3 * 8 * 4 <= saved <= 9 * planes
