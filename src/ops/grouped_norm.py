@@ -9,8 +9,12 @@ and shift span the full width. DeLighT's shared-parameter group norm is a differ
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
+
+from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
 
 
 class PerGroupLayerNorm(nn.Module):
@@ -20,6 +24,9 @@ class PerGroupLayerNorm(nn.Module):
         num_features: the normalised (last) dimension, divisible by ``groups``.
         groups: number of contiguous chunks normalised separately; 1 normalises the full width.
         eps: added to the unbiased standard deviation.
+        impl: ``"auto"`` (on CUDA, per shape the faster of the fused Triton kernel,
+            :mod:`src.ops.triton.grouped_norm`, and the PyTorch path, :func:`auto_path`; the
+            PyTorch path under ``torch.compile``), ``"reference"`` or ``"triton"``.
 
     Parameters: ``weight`` and ``bias``, each (num_features,), one gain and shift per feature.
 
@@ -27,7 +34,9 @@ class PerGroupLayerNorm(nn.Module):
         (..., num_features) -> (..., num_features)
     """
 
-    def __init__(self, num_features: int, groups: int, *, eps: float = 1e-6) -> None:
+    def __init__(
+        self, num_features: int, groups: int, *, eps: float = 1e-6, impl: str = "auto"
+    ) -> None:
         super().__init__()
         if groups < 1 or num_features % groups:
             raise ValueError(
@@ -41,6 +50,7 @@ class PerGroupLayerNorm(nn.Module):
         self.num_features = num_features
         self.groups = groups
         self.eps = eps
+        self.impl = check_impl(impl)
         self.weight = nn.Parameter(torch.empty(num_features))
         self.bias = nn.Parameter(torch.empty(num_features))
         self.reset_parameters()
@@ -50,25 +60,95 @@ class PerGroupLayerNorm(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        # Statistics of 16-bit activations are taken in float32, as autocast does for its own
-        # norms; the output is then float32 too (the next matmul casts it down again).
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        # (..., C) -> (..., groups, C / groups)
-        width = self.num_features // self.groups
-        xg = x.unflatten(-1, (self.groups, width))
-        if xg.is_cuda:  # one fused reduction
-            std, mean = torch.std_mean(xg, dim=-1, keepdim=True, correction=1)
-            centred = xg - mean
-        else:
-            # two passes written out: torch.std_mean over rows this short is ~10x slower on the
-            # CPU (482 vs 46 us on (512, 4, 64)), and so is its backward
-            mean = xg.mean(dim=-1, keepdim=True)
-            centred = xg - mean
-            std = (centred.square().sum(dim=-1, keepdim=True) / (width - 1)).sqrt()
-        # (..., groups, C / groups) -> (..., C)
-        normed = (centred / (std + self.eps)).flatten(-2)
-        return torch.addcmul(self.bias, normed, self.weight)
+        if x.shape[-1] != self.num_features:
+            raise ValueError(f"expected (..., {self.num_features}), got {tuple(x.shape)}")
+        args = (x, self.weight, self.bias, self.groups, self.eps)
+        kernel = use_triton(self.impl, x) and _kernel_covers(*args)
+        if kernel and self.impl == "auto":
+            # traced by torch.compile, the PyTorch path's passes are fused by inductor itself,
+            # and with its neighbours, which an opaque kernel would prevent
+            kernel = not torch.compiler.is_compiling() and auto_path(*args) == "triton"
+        if kernel:
+            from src.ops.triton.grouped_norm import per_group_layer_norm_triton
+
+            return per_group_layer_norm_triton(*args)
+        return per_group_layer_norm(*args)
 
     def extra_repr(self) -> str:
-        return f"num_features={self.num_features}, groups={self.groups}, eps={self.eps}"
+        return (
+            f"num_features={self.num_features}, groups={self.groups}, eps={self.eps}, "
+            f"impl={self.impl!r}"
+        )
+
+
+def per_group_layer_norm(
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
+) -> Tensor:
+    """:class:`PerGroupLayerNorm` in plain PyTorch (the test oracle of the Triton kernel).
+
+    Shape:
+        x (..., D), weight and bias (D,) -> (..., D)
+    """
+    # Statistics of 16-bit activations are taken in float32, as autocast does for its own
+    # norms; the output is then float32 too (the next matmul casts it down again).
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    # (..., C) -> (..., groups, C / groups)
+    width = x.shape[-1] // groups
+    xg = x.unflatten(-1, (groups, width))
+    if xg.is_cuda:  # one fused reduction
+        std, mean = torch.std_mean(xg, dim=-1, keepdim=True, correction=1)
+        centred = xg - mean
+    else:
+        # two passes written out: torch.std_mean over rows this short is ~10x slower on the
+        # CPU (482 vs 46 us on (512, 4, 64)), and so is its backward
+        mean = xg.mean(dim=-1, keepdim=True)
+        centred = xg - mean
+        std = (centred.square().sum(dim=-1, keepdim=True) / (width - 1)).sqrt()
+    # (..., groups, C / groups) -> (..., C)
+    normed = (centred / (std + eps)).flatten(-2)
+    return torch.addcmul(bias, normed, weight)
+
+
+def _kernel_covers(x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float) -> bool:
+    """The fused kernel's dtypes: x float32/16-bit, float32 parameters."""
+    return (
+        x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and weight.dtype == bias.dtype == torch.float32
+    )
+
+
+# (row bucket, D, groups, dtype, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = {}
+
+
+def auto_path(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    groups: int,
+    eps: float,
+    timer: Timer | None = None,
+) -> str:
+    """``impl="auto"`` on CUDA: "triton" (one fused launch) or "reference", whichever forward ran
+    faster on the first call with this shape (rows by :func:`src.ops.triton.size_bucket`) and
+    dtype (:func:`src.ops.triton.fastest`). Both are deterministic; deterministic mode takes the
+    kernel.
+
+    Shape:
+        x (..., D), weight and bias (D,)
+    """
+    rows = x.numel() // max(x.shape[-1], 1)
+    key = (size_bucket(rows), x.shape[-1], groups, x.dtype, str(x.device))
+
+    def run(path: str) -> Tensor:
+        from src.ops.triton.grouped_norm import per_group_layer_norm_triton
+
+        forward = per_group_layer_norm_triton if path == "triton" else per_group_layer_norm
+        with torch.no_grad():
+            return forward(x, weight, bias, groups, eps)
+
+    def candidates() -> dict:
+        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+
+    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")

@@ -22,6 +22,7 @@ from src.ops.relative_position import (
     relative_attention_scores,
 )
 from src.ops.shuffle import feature_shuffle
+from src.ops.triton import triton_available
 from tests.parity.reference import fixtures, load
 
 ATOL = 1e-5
@@ -66,8 +67,12 @@ def _attention_case(fx: dict, suffix: str) -> None:
     with torch.no_grad():
         out = attn(h, r, inputs["r_w_bias"], inputs["r_r_bias"], memory=memory)
         context = h if memory is None else torch.cat([memory, h], 1)
-        assert_close(attn.q_norm(h), batch_first(inter["q_norm_out"]))
-        assert_close(attn.kv_norm(context), batch_first(inter["kv_norm_out"]))
+        for impl in ("reference", "triton") if triton_available() else ("reference",):
+            # the fused norm kernel (Triton's interpreter without CUDA) against the official too
+            attn.q_norm.impl = attn.kv_norm.impl = impl
+            assert_close(attn.q_norm(h), batch_first(inter["q_norm_out"]))
+            assert_close(attn.kv_norm(context), batch_first(inter["kv_norm_out"]))
+        attn.q_norm.impl = attn.kv_norm.impl = "auto"
         assert_close(attn.r_net(r), inter["r_proj"])
 
     # the score pieces, from the official intermediates: (K, B, H, dh) -> (B, H, K, dh)
