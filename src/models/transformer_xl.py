@@ -51,6 +51,10 @@ class RelativeMultiHeadAttention(nn.Module):
         (H, d_head), memory (B, M, D) or None -> (B, T, D)
     """
 
+    #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
+    #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
+    attention: str = "auto"
+
     def __init__(
         self,
         d_model: int,
@@ -105,7 +109,7 @@ class RelativeMultiHeadAttention(nn.Module):
         attended = relative_attention(
             q, k, v, rk, r_w_bias, r_r_bias,
             mask=causal_memory_mask(qlen, mlen, device=h.device),
-            dropatt=self.dropatt, training=self.training,
+            dropatt=self.dropatt, training=self.training, path=self.attention,
         )  # (B, H, T, d_head)
         o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)
         out = h + F.dropout(o, p=self.dropout, training=self.training)

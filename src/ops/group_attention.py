@@ -50,6 +50,10 @@ class GroupAttention(nn.Module):
         r_w_bias and r_r_bias (H, d_head), memory (B, M, D) or None -> (B, T, D)
     """
 
+    #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
+    #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
+    attention: str = "auto"
+
     def __init__(
         self,
         d_model: int,
@@ -124,7 +128,7 @@ class GroupAttention(nn.Module):
         mask = causal_memory_mask(qlen, mlen, device=h.device)
         attended = relative_attention(
             q, k, v, rk, r_w_bias, r_r_bias,
-            mask=mask, dropatt=self.dropatt, training=self.training,
+            mask=mask, dropatt=self.dropatt, training=self.training, path=self.attention,
         )  # (B, H, T, d_head)
         ov = attended.transpose(1, 2).reshape(batch, qlen, self.d_model)  # (B, T, D), group-major
 
