@@ -11,8 +11,10 @@ the median of ``--repeats`` runs reported:
   and a dense GEMM of equal FLOPs (the rate the hardware reaches on this much arithmetic).
 - ``charlm``: a training step (forward with a full memory, cross-entropy, backward, Adam) of the
   2- and 4-group Group-Transformers against Transformer-XL (9, 256, 8; pre-norm, untied) at enwik8
-  sizes, in tokens/s, fp32 and bf16, eagerly and under ``torch.compile``; a compiled entry also
-  reports its first step (the compile time) and dynamo's graphs and graph breaks.
+  sizes, in tokens/s, fp32 and bf16, eagerly and under ``torch.compile``; on CUDA the eager group
+  also runs Transformer-XL and G=4 with their kernels and fused attention off (``*_plain``); a
+  compiled entry also reports its first step (the compile time) and dynamo's graphs and graph
+  breaks.
 - ``vision``: training step (SGD with momentum) and inference (``torch.inference_mode``) of
   DiCENet and ESPNetv2 s=1.0 against torchvision ShuffleNetV2 x1.0, MobileNetV2 and
   MobileNetV3-Large, in images/s, channels-last under autocast (bf16 on CUDA, cuDNN autotuning
@@ -100,6 +102,7 @@ LM_LAYERS, LM_WIDTH = 9, 256
 TXL = "transformer_xl(9,256,8)"
 LM_NAMES = (TXL, "group_transformer(G=2)", "group_transformer(G=4)")
 SHORT = dict(zip(LM_NAMES, ("TXL", "G=2", "G=4"), strict=True))
+PLAIN = "_plain"  # an LM entry with its kernels and fused attention switched off
 OURS_CNN = ("dicenet", "espnetv2")
 TORCHVISION = ("shufflenet_v2_x1_0", "mobilenet_v2", "mobilenet_v3_large")
 BASELINE_CNN = "shufflenet_v2_x1_0"
@@ -390,10 +393,18 @@ def lm_model(name: str, length: int) -> nn.Module:
         "n_token": VOCAB, "n_layer": LM_LAYERS, "d_model": LM_WIDTH, "n_head": 8, "d_inner": 1024,
         "mem_len": length, "dropout": 0.0,
     }
-    if name == TXL:
-        return TransformerXL(**size, pre_norm=True, tie_weight=False)
-    groups = {"group_transformer(G=2)": 2, "group_transformer(G=4)": 4}[name]
-    return GroupTransformer(**size, n_group=groups, tgt_len=length)
+    base = name.removesuffix(PLAIN)
+    if base == TXL:
+        net: nn.Module = TransformerXL(**size, pre_norm=True, tie_weight=False)
+    else:
+        groups = {"group_transformer(G=2)": 2, "group_transformer(G=4)": 4}[base]
+        net = GroupTransformer(**size, n_group=groups, tgt_len=length)
+    if name.endswith(PLAIN):  # every kernel switch on PyTorch, attention on the eager ops
+        with_impl(net, "reference")
+        for module in net.modules():
+            if hasattr(module, "attention"):
+                module.attention = "eager"
+    return net
 
 
 def lm_train_step(
@@ -433,7 +444,10 @@ def charlm_part(s: Settings) -> list[dict]:
             if mode == "compiled":
                 torch._dynamo.reset()  # each compiled group pays its own compile time
             steps = {}
-            for name in LM_NAMES:
+            names = list(LM_NAMES)
+            if mode == "eager" and s.device.type == "cuda":
+                names += [TXL + PLAIN, LM_NAMES[2] + PLAIN]  # what the kernels and SDPA bring
+            for name in names:
                 torch.manual_seed(0)
                 net = lm_model(name, s.lm_len).to(s.device).train()
                 forward = torch.compile(net) if mode == "compiled" else net
@@ -945,6 +959,13 @@ def summary(rows: list[dict]) -> list[str]:
             f"{SHORT[name]} / TXL {fmt_ratio(group.get(name, {}).get('speedup_vs_txl'))}"
             for name in LM_NAMES[1:]
         )
+        plain = [
+            f"{SHORT[base]} {fmt_ratio(ratio(r['ms'], group[base].get('ms')))}"
+            for name, r in group.items()
+            if name.endswith(PLAIN) and (base := name.removesuffix(PLAIN)) in group
+        ]
+        if plain:
+            text += "; auto / plain " + ", ".join(plain)
         if mode == "compiled":
             text += "; compile " + ", ".join(
                 f"{SHORT[name]} {fmt_seconds(r)}" for name, r in group.items()

@@ -246,8 +246,9 @@ def attention_path(
     the first call (forward and backward when autograd records, forward otherwise;
     :func:`src.ops.triton.fastest`) and kept for the process; "eager" on the CPU (where PyTorch's
     fused attention with a float bias measured slower: 466 vs 337 ms forward+backward over
-    2 x 512 queries, 512 memory, 8 heads of 32, on 2 cores) and while ``torch.compile`` traces. Deterministic mode takes
-    "eager" (the memory-efficient kernel's bias gradient is not deterministic).
+    2 x 512 queries, 512 memory, 8 heads of 32, on 2 cores) and while ``torch.compile`` traces.
+    Deterministic mode takes "eager" (the memory-efficient kernel's bias gradient is not
+    deterministic).
 
     Shape:
         as :func:`relative_attention`

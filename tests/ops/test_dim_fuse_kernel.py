@@ -1,7 +1,8 @@
-"""DimConv and DimFuse's local fusion in one Triton pass (``src/ops/triton/dim_fuse.py``) against the
-PyTorch reference (``local_fusion_reference``): output, BN running statistics, and the gradients of
-the input and of every parameter, in training (batch statistics) and inference (running statistics,
-second BN and PReLU folded in). Without CUDA the kernels run in Triton's interpreter on CPU tensors.
+"""DimConv and DimFuse's local fusion in one Triton pass (``src/ops/triton/dim_fuse.py``) against
+the PyTorch reference (``local_fusion_reference``): output, BN running statistics, and the
+gradients of the input and of every parameter, in training (batch statistics) and inference
+(running statistics, second BN and PReLU folded in). Without CUDA the kernels run in Triton's
+interpreter on CPU tensors.
 
 float32 tolerance: kernel and reference differ in summation order and in how BN's variance is
 formed (E[h^2] - E[h]^2 from float64 partials here, Welford in PyTorch), 1e-5 relative on values of

@@ -1,33 +1,33 @@
-"""DimConv and DimFuse's local fusion in one pass: the 3C dimension-wise responses never reach memory.
+"""DimConv and DimFuse's local fusion in one pass: the 3C dimension-wise responses stay on chip.
 
 In a DiCE unit (:class:`src.ops.dice.DiCE`) DimConv writes 3C channels that DimFuse's first half
 reads back three times (BN, PReLU, the grouped 1x1 conv) to make C channels:
 
-    h = DimConv(x)                        (B, 3C, H, W), interleaved: channel 3c + b is branch b of c
+    h = DimConv(x)                        (B, 3C, H, W); channel 3c + b is branch b of channel c
     a = PReLU_3C(BN_3C(h))
     l[c] = sum_b w_local[c, b] a[3c + b]  (B, C, H, W)
 
 Here one program computes the three branches of its (channel x row x column) tile in registers
-(:func:`src.ops.triton.dim_conv._branches`), applies BN and PReLU per branch and writes only l. The
-per-channel BN is an affine map ``z = scale * h + shift``; in training its batch statistics need
-every pixel first, so the forward is two passes over x (:func:`local_fusion_statistics`, then
-:func:`local_fusion_forward` with the batch scale and shift) and the backward recomputes h instead of
-keeping it:
+(:func:`src.ops.triton.dim_conv._branches`), applies BN and PReLU per branch and writes only l.
+The per-channel BN is an affine map ``z = scale * h + shift``; in training its batch statistics
+need every pixel first, so the forward is two passes over x (:func:`local_fusion_statistics`,
+then :func:`local_fusion_forward` with the batch scale and shift) and the backward recomputes h
+instead of keeping it:
 
-1. :func:`local_fusion_backward_sums`: per channel, sum dz, sum dz h, PReLU's sum dz z [z <= 0] and
-   the local conv's sum dl a, with ``dz = dl w_local (z > 0 ? 1 : alpha)``;
+1. :func:`local_fusion_backward_sums`: per channel, sum dz, sum dz h, PReLU's sum dz z [z <= 0]
+   and the local conv's sum dl a, with ``dz = dl w_local (z > 0 ? 1 : alpha)``;
 2. :func:`local_fusion_grad_h`: BN's input gradient ``dh = p dz + q h + r`` (per-channel p, q, r
    from the sums), written once as DimConv's output gradient, which
    :func:`src.ops.triton.dim_conv.dim_conv_backward` takes back to x and the three kernels.
 
-Autograd keeps x instead of h, BN's output and PReLU's output (3C channels each). Per-channel sums are
-per-program partials summed by PyTorch, so they do not depend on the run; the DimConv weight
-gradient's atomics do. In inference (running statistics) the second BN and PReLU, after the local
-conv, are folded into the same pass, so the kernel writes DimFuse's Y_l directly.
+Autograd keeps x instead of h, BN's output and PReLU's output (3C channels each). Per-channel
+sums are per-program partials summed by PyTorch, so they do not depend on the run; the DimConv
+weight gradient's atomics do. In inference (running statistics) the second BN and PReLU, after the
+local conv, are folded into the same pass, so the kernel writes DimFuse's Y_l directly.
 
 Accumulation is float32 for every input dtype; BN, PReLU and the local weights stay float32 under
-autocast, as the eager ops keep them. Covers the interleaved layout (``shuffle=True``, every released
-model) at the build size.
+autocast, as the eager ops keep them. Covers the interleaved layout (``shuffle=True``, every
+released model) at the build size.
 """
 
 from __future__ import annotations
