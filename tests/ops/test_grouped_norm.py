@@ -99,9 +99,10 @@ def test_module_paths_agree_and_check_the_width(kernel_device: torch.device) -> 
     torch.testing.assert_close(kernel.double()(x64), reference.double()(x64))
 
 
-def test_auto_path_times_each_shape_once() -> None:
-    x = torch.randn(6, 32)
-    weight, bias = torch.ones(32), torch.zeros(32)
+def test_auto_path_times_each_shape_once(kernel_device: torch.device) -> None:
+    x = torch.randn(6, 32, device=kernel_device)
+    weight = torch.ones(32, device=kernel_device)
+    bias = torch.zeros(32, device=kernel_device)
     times = iter([3.0, 1.0])  # the kernel, then the PyTorch path (faster here)
     calls: list[int] = []
 
