@@ -153,6 +153,7 @@ class DiCE(nn.Module):
         if not (
             self.local_fusion
             and conv.interleave
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)  # the kernel's
             and x.dim() == 4
             and tuple(x.shape[1:]) == (conv.channels, conv.height, conv.width)
             and use_triton(conv.impl, x)

@@ -226,7 +226,8 @@ def _sdpa_relative_attention(
     )
 
 
-# (B bucket, H, T, K, d_head, dtype, autocast dtype, grad, device) -> "eager" | "sdpa"
+# (B bucket, H, T, K, d_head, dtype, autocast dtype, grad, masked, dropout, device)
+#   -> "eager" | "sdpa"
 _attention_choice: dict[tuple, str] = {}
 
 
@@ -260,14 +261,17 @@ def attention_path(
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, rk, r_w_bias, r_r_bias)
     )
+    dropout = dropatt if training else 0.0
     key = (
         size_bucket(q.shape[0]), *q.shape[1:], k.shape[-2], q.dtype, autocast, grad,
-        str(q.device),
+        mask is not None, dropout > 0, str(q.device),
     )  # fmt: skip
 
     def run(path: str) -> None:
         inputs = [t.detach().requires_grad_(grad) for t in (q, k, v, rk, r_w_bias, r_r_bias)]
-        with torch.set_grad_enabled(grad):
+        # the timed dropout draws leave the training's random stream where it was
+        cuda = [q.device] if q.is_cuda else []
+        with torch.random.fork_rng(devices=cuda), torch.set_grad_enabled(grad):
             out = relative_attention(
                 *inputs, mask=mask, dropatt=dropatt, training=training, path=path
             )

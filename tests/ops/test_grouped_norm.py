@@ -99,7 +99,10 @@ def test_module_paths_agree_and_check_the_width(kernel_device: torch.device) -> 
     torch.testing.assert_close(kernel.double()(x64), reference.double()(x64))
 
 
-def test_auto_path_times_each_shape_once(kernel_device: torch.device) -> None:
+def test_auto_path_times_each_shape_once(
+    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("src.ops.grouped_norm._auto_path_choice", {})  # nothing timed before counts
     x = torch.randn(6, 32, device=kernel_device)
     weight = torch.ones(32, device=kernel_device)
     bias = torch.zeros(32, device=kernel_device)

@@ -14,10 +14,10 @@ need every pixel first, so the forward is two passes over x (:func:`local_fusion
 then :func:`local_fusion_forward` with the batch scale and shift) and the backward recomputes h
 instead of keeping it:
 
-1. :func:`local_fusion_backward_sums`: per channel, sum dz, sum dz h, PReLU's sum dz z [z <= 0]
-   and the local conv's sum dl a, with ``dz = dl w_local (z > 0 ? 1 : alpha)``;
-2. :func:`local_fusion_grad_h`: BN's input gradient ``dh = p dz + q h + r`` (per-channel p, q, r
-   from the sums), written once as DimConv's output gradient, which
+1. :func:`local_fusion_backward_sums`: per channel, sum dz, sum dz (h - mean), PReLU's
+   sum dz z [z <= 0] and the local conv's sum dl a, with ``dz = dl w_local (z > 0 ? 1 : alpha)``;
+2. :func:`local_fusion_grad_h`: BN's input gradient ``dh = p dz + q (h - mean) + r``
+   (per-channel p, q, r from the sums), written once as DimConv's output gradient, which
    :func:`src.ops.triton.dim_conv.dim_conv_backward` takes back to x and the three kernels.
 
 Autograd keeps x instead of h, BN's output and PReLU's output (3C channels each). Per-channel
@@ -124,7 +124,7 @@ def _local_stats_kernel(
 @triton.jit
 def _local_bwd_sums_kernel(
     x_ptr, wc_ptr, wh_ptr, ww_ptr,
-    scale_ptr, shift_ptr, alpha_ptr, wl_ptr,
+    scale_ptr, shift_ptr, alpha_ptr, wl_ptr, mean_ptr,
     gl_ptr, part_ptr,
     C, H, W,
     sx_b, sx_c, sx_h, sx_w,
@@ -132,7 +132,8 @@ def _local_bwd_sums_kernel(
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    # partials (programs, 4, 3C): sum dz, sum dz h, sum dz z [z <= 0] (PReLU), sum dl a (local)
+    # partials (programs, 4, 3C): sum dz, sum dz (h - mean), sum dz z [z <= 0] (PReLU),
+    # sum dl a (local); centred, so that BN's gradient does not cancel digits
     b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
     branches = _branches(
         x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
@@ -149,13 +150,14 @@ def _local_bwd_sums_kernel(
             scale_ptr, shift_ptr, alpha_ptr, wl_ptr, 3 * c + slot, c_ok
         )
         hv = tl.where(m, branches[slot], 0.0)
+        mu = tl.load(mean_ptr + 3 * c + slot, mask=c_ok, other=0.0)
         z = hv * s + t
         positive = z > 0
         da = g * wl
         dz = tl.where(positive, da, alpha * da)
         sums = (
             dz,
-            dz * hv,
+            dz * (hv - mu),
             tl.where(positive, 0.0, da * z),
             g * tl.where(positive, z, alpha * z),
         )
@@ -167,7 +169,7 @@ def _local_bwd_sums_kernel(
 @triton.jit
 def _local_grad_h_kernel(
     x_ptr, wc_ptr, wh_ptr, ww_ptr,
-    scale_ptr, shift_ptr, alpha_ptr, wl_ptr,
+    scale_ptr, shift_ptr, alpha_ptr, wl_ptr, mean_ptr,
     p_ptr, q_ptr, r_ptr,
     gl_ptr, gh_ptr,
     C, H, W,
@@ -196,7 +198,8 @@ def _local_grad_h_kernel(
         p = tl.load(p_ptr + idx, mask=c_ok, other=0.0)
         q = tl.load(q_ptr + idx, mask=c_ok, other=0.0)
         r = tl.load(r_ptr + idx, mask=c_ok, other=0.0)
-        gh = p * dz + q * branches[slot] + r
+        mu = tl.load(mean_ptr + idx, mask=c_ok, other=0.0)
+        gh = p * dz + q * (branches[slot] - mu) + r
         tl.store(out + slot * sy_c, gh.to(gh_ptr.dtype.element_ty), mask=m)
 
 
@@ -215,7 +218,7 @@ def _local_like(x: Tensor) -> Tensor:
 def _statistics_fake(
     x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, dilation: list[int]
 ) -> Tensor:
-    return x.new_empty((2, 3 * x.shape[1]), dtype=torch.float32)
+    return x.new_empty((2, 3 * x.shape[1]), dtype=torch.float64)
 
 
 @opaque_op(
@@ -227,7 +230,7 @@ def _statistics_fake(
 def local_fusion_statistics(
     x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, dilation: list[int]
 ) -> Tensor:
-    """Per-channel sum and sum of squares of DimConv(x), float32, not materialising it.
+    """Per-channel sum and sum of squares of DimConv(x), float64, not materialising it.
 
     Shape:
         x (B, C, H_b, W_b) any strides, weights contiguous -> (2, 3C)
@@ -237,8 +240,8 @@ def local_fusion_statistics(
         (grid[0] * grid[2], 2, 3 * x.shape[1]), dtype=torch.float32, device=x.device
     )
     _local_stats_kernel[grid](x, wc, wh, ww, partials, *x.shape[1:], *x.stride(), **meta)
-    # float64 over the partials: the E[h^2] - E[h]^2 variance below needs the digits
-    return partials.sum(0, dtype=torch.float64).float()
+    # float64 over the partials: the E[h^2] - E[h]^2 variance formed from them needs the digits
+    return partials.sum(0, dtype=torch.float64)
 
 
 def _forward_fake(
@@ -277,7 +280,7 @@ def local_fusion_forward(
 
 def _sums_fake(
     grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
-    shift: Tensor, alpha: Tensor, w_local: Tensor, dilation: list[int],
+    shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, dilation: list[int],
 ) -> Tensor:  # fmt: skip
     return x.new_empty((4, 3 * x.shape[1]), dtype=torch.float32)
 
@@ -286,14 +289,15 @@ def _sums_fake(
     "lightnets::local_fusion_backward_sums",
     "(Tensor grad_local, Tensor x, Tensor weight_channel, Tensor weight_height, "
     "Tensor weight_width, Tensor scale, Tensor shift, Tensor alpha, Tensor w_local, "
-    "int[] dilation) -> Tensor",
+    "Tensor mean, int[] dilation) -> Tensor",
     _sums_fake,
 )
 def local_fusion_backward_sums(
     grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
-    shift: Tensor, alpha: Tensor, w_local: Tensor, dilation: list[int],
+    shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, dilation: list[int],
 ) -> Tensor:  # fmt: skip
-    """Per channel: sum dz, sum dz h, sum dz z [z <= 0] and sum dl a (see the module docstring).
+    """Per channel: sum dz, sum dz (h - mean), sum dz z [z <= 0] and sum dl a (see the module
+    docstring).
 
     Shape:
         grad_local and x (B, C, H_b, W_b) any strides -> (4, 3C) float32
@@ -303,7 +307,7 @@ def local_fusion_backward_sums(
         (grid[0] * grid[2], 4, 3 * x.shape[1]), dtype=torch.float32, device=x.device
     )
     _local_bwd_sums_kernel[grid](
-        x, wc, wh, ww, scale, shift, alpha, w_local, grad_local, partials, *x.shape[1:],
+        x, wc, wh, ww, scale, shift, alpha, w_local, mean, grad_local, partials, *x.shape[1:],
         *x.stride(), *grad_local.stride(), **meta,
     )  # fmt: skip
     return partials.sum(0)
@@ -311,7 +315,7 @@ def local_fusion_backward_sums(
 
 def _grad_h_fake(
     grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
-    shift: Tensor, alpha: Tensor, w_local: Tensor, p: Tensor, q: Tensor, r: Tensor,
+    shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, p: Tensor, q: Tensor, r: Tensor,
     dilation: list[int],
 ) -> Tensor:  # fmt: skip
     return _output_like(x)
@@ -320,16 +324,16 @@ def _grad_h_fake(
 @opaque_op(
     "lightnets::local_fusion_grad_h",
     "(Tensor grad_local, Tensor x, Tensor weight_channel, Tensor weight_height, "
-    "Tensor weight_width, Tensor scale, Tensor shift, Tensor alpha, Tensor w_local, Tensor p, "
-    "Tensor q, Tensor r, int[] dilation) -> Tensor",
+    "Tensor weight_width, Tensor scale, Tensor shift, Tensor alpha, Tensor w_local, "
+    "Tensor mean, Tensor p, Tensor q, Tensor r, int[] dilation) -> Tensor",
     _grad_h_fake,
 )
 def local_fusion_grad_h(
     grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
-    shift: Tensor, alpha: Tensor, w_local: Tensor, p: Tensor, q: Tensor, r: Tensor,
+    shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, p: Tensor, q: Tensor, r: Tensor,
     dilation: list[int],
 ) -> Tensor:  # fmt: skip
-    """DimConv's output gradient ``p dz + q h + r`` per channel, h recomputed.
+    """DimConv's output gradient ``p dz + q (h - mean) + r`` per channel, h recomputed.
 
     Shape:
         grad_local and x (B, C, H_b, W_b) any strides -> (B, 3C, H_b, W_b) in x's memory format
@@ -337,7 +341,7 @@ def local_fusion_grad_h(
     grid, meta = _consts(x, wc, tuple(dilation))
     grad_h = _output_like(x)
     _local_grad_h_kernel[grid](
-        x, wc, wh, ww, scale, shift, alpha, w_local, p, q, r, grad_local, grad_h,
+        x, wc, wh, ww, scale, shift, alpha, w_local, mean, p, q, r, grad_local, grad_h,
         *x.shape[1:], *x.stride(), *grad_local.stride(), *grad_h.stride(), **meta,
     )  # fmt: skip
     return grad_h
@@ -356,15 +360,16 @@ class _LocalFusionFunction(torch.autograd.Function):
         count = x.shape[0] * x.shape[2] * x.shape[3]
         with autocast_off(x.device.type):
             total, squares = local_fusion_statistics(x, *weights, list(dilation))
-            mean = total / count
-            var = (squares / count - mean * mean).clamp_min(0)
+            mean64 = total / count  # float64 until the variance is formed
+            mean = mean64.float()
+            var = (squares / count - mean64 * mean64).clamp_min(0).float()
             rstd = torch.rsqrt(var + eps)
             scale = gamma * rstd
             shift = beta - mean * scale
             local = local_fusion_forward(
                 x, *weights, scale, shift, alpha, w_local, [], list(dilation)
             )
-        ctx.save_for_backward(x, *weights, gamma, alpha, w_local, mean, rstd, scale, shift)
+        ctx.save_for_backward(x, *weights, alpha, w_local, mean, rstd, scale, shift)
         ctx.dilation = dilation
         ctx.count = count
         ctx.mark_non_differentiable(mean, var)
@@ -372,20 +377,21 @@ class _LocalFusionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_local: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
-        x, wc, wh, ww, gamma, alpha, w_local, mean, rstd, scale, shift = ctx.saved_tensors
+        x, wc, wh, ww, alpha, w_local, mean, rstd, scale, shift = ctx.saved_tensors
         dilation = list(ctx.dilation)
         with autocast_off(x.device.type):
-            sum_dz, sum_dz_h, grad_alpha, grad_w_local = local_fusion_backward_sums(
-                grad_local, x, wc, wh, ww, scale, shift, alpha, w_local, dilation
+            sum_dz, sum_dz_centred, grad_alpha, grad_w_local = local_fusion_backward_sums(
+                grad_local, x, wc, wh, ww, scale, shift, alpha, w_local, mean, dilation
             )
             grad_beta = sum_dz
-            grad_gamma = rstd * (sum_dz_h - mean * sum_dz)  # sum dz (h - mean) rstd
+            grad_gamma = rstd * sum_dz_centred  # sum dz x_hat
             # dh = scale (dz - mean(dz) - x_hat mean(dz x_hat)), x_hat = (h - mean) rstd
             q = -scale * rstd * grad_gamma / ctx.count
-            r = -scale * grad_beta / ctx.count - q * mean
+            r = -scale * grad_beta / ctx.count
             grad_h = local_fusion_grad_h(
-                grad_local, x, wc, wh, ww, scale, shift, alpha, w_local, scale, q, r, dilation
-            )
+                grad_local, x, wc, wh, ww, scale, shift, alpha, w_local, mean, scale, q, r,
+                dilation,
+            )  # fmt: skip
             want_x = ctx.needs_input_grad[0]
             want_w = any(ctx.needs_input_grad[1:4])
             grads = iter(
@@ -454,6 +460,10 @@ def local_fusion_triton(
     gamma, beta, alpha = (t.float().contiguous() for t in (weight, bias, alpha))
     w_local = w_local.float().reshape(-1)
     dilation = tuple(int(d) for d in dilation)
+    if training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
+        raise ValueError(
+            f"expected more than 1 value per channel when training, got input {tuple(x.shape)}"
+        )
     if training:
         local, mean, var = _LocalFusionFunction.apply(
             x, weight_channel, weight_height, weight_width, gamma, beta, alpha, w_local,
@@ -463,12 +473,14 @@ def local_fusion_triton(
             count = x.shape[0] * x.shape[2] * x.shape[3]
             with torch.no_grad():
                 running_mean.lerp_(mean.to(running_mean.dtype), momentum)
-                unbiased = var * (count / max(count - 1, 1))
+                unbiased = var * (count / (count - 1))
                 running_var.lerp_(unbiased.to(running_var.dtype), momentum)
         return local
     if torch.is_grad_enabled() and any(
-        t.requires_grad for t in (x, weight_channel, weight_height, weight_width, gamma, alpha)
-    ):
+        t.requires_grad
+        for t in (x, weight_channel, weight_height, weight_width, gamma, beta, alpha, w_local,
+                  *(post or ()))
+    ):  # fmt: skip
         raise RuntimeError(
             "the fused DimConv + local fusion has no backward with running statistics: "
             "call it under torch.no_grad() or in training mode"

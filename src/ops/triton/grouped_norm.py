@@ -6,7 +6,7 @@ five such norms per layer. Here one program normalises a block of rows of one gr
 
     c = x_g - mean(x_g),  s = sqrt(sum(c^2) / (n - 1)),  r = 1 / (s + eps),  y = c r w + b
 
-keeping the per-(row, group) mean and r for the backward. With ``g = dy w`` (per feature) the input
+keeping the per-(row, group) mean and s for the backward. With ``g = dy w`` (per feature) the input
 gradient of one group row is
 
     dx = r (g - mean(g)) - r^2 sum(g c) c / ((n - 1) s)
@@ -35,7 +35,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _norm_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rden_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, std_ptr,
     R, D, G, n, eps,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -57,12 +57,12 @@ def _norm_fwd_kernel(
     y = c * rden[:, None] * w[None, :] + b[None, :]
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=m)
     tl.store(mean_ptr + rows * G + group, mean, mask=row_ok)
-    tl.store(rden_ptr + rows * G + group, rden, mask=row_ok)
+    tl.store(std_ptr + rows * G + group, std, mask=row_ok)
 
 
 @triton.jit
 def _norm_bwd_kernel(
-    x_ptr, dy_ptr, w_ptr, mean_ptr, rden_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+    x_ptr, dy_ptr, w_ptr, mean_ptr, std_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
     R, D, G, n, eps,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -77,11 +77,11 @@ def _norm_bwd_kernel(
     x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
     dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
     mean = tl.load(mean_ptr + rows * G + group, mask=row_ok, other=0.0)
-    rden = tl.load(rden_ptr + rows * G + group, mask=row_ok, other=1.0)
+    std = tl.load(std_ptr + rows * G + group, mask=row_ok, other=1.0)
     w = tl.load(w_ptr + feature, mask=col_ok, other=0.0).to(tl.float32)
     c = tl.where(m, x - mean[:, None], 0.0)
     g = dy * w[None, :]
-    std = 1.0 / rden - eps
+    rden = 1.0 / (std + eps)
     # d std / d x = c / ((n - 1) s): zero for a constant row (c = 0)
     positive = std > 0
     safe_std = tl.where(positive, std, 1.0)
@@ -123,7 +123,7 @@ def _forward_fake(
 def per_group_layer_norm_forward(
     x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
 ) -> list[Tensor]:
-    """The normalised rows, and each (row, group)'s mean and 1 / (std + eps). One launch.
+    """The normalised rows, and each (row, group)'s mean and std. One launch.
 
     Shape:
         x (R, D) contiguous, weight and bias (D,) -> [(R, D), (R, G), (R, G)]
@@ -132,31 +132,31 @@ def per_group_layer_norm_forward(
     grid, meta = _launch(rows, width // groups, groups, x.is_cuda)
     y = torch.empty(x.shape, dtype=_out_dtype(x), device=x.device)
     mean = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
-    rden = torch.empty_like(mean)
+    std = torch.empty_like(mean)
     _norm_fwd_kernel[grid](
-        x, weight, bias, y, mean, rden, rows, width, groups, width // groups, eps, **meta
+        x, weight, bias, y, mean, std, rows, width, groups, width // groups, eps, **meta
     )
-    return [y, mean, rden]
+    return [y, mean, std]
 
 
 def _backward_fake(
-    grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rden: Tensor, eps: float
+    grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, std: Tensor, eps: float
 ) -> list[Tensor]:
     return [torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)]
 
 
 @opaque_op(
     "lightnets::per_group_layer_norm_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight, Tensor mean, Tensor rden, float eps) -> Tensor[]",
+    "(Tensor grad_y, Tensor x, Tensor weight, Tensor mean, Tensor std, float eps) -> Tensor[]",
     _backward_fake,
 )
 def per_group_layer_norm_backward(
-    grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rden: Tensor, eps: float
+    grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, std: Tensor, eps: float
 ) -> list[Tensor]:
     """Input, weight and bias gradients. One launch and a sum over the programs' partial rows.
 
     Shape:
-        grad_y and x (R, D) contiguous, weight (D,), mean and rden (R, G)
+        grad_y and x (R, D) contiguous, weight (D,), mean and std (R, G)
         -> [(R, D) in x's dtype, (D,), (D,) in weight's dtype]
     """
     rows, width = x.shape
@@ -167,7 +167,7 @@ def per_group_layer_norm_backward(
         torch.empty((grid[0], width), dtype=torch.float32, device=x.device) for _ in range(2)
     )
     _norm_bwd_kernel[grid](
-        x, grad_y, weight, mean, rden, grad_x, w_part, b_part,
+        x, grad_y, weight, mean, std, grad_x, w_part, b_part,
         rows, width, groups, width // groups, eps, **meta,
     )  # fmt: skip
     return [grad_x, w_part.sum(0).to(weight.dtype), b_part.sum(0).to(weight.dtype)]
@@ -177,17 +177,17 @@ class _PerGroupLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float) -> Tensor:
         with autocast_off(x.device.type):
-            y, mean, rden = per_group_layer_norm_forward(x, weight, bias, groups, eps)
-        ctx.save_for_backward(x, weight, mean, rden)
+            y, mean, std = per_group_layer_norm_forward(x, weight, bias, groups, eps)
+        ctx.save_for_backward(x, weight, mean, std)
         ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, mean, rden = ctx.saved_tensors
+        x, weight, mean, std = ctx.saved_tensors
         with autocast_off(x.device.type):
             grad_x, grad_w, grad_b = per_group_layer_norm_backward(
-                grad_y.contiguous(), x, weight, mean, rden, ctx.eps
+                grad_y.contiguous(), x, weight, mean, std, ctx.eps
             )
         return grad_x, grad_w, grad_b, None, None
 
