@@ -152,11 +152,11 @@ class DiCE(nn.Module):
         norm = fuse.norm
         if not (
             self.local_fusion
+            and use_triton(conv.impl, x)  # first: on the CPU it ends the check
             and conv.interleave
             and x.dtype in (torch.float32, torch.float16, torch.bfloat16)  # the kernel's
             and x.dim() == 4
             and tuple(x.shape[1:]) == (conv.channels, conv.height, conv.width)
-            and use_triton(conv.impl, x)
             and norm.track_running_stats
             and norm.affine
             and norm.training == fuse.local[1].training == self.training
