@@ -18,8 +18,8 @@ the median of ``--repeats`` runs reported:
 - ``vision``: training step (SGD with momentum) and inference (``torch.inference_mode``) of
   DiCENet and ESPNetv2 s=1.0 against torchvision ShuffleNetV2 x1.0, MobileNetV2 and
   MobileNetV3-Large, in images/s, channels-last under autocast (bf16 on CUDA, cuDNN autotuning
-  on). A network with kernel switches (an ``impl`` attribute: DimConv in DiCENet) also runs with
-  every switch on "reference", so the kernel's effect shows; ESPNetv2 has none. With
+  on). A network with kernel switches (an ``impl`` attribute: DimConv in DiCENet, EESP in
+  ESPNetv2) also runs with every switch on "reference", so the kernels' effect shows. With
   ``--compile`` each of DiCENet and ESPNetv2 is compiled in a child process under
   ``--compile-timeout`` (its first training step is the compile time).
 - ``dice``: one DiCE unit per distinct DiCENet s=1.0 stage shape, training step (forward and

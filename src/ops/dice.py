@@ -41,7 +41,7 @@ from src.ops.inference_folding import (
 )
 from src.ops.pooling import AvgPool2d
 from src.ops.shuffle import concat_shuffle
-from src.ops.triton import Timer, fastest, size_bucket, use_triton
+from src.ops.triton import Timer, batch_norm_factor, fastest, size_bucket, use_triton
 
 
 def _reset_children(module: nn.Module) -> None:
@@ -173,11 +173,7 @@ class DiCE(nn.Module):
         ``momentum=None`` (a cumulative average) as ``nn.BatchNorm2d`` does."""
         fuse = self.dim_fuse
         norm = fuse.norm
-        momentum = 0.0 if norm.momentum is None else norm.momentum
-        if self.training and advance and norm.num_batches_tracked is not None:
-            norm.num_batches_tracked.add_(1)
-            if norm.momentum is None:
-                momentum = 1.0 / float(norm.num_batches_tracked)
+        momentum = batch_norm_factor(norm, advance=advance and self.training)
         args = {
             "dilation": self.dim_conv.dilation,
             "running_mean": norm.running_mean,

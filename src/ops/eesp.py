@@ -26,10 +26,14 @@ and ``DownSampler``:
 In CPU inference (:func:`src.ops.inference_folding.folded_inference`) EESP folds its BNs into the
 1x1 convolutions (run as batched matrix products) and computes the pyramid (K convolutions, HFF,
 BN, PReLU) in one call of the fused C++ kernel ``src/ops/cpu/eesp.cpp`` where it is built (else
-in eager calls); the same map up to float rounding.
+in eager calls); the same map up to float rounding. On CUDA the pyramid can run as one Triton pass
+(:mod:`src.ops.triton.eesp`), in training too (``impl``, :func:`pyramid_path`).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +48,14 @@ from src.ops.inference_folding import (
     folded_inference,
 )
 from src.ops.pooling import AvgPool2d
+from src.ops.triton import (
+    Timer,
+    batch_norm_factor,
+    check_impl,
+    fastest,
+    size_bucket,
+    use_triton,
+)
 
 
 def depthwise_dilated_conv(
@@ -129,6 +141,9 @@ class EESP(nn.Module):
         down_method: with stride 2, ``"avg"`` returns after the merge (no residual, no PReLU), as
             inside :class:`EESPDownsampler`; ``"esp"`` applies the final PReLU.
         hff: hierarchical feature fusion (thesis Table 2.5); False concatenates the branches as they are.
+        impl: the pyramid's path: ``"auto"`` (on CUDA, per shape and mode the faster of the fused
+            Triton pass, :mod:`src.ops.triton.eesp`, and the eager ops, :func:`pyramid_path`),
+            ``"reference"`` or ``"triton"``.
 
     Shape:
         (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
@@ -147,6 +162,7 @@ class EESP(nn.Module):
         r_lim: int = 7,
         down_method: str = "esp",
         hff: bool = True,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         if branches < 1 or in_channels % branches or out_channels % (branches * branches):
@@ -165,6 +181,7 @@ class EESP(nn.Module):
         self.stride = stride
         self.down_method = down_method
         self.hff = hff
+        self.impl = check_impl(impl)
         self.dilations = eesp_dilations(branches, r_lim)
         self.reduce = ConvBNPReLU(in_channels, n, 1, groups=branches)
         self.transform = nn.ModuleList(
@@ -206,12 +223,63 @@ class EESP(nn.Module):
         Shape:
             (B, n, H, W) -> (B, K n, H', W')
         """
+        if self._fused_applies(reduced):
+            from src.ops.triton.eesp import eesp_pyramid_triton
+
+            return eesp_pyramid_triton(reduced, self._pyramid_weight(), **self._pyramid_args())
         fused = [self.transform[0](reduced)]
         for conv in self.transform[1:]:
             # hierarchical feature fusion: branch k adds the fused output of branch k - 1
             fused.append(conv(reduced) + fused[-1] if self.hff else conv(reduced))
         # K x (B, n, H', W') -> (B, K n, H', W')
         return self.fuse_act(self.fuse_norm(torch.cat(fused, dim=1)))
+
+    def _pyramid_weight(self) -> Tensor:
+        """The K depth-wise kernels stacked (differentiably).
+
+        Shape:
+            (K, n, 9)
+        """
+        return torch.stack([conv.weight.reshape(-1, 9) for conv in self.transform])
+
+    def _pyramid_args(self, *, advance: bool = True) -> dict:
+        """Keyword arguments of :func:`eesp_pyramid_reference` for this unit's state; in training
+        ``advance`` counts the batch in BN's ``num_batches_tracked``."""
+        norm = self.fuse_norm
+        return {
+            "dilations": self.dilations,
+            "stride": self.stride,
+            "hff": self.hff,
+            "running_mean": norm.running_mean,
+            "running_var": norm.running_var,
+            "norm_weight": norm.weight,
+            "norm_bias": norm.bias,
+            "alpha": self.fuse_act.weight.expand(self.out_channels),
+            "training": self.training,
+            "momentum": batch_norm_factor(norm, advance=advance and self.training),
+            "eps": norm.eps,
+        }
+
+    def _fused_applies(self, reduced: Tensor) -> bool:
+        """Whether the pyramid runs as one Triton pass (:mod:`src.ops.triton.eesp`): CUDA (or
+        ``impl="triton"``), a float dtype, BN tracking running statistics, 3x3 branches; in
+        training, or in inference without autograd. ``impl="auto"`` takes it where
+        :func:`pyramid_path` measured it faster (not while ``torch.compile`` traces)."""
+        norm = self.fuse_norm
+        if not (
+            use_triton(self.impl, reduced)  # first: on the CPU it ends the check
+            and reduced.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and reduced.dim() == 4
+            and norm.track_running_stats
+            and norm.affine
+            and norm.training == self.training
+            and (self.training or not torch.is_grad_enabled())
+            and all(conv.kernel_size == (3, 3) for conv in self.transform)
+        ):
+            return False
+        if self.impl == "triton":
+            return True
+        return not torch.compiler.is_compiling() and pyramid_path(self, reduced) == "fused"
 
     def _folded_pyramid(self, reduced: Tensor) -> Tensor:
         """:meth:`_pyramid` in one call of the fused C++ kernel (``src/ops/cpu/eesp.cpp``) where
@@ -235,8 +303,89 @@ class EESP(nn.Module):
         return (
             f"in_channels={self.in_channels}, out_channels={self.out_channels}, "
             f"stride={self.stride}, dilations={self.dilations}, down_method={self.down_method!r}, "
-            f"hff={self.hff}"
+            f"hff={self.hff}, impl={self.impl!r}"
         )
+
+
+def eesp_pyramid_reference(
+    r: Tensor,
+    weight: Tensor,
+    *,
+    dilations: Sequence[int],
+    stride: int,
+    hff: bool,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    alpha: Tensor,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> Tensor:
+    """EESP's pyramid as functions of its parameters, in plain PyTorch (the oracle of the fused
+    pass, :func:`src.ops.triton.eesp.eesp_pyramid_triton`): K depth-wise dilated 3x3
+    convolutions, hierarchical fusion, concatenation, ``F.batch_norm`` (``training`` uses and
+    ``momentum`` updates the running statistics) and PReLU.
+
+    Shape:
+        r (B, n, H, W); weight (K, n, 9); running statistics, norm_weight, norm_bias, alpha (K n,)
+        -> (B, K n, ceil(H / stride), ceil(W / stride))
+    """
+    channels = r.shape[1]
+    fused: list[Tensor] = []
+    for k, d in enumerate(dilations):
+        kernel = weight[k].view(channels, 1, 3, 3)
+        y = F.conv2d(r, kernel, stride=stride, padding=d, dilation=d, groups=channels)
+        fused.append(y + fused[-1] if hff and fused else y)
+    z = F.batch_norm(
+        torch.cat(fused, dim=1), running_mean, running_var, norm_weight, norm_bias, training,
+        momentum, eps,
+    )  # fmt: skip
+    return F.prelu(z, alpha)
+
+
+# (batch bucket, n, H, W, dtype, autocast dtype, dilations, stride, hff, training, device)
+#   -> "fused" | "eager"
+_pyramid_choice: dict[tuple, str] = {}
+
+
+def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:
+    """``impl="auto"`` on CUDA: "fused" (:mod:`src.ops.triton.eesp`) or "eager" (the branch
+    convolutions, sums, concatenation, BN and PReLU as PyTorch ops), whichever was faster on the
+    first call with this input shape (batch by :func:`src.ops.triton.size_bucket`), dtype and mode
+    (:func:`src.ops.triton.fastest`). Training times forward and backward on copies of the running
+    statistics, without touching the parameters' gradients; inference times the forward. Under
+    ``torch.use_deterministic_algorithms(True)`` it is "eager".
+
+    Shape:
+        reduced (B, n, H, W)
+    """
+    device = reduced.device.type
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    key = (
+        size_bucket(reduced.shape[0]), *reduced.shape[1:], reduced.dtype, autocast,
+        unit.dilations, unit.stride, unit.hff, unit.training, str(reduced.device),
+    )  # fmt: skip
+
+    def run(path: str) -> None:
+        from src.ops.triton.eesp import eesp_pyramid_triton
+
+        args = unit._pyramid_args(advance=False)
+        for name in ("running_mean", "running_var"):
+            args[name] = args[name].clone()
+        inputs = reduced.detach().requires_grad_(unit.training)
+        with torch.set_grad_enabled(unit.training):
+            forward = eesp_pyramid_triton if path == "fused" else eesp_pyramid_reference
+            out = forward(inputs, unit._pyramid_weight(), **args)
+            if unit.training:
+                leaves = [inputs, *(p for p in unit.parameters() if p.requires_grad)]
+                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+
+    def candidates() -> dict:
+        return {path: functools.partial(run, path) for path in ("fused", "eager")}
+
+    return fastest(_pyramid_choice, key, candidates, timer, deterministic="eager")
 
 
 class EESPDownsampler(nn.Module):
