@@ -23,10 +23,10 @@ and ``DownSampler``:
 
 "CBR" is conv (no bias) + BN + PReLU (per channel); AvgPool counts the padding.
 
-In CPU inference (:func:`src.ops.inference_folding.folded_inference`) EESP folds its BNs into the
-1x1 convolutions (run as batched matrix products) and computes the pyramid (K convolutions, HFF,
-BN, PReLU) in one call of the fused C++ kernel ``src/ops/cpu/eesp.cpp`` where it is built (else
-in eager calls); the same map up to float rounding. On CUDA the pyramid can run as one Triton pass
+In CPU inference (:func:`src.ops.inference_folding.folded_inference`) with ``impl="auto"``, EESP
+folds its BNs into the 1x1 convolutions (run as batched matrix products) and computes the pyramid
+(K convolutions, HFF, BN, PReLU) in one call of the fused C++ kernel ``src/ops/cpu/eesp.cpp``
+where it is built (else in eager calls); the same map up to float rounding. On CUDA the pyramid can run as one Triton pass
 (:mod:`src.ops.triton.eesp`), in training too (``impl``, :func:`pyramid_path`).
 """
 
@@ -202,7 +202,7 @@ class EESP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         reduced = self.reduce(x)  # (B, n, H, W)
-        if folded_inference(self, x):
+        if self.impl == "auto" and folded_inference(self, x):
             pyramid = self._folded_pyramid(reduced)
             merged = conv_bn(self.merge[0], self.merge[1], pyramid)  # a fresh tensor
             if self.stride == 2 and self.down_method == "avg":

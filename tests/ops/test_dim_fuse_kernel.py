@@ -102,6 +102,23 @@ def test_training_pass_matches_reference(
         torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5, msg=name)
 
 
+def test_training_pass_over_many_small_tiles(
+    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tiles of 32 pixels (16 columns x 2 rows x 1 channel), so that the per-program partial sums
+    and the edge masks of several row and channel blocks are exercised (in the interpreter one tile
+    covers a test image otherwise)."""
+    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_INTERPRETER", 32)
+    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_GPU", 32)
+    torch.manual_seed(0)
+    unit = _randomise(DiCE(4, 4, 5, 9)).to(kernel_device)
+    x = torch.randn(1, 4, 5, 9, device=kernel_device)
+    got = _run(local_fusion_triton, unit, x, _args(unit, training=True))
+    want = _run(local_fusion_reference, unit, x, _args(unit, training=True))
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5)
+
+
 def test_inference_pass_folds_the_second_norm(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
     unit = _randomise(DiCE(8, 8, 6, 7)).to(kernel_device).eval()

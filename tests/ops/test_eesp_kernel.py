@@ -96,6 +96,23 @@ def test_training_pass_matches_reference(
         torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5, msg=name)
 
 
+def test_training_pass_over_many_small_tiles(
+    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tiles of 16 output pixels (4 columns x 4 rows x 1 channel), so that the per-program partial
+    sums and the edge masks of several row and channel blocks are exercised (in the interpreter
+    one tile covers a test image otherwise)."""
+    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_INTERPRETER", 16)
+    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_GPU", 16)
+    torch.manual_seed(0)
+    unit = _randomise(EESP(8, 16, stride=2)).to(kernel_device)
+    r = torch.randn(1, 4, 13, 7, device=kernel_device)
+    got = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
+    want = _run(eesp_pyramid_reference, unit, r, _args(unit, training=True))
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_eesp_training_steps_match_the_eager_unit(
     kernel_device: torch.device, momentum: float | None
@@ -121,7 +138,19 @@ def test_eesp_training_steps_match_the_eager_unit(
     assert int(fused.fuse_norm.num_batches_tracked) == 2
 
 
+def test_inference_pass_matches_reference(kernel_device: torch.device) -> None:
+    torch.manual_seed(0)
+    unit = _randomise(EESP(8, 16, stride=2)).to(kernel_device).eval()
+    r = torch.randn(2, 4, 7, 6, device=kernel_device)
+    with torch.no_grad():
+        got = eesp_pyramid_triton(r, unit._pyramid_weight(), **_args(unit, training=False))
+        want = eesp_pyramid_reference(r, unit._pyramid_weight(), **_args(unit, training=False))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_downsampler_inference_matches_the_eager_block(kernel_device: torch.device) -> None:
+    """``impl`` other than "auto" also bypasses the CPU's folded C++ path: the fused Triton pass
+    against the eager ops."""
     torch.manual_seed(0)
     fused = _randomise(EESPDownsampler(16, 32)).to(kernel_device).eval()
     ref = _randomise(EESPDownsampler(16, 32)).to(kernel_device).eval()

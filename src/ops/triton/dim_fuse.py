@@ -25,8 +25,9 @@ sums are per-program partials summed by PyTorch, so they do not depend on the ru
 weight gradient's atomics do. In inference (running statistics) the second BN and PReLU, after the
 local conv, are folded into the same pass, so the kernel writes DimFuse's Y_l directly.
 
-Accumulation is float32 for every input dtype; BN, PReLU and the local weights stay float32 under
-autocast, as the eager ops keep them. Covers the interleaved layout (``shuffle=True``, every
+Accumulation is float32 for every input dtype, and BN, PReLU and the local weights are applied in
+float32 under autocast too (eager autocast runs PReLU and the 1x1 conv in the low precision); the
+output is in the input's dtype. Covers the interleaved layout (``shuffle=True``, every
 released model) at the build size.
 """
 

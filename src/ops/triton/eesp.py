@@ -23,8 +23,9 @@ recomputes the branches instead of keeping them:
 
 Autograd keeps r instead of BN's input and output (K n channels each). Per-channel sums are
 per-program partials summed by PyTorch, so they do not depend on the run. In inference (running
-statistics) it is one pass. Accumulation is float32 for every input dtype; BN and PReLU stay
-float32 under autocast, as the eager ops keep them.
+statistics) it is one pass. Accumulation is float32 for every input dtype, and BN and PReLU are
+applied in float32 under autocast too (eager autocast runs PReLU in the low precision); the output
+is in the input's dtype.
 """
 
 from __future__ import annotations
@@ -215,6 +216,19 @@ def _pyramid_grad_branches_kernel(
         tl.store(out + (k * C) * sy_c, dy.to(dy_ptr.dtype.element_ty), mask=m)
 
 
+# (dilations, device) -> int32 tensor: built once, so that a forward copies nothing from the host
+# (a host copy is not allowed while a CUDA graph is captured)
+_dilation_tensors: dict[tuple, Tensor] = {}
+
+
+def _dilation_tensor(dilations: tuple[int, ...], device: torch.device) -> Tensor:
+    """The branch dilations as an int32 tensor on ``device``, cached."""
+    key = (dilations, str(device))
+    if key not in _dilation_tensors:
+        _dilation_tensors[key] = torch.tensor(dilations, dtype=torch.int32, device=device)
+    return _dilation_tensors[key]
+
+
 def _output_shape(r: Tensor, branches: int, stride: int) -> tuple[int, int, int, int]:
     batch, channels, height, width = r.shape
     return batch, branches * channels, -(-height // stride), -(-width // stride)
@@ -379,7 +393,7 @@ class _PyramidFunction(torch.autograd.Function):
         branches = weight.shape[0]
         _, _, out_h, out_w = _output_shape(r, branches, stride)
         count = r.shape[0] * out_h * out_w
-        dil = torch.tensor(dilations, dtype=torch.int32, device=r.device)
+        dil = _dilation_tensor(dilations, r.device)
         with autocast_off(r.device.type):
             total, squares = pyramid_statistics(r, weight, dil, stride, hff)
             mean64 = total / count  # float64 until the variance is formed
@@ -510,6 +524,6 @@ def eesp_pyramid_triton(
         raise ValueError("training=False needs the running statistics")
     scale = gamma * torch.rsqrt(running_var.float() + eps)
     shift = beta - running_mean.float() * scale
-    dil = torch.tensor([int(d) for d in dilations], dtype=torch.int32, device=r.device)
+    dil = _dilation_tensor(tuple(int(d) for d in dilations), r.device)
     with autocast_off(r.device.type):
         return pyramid_forward(r, weight.contiguous(), dil, scale, shift, alpha, stride, hff)
