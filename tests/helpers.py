@@ -102,3 +102,32 @@ def path_timer(times: dict[str, float], outputs: dict[str, Tensor]) -> Callable:
         return times[path]
 
     return timer
+
+
+def randomise_norms(module: nn.Module) -> nn.Module:
+    """Non-trivial BN affine parameters, running statistics and PReLU slopes (the defaults are 1,
+    0, 0, 1 and 0.25), drawn from a fixed generator so that two modules built alike match."""
+    gen = torch.Generator().manual_seed(3)
+    for child in module.modules():
+        if isinstance(child, nn.BatchNorm2d):
+            n = child.num_features
+            child.weight.data = torch.rand(n, generator=gen) + 0.5
+            child.bias.data = torch.randn(n, generator=gen) * 0.3
+            child.running_mean = torch.randn(n, generator=gen) * 0.2
+            child.running_var = torch.rand(n, generator=gen) + 0.5
+        if isinstance(child, nn.PReLU):
+            child.weight.data = torch.rand(child.weight.shape, generator=gen) * 0.5
+    return module
+
+
+def saved_bytes(module: nn.Module, x: Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of ``module(x)``."""
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(storages.values())

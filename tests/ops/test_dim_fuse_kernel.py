@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from src.ops.dice import DiCE, local_fusion_path
 from src.ops.dim_fuse import local_fusion_reference
@@ -23,24 +23,10 @@ from src.ops.dim_fuse import local_fusion_reference
 pytest.importorskip("triton")
 
 from src.ops.triton.dim_fuse import local_fusion_triton  # noqa: E402
+from tests.helpers import randomise_norms, saved_bytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-
-
-def _randomise(unit: nn.Module) -> nn.Module:
-    """Non-trivial BN affine, PReLU slopes and running statistics (the defaults are 1, 0, 0.25)."""
-    gen = torch.Generator().manual_seed(3)
-    for module in unit.modules():
-        if isinstance(module, nn.BatchNorm2d):
-            n = module.num_features
-            module.weight.data = torch.rand(n, generator=gen) + 0.5
-            module.bias.data = torch.randn(n, generator=gen) * 0.3
-            module.running_mean = torch.randn(n, generator=gen) * 0.2
-            module.running_var = torch.rand(n, generator=gen) + 0.5
-        if isinstance(module, nn.PReLU):
-            module.weight.data = torch.rand(module.weight.shape, generator=gen) * 0.5
-    return unit
 
 
 def _args(unit: DiCE, *, training: bool) -> dict:
@@ -87,7 +73,7 @@ def test_training_pass_matches_reference(
 ) -> None:
     torch.manual_seed(0)
     b, c, h, w = shape
-    unit = _randomise(DiCE(c, c, h, w, kernel_size=k, dilation=dilation)).to(kernel_device)
+    unit = randomise_norms(DiCE(c, c, h, w, kernel_size=k, dilation=dilation)).to(kernel_device)
     x = torch.randn(shape, device=kernel_device)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
@@ -111,7 +97,7 @@ def test_training_pass_over_many_small_tiles(
     monkeypatch.setattr("src.ops.triton.dim_conv.TILE_INTERPRETER", 32)
     monkeypatch.setattr("src.ops.triton.dim_conv.TILE_GPU", 32)
     torch.manual_seed(0)
-    unit = _randomise(DiCE(4, 4, 5, 9)).to(kernel_device)
+    unit = randomise_norms(DiCE(4, 4, 5, 9)).to(kernel_device)
     x = torch.randn(1, 4, 5, 9, device=kernel_device)
     got = _run(local_fusion_triton, unit, x, _args(unit, training=True))
     want = _run(local_fusion_reference, unit, x, _args(unit, training=True))
@@ -121,7 +107,7 @@ def test_training_pass_over_many_small_tiles(
 
 def test_inference_pass_folds_the_second_norm(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    unit = _randomise(DiCE(8, 8, 6, 7)).to(kernel_device).eval()
+    unit = randomise_norms(DiCE(8, 8, 6, 7)).to(kernel_device).eval()
     x = torch.randn(2, 8, 6, 7, device=kernel_device)
     with torch.no_grad():
         got = local_fusion_triton(x, *unit._conv_weights(), **_args(unit, training=False))
@@ -140,8 +126,8 @@ def test_dice_training_steps_match_the_unfused_unit(
     """Two training steps of a whole DiCE (fused: ``impl="triton"``) against the reference unit:
     output, every gradient, and BN's running statistics and batch count."""
     torch.manual_seed(0)
-    fused = _randomise(DiCE(6, 8, 5, 7, impl="triton")).to(kernel_device)
-    ref = _randomise(DiCE(6, 8, 5, 7, impl="reference")).to(kernel_device)
+    fused = randomise_norms(DiCE(6, 8, 5, 7, impl="triton")).to(kernel_device)
+    ref = randomise_norms(DiCE(6, 8, 5, 7, impl="reference")).to(kernel_device)
     for unit in (fused, ref):
         unit.dim_fuse.norm.momentum = momentum
     ref.load_state_dict(fused.state_dict())
@@ -160,8 +146,8 @@ def test_dice_training_steps_match_the_unfused_unit(
 
 def test_dice_inference_matches_the_unfused_unit(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    fused = _randomise(DiCE(6, 6, 5, 7, impl="triton")).to(kernel_device).eval()
-    ref = _randomise(DiCE(6, 6, 5, 7, impl="reference")).to(kernel_device).eval()
+    fused = randomise_norms(DiCE(6, 6, 5, 7, impl="triton")).to(kernel_device).eval()
+    ref = randomise_norms(DiCE(6, 6, 5, 7, impl="reference")).to(kernel_device).eval()
     ref.load_state_dict(fused.state_dict())
     x = torch.randn(2, 6, 5, 7, device=kernel_device)
     with torch.no_grad():
@@ -200,7 +186,7 @@ def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None
     through BN's backward and DimConv's) within 8u; 10u and 20u leave room for the max-norm
     (observed: up to 1.1u for the output, 2.1u for the gradients)."""
     torch.manual_seed(0)
-    unit = _randomise(DiCE(8, 8, 6, 7)).to(kernel_device)
+    unit = randomise_norms(DiCE(8, 8, 6, 7)).to(kernel_device)
     x = torch.randn(2, 8, 6, 7, device=kernel_device)
     want = _run(local_fusion_triton, unit, x, _args(unit, training=True))
     with torch.autocast(kernel_device.type, dtype=torch.bfloat16):
@@ -221,7 +207,7 @@ def test_auto_path_times_both_and_touches_no_state(
     """``local_fusion_path`` times "fused" and "unfused" once per key (here with a fake timer that
     runs each candidate) and leaves the running statistics, batch count and gradients alone."""
     torch.manual_seed(0)
-    unit = _randomise(DiCE(6, 6, 5, 7)).to(kernel_device)
+    unit = randomise_norms(DiCE(6, 6, 5, 7)).to(kernel_device)
     before = {k: v.clone() for k, v in unit.state_dict().items()}
     x = torch.randn(2, 6, 5, 7, device=kernel_device)
     calls: list[str] = []
@@ -242,8 +228,8 @@ def test_auto_path_times_both_and_touches_no_state(
 def test_fused_dice_compiles_in_one_graph() -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
-    unit = _randomise(DiCE(4, 4, 5, 6, impl="triton")).to(DEVICE)
-    ref = _randomise(DiCE(4, 4, 5, 6, impl="triton")).to(DEVICE)
+    unit = randomise_norms(DiCE(4, 4, 5, 6, impl="triton")).to(DEVICE)
+    ref = randomise_norms(DiCE(4, 4, 5, 6, impl="triton")).to(DEVICE)
     ref.load_state_dict(unit.state_dict())
     x = torch.randn(2, 4, 5, 6, device=DEVICE, requires_grad=True)
     compiled = torch.compile(unit, backend="aot_eager", fullgraph=True)
@@ -257,17 +243,6 @@ def test_fused_dice_compiles_in_one_graph() -> None:
     torch._dynamo.reset()
 
 
-def _saved_bytes(unit: nn.Module, x: Tensor) -> int:
-    """Bytes of the distinct storages autograd keeps for the backward of ``unit(x)``."""
-    storages: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        unit(x)
-    return sum(storages.values())
 
 
 def test_fused_training_keeps_nine_fewer_channel_planes(kernel_device: torch.device) -> None:
@@ -277,7 +252,7 @@ def test_fused_training_keeps_nine_fewer_channel_planes(kernel_device: torch.dev
     unfused = DiCE(8, 8, 6, 7, impl="triton").to(kernel_device)
     unfused.local_fusion = False
     x = torch.randn(2, 8, 6, 7, device=kernel_device, requires_grad=True)
-    saved = _saved_bytes(unfused, x) - _saved_bytes(fused, x)
+    saved = saved_bytes(unfused, x) - saved_bytes(fused, x)
     planes = x.numel() * x.element_size()  # C channels of the batch
     # besides, each keeps a few per-channel vectors of 3C floats (BN's statistics, weights)
     vectors = 4 * (3 * 8) * 4

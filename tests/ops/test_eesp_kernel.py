@@ -13,31 +13,17 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from src.ops.eesp import EESP, EESPDownsampler, eesp_pyramid_reference, pyramid_path
 
 pytest.importorskip("triton")
 
 from src.ops.triton.eesp import eesp_pyramid_triton  # noqa: E402
+from tests.helpers import randomise_norms, saved_bytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-
-
-def _randomise(unit: nn.Module) -> nn.Module:
-    """Non-trivial BN affine, PReLU slopes and running statistics."""
-    gen = torch.Generator().manual_seed(3)
-    for module in unit.modules():
-        if isinstance(module, nn.BatchNorm2d):
-            n = module.num_features
-            module.weight.data = torch.rand(n, generator=gen) + 0.5
-            module.bias.data = torch.randn(n, generator=gen) * 0.3
-            module.running_mean = torch.randn(n, generator=gen) * 0.2
-            module.running_var = torch.rand(n, generator=gen) + 0.5
-        if isinstance(module, nn.PReLU):
-            module.weight.data = torch.rand(module.weight.shape, generator=gen) * 0.5
-    return unit
 
 
 def _args(unit: EESP, *, training: bool) -> dict:
@@ -82,7 +68,7 @@ def test_training_pass_matches_reference(
     channels_last: bool,
 ) -> None:
     torch.manual_seed(0)
-    unit = _randomise(EESP(c_in, c_out, stride=stride, hff=hff)).to(kernel_device)
+    unit = randomise_norms(EESP(c_in, c_out, stride=stride, hff=hff)).to(kernel_device)
     r = torch.randn(2, c_out // 4, h, w, device=kernel_device)
     if channels_last:
         r = r.to(memory_format=torch.channels_last)
@@ -105,7 +91,7 @@ def test_training_pass_over_many_small_tiles(
     monkeypatch.setattr("src.ops.triton.dim_conv.TILE_INTERPRETER", 16)
     monkeypatch.setattr("src.ops.triton.dim_conv.TILE_GPU", 16)
     torch.manual_seed(0)
-    unit = _randomise(EESP(8, 16, stride=2)).to(kernel_device)
+    unit = randomise_norms(EESP(8, 16, stride=2)).to(kernel_device)
     r = torch.randn(1, 4, 13, 7, device=kernel_device)
     got = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
     want = _run(eesp_pyramid_reference, unit, r, _args(unit, training=True))
@@ -120,8 +106,8 @@ def test_eesp_training_steps_match_the_eager_unit(
     """Two training steps of a whole EESP (fused: ``impl="triton"``) against the eager unit:
     output, every gradient, and BN's running statistics and batch count."""
     torch.manual_seed(0)
-    fused = _randomise(EESP(16, 16, impl="triton")).to(kernel_device)
-    ref = _randomise(EESP(16, 16, impl="reference")).to(kernel_device)
+    fused = randomise_norms(EESP(16, 16, impl="triton")).to(kernel_device)
+    ref = randomise_norms(EESP(16, 16, impl="reference")).to(kernel_device)
     for unit in (fused, ref):
         unit.fuse_norm.momentum = momentum
     ref.load_state_dict(fused.state_dict())
@@ -140,7 +126,7 @@ def test_eesp_training_steps_match_the_eager_unit(
 
 def test_inference_pass_matches_reference(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    unit = _randomise(EESP(8, 16, stride=2)).to(kernel_device).eval()
+    unit = randomise_norms(EESP(8, 16, stride=2)).to(kernel_device).eval()
     r = torch.randn(2, 4, 7, 6, device=kernel_device)
     with torch.no_grad():
         got = eesp_pyramid_triton(r, unit._pyramid_weight(), **_args(unit, training=False))
@@ -152,8 +138,8 @@ def test_downsampler_inference_matches_the_eager_block(kernel_device: torch.devi
     """``impl`` other than "auto" also bypasses the CPU's folded C++ path: the fused Triton pass
     against the eager ops."""
     torch.manual_seed(0)
-    fused = _randomise(EESPDownsampler(16, 32)).to(kernel_device).eval()
-    ref = _randomise(EESPDownsampler(16, 32)).to(kernel_device).eval()
+    fused = randomise_norms(EESPDownsampler(16, 32)).to(kernel_device).eval()
+    ref = randomise_norms(EESPDownsampler(16, 32)).to(kernel_device).eval()
     ref.load_state_dict(fused.state_dict())
     fused.eesp.impl, ref.eesp.impl = "triton", "reference"
     x = torch.randn(2, 16, 8, 10, device=kernel_device)
@@ -178,7 +164,7 @@ def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None
     output gradient through BN's backward and the convolutions' (observed: up to 1.3u and 7.3u;
     the eager ops under the same autocast: 0.9u and 6.7u)."""
     torch.manual_seed(0)
-    unit = _randomise(EESP(16, 16)).to(kernel_device)
+    unit = randomise_norms(EESP(16, 16)).to(kernel_device)
     r = torch.randn(2, 4, 6, 7, device=kernel_device)
     want = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
     with torch.autocast(kernel_device.type, dtype=torch.bfloat16):
@@ -196,7 +182,7 @@ def test_auto_path_times_both_and_touches_no_state(
 ) -> None:
     monkeypatch.setattr("src.ops.eesp._pyramid_choice", {})  # nothing timed before counts
     torch.manual_seed(0)
-    unit = _randomise(EESP(16, 16)).to(kernel_device)
+    unit = randomise_norms(EESP(16, 16)).to(kernel_device)
     before = {k: v.clone() for k, v in unit.state_dict().items()}
     r = torch.randn(2, 4, 5, 6, device=kernel_device)
     calls: list[str] = []
@@ -214,16 +200,6 @@ def test_auto_path_times_both_and_touches_no_state(
     assert all(p.grad is None for p in unit.parameters())
 
 
-def _saved_bytes(unit: nn.Module, x: Tensor) -> int:
-    storages: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        unit(x)
-    return sum(storages.values())
 
 
 def test_fused_training_keeps_two_fewer_pyramid_outputs(kernel_device: torch.device) -> None:
@@ -232,7 +208,7 @@ def test_fused_training_keeps_two_fewer_pyramid_outputs(kernel_device: torch.dev
     fused = EESP(16, 16, impl="triton").to(kernel_device)
     eager = EESP(16, 16, impl="reference").to(kernel_device)
     x = torch.randn(2, 16, 6, 7, device=kernel_device, requires_grad=True)
-    saved = _saved_bytes(eager, x) - _saved_bytes(fused, x)
+    saved = saved_bytes(eager, x) - saved_bytes(fused, x)
     planes = x.numel() * x.element_size()  # K n = 16 channels of the batch
     vectors = 6 * 16 * 4  # each keeps a few per-channel vectors besides
     assert abs(saved - 2 * planes) <= vectors
@@ -241,8 +217,8 @@ def test_fused_training_keeps_two_fewer_pyramid_outputs(kernel_device: torch.dev
 def test_fused_eesp_compiles_in_one_graph() -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
-    unit = _randomise(EESP(16, 16, impl="triton")).to(DEVICE)
-    ref = _randomise(EESP(16, 16, impl="triton")).to(DEVICE)
+    unit = randomise_norms(EESP(16, 16, impl="triton")).to(DEVICE)
+    ref = randomise_norms(EESP(16, 16, impl="triton")).to(DEVICE)
     ref.load_state_dict(unit.state_dict())
     x = torch.randn(2, 16, 5, 6, device=DEVICE, requires_grad=True)
     compiled = torch.compile(unit, backend="aot_eager", fullgraph=True)

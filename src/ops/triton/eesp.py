@@ -63,6 +63,15 @@ def _branch(
 
 
 @triton.jit
+def _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, ok):
+    """Channel idx's BN scale and shift and PReLU slope, each (BLOCK_C, 1, 1)."""
+    s = tl.load(scale_ptr + idx, mask=ok, other=0.0)
+    t = tl.load(shift_ptr + idx, mask=ok, other=0.0)
+    alpha = tl.load(alpha_ptr + idx, mask=ok, other=0.0)
+    return s, t, alpha
+
+
+@triton.jit
 def _pyramid_fwd_kernel(
     r_ptr, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, y_ptr,
     C, H, W, HO, WO,
@@ -82,9 +91,7 @@ def _pyramid_fwd_kernel(
                     BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
         f = f + y if HFF else y
         idx = k * C + c
-        s = tl.load(scale_ptr + idx, mask=c_ok, other=0.0)
-        t = tl.load(shift_ptr + idx, mask=c_ok, other=0.0)
-        alpha = tl.load(alpha_ptr + idx, mask=c_ok, other=0.0)
+        s, t, alpha = _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, c_ok)
         z = f * s + t
         z = tl.where(z > 0, z, alpha * z)
         tl.store(out + (k * C) * sy_c, z.to(y_ptr.dtype.element_ty), mask=m)
@@ -137,9 +144,7 @@ def _pyramid_bwd_sums_kernel(
                     BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
         f = f + y if HFF else y
         idx = k * C + c
-        s = tl.load(scale_ptr + idx, mask=c_ok, other=0.0)
-        t = tl.load(shift_ptr + idx, mask=c_ok, other=0.0)
-        alpha = tl.load(alpha_ptr + idx, mask=c_ok, other=0.0)
+        s, t, alpha = _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, c_ok)
         mu = tl.load(mean_ptr + idx, mask=c_ok, other=0.0)
         g = tl.load(grad + (k * C) * sg_c, mask=m, other=0.0).to(tl.float32)
         z = f * s + t
@@ -164,9 +169,7 @@ def _branch_grads(
                 BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
     f = f + y if HFF else y
     idx = k * C + c
-    s = tl.load(scale_ptr + idx, mask=c_ok, other=0.0)
-    t = tl.load(shift_ptr + idx, mask=c_ok, other=0.0)
-    alpha = tl.load(alpha_ptr + idx, mask=c_ok, other=0.0)
+    s, t, alpha = _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, c_ok)
     mu = tl.load(mean_ptr + idx, mask=c_ok, other=0.0)
     p = tl.load(p_ptr + idx, mask=c_ok, other=0.0)
     q = tl.load(q_ptr + idx, mask=c_ok, other=0.0)
