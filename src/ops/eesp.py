@@ -260,9 +260,22 @@ class EESP(nn.Module):
             "eps": norm.eps,
         }
 
+    def _depthwise_branches(self) -> bool:
+        """Whether every branch is the depth-wise 3x3 the fused kernels compute (an ablation may
+        replace them by dense convolutions, see ``src.models.espnetv2.EESPAblation``)."""
+        n = self.out_channels // len(self.dilations)
+        return all(
+            conv.kernel_size == (3, 3)
+            and conv.groups == conv.in_channels == conv.out_channels == n
+            and conv.dilation == conv.padding == (d, d)
+            and conv.stride == (self.stride, self.stride)
+            for conv, d in zip(self.transform, self.dilations, strict=True)
+        )
+
     def _fused_applies(self, reduced: Tensor) -> bool:
         """Whether the pyramid runs as one Triton pass (:mod:`src.ops.triton.eesp`): CUDA (or
-        ``impl="triton"``), a float dtype, BN tracking running statistics, 3x3 branches; in
+        ``impl="triton"``), a float dtype, BN tracking running statistics, depth-wise 3x3
+        branches; in
         training, or in inference without autograd. ``impl="auto"`` takes it where
         :func:`pyramid_path` measured it faster (not while ``torch.compile`` traces)."""
         norm = self.fuse_norm
@@ -274,7 +287,7 @@ class EESP(nn.Module):
             and norm.affine
             and norm.training == self.training
             and (self.training or not torch.is_grad_enabled())
-            and all(conv.kernel_size == (3, 3) for conv in self.transform)
+            and self._depthwise_branches()
         ):
             return False
         if self.impl == "triton":
@@ -284,7 +297,12 @@ class EESP(nn.Module):
     def _folded_pyramid(self, reduced: Tensor) -> Tensor:
         """:meth:`_pyramid` in one call of the fused C++ kernel (``src/ops/cpu/eesp.cpp``) where
         it applies (float32, the kernel built, ``cpu_kernel`` set), else in eager calls."""
-        if not (self.cpu_kernel and reduced.dtype == torch.float32 and cpu_kernels()):
+        if not (
+            self.cpu_kernel
+            and reduced.dtype == torch.float32
+            and self._depthwise_branches()
+            and cpu_kernels()
+        ):
             return self._pyramid(reduced)
 
         def build() -> tuple[Tensor, Tensor]:

@@ -89,3 +89,18 @@ def test_conv_types(conv_type: str) -> None:
         assert unit.transform[0].groups == 1 and unit.dilations == (1, 2, 3, 4)
     with pytest.raises(ValueError, match="conv_type must be one of"):
         ESPNetv2(0.5, conv_type="separable")
+
+
+@pytest.mark.parametrize("conv_type", ["depthwise_dilated", "depthwise", "dilated"])
+def test_ablation_inference_matches_the_training_time_forward(conv_type: str) -> None:
+    """Inference (eval, no autograd: the CPU's folded path) gives the eval forward with autograd
+    on (the plain modules), for every branch type: the fused pyramid kernel computes depth-wise
+    branches only, so the dense "dilated" ablation takes the eager pyramid."""
+    torch.manual_seed(0)
+    model = ESPNetv2(0.5, num_classes=4, conv_type=conv_type).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        folded = model(x)
+    plain = model(x)
+    torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
+    assert model.backbone.level3[0]._depthwise_branches() == (conv_type != "dilated")
