@@ -18,6 +18,7 @@ in the branches), ``hff`` (hierarchical feature fusion) and ``input_shortcut`` (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -29,6 +30,7 @@ from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
 from src.ops.eesp import EESP, EESPDownsampler
 from src.ops.inference_folding import ConvBNPReLU
+from src.ops.triton import check_impl
 
 # Output channels of levels 1-5 and of the last grouped 1x1 CBR, by width s. The official
 # ``espnetv2_config.py`` table (s = 0.5 ... 2.0); s = 1.75 is the 6th column of thesis Table 2.2
@@ -72,6 +74,7 @@ class EESPAblation(EESP):
         down_method: str = "esp",
         conv_type: str = "depthwise_dilated",
         hff: bool = True,
+        impl: str = "auto",
     ) -> None:
         if conv_type not in CONV_TYPES:
             raise ValueError(f"conv_type must be one of {CONV_TYPES}, got {conv_type!r}")
@@ -84,6 +87,7 @@ class EESPAblation(EESP):
             r_lim=3 if conv_type == "depthwise" else r_lim,
             down_method=down_method,
             hff=hff,
+            impl=impl,
         )
         self.conv_type = conv_type
         if conv_type == "dilated":
@@ -98,11 +102,20 @@ class EESPAblation(EESP):
 
 
 def _eesp(
-    c_in: int, c_out: int, r_lim: int, conv_type: str, hff: bool, *, stride: int = 1
+    c_in: int,
+    c_out: int,
+    r_lim: int,
+    *,
+    conv_type: str,
+    hff: bool,
+    stride: int = 1,
+    impl: str = "auto",
 ) -> EESP:
     down = "avg" if stride == 2 else "esp"
     if conv_type == "depthwise_dilated" and hff:
-        return EESP(c_in, c_out, stride=stride, branches=BRANCHES, r_lim=r_lim, down_method=down)
+        return EESP(
+            c_in, c_out, stride=stride, branches=BRANCHES, r_lim=r_lim, down_method=down, impl=impl
+        )
     return EESPAblation(
         c_in,
         c_out,
@@ -112,18 +125,29 @@ def _eesp(
         down_method=down,
         conv_type=conv_type,
         hff=hff,
+        impl=impl,
     )
 
 
 def _downsampler(
-    c_in: int, c_out: int, r_lim: int, image_channels: int | None, conv_type: str, hff: bool
+    c_in: int,
+    c_out: int,
+    r_lim: int,
+    image_channels: int | None,
+    *,
+    conv_type: str,
+    hff: bool,
+    impl: str = "auto",
 ) -> EESPDownsampler:
     block = EESPDownsampler(
         c_in, c_out, branches=BRANCHES, r_lim=r_lim, image_channels=image_channels
     )
+    block.eesp.impl = check_impl(impl)
     if (conv_type, hff) != ("depthwise_dilated", True):
         # the ablated strided EESP replaces the default one while the block is being built
-        block.eesp = _eesp(c_in, c_out - c_in, r_lim, conv_type, hff, stride=2)
+        block.eesp = _eesp(
+            c_in, c_out - c_in, r_lim, conv_type=conv_type, hff=hff, stride=2, impl=impl
+        )
     return block
 
 
@@ -135,6 +159,8 @@ class ESPNetv2Backbone(nn.Module):
         in_chans: image channels (also the channels of the image shortcut).
         depth: 4 (up to stride 16, the segmentation encoder) or 5 (stride 32).
         conv_type, hff, input_shortcut: the ablations of Tables 2.4 and 2.5 (module docstring).
+        impl: every EESP pyramid's path, ``"auto" | "reference" | "triton"``
+            (:class:`src.ops.eesp.EESP`).
 
     Shape:
         (B, in_chans, H, W) -> features [(B, c_l, ceil(H / 2^l), ceil(W / 2^l)) for l = 1..depth]
@@ -149,6 +175,7 @@ class ESPNetv2Backbone(nn.Module):
         conv_type: str = "depthwise_dilated",
         hff: bool = True,
         input_shortcut: bool = True,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         widths = widths_for(ESPNETV2_WIDTHS, scale, "ESPNetv2")
@@ -162,23 +189,21 @@ class ESPNetv2Backbone(nn.Module):
         self.input_shortcut = input_shortcut
         image = in_chans if input_shortcut else None
         c = widths
+        unit = functools.partial(_eesp, conv_type=conv_type, hff=hff, impl=impl)
+        down = functools.partial(_downsampler, conv_type=conv_type, hff=hff, impl=impl)
         self.level1 = ConvBNPReLU(in_chans, c[0], 3, stride=2)
-        self.level2_0 = _downsampler(c[0], c[1], R_LIM[0], image, conv_type, hff)
-        self.level3_0 = _downsampler(c[1], c[2], R_LIM[1], image, conv_type, hff)
-        self.level3 = nn.Sequential(
-            *(_eesp(c[2], c[2], R_LIM[2], conv_type, hff) for _ in range(ESPNETV2_UNITS[0]))
-        )
-        self.level4_0 = _downsampler(c[2], c[3], R_LIM[2], image, conv_type, hff)
-        self.level4 = nn.Sequential(
-            *(_eesp(c[3], c[3], R_LIM[3], conv_type, hff) for _ in range(ESPNETV2_UNITS[1]))
-        )
+        self.level2_0 = down(c[0], c[1], R_LIM[0], image)
+        self.level3_0 = down(c[1], c[2], R_LIM[1], image)
+        self.level3 = nn.Sequential(*(unit(c[2], c[2], R_LIM[2]) for _ in range(ESPNETV2_UNITS[0])))
+        self.level4_0 = down(c[2], c[3], R_LIM[2], image)
+        self.level4 = nn.Sequential(*(unit(c[3], c[3], R_LIM[3]) for _ in range(ESPNETV2_UNITS[1])))
         self.level5_0 = None
         self.level5 = None
         if depth == 5:
             # no image shortcut: the official one is built but never called (module docstring)
-            self.level5_0 = _downsampler(c[3], c[4], R_LIM[3], None, conv_type, hff)
+            self.level5_0 = down(c[3], c[4], R_LIM[3], None)
             self.level5 = nn.Sequential(
-                *(_eesp(c[4], c[4], R_LIM[4], conv_type, hff) for _ in range(ESPNETV2_UNITS[2]))
+                *(unit(c[4], c[4], R_LIM[4]) for _ in range(ESPNETV2_UNITS[2]))
             )
         # The strided EESP of a down-sampler returns before its final PReLU (``act``), as the
         # official one does; the official model still builds that PReLU and counts it. It is
@@ -215,6 +240,7 @@ class ESPNetv2(nn.Module):
         in_chans: image channels.
         dropout: before the classifier (0.2, thesis Sec. 2.4.1).
         conv_type, hff, input_shortcut: ablations (Tables 2.4, 2.5); defaults = ESPNetv2.
+        impl: the EESP pyramids' path, ``"auto" | "reference" | "triton"``.
         pretrained: path of an official EdgeNets ImageNet ``.pth`` (loaded by explicit key map;
             the unused level-5 image-shortcut weights are dropped).
 
@@ -232,12 +258,14 @@ class ESPNetv2(nn.Module):
         conv_type: str = "depthwise_dilated",
         hff: bool = True,
         input_shortcut: bool = True,
+        impl: str = "auto",
         pretrained: str | None = None,
     ) -> None:
         super().__init__()
         self.backbone = ESPNetv2Backbone(
-            scale, in_chans, conv_type=conv_type, hff=hff, input_shortcut=input_shortcut
-        )
+            scale, in_chans, conv_type=conv_type, hff=hff, input_shortcut=input_shortcut,
+            impl=impl,
+        )  # fmt: skip
         c4, c5 = self.backbone.widths[4:]
         self.head_conv = nn.Sequential(
             nn.Conv2d(c4, c4, 3, padding=1, groups=c4, bias=False),
