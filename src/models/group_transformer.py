@@ -30,7 +30,8 @@ from src.models.transformer_xl import (
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
-from src.ops.relative_position import RelativePositionTable, relative_sinusoid
+from src.ops.relative_position import ATTENTION_PATHS, RelativePositionTable, relative_sinusoid
+from src.ops.triton import check_impl
 
 
 class GroupTransformer(nn.Module):
@@ -59,6 +60,9 @@ class GroupTransformer(nn.Module):
         inter_group: keep the inter-group maps in the group sublayers.
         pre_norm: norm placement of the Transformer-XL sublayers used by the ablations (the group
             sublayers are always pre-norm).
+        impl: every GLT's and per-group norm's path, ``"auto" | "reference" | "triton"``.
+        attention: every layer's relative-attention path, ``"auto" | "eager" | "sdpa"``
+            (:func:`src.ops.relative_position.relative_attention`).
 
     Shape:
         tokens (B, T) int64, memories ``n_layer + 1`` x (B, M, D) or None
@@ -85,8 +89,13 @@ class GroupTransformer(nn.Module):
         group_ffn: bool = True,
         inter_group: bool = True,
         pre_norm: bool = True,
+        impl: str = "auto",
+        attention: str = "auto",
     ) -> None:
         super().__init__()
+        check_impl(impl)
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
         if n_token < 1 or n_layer < 1 or tgt_len < 1 or mem_len < 0:
             raise ValueError(
                 f"need n_token >= 1, n_layer >= 1, tgt_len >= 1, mem_len >= 0, got "
@@ -125,6 +134,11 @@ class GroupTransformer(nn.Module):
                 ff = PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm)
             layers.append(RelativeDecoderLayer(attn, ff))
         self.layers = nn.ModuleList(layers)
+        for module in self.layers.modules():  # the kernel switches of GLTs and norms
+            if isinstance(getattr(module, "impl", None), str):
+                module.impl = impl
+            if isinstance(getattr(module, "attention", None), str):
+                module.attention = attention
         self.out_norm = nn.LayerNorm(d_model)
         self.out_trans = nn.Linear(d_model, d_model)
         self.output = nn.Linear(d_model, n_token)

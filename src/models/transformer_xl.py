@@ -19,7 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.relative_position import causal_memory_mask, relative_attention, relative_sinusoid
+from src.ops.relative_position import (
+    ATTENTION_PATHS,
+    causal_memory_mask,
+    relative_attention,
+    relative_sinusoid,
+)
 
 
 # Per-position attention cost (x d_model MACs per token) of the paper's FLOP convention; the
@@ -235,6 +240,8 @@ class TransformerXL(nn.Module):
         dropatt: dropout on attention probabilities.
         pre_norm: pre-norm layers (the official ``pre_lnorm``); post-norm otherwise.
         tie_weight: share the output weight with the embedding (the official enwik8 script).
+        attention: every layer's relative-attention path, ``"auto" | "eager" | "sdpa"``
+            (:func:`src.ops.relative_position.relative_attention`).
 
     Shape:
         tokens (B, T) int64, memories ``n_layer + 1`` x (B, M, D) or None
@@ -255,8 +262,11 @@ class TransformerXL(nn.Module):
         dropatt: float = 0.0,
         pre_norm: bool = False,
         tie_weight: bool = True,
+        attention: str = "auto",
     ) -> None:
         super().__init__()
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
         if n_token < 1 or n_layer < 1 or mem_len < 0:
             raise ValueError(f"need n_token >= 1, n_layer >= 1, mem_len >= 0, got {n_token}, {n_layer}, {mem_len}")
         if n_head < 1 or d_model % n_head:
@@ -280,6 +290,8 @@ class TransformerXL(nn.Module):
             )
             for _ in range(n_layer)
         )
+        for layer in self.layers:
+            layer.attn.attention = attention
         self.output = nn.Linear(d_model, n_token)
         if tie_weight:
             self.output.weight = self.embedding.weight
