@@ -41,7 +41,8 @@ from src.ops.inference_folding import (
 )
 from src.ops.pooling import AvgPool2d
 from src.ops.shuffle import concat_shuffle
-from src.ops.triton import Timer, batch_norm_factor, fastest, size_bucket, use_triton
+from src.ops.triton import Timer, fastest, size_bucket, use_triton
+from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
 
 def _reset_children(module: nn.Module) -> None:
@@ -417,19 +418,14 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     def run(path: str) -> None:
         from src.ops.triton.dim_fuse import local_fusion_triton
 
-        args = unit._local_fusion_args(advance=False)
-        for name in ("running_mean", "running_var"):
-            args[name] = args[name].clone()
-        inputs = x.detach().requires_grad_(unit.training)
-        with torch.set_grad_enabled(unit.training):
-            if path == "fused":
-                out = local_fusion_triton(inputs, *unit._conv_weights(), **args)
-            else:
-                del args["dilation"]
-                out = local_fusion(conv(inputs), **args)
-            if unit.training:
-                leaves = [inputs, *(p for p in unit.parameters() if p.requires_grad)]
-                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+        def fused(inputs: Tensor, args: dict) -> Tensor:
+            return local_fusion_triton(inputs, *unit._conv_weights(), **args)
+
+        def unfused(inputs: Tensor, args: dict) -> Tensor:
+            return local_fusion(conv(inputs), **{k: v for k, v in args.items() if k != "dilation"})
+
+        forward = fused if path == "fused" else unfused
+        timed_pass(unit, x, forward, unit._local_fusion_args(advance=False))
 
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("fused", "unfused")}

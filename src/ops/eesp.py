@@ -26,8 +26,9 @@ and ``DownSampler``:
 In CPU inference (:func:`src.ops.inference_folding.folded_inference`) with ``impl="auto"``, EESP
 folds its BNs into the 1x1 convolutions (run as batched matrix products) and computes the pyramid
 (K convolutions, HFF, BN, PReLU) in one call of the fused C++ kernel ``src/ops/cpu/eesp.cpp``
-where it is built (else in eager calls); the same map up to float rounding. On CUDA the pyramid can run as one Triton pass
-(:mod:`src.ops.triton.eesp`), in training too (``impl``, :func:`pyramid_path`).
+where it is built (else in eager calls); the same map up to float rounding. On CUDA the pyramid
+can run as one Triton pass (:mod:`src.ops.triton.eesp`), in training too (``impl``,
+:func:`pyramid_path`).
 """
 
 from __future__ import annotations
@@ -48,14 +49,8 @@ from src.ops.inference_folding import (
     folded_inference,
 )
 from src.ops.pooling import AvgPool2d
-from src.ops.triton import (
-    Timer,
-    batch_norm_factor,
-    check_impl,
-    fastest,
-    size_bucket,
-    use_triton,
-)
+from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
+from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
 
 def depthwise_dilated_conv(
@@ -389,16 +384,12 @@ def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str
     def run(path: str) -> None:
         from src.ops.triton.eesp import eesp_pyramid_triton
 
-        args = unit._pyramid_args(advance=False)
-        for name in ("running_mean", "running_var"):
-            args[name] = args[name].clone()
-        inputs = reduced.detach().requires_grad_(unit.training)
-        with torch.set_grad_enabled(unit.training):
-            forward = eesp_pyramid_triton if path == "fused" else eesp_pyramid_reference
-            out = forward(inputs, unit._pyramid_weight(), **args)
-            if unit.training:
-                leaves = [inputs, *(p for p in unit.parameters() if p.requires_grad)]
-                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+        pyramid = eesp_pyramid_triton if path == "fused" else eesp_pyramid_reference
+
+        def forward(inputs: Tensor, args: dict) -> Tensor:
+            return pyramid(inputs, unit._pyramid_weight(), **args)
+
+        timed_pass(unit, reduced, forward, unit._pyramid_args(advance=False))
 
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("fused", "eager")}

@@ -152,19 +152,6 @@ def fastest(
     return cache[key]
 
 
-def batch_norm_factor(norm: torch.nn.BatchNorm2d, *, advance: bool) -> float:
-    """The running-statistics factor of a training-mode ``norm`` for a fused pass that updates them
-    itself (``F.batch_norm``'s ``momentum``): with ``advance``, the batch is counted in
-    ``num_batches_tracked`` and ``momentum=None`` (a cumulative average) is resolved as
-    ``nn.BatchNorm2d`` does."""
-    momentum = 0.0 if norm.momentum is None else norm.momentum
-    if advance and norm.training and norm.num_batches_tracked is not None:
-        norm.num_batches_tracked.add_(1)
-        if norm.momentum is None:
-            momentum = 1.0 / float(norm.num_batches_tracked)
-    return momentum
-
-
 def check_same_dtype(op: str, **operands: Tensor | Sequence[Tensor] | None) -> torch.dtype:
     """The one dtype of the operands (tensors or sequences of them; None skipped); ``TypeError``
     naming each operand's dtype otherwise."""

@@ -39,6 +39,14 @@ import triton.language as tl
 from torch import Tensor
 
 from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.ops.triton.fused_norm import (
+    batch_norm_backward,
+    batch_statistics,
+    check_batch,
+    refuse_autograd,
+    running_affine,
+    update_running_statistics,
+)
 from src.ops.triton.dim_conv import (
     DTYPES,
     _branches,
@@ -360,13 +368,8 @@ class _LocalFusionFunction(torch.autograd.Function):
         weights = [w.contiguous() for w in (wc, wh, ww)]
         count = x.shape[0] * x.shape[2] * x.shape[3]
         with autocast_off(x.device.type):
-            total, squares = local_fusion_statistics(x, *weights, list(dilation))
-            mean64 = total / count  # float64 until the variance is formed
-            mean = mean64.float()
-            var = (squares / count - mean64 * mean64).clamp_min(0).float()
-            rstd = torch.rsqrt(var + eps)
-            scale = gamma * rstd
-            shift = beta - mean * scale
+            sums = local_fusion_statistics(x, *weights, list(dilation))
+            mean, var, rstd, scale, shift = batch_statistics(sums, count, gamma, beta, eps)
             local = local_fusion_forward(
                 x, *weights, scale, shift, alpha, w_local, [], list(dilation)
             )
@@ -384,11 +387,9 @@ class _LocalFusionFunction(torch.autograd.Function):
             sum_dz, sum_dz_centred, grad_alpha, grad_w_local = local_fusion_backward_sums(
                 grad_local, x, wc, wh, ww, scale, shift, alpha, w_local, mean, dilation
             )
-            grad_beta = sum_dz
-            grad_gamma = rstd * sum_dz_centred  # sum dz x_hat
-            # dh = scale (dz - mean(dz) - x_hat mean(dz x_hat)), x_hat = (h - mean) rstd
-            q = -scale * rstd * grad_gamma / ctx.count
-            r = -scale * grad_beta / ctx.count
+            grad_gamma, grad_beta, q, r = batch_norm_backward(
+                sum_dz, sum_dz_centred, rstd, scale, ctx.count
+            )
             grad_h = local_fusion_grad_h(
                 grad_local, x, wc, wh, ww, scale, shift, alpha, w_local, mean, scale, q, r,
                 dilation,
@@ -461,35 +462,20 @@ def local_fusion_triton(
     gamma, beta, alpha = (t.float().contiguous() for t in (weight, bias, alpha))
     w_local = w_local.float().reshape(-1)
     dilation = tuple(int(d) for d in dilation)
-    if training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
-        raise ValueError(
-            f"expected more than 1 value per channel when training, got input {tuple(x.shape)}"
-        )
+    count = x.shape[0] * x.shape[2] * x.shape[3]
     if training:
+        check_batch(count, x.shape)
         local, mean, var = _LocalFusionFunction.apply(
             x, weight_channel, weight_height, weight_width, gamma, beta, alpha, w_local,
             dilation, eps,
         )  # fmt: skip
-        if running_mean is not None and running_var is not None:
-            count = x.shape[0] * x.shape[2] * x.shape[3]
-            with torch.no_grad():
-                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
-                unbiased = var * (count / (count - 1))
-                running_var.lerp_(unbiased.to(running_var.dtype), momentum)
+        update_running_statistics(running_mean, running_var, mean, var, count, momentum)
         return local
-    if torch.is_grad_enabled() and any(
-        t.requires_grad
-        for t in (x, weight_channel, weight_height, weight_width, gamma, beta, alpha, w_local,
-                  *(post or ()))
-    ):  # fmt: skip
-        raise RuntimeError(
-            "the fused DimConv + local fusion has no backward with running statistics: "
-            "call it under torch.no_grad() or in training mode"
-        )
-    if running_mean is None or running_var is None:
-        raise ValueError("training=False needs the running statistics")
-    scale = gamma * torch.rsqrt(running_var.float() + eps)
-    shift = beta - running_mean.float() * scale
+    refuse_autograd(
+        "DimConv + local fusion", x, weight_channel, weight_height, weight_width, gamma, beta,
+        alpha, w_local, *(post or ()),
+    )  # fmt: skip
+    scale, shift = running_affine(running_mean, running_var, gamma, beta, eps)
     post_args = [t.float().contiguous() for t in post] if post is not None else []
     weights = [w.contiguous() for w in (weight_channel, weight_height, weight_width)]
     with autocast_off(x.device.type):

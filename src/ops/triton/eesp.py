@@ -39,6 +39,14 @@ from torch import Tensor
 
 from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, opaque_op
 from src.ops.triton.dim_conv import DTYPES, _launch_config, _tile
+from src.ops.triton.fused_norm import (
+    batch_norm_backward,
+    batch_statistics,
+    check_batch,
+    refuse_autograd,
+    running_affine,
+    update_running_statistics,
+)
 
 
 @triton.jit
@@ -398,13 +406,8 @@ class _PyramidFunction(torch.autograd.Function):
         count = r.shape[0] * out_h * out_w
         dil = _dilation_tensor(dilations, r.device)
         with autocast_off(r.device.type):
-            total, squares = pyramid_statistics(r, weight, dil, stride, hff)
-            mean64 = total / count  # float64 until the variance is formed
-            mean = mean64.float()
-            var = (squares / count - mean64 * mean64).clamp_min(0).float()
-            rstd = torch.rsqrt(var + eps)
-            scale = gamma * rstd
-            shift = beta - mean * scale
+            sums = pyramid_statistics(r, weight, dil, stride, hff)
+            mean, var, rstd, scale, shift = batch_statistics(sums, count, gamma, beta, eps)
             y = pyramid_forward(r, weight, dil, scale, shift, alpha, stride, hff)
         ctx.save_for_backward(r, weight, dil, alpha, mean, rstd, scale, shift)
         ctx.stride, ctx.hff, ctx.count, ctx.dilations = stride, hff, count, dilations
@@ -418,11 +421,9 @@ class _PyramidFunction(torch.autograd.Function):
             sum_dz, sum_dz_centred, grad_alpha = pyramid_backward_sums(
                 grad, r, weight, dil, scale, shift, alpha, mean, ctx.stride, ctx.hff
             )
-            grad_beta = sum_dz
-            grad_gamma = rstd * sum_dz_centred  # sum dz x_hat
-            # df = scale (dz - mean(dz) - x_hat mean(dz x_hat)), x_hat = (f - mean) rstd
-            q = -scale * rstd * grad_gamma / ctx.count
-            rr = -scale * grad_beta / ctx.count
+            grad_gamma, grad_beta, q, rr = batch_norm_backward(
+                sum_dz, sum_dz_centred, rstd, scale, ctx.count
+            )
             grad_y = pyramid_grad_branches(
                 grad, r, weight, dil, scale, shift, alpha, mean, scale, q, rr, ctx.stride,
                 ctx.hff,
@@ -503,30 +504,15 @@ def eesp_pyramid_triton(
     _, _, out_h, out_w = _output_shape(r, branches, stride)
     count = r.shape[0] * out_h * out_w
     if training:
-        if count < 2:
-            raise ValueError(
-                f"expected more than 1 value per channel when training, got input {tuple(r.shape)}"
-            )
+        check_batch(count, r.shape)
         y, mean, var = _PyramidFunction.apply(
             r, weight.contiguous(), gamma, beta, alpha, tuple(int(d) for d in dilations),
             stride, hff, eps,
         )  # fmt: skip
-        if running_mean is not None and running_var is not None:
-            with torch.no_grad():
-                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
-                running_var.lerp_((var * (count / (count - 1))).to(running_var.dtype), momentum)
+        update_running_statistics(running_mean, running_var, mean, var, count, momentum)
         return y
-    if torch.is_grad_enabled() and any(
-        t.requires_grad for t in (r, weight, norm_weight, norm_bias, alpha)
-    ):
-        raise RuntimeError(
-            "the fused EESP pyramid has no backward with running statistics: call it under "
-            "torch.no_grad() or in training mode"
-        )
-    if running_mean is None or running_var is None:
-        raise ValueError("training=False needs the running statistics")
-    scale = gamma * torch.rsqrt(running_var.float() + eps)
-    shift = beta - running_mean.float() * scale
+    refuse_autograd("EESP pyramid", r, weight, norm_weight, norm_bias, alpha)
+    scale, shift = running_affine(running_mean, running_var, gamma, beta, eps)
     dil = _dilation_tensor(tuple(int(d) for d in dilations), r.device)
     with autocast_off(r.device.type):
         return pyramid_forward(r, weight.contiguous(), dil, scale, shift, alpha, stride, hff)
