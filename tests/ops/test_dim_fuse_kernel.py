@@ -38,7 +38,7 @@ def _args(unit: DiCE, *, training: bool) -> dict:
 
 
 def _leaves(unit: DiCE) -> list[Tensor]:
-    conv, fuse = unit.dim_conv, unit.dim_fuse
+    fuse = unit.dim_fuse
     return [
         *unit._conv_weights(), fuse.norm.weight, fuse.norm.bias, fuse.act.weight,
         fuse.local[0].weight,
