@@ -16,6 +16,7 @@ import importlib.util
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import torch
@@ -51,6 +52,38 @@ def use_triton(impl: str, x: Tensor) -> bool:
             raise RuntimeError("impl='triton' on a CPU tensor needs TRITON_INTERPRET=1")
         return True
     return x.is_cuda and triton_available()
+
+
+@dataclass(frozen=True)
+class LaunchTarget:
+    """The GPU that launches on CPU tensors are configured for while they are recorded to be
+    compiled for it (:mod:`src.ops.triton.cross_compile`)."""
+
+    arch: int  # compute capability x 10: 80 A100, 90 H100
+    multi_processor_count: int
+
+
+_launch_target: LaunchTarget | None = None
+
+
+def gpu_launch(x: Tensor) -> bool:
+    """Whether a launch on ``x`` takes a GPU's configuration (tile sizes, grid splits, 16-bit
+    ``tl.dot`` operands) rather than the interpreter's: ``x`` is a CUDA tensor, or launches are
+    being recorded for a GPU."""
+    return x.is_cuda or _launch_target is not None
+
+
+def multi_processor_count(device: torch.device) -> int:
+    """SMs of ``device``, or of the :class:`LaunchTarget` being recorded for; 0 in the
+    interpreter."""
+    if device.type == "cuda":
+        return _cuda_multi_processors(device.index or 0)
+    return _launch_target.multi_processor_count if _launch_target is not None else 0
+
+
+@functools.cache
+def _cuda_multi_processors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def autocast_operands(device_type: str, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:

@@ -35,7 +35,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.ops.triton import (
+    autocast_off,
+    autocast_operands,
+    check_same_dtype,
+    gpu_launch,
+    opaque_op,
+)
 
 TILE_GPU = 512
 TILE_INTERPRETER = 1 << 14
@@ -242,11 +248,10 @@ def _dim_conv_bwd_weight_kernel(
             tl.atomic_add(gww_ptr + w1 * (K * K) + tap, part_w, mask=w1 < W)
 
 
-def _launch_config(
-    shape: torch.Size, interleave: bool, on_gpu: bool
-) -> tuple[tuple[int, int, int], dict]:
-    """Grid and tile sizes. A tile holds up to ``TILE_GPU`` pixels on a GPU; the interpreter pays
-    per operation, not per element, so there one tile covers as much of the image as it can."""
+def _launch_config(shape: Sequence[int], on_gpu: bool) -> tuple[tuple[int, int, int], dict]:
+    """Grid and tile sizes (``BLOCK_C``, ``BLOCK_H``, ``BLOCK_W``) over (B, C, H, W). A tile holds
+    up to ``TILE_GPU`` pixels on a GPU; the interpreter pays per operation, not per element, so
+    there one tile covers as much of the image as it can."""
     batch, channels, height, width = shape
     budget = TILE_GPU if on_gpu else TILE_INTERPRETER
     block_w = min(triton.next_power_of_2(width), budget)
@@ -257,12 +262,15 @@ def _launch_config(
         triton.cdiv(channels, block_c),
         triton.cdiv(width, block_w),
     )
-    # interleaved: output channel 3c + slot; concatenated: slot * C + c
+    return grid, {"BLOCK_C": block_c, "BLOCK_H": block_h, "BLOCK_W": block_w}
+
+
+def _output_order(interleave: bool, channels: int) -> dict:
+    """Where branch ``slot`` of channel c lies in DimConv's 3C outputs: interleaved at 3c + slot,
+    concatenated at slot * C + c."""
     if interleave:
-        strides = {"slot_stride": 1, "chan_stride": 3}
-    else:
-        strides = {"slot_stride": channels, "chan_stride": 1}
-    return grid, {**strides, "BLOCK_C": block_c, "BLOCK_H": block_h, "BLOCK_W": block_w}
+        return {"slot_stride": 1, "chan_stride": 3}
+    return {"slot_stride": channels, "chan_stride": 1}
 
 
 def _weight_grid(
@@ -359,7 +367,8 @@ def dim_conv_forward(
     """
     _, channels, height, width = x.shape
     y = _output_like(x)
-    grid, meta = _launch_config(x.shape, interleave, x.is_cuda)
+    grid, meta = _launch_config(x.shape, gpu_launch(x))
+    meta |= _output_order(interleave, channels)
     d_c, d_h, d_w = dilation
     _dim_conv_fwd_kernel[grid](
         x, weight_channel, weight_height, weight_width, y, channels, height, width,
@@ -413,7 +422,8 @@ def dim_conv_backward(
     """
     weights = (weight_channel, weight_height, weight_width)
     _, channels, height, width = x.shape
-    grid, meta = _launch_config(x.shape, interleave, x.is_cuda)
+    grid, meta = _launch_config(x.shape, gpu_launch(x))
+    meta |= _output_order(interleave, channels)
     d_c, d_h, d_w = dilation
     consts = {"K": weight_channel.shape[-1], "D_C": d_c, "D_H": d_h, "D_W": d_w, **meta}
     grads = []
@@ -426,7 +436,7 @@ def dim_conv_backward(
         grads.append(grad_x)
     if weight_grads:
         partials = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in weights]
-        w_grid, batch_block = _weight_grid(grid, x.shape[0], x.is_cuda)
+        w_grid, batch_block = _weight_grid(grid, x.shape[0], gpu_launch(x))
         _dim_conv_bwd_weight_kernel[w_grid](
             x, grad_y, *partials, x.shape[0], channels, height, width,
             *x.stride(), *grad_y.stride(),

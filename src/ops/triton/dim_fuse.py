@@ -38,14 +38,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, opaque_op
-from src.ops.triton.fused_norm import (
-    batch_norm_backward,
-    batch_statistics,
-    check_batch,
-    refuse_autograd,
-    running_affine,
-    update_running_statistics,
+from src.ops.triton import (
+    autocast_off,
+    autocast_operands,
+    check_same_dtype,
+    gpu_launch,
+    opaque_op,
 )
 from src.ops.triton.dim_conv import (
     DTYPES,
@@ -54,6 +52,14 @@ from src.ops.triton.dim_conv import (
     _output_like,
     _tile,
     dim_conv_backward,
+)
+from src.ops.triton.fused_norm import (
+    batch_norm_backward,
+    batch_statistics,
+    check_batch,
+    refuse_autograd,
+    running_affine,
+    update_running_statistics,
 )
 
 
@@ -76,7 +82,6 @@ def _local_fwd_kernel(
     C, H, W,
     sx_b, sx_c, sx_h, sx_w,
     sl_b, sl_c, sl_h, sl_w,
-    slot_stride, chan_stride,
     POST: tl.constexpr,
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -213,7 +218,7 @@ def _local_grad_h_kernel(
 
 
 def _consts(x: Tensor, weight_channel: Tensor, dilation: tuple[int, int, int]) -> tuple:
-    grid, meta = _launch_config(x.shape, True, x.is_cuda)
+    grid, meta = _launch_config(x.shape, gpu_launch(x))
     d_c, d_h, d_w = dilation
     meta = {**meta, "K": weight_channel.shape[-1], "D_C": d_c, "D_H": d_h, "D_W": d_w}
     return grid, meta

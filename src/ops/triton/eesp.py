@@ -37,7 +37,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.ops.triton import (
+    autocast_off,
+    autocast_operands,
+    check_same_dtype,
+    gpu_launch,
+    opaque_op,
+)
 from src.ops.triton.dim_conv import DTYPES, _launch_config, _tile
 from src.ops.triton.fused_norm import (
     batch_norm_backward,
@@ -255,8 +261,7 @@ def _pyramid_like(r: Tensor, branches: int, stride: int) -> Tensor:
 
 def _launch(r: Tensor, branches: int, stride: int, hff: bool) -> tuple[tuple, dict]:
     batch, _, height, width = _output_shape(r, branches, stride)
-    grid, meta = _launch_config((batch, r.shape[1], height, width), True, r.is_cuda)
-    meta = {k: v for k, v in meta.items() if k.startswith("BLOCK")}
+    grid, meta = _launch_config((batch, r.shape[1], height, width), gpu_launch(r))
     return grid, {**meta, "K": branches, "HFF": hff, "STRIDE": stride}
 
 
@@ -494,7 +499,7 @@ def eesp_pyramid_triton(
     dtype = check_same_dtype("EESP pyramid", r=r, weight=weight)
     if dtype not in DTYPES:
         raise TypeError(f"the fused EESP pyramid takes {DTYPES}, got {dtype}")
-    branches, channels = weight.shape[:2]
+    branches = weight.shape[0]
     if weight.shape != (branches, r.shape[1], 9) or len(dilations) != branches:
         raise ValueError(
             f"weight must be (K, n, 9) = (K, {r.shape[1]}, 9) with K dilations, got "

@@ -29,7 +29,15 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.ops.group_linear import GLT_BACKWARD_SCHEMA, glt_grads_like, unpack_glt_grads
-from src.ops.triton import Timer, autocast_off, fastest, opaque_op, size_bucket
+from src.ops.triton import (
+    Timer,
+    autocast_off,
+    fastest,
+    gpu_launch,
+    multi_processor_count,
+    opaque_op,
+    size_bucket,
+)
 
 
 @triton.jit
@@ -153,7 +161,7 @@ def _grouped_gemm(
     # 16-bit inputs in the interpreter (CPU tensors): its tl.dot multiplies bfloat16 bit patterns
     # as integers (triton-lang/triton#11584), so the operands are widened to float32 first; the
     # products of 16-bit values are exact in float32, which is what the GPU's 16-bit dot gives
-    widen = not a.is_cuda and a.dtype != torch.float32
+    widen = not gpu_launch(a) and a.dtype != torch.float32
     # fp32 inputs: exact products unless PyTorch itself allows TF32 matmuls
     ieee = widen or (
         a.dtype == torch.float32 and not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32)
@@ -185,7 +193,7 @@ def _grouped_gemm(
 
 def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_T, BLOCK_C) of a launch."""
-    return 64 if a.is_cuda else 32, _block(max(red, red1), 16, 32), _block(cols, 16, 64)
+    return 64 if gpu_launch(a) else 32, _block(max(red, red1), 16, 32), _block(cols, 16, 64)
 
 
 def split_k_splits(a: Tensor, cols: int, *, programs: int) -> int:
@@ -324,13 +332,11 @@ def weight_grad_splitk(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | Non
     _grouped_gemm(a, dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits)
 
 
-@functools.cache
 def _split_k_programs(device: torch.device) -> int:
-    """About four programs per SM on a GPU (looked up once per device); a fixed 16 in the
-    interpreter, so that tests split too."""
-    if device.type != "cuda":
-        return 16
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    """About four programs per SM on a GPU; a fixed 16 in the interpreter, so that tests split
+    too."""
+    sms = multi_processor_count(device)
+    return 4 * sms if sms else 16
 
 
 def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:

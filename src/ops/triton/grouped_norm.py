@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.triton import autocast_off, opaque_op
+from src.ops.triton import autocast_off, gpu_launch, opaque_op
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile
 ELEMENTS_INTERPRETER = 1 << 16
@@ -129,7 +129,7 @@ def per_group_layer_norm_forward(
         x (R, D) contiguous, weight and bias (D,) -> [(R, D), (R, G), (R, G)]
     """
     rows, width = x.shape
-    grid, meta = _launch(rows, width // groups, groups, x.is_cuda)
+    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
     y = torch.empty(x.shape, dtype=_out_dtype(x), device=x.device)
     mean = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
     std = torch.empty_like(mean)
@@ -161,7 +161,7 @@ def per_group_layer_norm_backward(
     """
     rows, width = x.shape
     groups = mean.shape[1]
-    grid, meta = _launch(rows, width // groups, groups, x.is_cuda)
+    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
     grad_x = torch.empty_like(x)
     w_part, b_part = (
         torch.empty((grid[0], width), dtype=torch.float32, device=x.device) for _ in range(2)

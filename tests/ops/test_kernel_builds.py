@@ -1,0 +1,154 @@
+"""Every Triton kernel builds for an H100 at the launches its ops make, in float32 and under
+bfloat16 and float16 autocast (``src/ops/triton/cross_compile.py``): the interpreter, which runs
+the other kernel tests here, is lenient where the GPU compiler is not. Each build must compile,
+spill no registers and ask for no more shared memory than a block may have.
+
+The launches are recorded from the ops' modules with ``impl="triton"``, forward and backward in
+training and forward in inference, with inputs in the autocast dtype (as activations arrive after
+a matmul or convolution under autocast), at the feature-map and layer sizes of the models
+(DiCENet s=1.0 stages, the EESP units of ESPNetv2, DeLighT's and Group-Transformer's layers) with
+a small batch: only the host code runs, so the sizes cost little, and they set the tile sizes the
+GPU gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from src.ops.dice import DiCE
+from src.ops.dim_conv import DimConv
+from src.ops.eesp import EESP
+from src.ops.group_linear import GroupLinear, interleaved_group_linear
+from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.triton.cross_compile import (
+    H100,
+    Build,
+    cross_compile,
+    recorded_launches,
+    toolchain_missing,
+)
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1",
+        reason="launches are recorded in Triton's interpreter; with CUDA the kernel tests build "
+        "and run every kernel on the GPU itself",
+    ),
+    pytest.mark.skipif(toolchain_missing() is not None, reason=str(toolchain_missing())),
+]
+
+PRECISIONS = (None, torch.bfloat16, torch.float16)  # None: float32, no autocast
+
+
+def _train_and_infer(module: torch.nn.Module, x: torch.Tensor) -> None:
+    module.train()
+    module(x.requires_grad_()).float().sum().backward()
+    module.eval()
+    with torch.no_grad():
+        module(x.detach())
+
+
+def _glt(dtype: torch.dtype) -> None:
+    for rows, d_in, d_out, groups, shuffle in (
+        (4096, 512, 1024, 16, True),
+        (600, 256, 1024, 4, False),
+    ):
+        layer = GroupLinear(d_in, d_out, groups, shuffle=shuffle, impl="triton")
+        _train_and_infer(layer, torch.randn(rows, d_in, dtype=dtype))
+    # DeLighT's input mixer: group i reads chunk i of both parts
+    weight = torch.randn(8, 64 + 32, 64, requires_grad=True)
+    parts = (
+        torch.randn(4096, 512, requires_grad=True, dtype=dtype),
+        torch.randn(4096, 256, requires_grad=True, dtype=dtype),
+    )
+    y = interleaved_group_linear(parts, weight, None, shuffle=True, impl="triton")
+    y.float().sum().backward()
+
+
+def _dim_conv(dtype: torch.dtype) -> None:
+    for channels, size in ((58, 28), (116, 14), (232, 7)):
+        _train_and_infer(
+            DimConv(channels, size, size, impl="triton"),
+            torch.randn(2, channels, size, size, dtype=dtype),
+        )
+
+
+def _dim_fuse(dtype: torch.dtype) -> None:
+    for channels, size in ((58, 28), (232, 7)):
+        unit = DiCE(channels, channels, size, size, impl="triton")
+        _train_and_infer(unit, torch.randn(2, channels, size, size, dtype=dtype))
+
+
+def _eesp(dtype: torch.dtype) -> None:
+    _train_and_infer(EESP(128, 128, impl="triton"), torch.randn(2, 128, 28, 28, dtype=dtype))
+    _train_and_infer(EESP(256, 256, impl="triton"), torch.randn(2, 256, 7, 7, dtype=dtype))
+    # the strided pyramid of a down-sampling unit
+    _train_and_infer(EESP(64, 64, stride=2, impl="triton"), torch.randn(2, 64, 56, 56, dtype=dtype))
+
+
+def _grouped_norm(dtype: torch.dtype) -> None:
+    for width, groups in ((256, 4), (256, 1), (512, 8), (1024, 2)):
+        _train_and_infer(
+            PerGroupLayerNorm(width, groups, impl="triton"), torch.randn(4, 512, width, dtype=dtype)
+        )
+
+
+WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
+    "group_linear": _glt,
+    "dim_conv": _dim_conv,
+    "dim_fuse": _dim_fuse,
+    "eesp": _eesp,
+    "grouped_norm": _grouped_norm,
+}
+
+
+def _kernels_of(module: str) -> set[str]:
+    """The kernels (``*_kernel`` Triton functions) defined in ``src.ops.triton.<module>``."""
+    loaded = importlib.import_module(f"src.ops.triton.{module}")
+    return {
+        f"{loaded.__name__}:{name}"
+        for name, value in vars(loaded).items()
+        if name.endswith("_kernel")
+        and getattr(getattr(value, "fn", None), "__module__", None) == loaded.__name__
+    }
+
+
+def _describe(build: Build) -> str:
+    return (
+        f"{build.name} {build.dtypes} {build.constants}: error {build.error}, "
+        f"spilled {build.spill_bytes} B, shared {build.shared_bytes} B"
+    )
+
+
+@pytest.mark.parametrize("module", sorted(WORKLOADS))
+def test_every_launch_builds_for_h100(module: str) -> None:
+    torch.manual_seed(0)
+    with recorded_launches(H100) as launches:
+        for dtype in PRECISIONS:
+            autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+            with autocast:
+                WORKLOADS[module](dtype or torch.float32)
+    kernels = _kernels_of(module)
+    assert kernels, f"no kernels found in src.ops.triton.{module}"
+    launched = {launch.kernel for launch in launches}
+    assert kernels <= launched, f"not launched by the workload: {sorted(kernels - launched)}"
+
+    builds = cross_compile(launches, H100)
+    assert len(builds) == len({launch.to_json() for launch in launches})
+    failed = [
+        b for b in builds
+        if b.error or b.spill_bytes or b.shared_bytes > H100.shared_per_block or not b.occupancy
+    ]  # fmt: skip
+    assert not failed, "\n".join(map(_describe, failed))
+    # 16-bit operands reach every kernel of the module as 16-bit pointers under autocast
+    for kernel in kernels:
+        for dtype in ("bfloat16", "float16"):
+            assert any(b.kernel == kernel and dtype in b.dtypes for b in builds), (kernel, dtype)
