@@ -21,7 +21,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl
 
 from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
@@ -152,3 +153,24 @@ def test_every_launch_builds_for_h100(module: str) -> None:
     for kernel in kernels:
         for dtype in ("bfloat16", "float16"):
             assert any(b.kernel == kernel and dtype in b.dtypes for b in builds), (kernel, dtype)
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tile = i[:, None] * BLOCK + i[None, :]
+    tl.store(c_ptr + tile, tl.dot(tl.load(a_ptr + tile), tl.load(b_ptr + tile)))
+
+
+def test_a_kernel_the_gpu_rejects_is_reported() -> None:
+    """The interpreter runs a ``tl.dot`` of bfloat16 and float32 blocks; the GPU build refuses it,
+    and the build says so (the same kernel with one dtype builds)."""
+    c = torch.empty(16, 16)
+    with recorded_launches(H100) as launches:
+        for a_dtype in (torch.bfloat16, torch.float32):
+            a, b = torch.randn(16, 16, dtype=a_dtype), torch.randn(16, 16)
+            _dot_kernel[(1,)](a, b, c, BLOCK=16)
+    mixed, same = cross_compile(launches, H100)
+    assert mixed.dtypes == ("bfloat16", "float32", "float32") and same.error is None
+    assert mixed.error is not None and "dtype" in mixed.error, mixed.error
+    assert same.registers > 0 and same.spill_bytes == 0 and 0 < same.occupancy <= 1

@@ -77,7 +77,8 @@ def multi_processor_count(device: torch.device) -> int:
     """SMs of ``device``, or of the :class:`LaunchTarget` being recorded for; 0 in the
     interpreter."""
     if device.type == "cuda":
-        return _cuda_multi_processors(device.index or 0)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_multi_processors(index)
     return _launch_target.multi_processor_count if _launch_target is not None else 0
 
 

@@ -104,8 +104,6 @@ class Build:
 def _encode(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return {"tensor": str(value.dtype).removeprefix("torch."), "aligned": _aligned(value)}
-    if isinstance(value, torch.dtype):
-        return {"dtype": str(value).removeprefix("torch.")}
     if value is None or isinstance(value, bool | int | float | str):
         return value
     raise TypeError(f"a launch argument of type {type(value).__name__} cannot be recorded")
@@ -177,7 +175,8 @@ def cross_compile(launches: Sequence[Launch], gpu: Gpu, *, timeout: float = 900)
     )  # fmt: skip
     if done.returncode:
         raise RuntimeError(f"the cross-compiling process failed:\n{done.stderr[-3000:]}")
-    return [Build(**json.loads(line)) for line in done.stdout.splitlines() if line.strip()]
+    builds = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return [Build(**{**b, "dtypes": tuple(b["dtypes"])}) for b in builds]
 
 
 # ---- the child process: no interpreter, a stand-in driver for the target ----
@@ -210,8 +209,6 @@ def _decode(value: Any) -> Any:
         if not value["aligned"]:  # Triton specialises 16-byte aligned pointers
             pointer.data_ptr = lambda: 8
         return pointer
-    if isinstance(value, dict) and "dtype" in value:
-        return getattr(torch, value["dtype"])
     return value
 
 
