@@ -47,6 +47,7 @@ from src.ops.triton.cross_compile import (  # noqa: E402
     cross_compile,
     recorded_launches,
     toolchain_missing,
+    train_and_infer,
 )
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,20 +55,10 @@ LM_BATCH, LM_LEN = 4, 512
 IMAGES, IMAGE_SIZE = 2, 224
 
 
-def _train_and_infer(
-    net: torch.nn.Module, forward: Callable[[torch.nn.Module], torch.Tensor]
-) -> None:
-    net.train()
-    forward(net).float().sum().backward()
-    net.eval()
-    with torch.no_grad():
-        forward(net)
-
-
 def _dextra() -> None:
     unit = with_impl(dextra_unit(), "triton")
     x = torch.randn(dextra_input_shape(4096))
-    _train_and_infer(unit, lambda net: net(x))
+    train_and_infer(unit, lambda net: net(x))
 
 
 def _group_transformer(groups: int) -> Callable[[], None]:
@@ -80,7 +71,7 @@ def _group_transformer(groups: int) -> Callable[[], None]:
             logits, _ = net(tokens, memories)
             return F.cross_entropy(logits.reshape(-1, VOCAB), tokens.reshape(-1))
 
-        _train_and_infer(net, forward)
+        train_and_infer(net, forward)
 
     return run
 
@@ -89,7 +80,7 @@ def _vision(build: Callable[[], torch.nn.Module]) -> Callable[[], None]:
     def run() -> None:
         net = with_impl(build(), "triton").to(memory_format=torch.channels_last)
         x = torch.randn(IMAGES, 3, IMAGE_SIZE, IMAGE_SIZE).to(memory_format=torch.channels_last)
-        _train_and_infer(net, lambda net: net(x))
+        train_and_infer(net, lambda net: net(x))
 
     return run
 

@@ -35,6 +35,7 @@ from src.ops.triton.cross_compile import (
     cross_compile,
     recorded_launches,
     toolchain_missing,
+    train_and_infer,
 )
 
 pytestmark = [
@@ -49,12 +50,10 @@ pytestmark = [
 PRECISIONS = (None, torch.bfloat16, torch.float16)  # None: float32, no autocast
 
 
-def _train_and_infer(module: torch.nn.Module, x: torch.Tensor) -> None:
-    module.train()
-    module(x.requires_grad_()).float().sum().backward()
-    module.eval()
-    with torch.no_grad():
-        module(x.detach())
+def _on(x: torch.Tensor) -> Callable[[torch.nn.Module], torch.Tensor]:
+    """The module's forward on ``x``, which asks for its gradient (the input-gradient kernels)."""
+    x.requires_grad_()
+    return lambda module: module(x if module.training else x.detach())
 
 
 def _glt(dtype: torch.dtype) -> None:
@@ -63,7 +62,7 @@ def _glt(dtype: torch.dtype) -> None:
         (600, 256, 1024, 4, False),
     ):
         layer = GroupLinear(d_in, d_out, groups, shuffle=shuffle, impl="triton")
-        _train_and_infer(layer, torch.randn(rows, d_in, dtype=dtype))
+        train_and_infer(layer, _on(torch.randn(rows, d_in, dtype=dtype)))
     # DeLighT's input mixer: group i reads chunk i of both parts
     weight = torch.randn(8, 64 + 32, 64, requires_grad=True)
     parts = (
@@ -76,29 +75,32 @@ def _glt(dtype: torch.dtype) -> None:
 
 def _dim_conv(dtype: torch.dtype) -> None:
     for channels, size in ((58, 28), (116, 14), (232, 7)):
-        _train_and_infer(
+        train_and_infer(
             DimConv(channels, size, size, impl="triton"),
-            torch.randn(2, channels, size, size, dtype=dtype),
+            _on(torch.randn(2, channels, size, size, dtype=dtype)),
         )
 
 
 def _dim_fuse(dtype: torch.dtype) -> None:
     for channels, size in ((58, 28), (232, 7)):
         unit = DiCE(channels, channels, size, size, impl="triton")
-        _train_and_infer(unit, torch.randn(2, channels, size, size, dtype=dtype))
+        train_and_infer(unit, _on(torch.randn(2, channels, size, size, dtype=dtype)))
 
 
 def _eesp(dtype: torch.dtype) -> None:
-    _train_and_infer(EESP(128, 128, impl="triton"), torch.randn(2, 128, 28, 28, dtype=dtype))
-    _train_and_infer(EESP(256, 256, impl="triton"), torch.randn(2, 256, 7, 7, dtype=dtype))
+    train_and_infer(EESP(128, 128, impl="triton"), _on(torch.randn(2, 128, 28, 28, dtype=dtype)))
+    train_and_infer(EESP(256, 256, impl="triton"), _on(torch.randn(2, 256, 7, 7, dtype=dtype)))
     # the strided pyramid of a down-sampling unit
-    _train_and_infer(EESP(64, 64, stride=2, impl="triton"), torch.randn(2, 64, 56, 56, dtype=dtype))
+    train_and_infer(
+        EESP(64, 64, stride=2, impl="triton"), _on(torch.randn(2, 64, 56, 56, dtype=dtype))
+    )
 
 
 def _grouped_norm(dtype: torch.dtype) -> None:
     for width, groups in ((256, 4), (256, 1), (512, 8), (1024, 2)):
-        _train_and_infer(
-            PerGroupLayerNorm(width, groups, impl="triton"), torch.randn(4, 512, width, dtype=dtype)
+        train_and_infer(
+            PerGroupLayerNorm(width, groups, impl="triton"),
+            _on(torch.randn(4, 512, width, dtype=dtype)),
         )
 
 

@@ -29,7 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,18 @@ def recorded_launches(gpu: Gpu) -> Iterator[list[Launch]]:
     finally:
         InterpretedFunction.run = run
         kernels._launch_target = previous
+
+
+def train_and_infer(
+    net: torch.nn.Module, forward: Callable[[torch.nn.Module], torch.Tensor]
+) -> None:
+    """The launches of a step to record: ``forward(net)`` in training with a backward from its
+    sum, then in inference without autograd."""
+    net.train()
+    forward(net).float().sum().backward()
+    net.eval()
+    with torch.no_grad():
+        forward(net)
 
 
 def toolchain_missing() -> str | None:
