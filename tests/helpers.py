@@ -131,3 +131,9 @@ def saved_bytes(module: nn.Module, x: Tensor) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         module(x)
     return sum(storages.values())
+
+
+def own_running_statistics(args: dict) -> dict:
+    """A fused unit's arguments (``_local_fusion_args`` / ``_pyramid_args``) with copies of its BN
+    running statistics, so that two paths given them update their own."""
+    return {**args, **{k: args[k].clone() for k in ("running_mean", "running_var")}}

@@ -23,7 +23,7 @@ from src.ops.dim_fuse import local_fusion_reference
 pytest.importorskip("triton")
 
 from src.ops.triton.dim_fuse import local_fusion_triton  # noqa: E402
-from tests.helpers import randomise_norms, saved_bytes  # noqa: E402
+from tests.helpers import own_running_statistics, randomise_norms, saved_bytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -31,10 +31,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 def _args(unit: DiCE, *, training: bool) -> dict:
     unit.train(training)
-    args = unit._local_fusion_args(advance=False)
-    for name in ("running_mean", "running_var"):
-        args[name] = args[name].clone()
-    return args
+    return own_running_statistics(unit._local_fusion_args(advance=False))
 
 
 def _leaves(unit: DiCE) -> list[Tensor]:

@@ -20,7 +20,7 @@ from src.ops.eesp import EESP, EESPDownsampler, eesp_pyramid_reference, pyramid_
 pytest.importorskip("triton")
 
 from src.ops.triton.eesp import eesp_pyramid_triton  # noqa: E402
-from tests.helpers import randomise_norms, saved_bytes  # noqa: E402
+from tests.helpers import own_running_statistics, randomise_norms, saved_bytes  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -28,10 +28,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 def _args(unit: EESP, *, training: bool) -> dict:
     unit.train(training)
-    args = unit._pyramid_args(advance=False)
-    for name in ("running_mean", "running_var"):
-        args[name] = args[name].clone()
-    return args
+    return own_running_statistics(unit._pyramid_args(advance=False))
 
 
 def _run(fn: Callable[..., Tensor], unit: EESP, r: Tensor, args: dict) -> list[Tensor]:
