@@ -446,6 +446,37 @@ def dim_conv_backward(
     return grads
 
 
+def dim_conv_operands(
+    op: str, x: Tensor, weight_channel: Tensor, weight_height: Tensor, weight_width: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The operands of a fused DimConv pass (``op`` names it in errors) as the kernels take them:
+    x at the build size of the height- and width-wise kernels, cast by autocast's rule, all of one
+    dtype in :data:`DTYPES`; ValueError or TypeError otherwise.
+
+    Shape:
+        x (B, C, H_b, W_b), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
+        weight_width (W_b, 1, k, k)
+    """
+    height, width = x.shape[-2:]
+    if (weight_height.shape[0], weight_width.shape[0]) != (height, width):
+        raise ValueError(
+            f"the fused kernel needs the build size: input {height}x{width}, "
+            f"kernels built for {weight_height.shape[0]}x{weight_width.shape[0]}"
+        )
+    operands = autocast_operands(x.device.type, x, weight_channel, weight_height, weight_width)
+    x, weight_channel, weight_height, weight_width = operands
+    dtype = check_same_dtype(
+        op,
+        x=x,
+        weight_channel=weight_channel,
+        weight_height=weight_height,
+        weight_width=weight_width,
+    )
+    if dtype not in DTYPES:
+        raise TypeError(f"the fused {op} takes {DTYPES}, got {dtype}")
+    return x, weight_channel, weight_height, weight_width
+
+
 def dim_conv_triton(
     x: Tensor,
     weight_channel: Tensor,
@@ -466,24 +497,9 @@ def dim_conv_triton(
         x (B, C, H_b, W_b), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
         weight_width (W_b, 1, k, k) -> (B, 3C, H_b, W_b)
     """
-    height, width = x.shape[-2:]
-    if (weight_height.shape[0], weight_width.shape[0]) != (height, width):
-        raise ValueError(
-            f"the fused kernel needs the build size: input {height}x{width}, "
-            f"kernels built for {weight_height.shape[0]}x{weight_width.shape[0]}"
-        )
-    x, weight_channel, weight_height, weight_width = autocast_operands(
-        x.device.type, x, weight_channel, weight_height, weight_width
+    x, weight_channel, weight_height, weight_width = dim_conv_operands(
+        "DimConv", x, weight_channel, weight_height, weight_width
     )
-    dtype = check_same_dtype(
-        "DimConv",
-        x=x,
-        weight_channel=weight_channel,
-        weight_height=weight_height,
-        weight_width=weight_width,
-    )
-    if dtype not in DTYPES:
-        raise TypeError(f"the fused DimConv takes {DTYPES}, got {dtype}")
     return _DimConvFunction.apply(
         x, weight_channel, weight_height, weight_width, tuple(dilation), interleave
     )

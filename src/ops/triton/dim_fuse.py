@@ -40,18 +40,16 @@ from torch import Tensor
 
 from src.ops.triton import (
     autocast_off,
-    autocast_operands,
-    check_same_dtype,
     gpu_launch,
     opaque_op,
 )
 from src.ops.triton.dim_conv import (
-    DTYPES,
     _branches,
     _launch_config,
     _output_like,
     _tile,
     dim_conv_backward,
+    dim_conv_operands,
 )
 from src.ops.triton.fused_norm import (
     batch_norm_backward,
@@ -443,26 +441,11 @@ def local_fusion_triton(
         x (B, C, H_b, W_b); DimConv weights (C | H_b | W_b, 1, k, k); running statistics, weight,
         bias, alpha (3C,); w_local (C, 3, 1, 1); post three (C,) -> (B, C, H_b, W_b)
     """
-    height, width = x.shape[-2:]
-    if (weight_height.shape[0], weight_width.shape[0]) != (height, width):
-        raise ValueError(
-            f"the fused kernel needs the build size: input {height}x{width}, "
-            f"kernels built for {weight_height.shape[0]}x{weight_width.shape[0]}"
-        )
     if post is not None and training:
         raise ValueError("post (the second BN folded) is for inference; it needs training=False")
-    x, weight_channel, weight_height, weight_width = autocast_operands(
-        x.device.type, x, weight_channel, weight_height, weight_width
+    x, weight_channel, weight_height, weight_width = dim_conv_operands(
+        "DimConv + local fusion", x, weight_channel, weight_height, weight_width
     )
-    dtype = check_same_dtype(
-        "DimConv + local fusion",
-        x=x,
-        weight_channel=weight_channel,
-        weight_height=weight_height,
-        weight_width=weight_width,
-    )
-    if dtype not in DTYPES:
-        raise TypeError(f"the fused DimConv takes {DTYPES}, got {dtype}")
     # BN, PReLU and the local weights in float32, as the eager ops keep them under autocast
     gamma, beta, alpha = (t.float().contiguous() for t in (weight, bias, alpha))
     w_local = w_local.float().reshape(-1)
