@@ -73,8 +73,6 @@ class PerGroupLayerNorm(nn.Module):
             from src.ops.triton.grouped_norm import per_group_layer_norm_triton
 
             return per_group_layer_norm_triton(*args)
-        if torch.compiler.is_compiling():  # inductor fuses the plain passes and their backward
-            return per_group_layer_norm(*args)
         return PerGroupLayerNormFunction.apply(*args)
 
     def extra_repr(self) -> str:
@@ -114,11 +112,12 @@ def per_group_layer_norm(
 
 
 class PerGroupLayerNormFunction(torch.autograd.Function):
-    """:func:`per_group_layer_norm` with its backward written out, the eager PyTorch path of
-    :class:`PerGroupLayerNorm`: autograd through the plain passes keeps x, the centred rows and
-    more and runs about twelve element-wise passes back; this keeps the normalised rows and the
-    per-row std and runs seven (1.3-2.4x faster forward+backward in float32 on 2 CPU cores for
-    Group-Transformer's norms, 1.0-1.7x with bfloat16 inputs).
+    """:func:`per_group_layer_norm` with its backward written out, the PyTorch path of
+    :class:`PerGroupLayerNorm` (eager, and what ``torch.compile`` traces): autograd through the
+    plain passes keeps x, the centred rows and more and runs about twelve element-wise passes back;
+    this keeps the normalised rows and the per-row std and runs seven (1.3-2.4x faster
+    forward+backward in float32 on 2 CPU cores for Group-Transformer's norms, 1.0-1.7x with
+    bfloat16 inputs).
 
     With ``n = c / (s + eps)``, ``c`` the centred group, ``s = |c| / sqrt(W - 1)`` and ``g`` the
     gradient of n: ``dc = (g - n sum(g n) (s + eps) / ((W - 1) s)) / (s + eps)`` and
