@@ -1,10 +1,12 @@
-"""Test helpers: networks that drive the training loop into specific situations, and the choice of
-the CPU inference path (fused kernels or eager calls)."""
+"""Test helpers: networks that drive the training loop into specific situations, the choice of
+the CPU inference path (fused kernels or eager calls), and faulty operands for the fused CPU
+kernels."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 
@@ -137,3 +139,77 @@ def own_running_statistics(args: dict) -> dict:
     """A fused unit's arguments (``_local_fusion_args`` / ``_pyramid_args``) with copies of its BN
     running statistics, so that two paths given them update their own."""
     return {**args, **{k: args[k].clone() for k in ("running_mean", "running_var")}}
+
+
+# faults of an operand's sizes (every dimension in turn for shrunk and grown), then of its kind
+SHAPE_FAULTS = ("shrunk", "grown", "rank", "reshaped", "empty")
+KIND_FAULTS = {
+    "float64": "must be float32",
+    "bfloat16": "must be float32",
+    "non_contiguous": "must be contiguous",
+    "sparse": "must be a dense",
+    "meta": "must be on the CPU",
+    "negated": "must not be a negated view",
+    "requires_grad": "requires grad",
+}
+
+
+def faulty_copies(t: torch.Tensor, fault: str, fixed: tuple[int, ...]) -> list[torch.Tensor]:
+    """Copies of the valid operand ``t``, each with ``fault``; ``fixed`` are the dimensions whose
+    sizes the other operands fix (the kernel takes any size in the others)."""
+    shape = list(t.shape)
+    if fault == "shrunk":  # the operand that read past its end: one size short, in each dimension
+        return [t.narrow(d, 0, shape[d] - 1).contiguous() for d in fixed if shape[d] > 1]
+    if fault == "grown":
+        return [torch.randn(*shape[:d], shape[d] + 1, *shape[d + 1 :]) for d in fixed]
+    if fault == "rank":  # one dimension more, or one fewer (a vector: one more another way)
+        return [t[None], t.flatten() if t.dim() > 1 else t[:, None]]
+    if fault == "reshaped":  # as many elements and dimensions: the sizes rotated by one place ...
+        other = shape[-1:] + shape[:-1]
+        if other == shape:  # ... or, where that changes nothing, the last folded into the first
+            other = [shape[0] * shape[-1], *shape[1:-1], 1]
+        assert any(other[d] != shape[d] for d in fixed), f"no fixed size of {shape} changes"
+        return [t.reshape(other)]
+    if fault == "empty":
+        return [t[..., :0]]
+    if fault == "float64":
+        return [t.double()]
+    if fault == "bfloat16":
+        return [t.bfloat16()]
+    if fault == "non_contiguous":  # the same values, every other element of a wider tensor
+        wide = torch.zeros(*shape[:-1], 2 * shape[-1])
+        view = wide[..., ::2].copy_(t)
+        assert not view.is_contiguous()
+        return [view]
+    if fault == "sparse":
+        return [t.to_sparse()]
+    if fault == "meta":
+        return [t.to("meta")]
+    if fault == "negated":  # the same values, stored negated behind a lazy negation
+        return [torch._neg_view(-t)]
+    if fault == "requires_grad":
+        return [t.detach().clone().requires_grad_()]
+    raise ValueError(f"unknown fault {fault!r}")
+
+
+def assert_rejected(
+    kernel_name: str, args: list, name: str, position: int, fault: str, fixed: tuple[int, ...]
+) -> None:
+    """Each faulty copy of operand ``name`` makes the kernel raise a RuntimeError naming it, with
+    the bad shape (shape faults) or what was expected (kind faults)."""
+    kernel = getattr(torch.ops.lightnets_cpu, kernel_name)
+    with torch.no_grad():
+        kernel(*args)  # the valid call runs
+    for bad in faulty_copies(args[position], fault, fixed):
+        call = list(args)
+        call[position] = bad
+        with torch.set_grad_enabled(fault == "requires_grad"), pytest.raises(RuntimeError) as error:
+            kernel(*call)
+        message = str(error.value)
+        assert message.startswith(f"{kernel_name}: "), message
+        if fault in SHAPE_FAULTS:
+            # the operand and its shape, whichever operand's sizes then disagree with it
+            assert re.search(rf"\b{name}\b", message), message
+            assert str(list(bad.shape)) in message, message
+        else:
+            assert f"{kernel_name}: {name} {KIND_FAULTS[fault]}" in message, message

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.ops.cpu import cpu_kernels
 from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
 
 
@@ -26,8 +27,10 @@ class PerGroupLayerNorm(nn.Module):
         groups: number of contiguous chunks normalised separately; 1 normalises the full width.
         eps: added to the unbiased standard deviation.
         impl: ``"auto"`` (on CUDA, per shape the faster of the fused Triton kernel,
-            :mod:`src.ops.triton.grouped_norm`, and the PyTorch path, :func:`auto_path`; the
-            PyTorch path under ``torch.compile``), ``"reference"`` or ``"triton"``.
+            :mod:`src.ops.triton.grouped_norm`, and the PyTorch path, :func:`auto_path`; on the
+            CPU the fused C++ kernels, :class:`PerGroupLayerNormCpuFunction`, where they are
+            built; the PyTorch path under ``torch.compile``), ``"reference"`` (the PyTorch path,
+            :class:`PerGroupLayerNormFunction`) or ``"triton"``.
 
     Parameters: ``weight`` and ``bias``, each (num_features,), one gain and shift per feature.
 
@@ -64,6 +67,14 @@ class PerGroupLayerNorm(nn.Module):
         if x.shape[-1] != self.num_features:
             raise ValueError(f"expected (..., {self.num_features}), got {tuple(x.shape)}")
         args = (x, self.weight, self.bias, self.groups, self.eps)
+        if (
+            self.impl == "auto"
+            and x.device.type == "cpu"
+            and not torch.compiler.is_compiling()  # inductor fuses the PyTorch path's passes
+            and _kernel_covers(*args)
+            and cpu_kernels()
+        ):
+            return PerGroupLayerNormCpuFunction.apply(*args)
         kernel = use_triton(self.impl, x) and _kernel_covers(*args)
         if kernel and self.impl == "auto":
             # traced by torch.compile, the PyTorch path's passes are fused by inductor itself,
@@ -163,6 +174,47 @@ class PerGroupLayerNormFunction(torch.autograd.Function):
             grad_c = inv * g - n * through_std
             grad_x = (grad_c - grad_c.mean(dim=-1, keepdim=True)).flatten(-2).to(ctx.x_dtype)
         return grad_x, grad_w, grad_b, None, None
+
+
+class PerGroupLayerNormCpuFunction(torch.autograd.Function):
+    """:class:`PerGroupLayerNorm` on the fused C++ kernels (``src/ops/cpu/grouped_norm.cpp``), its
+    eager path on the CPU where they are built: one pass over each group forward and one back, where
+    :class:`PerGroupLayerNormFunction` runs about eight element-wise ATen passes forward and
+    fourteen back. It keeps x in its own dtype and each group's mean and std, and recomputes the
+    normalised values in the backward, the same formulas as :class:`PerGroupLayerNormFunction`.
+
+    Shape:
+        x (..., D) float32 or 16-bit, weight and bias (D,) float32 -> (..., D) float32
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
+    ) -> Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()  # (..., D) -> (N, D)
+        y, mean, std = torch.ops.lightnets_cpu.per_group_norm_forward(
+            rows, weight.contiguous(), bias.contiguous(), groups, eps
+        )  # (N, D), (N, G), (N, G)
+        ctx.save_for_backward(rows, weight, mean, std)
+        ctx.groups, ctx.eps = groups, eps
+        return y.view(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        rows, weight, mean, std = ctx.saved_tensors
+        grad_x, grad_w, grad_b = torch.ops.lightnets_cpu.per_group_norm_backward(
+            grad_y.reshape(rows.shape).float().contiguous(),
+            rows, weight.contiguous(), mean, std, ctx.groups, ctx.eps,
+        )  # fmt: skip
+        wanted = ctx.needs_input_grad
+        return (
+            grad_x.view(grad_y.shape) if wanted[0] else None,
+            grad_w if wanted[1] else None,
+            grad_b if wanted[2] else None,
+            None,
+            None,
+        )
 
 
 def _kernel_covers(x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float) -> bool:

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from torch import nn
@@ -9,7 +7,13 @@ from torch import nn
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.eesp import EESP, EESPDownsampler
 from src.ops.inference_folding import ConvBNPReLU, batch_norm_affine, folded_inference
-from tests.helpers import require_cpu_kernels, use_inference_path
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    require_cpu_kernels,
+    use_inference_path,
+)
 
 
 @pytest.fixture(params=["kernel", "eager"])
@@ -207,17 +211,6 @@ DICE_OPERANDS = {
     )
 }  # fmt: skip
 EESP_OPERANDS = {"x": 0, "weight": 1, "affine": 4}
-# faults of an operand's sizes (every dimension in turn for shrunk and grown), then of its kind
-SHAPE_FAULTS = ("shrunk", "grown", "rank", "reshaped", "empty")
-KIND_FAULTS = {
-    "float64": "must be float32",
-    "bfloat16": "must be float32",
-    "non_contiguous": "must be contiguous",
-    "sparse": "must be a dense",
-    "meta": "must be on the CPU",
-    "negated": "must not be a negated view",
-    "requires_grad": "requires grad",
-}
 
 
 def kernel_arguments(name: str, module: nn.Module, x: torch.Tensor) -> list:
@@ -234,67 +227,6 @@ def kernel_arguments(name: str, module: nn.Module, x: torch.Tensor) -> list:
         module(x)
     (args,) = calls
     return args
-
-
-def faulty_copies(t: torch.Tensor, fault: str, fixed: tuple[int, ...]) -> list[torch.Tensor]:
-    """Copies of the valid operand ``t``, each with ``fault``; ``fixed`` are the dimensions whose
-    sizes the other operands fix (the kernel takes any size in the others)."""
-    shape = list(t.shape)
-    if fault == "shrunk":  # the operand that read past its end: one size short, in each dimension
-        return [t.narrow(d, 0, shape[d] - 1).contiguous() for d in fixed if shape[d] > 1]
-    if fault == "grown":
-        return [torch.randn(*shape[:d], shape[d] + 1, *shape[d + 1 :]) for d in fixed]
-    if fault == "rank":
-        return [t[None], t.flatten()]
-    if fault == "reshaped":  # as many elements and dimensions: the sizes rotated by one place ...
-        other = shape[-1:] + shape[:-1]
-        if other == shape:  # ... or, where that changes nothing, the last folded into the first
-            other = [shape[0] * shape[-1], *shape[1:-1], 1]
-        assert any(other[d] != shape[d] for d in fixed), f"no fixed size of {shape} changes"
-        return [t.reshape(other)]
-    if fault == "empty":
-        return [t[..., :0]]
-    if fault == "float64":
-        return [t.double()]
-    if fault == "bfloat16":
-        return [t.bfloat16()]
-    if fault == "non_contiguous":  # the same values, every other element of a wider tensor
-        wide = torch.zeros(*shape[:-1], 2 * shape[-1])
-        view = wide[..., ::2].copy_(t)
-        assert not view.is_contiguous()
-        return [view]
-    if fault == "sparse":
-        return [t.to_sparse()]
-    if fault == "meta":
-        return [t.to("meta")]
-    if fault == "negated":  # the same values, stored negated behind a lazy negation
-        return [torch._neg_view(-t)]
-    if fault == "requires_grad":
-        return [t.detach().clone().requires_grad_()]
-    raise ValueError(f"unknown fault {fault!r}")
-
-
-def assert_rejected(
-    kernel_name: str, args: list, name: str, position: int, fault: str, fixed: tuple[int, ...]
-) -> None:
-    """Each faulty copy of operand ``name`` makes the kernel raise a RuntimeError naming it, with
-    the bad shape (shape faults) or what was expected (kind faults)."""
-    kernel = getattr(torch.ops.lightnets_cpu, kernel_name)
-    with torch.no_grad():
-        kernel(*args)  # the valid call runs
-    for bad in faulty_copies(args[position], fault, fixed):
-        call = list(args)
-        call[position] = bad
-        with torch.set_grad_enabled(fault == "requires_grad"), pytest.raises(RuntimeError) as error:
-            kernel(*call)
-        message = str(error.value)
-        assert message.startswith(f"{kernel_name}: "), message
-        if fault in SHAPE_FAULTS:
-            # the operand and its shape, whichever operand's sizes then disagree with it
-            assert re.search(rf"\b{name}\b", message), message
-            assert str(list(bad.shape)) in message, message
-        else:
-            assert f"{kernel_name}: {name} {KIND_FAULTS[fault]}" in message, message
 
 
 @pytest.fixture(scope="module", params=["build_size", "off_build_size"])
@@ -433,7 +365,9 @@ def test_eesp_downsampler_folded_equals_reference(dice_path: str) -> None:
             self.block = block
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.block(x, torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(1)))
+            return self.block(
+                x, torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(1))
+            )
 
     reference, folded = reference_and_folded(WithImage().eval(), torch.randn(2, 8, 20, 20))
     assert folded.shape == (2, 24, 10, 10)

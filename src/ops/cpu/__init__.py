@@ -1,10 +1,12 @@
-"""Fused C++ kernels for CPU inference, built on first use by PyTorch's extension builder.
+"""Fused C++ kernels for the CPU, built on first use by PyTorch's extension builder.
 
 At batch 1 on a CPU, the eager forward of the thesis's units is bound by per-call costs, not
 arithmetic: a DiCE unit makes about twenty ATen calls, four of them oneDNN convolutions at 40-130
 us each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K + 2 more calls.
 The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
-EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well).
+EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); both for
+inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
+for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
 
 The sources are compiled once per machine with ``torch.utils.cpp_extension.load`` (a C++ compiler
 and ninja are needed; about 10 s) into PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``,
@@ -29,7 +31,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "dice.cpp", HERE / "eesp.cpp")
+SOURCES = (HERE / "dice.cpp", HERE / "eesp.cpp", HERE / "grouped_norm.cpp")
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
 
@@ -76,7 +78,7 @@ def cpu_kernels() -> bool:
 
     _put_ninja_on_path()
     cflags, ldflags, suffix = _compiler_flags()
-    log.info("loading the CPU inference kernels (built once per machine, about 10 s)")
+    log.info("loading the fused CPU kernels (built once per machine, about 10 s)")
     # the builder rebuilds when a source changes, not a header: the name carries both's digest
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:10]
     try:
@@ -89,9 +91,9 @@ def cpu_kernels() -> bool:
         )
     except Exception as error:  # no compiler, no ninja, a failed build: keep the eager path
         warnings.warn(
-            f"the fused CPU inference kernels could not be built ({type(error).__name__}: "
-            f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); CPU "
-            f"inference uses the eager PyTorch path. A C++ compiler and ninja "
+            f"the fused CPU kernels could not be built ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); the "
+            f"CPU uses the eager PyTorch paths. A C++ compiler and ninja "
             f"(`pip install ninja`) are needed; {DISABLE_ENV}=0 silences this.",
             RuntimeWarning,
             stacklevel=2,

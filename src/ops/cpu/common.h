@@ -1,4 +1,4 @@
-// Helpers shared by the fused CPU inference kernels.
+// Helpers shared by the fused CPU kernels.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,26 +18,32 @@ inline void axpy(float* __restrict__ y, const float* __restrict__ x, int64_t n, 
   for (int64_t r = 0; r < n; ++r) y[r] += a * x[r];
 }
 
-// The kernels read each tensor operand through its data pointer as a dense, row-major float32
-// array in CPU memory, outside autograd. check_operand holds an operand to that, and to its rank,
-// before any size of it is used; check_shape then holds it to the sizes the other operands imply.
-// Both run on every operand before the kernel reads any tensor's memory.
-inline void check_operand(const char* op, const at::Tensor& t, const char* name, int64_t dim,
-                          const char* dims) {
+// The kernels read each tensor operand through its data pointer as a dense, row-major array in
+// CPU memory, outside autograd. check_dense holds an operand to that, and to its rank, before any
+// size of it is used; check_operand adds float32 and no gradient; check_shape then holds it to the
+// sizes the other operands imply. They run on every operand before the kernel reads any memory.
+inline void check_dense(const char* op, const at::Tensor& t, const char* name, int64_t dim,
+                        const char* dims) {
   TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, got ",
               "layout ", t.layout());
   TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be on the CPU, got device ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
-              t.scalar_type());
   TORCH_CHECK(t.dim() == dim, op, ": ", name, " must be ", dim, "-D ", dims, ", got shape ",
               t.sizes());
   TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (row-major), got strides ",
               t.strides(), " for shape ", t.sizes());
   // a negated view stores the values before negation
   TORCH_CHECK(!t.is_neg(), op, ": ", name, " must not be a negated view (call resolve_neg())");
-  // the output carries no gradient: a grad-requiring operand would silently lose its gradient
+  // the outputs carry no gradient: a grad-requiring operand would silently lose its gradient
   TORCH_CHECK(!(t.requires_grad() && at::GradMode::is_enabled()), op, ": ", name,
-              " requires grad, but the kernel is for inference: call it under torch.no_grad()");
+              " requires grad, but the kernel's outputs carry none: call it under "
+              "torch.no_grad(), or through the module that owns it");
+}
+
+inline void check_operand(const char* op, const at::Tensor& t, const char* name, int64_t dim,
+                          const char* dims) {
+  check_dense(op, t, name, dim, dims);
+  TORCH_CHECK(t.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+              t.scalar_type());
 }
 
 // `origin` says where the expected sizes come from; it is formatted only when the check fails.
