@@ -44,6 +44,11 @@ from src.ops.triton import (
 )
 
 TILE_GPU = 512
+# Warps per GPU tile: 8, two pixels per thread. With Triton's default of 4, the fused DiCE and EESP
+# passes built for an H100 need 128-188 registers per thread, leaving 8-16 of 64 warps resident
+# (occupancy 0.12-0.25) to hide the memory latency of these stencils; with 8 they need 47-128 and
+# reach 0.25-0.62 (benchmarks/kernel_builds.py, docs/gpu.md). Their speed is still to be measured.
+WARPS_GPU = 8
 TILE_INTERPRETER = 1 << 14
 PROGRAMS_GPU = 512
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -249,9 +254,10 @@ def _dim_conv_bwd_weight_kernel(
 
 
 def _launch_config(shape: Sequence[int], on_gpu: bool) -> tuple[tuple[int, int, int], dict]:
-    """Grid and tile sizes (``BLOCK_C``, ``BLOCK_H``, ``BLOCK_W``) over (B, C, H, W). A tile holds
-    up to ``TILE_GPU`` pixels on a GPU; the interpreter pays per operation, not per element, so
-    there one tile covers as much of the image as it can."""
+    """Grid, tile sizes (``BLOCK_C``, ``BLOCK_H``, ``BLOCK_W``) over (B, C, H, W) and, on a GPU, the
+    warp count. A tile holds up to ``TILE_GPU`` pixels on a GPU (``WARPS_GPU`` warps); the
+    interpreter pays per operation, not per element, so there one tile covers as much of the image
+    as it can."""
     batch, channels, height, width = shape
     budget = TILE_GPU if on_gpu else TILE_INTERPRETER
     block_w = min(triton.next_power_of_2(width), budget)
@@ -262,7 +268,10 @@ def _launch_config(shape: Sequence[int], on_gpu: bool) -> tuple[tuple[int, int, 
         triton.cdiv(channels, block_c),
         triton.cdiv(width, block_w),
     )
-    return grid, {"BLOCK_C": block_c, "BLOCK_H": block_h, "BLOCK_W": block_w}
+    meta = {"BLOCK_C": block_c, "BLOCK_H": block_h, "BLOCK_W": block_w}
+    if on_gpu:
+        meta["num_warps"] = WARPS_GPU
+    return grid, meta
 
 
 def _output_order(interleave: bool, channels: int) -> dict:

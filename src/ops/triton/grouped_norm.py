@@ -29,6 +29,7 @@ from torch import Tensor
 from src.ops.triton import autocast_off, gpu_launch, opaque_op
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile
+WARPS_GPU = 8
 ELEMENTS_INTERPRETER = 1 << 16
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -97,7 +98,10 @@ def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int
     block_n = triton.next_power_of_2(width)
     budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
     block_r = max(1, min(triton.next_power_of_2(rows), budget // block_n))
-    return (triton.cdiv(rows, block_r), groups), {"BLOCK_R": block_r, "BLOCK_N": block_n}
+    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n}
+    if on_gpu:
+        meta["num_warps"] = WARPS_GPU
+    return (triton.cdiv(rows, block_r), groups), meta
 
 
 def _out_dtype(x: Tensor) -> torch.dtype:
