@@ -11,10 +11,11 @@ Function bodies run with autocast off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -64,6 +65,19 @@ class LaunchTarget:
 
 
 _launch_target: LaunchTarget | None = None
+
+
+@contextlib.contextmanager
+def launches_for(target: LaunchTarget) -> Iterator[None]:
+    """Within the context, launches on CPU tensors take ``target``'s configuration: to record them
+    for compiling (:func:`src.ops.triton.cross_compile.recorded_launches`), or to run the GPU's
+    tiles, grid splits and reductions in the interpreter."""
+    global _launch_target
+    previous, _launch_target = _launch_target, target
+    try:
+        yield
+    finally:
+        _launch_target = previous
 
 
 def gpu_launch(x: Tensor) -> bool:

@@ -138,14 +138,13 @@ def recorded_launches(gpu: Gpu) -> Iterator[list[Launch]]:
             )
         )
 
-    run, previous = InterpretedFunction.run, kernels._launch_target
+    run = InterpretedFunction.run
     InterpretedFunction.run = record
-    kernels._launch_target = gpu.target
     try:
-        yield launches
+        with kernels.launches_for(gpu.target):
+            yield launches
     finally:
         InterpretedFunction.run = run
-        kernels._launch_target = previous
 
 
 def train_and_infer(

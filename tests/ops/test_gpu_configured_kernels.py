@@ -1,0 +1,154 @@
+"""Every Triton op run in the interpreter with an H100's launch configuration, against its PyTorch
+path, forward and backward.
+
+Elsewhere the interpreter runs its own configuration: a tile covers as much of an image as it
+can, the GLT's rows come in blocks of 32 and its weight gradient in 16 split-K programs, the
+DimConv weight gradient takes the whole batch per program. On a GPU the tiles are 512 pixels (or
+4,096 norm elements), GLT rows come in blocks of 64 with about four split-K programs per SM, and
+the DimConv weight gradient sums batch blocks. Those tilings, halos, masks and cross-program sums
+are what a GPU runs first; here they run (not only compile, as in ``test_kernel_builds.py``)
+before one does. The shapes span several tiles, row blocks, splits and batch blocks each.
+
+Float32 only: the interpreter's ``tl.dot`` multiplies 16-bit operands as integers
+(triton-lang/triton#11584), and on a GPU 16-bit operands go to ``tl.dot`` unwidened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+pytest.importorskip("triton")
+
+from src.ops.dextra import DExTra
+from src.ops.dice import DiCE
+from src.ops.dim_conv import DimConv
+from src.ops.eesp import EESP
+from src.ops.group_linear import GroupLinear
+from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.triton import launches_for
+from src.ops.triton.cross_compile import H100
+from src.ops.triton.dim_conv import _launch_config, _weight_grid
+from src.ops.triton.group_linear import split_k_splits
+from src.ops.triton.grouped_norm import _launch as _norm_launch
+from tests.helpers import randomise_norms
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with CUDA the kernel tests run this configuration for real"
+)
+
+
+@pytest.fixture(autouse=True)
+def h100_launches() -> Iterator[None]:
+    with launches_for(H100.target):
+        yield
+
+
+def _step(module: nn.Module, x: Tensor) -> list[Tensor]:
+    """Output, input gradient, parameter gradients and buffers (BN's running statistics) after
+    one forward and a backward of a fixed probe."""
+    x = x.detach().clone().requires_grad_()
+    y = module(x)
+    probe = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    y.backward(probe)
+    return [y, x.grad, *(p.grad for p in module.parameters()), *module.buffers()]
+
+
+def _assert_paths_agree(build: Callable[[str], nn.Module], x: Tensor, training: bool) -> None:
+    """``build("triton")`` and ``build("reference")``, seeded alike, give the same step."""
+    results = []
+    for impl in ("triton", "reference"):
+        torch.manual_seed(0)
+        module = build(impl).train(training)
+        results.append(_step(module, x))
+    assert len(results[0]) == len(results[1])
+    for i, (got, want) in enumerate(zip(*results, strict=True)):
+        # the gradients sum over every pixel or token, in another order than PyTorch's: as the
+        # kernel tests, 1e-4 there (4.6e-5 measured for a DimConv weight over 3 x 18 x 34 pixels,
+        # in either configuration)
+        tolerance = 1e-5 if i == 0 else 1e-4
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance, msg=f"tensor {i}")
+
+
+def test_group_linear_over_row_blocks_and_split_k() -> None:
+    # 512 tokens: 8 row blocks of 64; the weight gradient (k = 16 rows, 4 groups, 16 columns:
+    # 4 tiles) splits the tokens for about 4 x 132 programs, at least 4 blocks of 32 tokens each
+    x = torch.randn(512, 64)
+    assert split_k_splits(x.view(512, 4, 16).permute(2, 1, 0), 16, programs=4 * 132) == 4
+    for shuffle in (False, True):
+        _assert_paths_agree(
+            lambda impl, s=shuffle: GroupLinear(64, 64, 4, shuffle=s, impl=impl), x, True
+        )
+
+
+def test_dextra_two_part_group_linears() -> None:
+    # the GLTs after the first read two parts (the input mixer); 300 tokens: a partial row block
+    x = torch.randn(3, 100, 32)
+    _assert_paths_agree(
+        lambda impl: DExTra(32, 16, 16, width_multiplier=2.0, depth=3, max_groups=4, impl=impl),
+        x, True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_dim_conv_over_tiles_and_batch_blocks(interleave: bool) -> None:
+    # 18 x 34 maps in 8 x 64 tiles: three along H, the last partial, and 34 of 64 columns; 3 images
+    # of 12 programs each: the weight gradient sums 3 batch blocks of one image
+    x = torch.randn(3, 4, 18, 34)
+    grid, meta = _launch_config(x.shape, on_gpu=True)
+    assert (grid, meta["num_warps"]) == ((3 * 3, 4, 1), 8)
+    assert _weight_grid(grid, 3, on_gpu=True) == ((3 * 3, 4, 1), 1)
+    _assert_paths_agree(
+        lambda impl: DimConv(4, 18, 34, dilation=(1, 2, 1), interleave=interleave, impl=impl),
+        x, True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_fused_dice_over_tiles(training: bool) -> None:
+    # DimConv + local fusion in one pass: statistics and output passes in training, the
+    # backward's sums and grad-h passes, partial sums of 8 x 64 tiles
+    x = torch.randn(2, 4, 18, 34)
+
+    def build(impl: str) -> nn.Module:
+        return randomise_norms(DiCE(4, 4, 18, 34, dilation=(1, 2, 1), impl=impl))
+
+    if training:
+        _assert_paths_agree(build, x, True)
+        return
+    outputs = []
+    for impl in ("triton", "reference"):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            outputs.append(build(impl).eval()(x))
+    torch.testing.assert_close(*outputs, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_fused_eesp_pyramid_over_tiles(stride: int) -> None:
+    x = torch.randn(2, 8, 18, 34)
+
+    def build(impl: str) -> nn.Module:
+        return randomise_norms(EESP(8, 16, stride=stride, branches=4, r_lim=9, impl=impl))
+
+    _assert_paths_agree(build, x, True)
+
+
+def test_per_group_norm_over_row_programs() -> None:
+    # 300 rows of 4 groups of 64: 64 rows per 4,096-element program, 5 programs whose weight and
+    # bias gradient rows are summed
+    x = torch.randn(300, 256).mul_(2).add_(0.5)
+    assert _norm_launch(300, 64, 4, on_gpu=True)[0] == (5, 4)
+    _assert_paths_agree(
+        lambda impl: randomise_affine(PerGroupLayerNorm(256, 4, impl=impl)), x, True
+    )
+
+
+def randomise_affine(norm: PerGroupLayerNorm) -> PerGroupLayerNorm:
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.5)
+        norm.bias.normal_(0.0, 0.5)
+    return norm
