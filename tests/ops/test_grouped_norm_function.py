@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from src.ops.grouped_norm import (
+    PerGroupLayerNormCpuFunction,
     PerGroupLayerNormFunction,
     per_group_layer_norm,
 )
+from tests.helpers import require_cpu_kernels
 
 
 def _leaves(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -59,13 +61,17 @@ def test_16_bit_inputs(dtype: torch.dtype) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_constant_groups_get_finite_gradients() -> None:
+@pytest.mark.parametrize("path", ["pytorch", "cpu_kernels"])
+def test_constant_groups_get_finite_gradients(path: str) -> None:
+    if path == "cpu_kernels":
+        require_cpu_kernels()
+    function = {"pytorch": PerGroupLayerNormFunction, "cpu_kernels": PerGroupLayerNormCpuFunction}
     x = torch.randn(2, 8)
     x[0, :4] = 2.5  # the first group of the first row is constant
     x.requires_grad_()
-    weight, bias = torch.randn(8), torch.zeros(8)
+    weight, bias = torch.randn(8), torch.randn(8)
     probe = torch.randn(2, 8)
-    y = PerGroupLayerNormFunction.apply(x, weight, bias, 2, 1e-6)
+    y = function[path].apply(x, weight, bias, 2, 1e-6)
     (y * probe).sum().backward()
     assert torch.equal(y[0, :4], bias[:4])
     g = (probe * weight)[0, :4]
