@@ -45,6 +45,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def h100_launches() -> Iterator[None]:
+    torch.manual_seed(0)  # the inputs
     with launches_for(H100.target):
         yield
 
@@ -75,10 +76,10 @@ def _assert_paths_agree(
         assert got.dtype == want.dtype
         if half:
             # float16 roundings, in another order on each path, carried through DExTra's norms:
-            # within 0.5% of the tensor's largest value (0.04-0.37% measured, in the GPU's
-            # configuration and the interpreter's alike)
+            # within 2% of the tensor's largest value (at most 0.77% over 30 random inputs,
+            # median 0.39%; a GLT alone 0.04%); a wrong tile or mask errs by its whole size
             error = (got.float() - want.float()).abs().max()
-            assert error <= 5e-3 * want.float().abs().max(), f"tensor {i}: {error}"
+            assert error <= 2e-2 * want.float().abs().max(), f"tensor {i}: {error}"
             continue
         # the gradients sum over every pixel or token, in another order than PyTorch's: as the
         # kernel tests, 1e-4 there (4.6e-5 measured for a DimConv weight over 3 x 18 x 34 pixels,
