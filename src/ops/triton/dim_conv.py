@@ -46,8 +46,8 @@ from src.ops.triton import (
 TILE_GPU = 512
 # Warps per GPU tile: 8, two pixels per thread. With Triton's default of 4, the fused DiCE and EESP
 # passes built for an H100 need 128-188 registers per thread, leaving 8-16 of 64 warps resident
-# (occupancy 0.12-0.25) to hide the memory latency of these stencils; with 8 they need 47-128 and
-# reach 0.25-0.62 (benchmarks/kernel_builds.py, docs/gpu.md). Their speed is still to be measured.
+# (occupancy 0.12-0.25) to hide the memory latency of these stencils; with 8 they need 32-128 and
+# reach 0.25-1.00 (benchmarks/kernel_builds.py, docs/gpu.md). Their speed is still to be measured.
 WARPS_GPU = 8
 TILE_INTERPRETER = 1 << 14
 PROGRAMS_GPU = 512

@@ -29,6 +29,8 @@ from torch import Tensor
 from src.ops.triton import autocast_off, gpu_launch, opaque_op
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile
+# 8 warps, 16 elements per thread: with 4, the backward needed 128-168 registers per thread on an
+# A100 or H100 (occupancy 0.19-0.25); with 8, 64-80 (0.38-0.50; docs/gpu.md). Speed: to be measured.
 WARPS_GPU = 8
 ELEMENTS_INTERPRETER = 1 << 16
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
