@@ -8,12 +8,12 @@ EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); 
 inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
 for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
 
-The sources are compiled once per machine with ``torch.utils.cpp_extension.load`` (a C++ compiler
-and ninja are needed; about 10 s) into PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``,
-default ``~/.cache/torch_extensions``), and rebuilt only when a source or the shared header
-changes. Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their
-eager PyTorch path; set ``LIGHTNETS_CPU_KERNELS=0`` to use that path on purpose (e.g. to time
-both).
+The sources are compiled once per machine and PyTorch version with
+``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 10 s) into
+``lightnets/`` under PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), and rebuilt only when a source or the shared header changes.
+Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their eager
+PyTorch path; set ``LIGHTNETS_CPU_KERNELS=0`` to use that path on purpose (e.g. to time both).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,26 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
 
 
+def build_name(suffix: str) -> str:
+    """The build's name: ``suffix`` (the CPU's ISA level), PyTorch's version, whose ABI the build
+    links against, and the sources' digest (the builder rebuilds when a source changes, not a
+    header)."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:10]
+    version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+    return f"lightnets_cpu_{suffix}_{version}_{digest}"
+
+
+def build_directory(name: str) -> Path:
+    """The folder a build named ``name`` is made in, created if missing:
+    ``$TORCH_EXTENSIONS_DIR`` (default ``$XDG_CACHE_HOME/torch_extensions``, ``~/.cache`` without
+    it) ``/lightnets/<name>``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path(cache) / "torch_extensions"
+    directory = Path(root) / "lightnets" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
 @functools.cache
 def cpu_kernels() -> bool:
     """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
@@ -78,17 +99,23 @@ def cpu_kernels() -> bool:
 
     _put_ninja_on_path()
     cflags, ldflags, suffix = _compiler_flags()
-    log.info("loading the fused CPU kernels (built once per machine, about 10 s)")
-    # the builder rebuilds when a source changes, not a header: the name carries both's digest
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:10]
+    log.info("loading the fused CPU kernels (built once per PyTorch version, about 10 s)")
+    name = build_name(suffix)
     try:
-        load(
-            f"lightnets_cpu_{suffix}_{digest}",
-            sources=[str(path) for path in SOURCES],
-            extra_cflags=cflags,
-            extra_ldflags=ldflags,
-            is_python_module=False,
-        )
+        directory = build_directory(name)
+        # PyTorch before 2.14 marks a build in progress by the file `lock` in its folder and waits
+        # while that file exists: forever, once a build was killed. Our own lock, which the OS
+        # drops with its holder, serialises the builds, so a marker found under it is stale.
+        with FileLock(directory.with_suffix(".lock")):
+            (directory / "lock").unlink(missing_ok=True)
+            load(
+                name,
+                sources=[str(path) for path in SOURCES],
+                extra_cflags=cflags,
+                extra_ldflags=ldflags,
+                build_directory=str(directory),
+                is_python_module=False,
+            )
     except Exception as error:  # no compiler, no ninja, a failed build: keep the eager path
         warnings.warn(
             f"the fused CPU kernels could not be built ({type(error).__name__}: "

@@ -1,0 +1,53 @@
+"""Building the fused CPU kernels: where the build goes and what it clears first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch.utils.cpp_extension
+
+from src.ops import cpu
+
+
+@pytest.fixture
+def fake_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """A builder that records its call instead of compiling, into an empty extension cache."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv(cpu.DISABLE_ENV, raising=False)
+    calls: dict = {}
+
+    def load(name: str, *, build_directory: str, **kwargs) -> None:
+        calls.update(name=name, directory=Path(build_directory))
+        calls["marker_present"] = (Path(build_directory) / "lock").exists()
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
+    return calls
+
+
+def test_build_goes_to_a_folder_per_torch_version(fake_load: dict, tmp_path: Path) -> None:
+    assert cpu.cpu_kernels.__wrapped__() is True
+    name = fake_load["name"]
+    assert name == cpu.build_name(cpu._compiler_flags()[2])
+    assert "".join(c if c.isalnum() else "_" for c in torch.__version__) in name
+    assert fake_load["directory"] == tmp_path / "lightnets" / name
+
+
+def test_stale_build_marker_is_removed_before_building(fake_load: dict) -> None:
+    # what a build killed under PyTorch < 2.14 leaves: later builds there would wait forever
+    directory = cpu.build_directory(cpu.build_name(cpu._compiler_flags()[2]))
+    (directory / "lock").touch()
+    assert cpu.cpu_kernels.__wrapped__() is True
+    assert fake_load["directory"] == directory
+    assert fake_load["marker_present"] is False
+
+
+def test_failed_build_warns_and_keeps_the_eager_path(
+    fake_load: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args, **kwargs) -> None:
+        raise RuntimeError("Error building extension\nc++: fatal error: no input files")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", broken)
+    with pytest.warns(RuntimeWarning, match="no input files.*the CPU uses the eager PyTorch"):
+        assert cpu.cpu_kernels.__wrapped__() is False
