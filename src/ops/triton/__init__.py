@@ -101,6 +101,14 @@ def _cuda_multi_processors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@torch.compiler.assume_constant_result
+def autocast_known(device_type: str) -> bool:
+    """Whether ``torch.autocast`` knows ``device_type`` (``meta`` it does not). A constant of the
+    device type, which ``torch.compile`` takes while tracing: Dynamo in PyTorch 2.11 cannot trace
+    the check itself and would break the graph at every op that asks."""
+    return is_autocast_available(device_type)
+
+
 def autocast_operands(device_type: str, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     """The operands of a low-precision op as ``torch.autocast`` would pass them.
 
@@ -109,7 +117,7 @@ def autocast_operands(device_type: str, *tensors: Tensor | None) -> tuple[Tensor
     float32 gradients; float64 tensors and None pass unchanged, as autocast leaves them. Outside
     autocast, and on device types autocast does not know (``meta``), every operand passes unchanged.
     """
-    if not (is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+    if not (autocast_known(device_type) and torch.is_autocast_enabled(device_type)):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(
@@ -122,7 +130,7 @@ def autocast_off(device_type: str) -> AbstractContextManager:
     """A context with autocast disabled for ``device_type``: the bodies of the ops' autograd
     Functions run in it. A no-op when autocast is off already (entering ``torch.autocast`` costs
     ~10 us a call) or does not know the device type (``meta``)."""
-    if is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+    if autocast_known(device_type) and torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
     return nullcontext()
 
