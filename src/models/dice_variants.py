@@ -42,6 +42,7 @@ from src.models.features import FeatureInfo
 from src.ops.dice import StridedDiCE
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pooling import MaxPool2d
+from src.ops.prelu import PReLU
 
 LAYOUTS = ("mobilenet", "resnet")
 
@@ -86,7 +87,7 @@ class DiCEBottleneck(nn.Module):
                 nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels)
             )
         )
-        self.act = nn.PReLU(out_channels)
+        self.act = PReLU(out_channels)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.act(self.dice(self.reduce(x)) + self.shortcut(x))

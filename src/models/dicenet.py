@@ -34,6 +34,7 @@ from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pooling import MaxPool2d
+from src.ops.prelu import PReLU
 
 # Output channels of level 1, level 2 (max pool), levels 3-5 and the grouped FC, by width s.
 # Thesis Table A.1 (s = 0.1, 0.2, 2.4; [116, 232, 464] x s in between) as rounded by the official
@@ -151,7 +152,7 @@ class SpatialFusionBlock(nn.Module):
         else:
             expanded = channels
             self.spatial = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
-        self.norm = nn.Sequential(nn.BatchNorm2d(expanded), nn.PReLU(expanded))
+        self.norm = nn.Sequential(nn.BatchNorm2d(expanded), PReLU(expanded))
         pointwise = fusion in ("pointwise", "pointwise_se")
         # DimFuse's local fusion: each channel's (D, H, W) triple -> one channel
         self.local = (

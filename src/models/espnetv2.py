@@ -30,6 +30,7 @@ from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
 from src.ops.eesp import EESP, EESPDownsampler
 from src.ops.inference_folding import ConvBNPReLU
+from src.ops.prelu import PReLU
 from src.ops.triton import check_impl
 
 # Output channels of levels 1-5 and of the last grouped 1x1 CBR, by width s. The official
@@ -270,10 +271,10 @@ class ESPNetv2(nn.Module):
         self.head_conv = nn.Sequential(
             nn.Conv2d(c4, c4, 3, padding=1, groups=c4, bias=False),
             nn.BatchNorm2d(c4),
-            nn.PReLU(c4),
+            PReLU(c4),
             nn.Conv2d(c4, c5, 1, groups=HEAD_GROUPS, bias=False),
             nn.BatchNorm2d(c5),
-            nn.PReLU(c5),
+            PReLU(c5),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.drop = nn.Dropout(dropout)

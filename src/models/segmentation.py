@@ -27,6 +27,7 @@ from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DiCENetBackbone, init_conv_bn_linear
 from src.models.espnetv2 import ESPNetv2Backbone
 from src.ops.inference_folding import ConvBNPReLU
+from src.ops.prelu import PReLU
 from src.ops.shuffle import channel_shuffle
 
 EPP_SCALES = (2.0, 1.5, 1.0, 0.5, 0.1)
@@ -34,7 +35,7 @@ EPP_MIN_SIZE = 5  # the official branches never work below 5 x 5
 
 
 def _br(channels: int) -> nn.Sequential:
-    return nn.Sequential(nn.BatchNorm2d(channels), nn.PReLU(channels))
+    return nn.Sequential(nn.BatchNorm2d(channels), PReLU(channels))
 
 
 def _upsample(x: Tensor, size: Sequence[int]) -> Tensor:

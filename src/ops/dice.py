@@ -40,6 +40,7 @@ from src.ops.inference_folding import (
     folded_inference,
 )
 from src.ops.pooling import AvgPool2d
+from src.ops.prelu import PReLU
 from src.ops.shuffle import concat_shuffle
 from src.ops.triton import Timer, fastest, size_bucket, use_triton
 from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
@@ -464,10 +465,10 @@ class StridedDiCE(nn.Module):
         self.left = nn.Sequential(
             nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c, bias=False),
             nn.BatchNorm2d(c),
-            nn.PReLU(c),
+            PReLU(c),
             nn.Conv2d(c, c, 1, bias=False),
             nn.BatchNorm2d(c),
-            nn.PReLU(c),
+            PReLU(c),
         )
         self.pool = AvgPool2d(3, stride=2, padding=1)
         self.dice = DiCE(

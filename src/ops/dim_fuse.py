@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.dim_conv import dim_conv_reference
+from src.ops.prelu import PReLU, prelu
 
 
 class DimFuse(nn.Module):
@@ -45,12 +46,12 @@ class DimFuse(nn.Module):
         self.channels = channels
         self.out_channels = out_channels
         self.norm = nn.BatchNorm2d(3 * channels)
-        self.act = nn.PReLU(3 * channels)
+        self.act = PReLU(3 * channels)
         # local fusion: (D_c, H_c, W_c) -> one channel
         self.local = nn.Sequential(
             nn.Conv2d(3 * channels, channels, 1, groups=channels, bias=False),
             nn.BatchNorm2d(channels),
-            nn.PReLU(channels),
+            PReLU(channels),
         )
         # global fusion, spatial part
         self.spatial = nn.Sequential(
@@ -63,7 +64,7 @@ class DimFuse(nn.Module):
                 bias=False,
             ),
             nn.BatchNorm2d(out_channels),
-            nn.PReLU(out_channels),
+            PReLU(out_channels),
         )
         # global fusion, channel gate (squeeze-excitation without BN or bias)
         hidden = channels // 4
@@ -166,7 +167,7 @@ def local_fusion(
         h (B, 3C, H, W) -> (B, C, H, W)
     """
     z = F.batch_norm(h, running_mean, running_var, weight, bias, training, momentum, eps)
-    local = F.conv2d(F.prelu(z, alpha), w_local, groups=h.shape[1] // 3)
+    local = F.conv2d(prelu(z, alpha), w_local, groups=h.shape[1] // 3)
     if post is not None:
         scale, shift, slope = post
         local = F.prelu(local * scale[:, None, None] + shift[:, None, None], slope)

@@ -49,6 +49,7 @@ from src.ops.inference_folding import (
     folded_inference,
 )
 from src.ops.pooling import AvgPool2d
+from src.ops.prelu import PReLU, prelu
 from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
 from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
@@ -183,12 +184,12 @@ class EESP(nn.Module):
             depthwise_dilated_conv(n, dilation=d, stride=stride) for d in self.dilations
         )
         self.fuse_norm = nn.BatchNorm2d(out_channels)
-        self.fuse_act = nn.PReLU(out_channels)
+        self.fuse_act = PReLU(out_channels)
         self.merge = nn.Sequential(
             nn.Conv2d(out_channels, out_channels, 1, groups=branches, bias=False),
             nn.BatchNorm2d(out_channels),
         )
-        self.act = nn.PReLU(out_channels)
+        self.act = PReLU(out_channels)
 
     def reset_parameters(self) -> None:
         for module in self.modules():
@@ -355,7 +356,7 @@ def eesp_pyramid_reference(
         torch.cat(fused, dim=1), running_mean, running_var, norm_weight, norm_bias, training,
         momentum, eps,
     )  # fmt: skip
-    return F.prelu(z, alpha)
+    return prelu(z, alpha)
 
 
 # (batch bucket, n, H, W, dtype, autocast dtype, dilations, stride, hff, training, device)
@@ -444,11 +445,11 @@ class EESPDownsampler(nn.Module):
             self.image_shortcut = nn.Sequential(
                 nn.Conv2d(c, c, 3, padding=1, bias=False),
                 nn.BatchNorm2d(c),
-                nn.PReLU(c),
+                PReLU(c),
                 nn.Conv2d(c, out_channels, 1, bias=False),
                 nn.BatchNorm2d(out_channels),
             )
-        self.act = nn.PReLU(out_channels)
+        self.act = PReLU(out_channels)
 
     def reset_parameters(self) -> None:
         for module in self.modules():

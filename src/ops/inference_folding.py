@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.prelu import PReLU
+
 
 def folded_inference(module: nn.Module, x: Tensor) -> bool:
     """Whether ``module(x)`` should take its folded inference path (see the module docstring)."""
@@ -165,7 +167,7 @@ class ConvBNPReLU(nn.Sequential):
                 bias=False,
             ),
             nn.BatchNorm2d(out_channels),
-            nn.PReLU(out_channels),
+            PReLU(out_channels),
         )
 
     def forward(self, x: Tensor) -> Tensor:

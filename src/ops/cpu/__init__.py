@@ -7,6 +7,7 @@ The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``
 EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); both for
 inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
 for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
+``prelu.cpp`` is PReLU's backward in one pass (training; see :mod:`src.ops.prelu`).
 
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 10 s) into
@@ -32,14 +33,16 @@ from filelock import FileLock
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "dice.cpp", HERE / "eesp.cpp", HERE / "grouped_norm.cpp")
+SOURCES = (HERE / "dice.cpp", HERE / "eesp.cpp", HERE / "grouped_norm.cpp", HERE / "prelu.cpp")
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
 
 
 def _compiler_flags() -> tuple[list[str], list[str], str]:
     """(compile flags, link flags, build-name suffix) for this CPU and this PyTorch."""
-    cflags, ldflags = ["-O3"], []
+    # no trapping math: a float comparison may then be if-converted into a vector select (PReLU's
+    # backward); no code here reads the floating-point exception flags, and no result changes
+    cflags, ldflags = ["-O3", "-fno-trapping-math"], []
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
     if capability in ("AVX2", "AVX512"):
         # the ISA level PyTorch itself dispatches to on this CPU, so the build runs where it was made

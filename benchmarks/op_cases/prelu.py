@@ -1,0 +1,35 @@
+"""PReLU at DiCENet s = 1.0 shapes (batch 8, channels-last as the networks train), against
+``F.prelu``, whose backward is ATen's kernel.
+
+The forward is ATen's in both (the row measures the call overhead); the forward+backward row is
+the one-pass backward of ``src/ops/cpu/prelu.cpp`` on the CPU. On CUDA both run ATen.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.op_cases import OpCase
+from src.ops.prelu import prelu
+
+BATCH = 8
+# (channels, height = width): the stem's output, and a unit's input at each stage
+SHAPES = ((24, 112), (116, 28), (232, 14), (464, 7))
+
+
+def cases(device: torch.device) -> list[OpCase]:
+    out = []
+    for channels, size in SHAPES:
+        x = torch.randn(BATCH, channels, size, size, device=device)
+        x = x.to(memory_format=torch.channels_last).requires_grad_()
+        weight = torch.full((channels,), 0.25, device=device, requires_grad=True)
+        out.append(
+            OpCase(
+                op="PReLU",
+                shape=f"B={BATCH} C={channels} H=W={size} channels-last",
+                ours=lambda x=x, w=weight: prelu(x, w),
+                baseline=lambda x=x, w=weight: F.prelu(x, w),
+            )
+        )
+    return out
