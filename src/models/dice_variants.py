@@ -39,6 +39,7 @@ from src.models.dicenet import (
     widths_for,
 )
 from src.models.features import FeatureInfo
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.dice import StridedDiCE
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pooling import MaxPool2d
@@ -84,7 +85,7 @@ class DiCEBottleneck(nn.Module):
             nn.Identity()
             if in_channels == out_channels
             else nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels)
+                nn.Conv2d(in_channels, out_channels, 1, bias=False), BatchNorm2d(out_channels)
             )
         )
         self.act = PReLU(out_channels)

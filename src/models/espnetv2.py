@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from src.compat.edgenets import load_official_weights
 from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.eesp import EESP, EESPDownsampler
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
@@ -270,10 +271,10 @@ class ESPNetv2(nn.Module):
         c4, c5 = self.backbone.widths[4:]
         self.head_conv = nn.Sequential(
             nn.Conv2d(c4, c4, 3, padding=1, groups=c4, bias=False),
-            nn.BatchNorm2d(c4),
+            BatchNorm2d(c4),
             PReLU(c4),
             nn.Conv2d(c4, c5, 1, groups=HEAD_GROUPS, bias=False),
-            nn.BatchNorm2d(c5),
+            BatchNorm2d(c5),
             PReLU(c5),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)

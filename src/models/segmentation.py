@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DiCENetBackbone, init_conv_bn_linear
 from src.models.espnetv2 import ESPNetv2Backbone
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
 from src.ops.shuffle import channel_shuffle
@@ -35,7 +36,7 @@ EPP_MIN_SIZE = 5  # the official branches never work below 5 x 5
 
 
 def _br(channels: int) -> nn.Sequential:
-    return nn.Sequential(nn.BatchNorm2d(channels), PReLU(channels))
+    return nn.Sequential(BatchNorm2d(channels), PReLU(channels))
 
 
 def _upsample(x: Tensor, size: Sequence[int]) -> Tensor:

@@ -60,6 +60,7 @@ from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DiCENet, DiCENetBackbone
 from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2, ESPNetv2Backbone
 from src.models.ssd_priors import BOXES_PER_LOCATION, prior_feature_sizes, ssd_priors
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
@@ -125,10 +126,10 @@ class PyramidPoolingFusion(nn.Module):
             nn.Conv2d(p, p, 3, padding=1, groups=p, bias=False) for _ in self.scales
         )
         k = len(self.scales)
-        self.merge_norm = nn.Sequential(nn.BatchNorm2d(k * p), PReLU(k * p))
+        self.merge_norm = nn.Sequential(BatchNorm2d(k * p), PReLU(k * p))
         self.merge = ConvBNPReLU(k * p, p, 3, groups=p)
         self.expand = nn.Conv2d(p, out_channels, 1, bias=False)
-        self.out_norm = nn.Sequential(nn.BatchNorm2d(out_channels), PReLU(out_channels))
+        self.out_norm = nn.Sequential(BatchNorm2d(out_channels), PReLU(out_channels))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.project(x)  # (B, p, h, w)
@@ -180,10 +181,10 @@ def _backbone(name: str, scale: float) -> tuple[nn.Module, nn.Module, tuple[int,
         # the classification ESPNetv2's ``head_conv`` (same names, so its weights load)
         head_conv = nn.Sequential(
             nn.Conv2d(c[4], c[4], 3, padding=1, groups=c[4], bias=False),
-            nn.BatchNorm2d(c[4]),
+            BatchNorm2d(c[4]),
             PReLU(c[4]),
             nn.Conv2d(c[4], c[5], 1, groups=HEAD_GROUPS, bias=False),
-            nn.BatchNorm2d(c[5]),
+            BatchNorm2d(c[5]),
             PReLU(c[5]),
         )
     elif name == "dicenet":
@@ -191,7 +192,7 @@ def _backbone(name: str, scale: float) -> tuple[nn.Module, nn.Module, tuple[int,
         c = backbone.widths
         head_conv = nn.Sequential(
             nn.Conv2d(c[4], c[5], 1, groups=HEAD_GROUPS, bias=False),
-            nn.BatchNorm2d(c[5]),
+            BatchNorm2d(c[5]),
             PReLU(c[5]),
         )
     else:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.cpu import cpu_kernels
 from src.ops.dim_conv import DimConv, resize_matrix
 from src.ops.dim_fuse import DimFuse, local_fusion
@@ -464,10 +465,10 @@ class StridedDiCE(nn.Module):
         self.in_channels = in_channels
         self.left = nn.Sequential(
             nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c, bias=False),
-            nn.BatchNorm2d(c),
+            BatchNorm2d(c),
             PReLU(c),
             nn.Conv2d(c, c, 1, bias=False),
-            nn.BatchNorm2d(c),
+            BatchNorm2d(c),
             PReLU(c),
         )
         self.pool = AvgPool2d(3, stride=2, padding=1)

@@ -20,6 +20,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.dim_conv import dim_conv_reference
 from src.ops.prelu import PReLU, prelu
 
@@ -45,12 +46,12 @@ class DimFuse(nn.Module):
             )
         self.channels = channels
         self.out_channels = out_channels
-        self.norm = nn.BatchNorm2d(3 * channels)
+        self.norm = BatchNorm2d(3 * channels)
         self.act = PReLU(3 * channels)
         # local fusion: (D_c, H_c, W_c) -> one channel
         self.local = nn.Sequential(
             nn.Conv2d(3 * channels, channels, 1, groups=channels, bias=False),
-            nn.BatchNorm2d(channels),
+            BatchNorm2d(channels),
             PReLU(channels),
         )
         # global fusion, spatial part
@@ -63,7 +64,7 @@ class DimFuse(nn.Module):
                 groups=math.gcd(channels, out_channels),
                 bias=False,
             ),
-            nn.BatchNorm2d(out_channels),
+            BatchNorm2d(out_channels),
             PReLU(out_channels),
         )
         # global fusion, channel gate (squeeze-excitation without BN or bias)

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.cpu import cpu_kernels
 from src.ops.inference_folding import (
     ConvBNPReLU,
@@ -183,11 +184,11 @@ class EESP(nn.Module):
         self.transform = nn.ModuleList(
             depthwise_dilated_conv(n, dilation=d, stride=stride) for d in self.dilations
         )
-        self.fuse_norm = nn.BatchNorm2d(out_channels)
+        self.fuse_norm = BatchNorm2d(out_channels)
         self.fuse_act = PReLU(out_channels)
         self.merge = nn.Sequential(
             nn.Conv2d(out_channels, out_channels, 1, groups=branches, bias=False),
-            nn.BatchNorm2d(out_channels),
+            BatchNorm2d(out_channels),
         )
         self.act = PReLU(out_channels)
 
@@ -444,10 +445,10 @@ class EESPDownsampler(nn.Module):
             c = image_channels
             self.image_shortcut = nn.Sequential(
                 nn.Conv2d(c, c, 3, padding=1, bias=False),
-                nn.BatchNorm2d(c),
+                BatchNorm2d(c),
                 PReLU(c),
                 nn.Conv2d(c, out_channels, 1, bias=False),
-                nn.BatchNorm2d(out_channels),
+                BatchNorm2d(out_channels),
             )
         self.act = PReLU(out_channels)
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.batch_norm import BatchNorm2d
 from src.ops.prelu import PReLU
 
 
@@ -166,7 +167,7 @@ class ConvBNPReLU(nn.Sequential):
                 groups=groups,
                 bias=False,
             ),
-            nn.BatchNorm2d(out_channels),
+            BatchNorm2d(out_channels),
             PReLU(out_channels),
         )
 

@@ -33,7 +33,13 @@ from filelock import FileLock
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "dice.cpp", HERE / "eesp.cpp", HERE / "grouped_norm.cpp", HERE / "prelu.cpp")
+SOURCES = (
+    HERE / "dice.cpp",
+    HERE / "eesp.cpp",
+    HERE / "grouped_norm.cpp",
+    HERE / "prelu.cpp",
+    HERE / "batch_norm.cpp",
+)
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
 
