@@ -4,7 +4,7 @@ segmentation heads, which train channels-last.
 
 The map, the running statistics and the forward are ``nn.BatchNorm2d``'s (ATen's
 ``native_batch_norm``). Only the CPU training backward of a channels-last input differs: ATen's
-CPU kernel is 2.5-6x slower there than for a contiguous input (2.1 vs 1.2 ms for a
+CPU kernel is 2.5-6x slower there than for a contiguous input (2.1-2.9 vs 1.2 ms for a
 (4, 116, 56, 56) float32 gradient on 2 cores). ``lightnets_cpu::batch_norm_backward``
 (``src/ops/cpu/batch_norm.cpp``) reads x as rows of channels, sums both per-channel reductions in
 one pass and writes the input gradient in a second, with the sums in a fixed order (independent of

@@ -7,7 +7,8 @@ The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``
 EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); both for
 inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
 for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
-``prelu.cpp`` is PReLU's backward in one pass (training; see :mod:`src.ops.prelu`).
+``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's (channels-last)
+in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`).
 
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 10 s) into
