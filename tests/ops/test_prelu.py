@@ -4,7 +4,7 @@
 Tolerances: the input gradient is ATen's bit for bit (both compute ``a * g`` where x <= 0 in
 float32 and round once). The slope gradient is a float32 sum over the batch and spatial axes in
 another order than ATen's: within 1e-5 relative of the float64 oracle for float32, and within
-bfloat16's rounding of the result (2^-8 relative) for bfloat16 operands.
+bfloat16's rounding of the result (2^-8 relative) for 16-bit operands.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _grads(fn, x: Tensor, weight: Tensor, probe: Tensor) -> tuple[Tensor, ...]:
 
 
 @pytest.mark.parametrize(("shape", "channels_last", "grad_channels_last"), LAYOUTS, ids=str)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_matches_aten_and_float64_oracle(
     kernels: None, shape: tuple[int, ...], channels_last: bool, grad_channels_last: bool, dtype
 ) -> None:
