@@ -30,6 +30,8 @@ namespace {
 
 using lightnets::check_dense;
 using lightnets::check_shape;
+using lightnets::load;
+using lightnets::store;
 
 // Row blocks of the sums: at most 64 (enough for any thread count in use), and at least 8,192
 // elements each, so that a small map does not pay for more partial sums than rows. A function of
@@ -37,24 +39,6 @@ using lightnets::check_shape;
 constexpr int64_t kRowBlocks = 64;
 inline int64_t row_blocks(int64_t R, int64_t C) {
   return std::max<int64_t>(1, std::min({R, kRowBlocks, R * C / 8192}));
-}
-
-// float32 loads and stores; bfloat16's written out bit for bit as c10::BFloat16's (round to
-// nearest even, NaN to 0x7FC0) in integer operations that vectorise (see prelu.cpp)
-inline float load(const float* p, int64_t j) { return p[j]; }
-inline float load(const c10::BFloat16* p, int64_t j) {
-  const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[j]) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-inline void store(float* p, int64_t j, float v) { p[j] = v; }
-inline void store(c10::BFloat16* p, int64_t j, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const uint32_t rounded = (bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16;
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  reinterpret_cast<uint16_t*>(p)[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 
 // (R, C): sums[block] = per-channel (sum dy, sum dy (x - m)) over the block's rows, as two rows
@@ -94,17 +78,17 @@ void backward_rows(const T* dys, const T* xs, const float* weight, const float* 
   const float* __restrict__ mdy = mean_dy.data();
   const float* __restrict__ kk = k.data();
   const float* __restrict__ sc = scale.data();
-  at::parallel_for(0, R, std::max<int64_t>(1, 32768 / std::max<int64_t>(C, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     for (int64_t r = begin; r < end; ++r) {
-                       const T* __restrict__ dy = dys + r * C;
-                       const T* __restrict__ x = xs + r * C;
-                       T* __restrict__ dx = dxs + r * C;
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(C, 1));
+  at::parallel_for(0, R, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* __restrict__ dy = dys + r * C;
+      const T* __restrict__ x = xs + r * C;
+      T* __restrict__ dx = dxs + r * C;
 #pragma omp simd
-                       for (int64_t c = 0; c < C; ++c)
-                         store(dx, c, (load(dy, c) - mdy[c] - (load(x, c) - mean[c]) * kk[c]) * sc[c]);
-                     }
-                   });
+      for (int64_t c = 0; c < C; ++c)
+        store(dx, c, (load(dy, c) - mdy[c] - (load(x, c) - mean[c]) * kk[c]) * sc[c]);
+    }
+  });
 }
 
 template <typename T>

@@ -3,8 +3,11 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 
@@ -12,6 +15,27 @@ namespace lightnets {
 
 // branch-free, so that loops over it vectorise (a data-dependent branch mispredicts on new inputs)
 inline float prelu(float v, float a) { return std::max(v, 0.f) + a * std::min(v, 0.f); }
+
+// Element loads and stores in float32. bfloat16's are written out, bit for bit c10::BFloat16's
+// conversions (round to nearest even, NaN to 0x7FC0), in integer operations that vectorise, which
+// c10's do not.
+inline float load(const float* p, int64_t j) { return p[j]; }
+inline float load(const c10::Half* p, int64_t j) { return static_cast<float>(p[j]); }
+inline float load(const c10::BFloat16* p, int64_t j) {
+  const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[j]) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline void store(float* p, int64_t j, float v) { p[j] = v; }
+inline void store(c10::Half* p, int64_t j, float v) { p[j] = static_cast<c10::Half>(v); }
+inline void store(c10::BFloat16* p, int64_t j, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint32_t rounded = (bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  reinterpret_cast<uint16_t*>(p)[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+}
 
 // y[r] += a * x[r], r < n
 inline void axpy(float* __restrict__ y, const float* __restrict__ x, int64_t n, float a) {

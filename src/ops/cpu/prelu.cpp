@@ -30,30 +30,11 @@ namespace {
 
 using lightnets::check_dense;
 using lightnets::check_shape;
+using lightnets::load;
+using lightnets::store;
 
 // row blocks of the channel-minor slope gradient, as in grouped_norm.cpp
 constexpr int64_t kRowBlocks = 64;
-
-// Element loads and stores in float32. bfloat16's are written out, bit for bit c10::BFloat16's
-// conversions (round to nearest even, NaN to 0x7FC0), in integer operations that vectorise, which
-// c10's do not.
-inline float load(const float* p, int64_t j) { return p[j]; }
-inline float load(const c10::Half* p, int64_t j) { return static_cast<float>(p[j]); }
-inline float load(const c10::BFloat16* p, int64_t j) {
-  const uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[j]) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-inline void store(float* p, int64_t j, float v) { p[j] = v; }
-inline void store(c10::Half* p, int64_t j, float v) { p[j] = static_cast<c10::Half>(v); }
-inline void store(c10::BFloat16* p, int64_t j, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const uint32_t rounded = (bits + ((bits >> 16) & 1u) + 0x7FFFu) >> 16;
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  reinterpret_cast<uint16_t*>(p)[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
-}
 
 // grad_x of one run of n elements sharing slope a; returns sum of min(x, 0) grad_y over the run.
 // Branch-free: built without trapping math, the comparison is a vector select (with branches, 4 ns
