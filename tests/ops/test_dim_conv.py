@@ -49,6 +49,21 @@ def test_reference_matches_the_official_formulation(k: int, dilation: tuple[int,
     torch.testing.assert_close(F.channel_shuffle(concat, 3), out)
 
 
+@pytest.mark.parametrize("interleave", [True, False])
+def test_reference_keeps_a_channels_last_layout(interleave: bool) -> None:
+    # the same values as from a contiguous input, laid out as the Triton kernel lays them out
+    x = torch.randn(2, 6, 7, 9)
+    weights = _weights(6, 7, 9)
+    want = dim_conv_reference(x, *weights, dilation=(1, 2, 1), interleave=interleave)
+    got = dim_conv_reference(
+        x.to(memory_format=torch.channels_last), *weights, dilation=(1, 2, 1), interleave=interleave
+    )
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)  # oneDNN's layouts may round apart
+    if interleave:
+        torch.testing.assert_close(got, _official_dim_conv(x, *weights, (1, 2, 1)))
+
+
 @pytest.mark.parametrize(
     "shape, k, dilation, interleave, tile",
     [
