@@ -31,15 +31,8 @@ namespace {
 using lightnets::check_dense;
 using lightnets::check_shape;
 using lightnets::load;
+using lightnets::row_blocks;
 using lightnets::store;
-
-// Row blocks of the sums: at most 64 (enough for any thread count in use), and at least 8,192
-// elements each, so that a small map does not pay for more partial sums than rows. A function of
-// the sizes only, so that the sums do not depend on the thread count.
-constexpr int64_t kRowBlocks = 64;
-inline int64_t row_blocks(int64_t R, int64_t C) {
-  return std::max<int64_t>(1, std::min({R, kRowBlocks, R * C / 8192}));
-}
 
 // (R, C): sums[block] = per-channel (sum dy, sum dy (x - m)) over the block's rows, as two rows
 template <typename T>

@@ -37,6 +37,15 @@ inline void store(c10::BFloat16* p, int64_t j, float v) {
   reinterpret_cast<uint16_t*>(p)[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 
+// Row blocks of a sum over rows (parameter gradients, per-channel statistics): at most 64, enough
+// for any thread count in use, and for rows of `width` elements at least 8,192 elements each, so
+// that a small input does not pay for more partial sums than it has rows. A function of the sizes
+// only, so that the sums do not depend on the thread count.
+constexpr int64_t kRowBlocks = 64;
+inline int64_t row_blocks(int64_t rows, int64_t width) {
+  return std::max<int64_t>(1, std::min({rows, kRowBlocks, rows * width / 8192}));
+}
+
 // y[r] += a * x[r], r < n
 inline void axpy(float* __restrict__ y, const float* __restrict__ x, int64_t n, float a) {
   for (int64_t r = 0; r < n; ++r) y[r] += a * x[r];

@@ -37,9 +37,7 @@ using lightnets::check_dense;
 using lightnets::check_operand;
 using lightnets::check_shape;
 
-// Row blocks of the weight and bias gradient: enough for any thread count in use, few enough
-// that summing their partial sums is cheap.
-constexpr int64_t kRowBlocks = 64;
+using lightnets::kRowBlocks;  // the weight and bias gradients' row blocks
 
 // sum of v[0..n) with eight independent partial sums, so that the loop vectorises without
 // reassociation flags

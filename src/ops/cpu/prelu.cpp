@@ -31,10 +31,8 @@ namespace {
 using lightnets::check_dense;
 using lightnets::check_shape;
 using lightnets::load;
+using lightnets::row_blocks;
 using lightnets::store;
-
-// row blocks of the channel-minor slope gradient, as in grouped_norm.cpp
-constexpr int64_t kRowBlocks = 64;
 
 // grad_x of one run of n elements sharing slope a; returns sum of min(x, 0) grad_y over the run.
 // Branch-free: built without trapping math, the comparison is a vector select (with branches, 4 ns
@@ -70,7 +68,7 @@ void backward_planes(const T* dys, const T* xs, const T* weight, T* dxs, float* 
 template <typename T>
 void backward_rows(const T* dys, const T* xs, const T* weight, T* dxs, float* partial, int64_t R,
                    int64_t C) {
-  const int64_t blocks = std::min(R, kRowBlocks);
+  const int64_t blocks = row_blocks(R, C);
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> slopes(C);
     for (int64_t c = 0; c < C; ++c) slopes[c] = static_cast<float>(weight[c]);
@@ -132,7 +130,7 @@ std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor& grad_y, cons
   check_shape(kOp, weight, "weight", {C}, "(C,), C of x ", x.sizes());
 
   at::Tensor grad_x = at::empty(x.sizes(), x.options());
-  const int64_t parts = x.dim() == 3 ? x.size(0) : std::min(x.size(0), kRowBlocks);
+  const int64_t parts = x.dim() == 3 ? x.size(0) : row_blocks(x.size(0), C);
   // (parts, C): each batch entry's (channel-major) or row block's (channel-minor) partial sums
   at::Tensor partial = at::zeros({std::max<int64_t>(parts, 1), C}, x.options().dtype(at::kFloat));
   switch (dtype) {
