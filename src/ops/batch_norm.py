@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.cpu import cpu_kernels
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.triton import opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -62,15 +62,8 @@ class BatchNorm2d(nn.BatchNorm2d):
             and x.shape[0] * x.shape[2] * x.shape[3] > 1
             and not x.is_contiguous()
             and x.is_contiguous(memory_format=torch.channels_last)
-            and kernel_built()
+            and cpu_kernels_loaded()
         )
-
-
-@torch.compiler.assume_constant_result
-def kernel_built() -> bool:
-    """Whether the CPU kernels are loaded (building them on the first call); a constant to
-    ``torch.compile``."""
-    return cpu_kernels()
 
 
 def _batch_norm_backward_fake(

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.cpu import cpu_kernels
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.triton import autocast_operands, opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -67,17 +67,10 @@ def prelu(x: Tensor, weight: Tensor) -> Tensor:
         x_cast.dtype not in KERNEL_DTYPES
         or weight_cast.dtype != x_cast.dtype
         or weight_cast.shape != (x.shape[1],)
-        or not kernel_built()
+        or not cpu_kernels_loaded()
     ):
         return F.prelu(x, weight)  # which explains a mismatch of dtypes or shapes
     return PReLUCpuFunction.apply(x_cast, weight_cast)
-
-
-@torch.compiler.assume_constant_result
-def kernel_built() -> bool:
-    """Whether the CPU kernels are loaded (building them on the first call); a constant to
-    ``torch.compile``."""
-    return cpu_kernels()
 
 
 def _prelu_backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:

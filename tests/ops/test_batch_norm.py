@@ -175,7 +175,7 @@ def test_aten_runs_where_the_kernel_does_not_apply(
             bn(torch.randn(1, 4, 1, 1, requires_grad=True))
         return
     elif case == "no_kernels":
-        monkeypatch.setattr(src.ops.batch_norm, "kernel_built", lambda: False)
+        monkeypatch.setattr(src.ops.batch_norm, "cpu_kernels_loaded", lambda: False)
     x.requires_grad_()
     with torch.set_grad_enabled(case != "no_grad"):
         y = bn(x)
