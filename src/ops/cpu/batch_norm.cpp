@@ -29,6 +29,7 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::check_operand;
 using lightnets::check_shape;
 using lightnets::load;
 using lightnets::row_blocks;
@@ -115,9 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
   const std::pair<const at::Tensor*, const char*> vectors[] = {
       {&weight, "weight"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}};
   for (const auto& [t, name] : vectors) {
-    check_dense(kOp, *t, name, 1, "(C,)");
-    TORCH_CHECK(t->scalar_type() == at::kFloat, kOp, ": ", name, " must be float32, got ",
-                t->scalar_type());
+    check_operand(kOp, *t, name, 1, "(C,)");
     check_shape(kOp, *t, name, {C}, "(C,), C of x ", x.sizes());
   }
   TORCH_CHECK(x.size(0) > 0, kOp, ": x has shape ", x.sizes(), ": no rows");
