@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import cpu_kernels_loaded
+from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 from src.ops.triton import opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -58,10 +59,8 @@ class BatchNorm2d(nn.BatchNorm2d):
             and self.bias is not None
             and self.weight.dtype == torch.float32
             and x.dtype in KERNEL_DTYPES
-            and x.dim() == 4
+            and is_channels_last(x)
             and x.shape[0] * x.shape[2] * x.shape[3] > 1
-            and not x.is_contiguous()
-            and x.is_contiguous(memory_format=torch.channels_last)
             and cpu_kernels_loaded()
         )
 
@@ -119,19 +118,12 @@ class BatchNormCpuFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         x, weight, save_mean, save_invstd = ctx.saved_tensors
-        batch, channels, height, width = x.shape
-        # (B, C, H, W) channels-last -> (B H W, C) rows, views; the gradient copied to x's layout
-        # only if autograd's differs
+        # the gradient copied to x's layout only if autograd's differs
         grad_y = grad_y.contiguous(memory_format=torch.channels_last)
         grad_x, grad_w, grad_b = batch_norm_backward(
-            grad_y.permute(0, 2, 3, 1).reshape(-1, channels),
-            x.permute(0, 2, 3, 1).reshape(-1, channels),
-            weight,
-            save_mean,
-            save_invstd,
+            channel_rows(grad_y), channel_rows(x), weight, save_mean, save_invstd
         )
-        # (B H W, C) -> (B, H, W, C) -> (B, C, H, W), channels-last as x
-        grad_x = grad_x.view(batch, height, width, channels).permute(0, 3, 1, 2)
+        grad_x = from_channel_rows(grad_x, x.shape)  # channels-last as x
         wanted = ctx.needs_input_grad
         return (
             grad_x if wanted[0] else None,

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.layout import is_channels_last
 from src.ops.triton import (
     Timer,
     autocast_operands,
@@ -253,7 +254,7 @@ def dim_conv_reference(
     y_w = y_w.permute(0, 2, 3, 1)  # (B, W_b, H, C) -> (B, H, C, W_b)
     y_width = resize_axis(y_w, -1, width).transpose(1, 2)  # (B, H, C, W) -> (B, C, H, W)
     branches = (y_channel, y_height, y_width)
-    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+    if is_channels_last(x):
         # channels-last in, channels-last out, as the Triton kernel: the convolutions and norms
         # after it then read one layout (a contiguous output cost the DiCENet s=1.0 CPU training
         # step 1-3% in layout copies). 3 x (B, H, W, C) views -> (B, H, W, C, 3) interleaved or

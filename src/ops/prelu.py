@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import cpu_kernels_loaded
+from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 from src.ops.triton import autocast_operands, opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -100,9 +101,7 @@ def _layout(x: Tensor) -> torch.memory_format | None:
     channels-last) or planes per channel (contiguous); None for any other strides."""
     if x.is_contiguous():
         return torch.contiguous_format
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return None
+    return torch.channels_last if is_channels_last(x) else None
 
 
 def _kernel_view(t: Tensor, layout: torch.memory_format) -> Tensor:
@@ -111,7 +110,7 @@ def _kernel_view(t: Tensor, layout: torch.memory_format) -> Tensor:
     if t.dim() == 2:
         return t
     if layout == torch.channels_last:
-        return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+        return channel_rows(t)
     return t.reshape(t.shape[0], t.shape[1], -1)
 
 
@@ -136,8 +135,7 @@ class PReLUCpuFunction(torch.autograd.Function):
             _kernel_view(grad_y, layout), _kernel_view(x, layout), weight
         )
         if x.dim() > 2 and layout == torch.channels_last:
-            # (B H W, C) -> (B, H, W, C) -> (B, C, H, W), channels-last as x
-            grad_x = grad_x.view(x.shape[0], x.shape[2], x.shape[3], -1).permute(0, 3, 1, 2)
+            grad_x = from_channel_rows(grad_x, x.shape)  # channels-last as x
         else:
             grad_x = grad_x.view(x.shape)
         return (

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.ops.layout import memory_format_of
 from src.ops.triton import (
     autocast_off,
     autocast_operands,
@@ -348,10 +349,8 @@ def _dim_conv_forward_fake(
 def _output_like(x: Tensor) -> Tensor:
     """The (B, 3C, H, W) output in x's memory format: channels-last in, channels-last out."""
     batch, channels, height, width = x.shape
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    layout = torch.channels_last if channels_last else torch.contiguous_format
     shape = (batch, 3 * channels, height, width)
-    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
 
 
 @opaque_op(

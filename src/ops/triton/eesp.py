@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.ops.layout import memory_format_of
 from src.ops.triton import (
     autocast_off,
     autocast_operands,
@@ -253,10 +254,8 @@ def _output_shape(r: Tensor, branches: int, stride: int) -> tuple[int, int, int,
 
 def _pyramid_like(r: Tensor, branches: int, stride: int) -> Tensor:
     """The (B, K n, H', W') output in r's memory format: channels-last in, channels-last out."""
-    channels_last = r.is_contiguous(memory_format=torch.channels_last) and not r.is_contiguous()
-    layout = torch.channels_last if channels_last else torch.contiguous_format
     shape = _output_shape(r, branches, stride)
-    return torch.empty(shape, dtype=r.dtype, device=r.device, memory_format=layout)
+    return torch.empty(shape, dtype=r.dtype, device=r.device, memory_format=memory_format_of(r))
 
 
 def _launch(r: Tensor, branches: int, stride: int, hff: bool) -> tuple[tuple, dict]:
