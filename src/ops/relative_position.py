@@ -6,7 +6,8 @@ The score between query i and key j is
 
 with two learned biases u = ``r_w_bias``, v = ``r_r_bias`` and a key r_{i-j} for the relative
 distance. The distance keys are computed once for distances ``klen-1 ... 0`` and the second term is
-realigned with :func:`rel_shift`. Queries are the ``qlen`` current positions, keys the ``mlen``
+realigned with :func:`rel_shift` (:mod:`src.ops.relative_softmax`, whose CPU kernel also does the
+softmax). Queries are the ``qlen`` current positions, keys the ``mlen``
 memory positions followed by the current ones; query i may see key j iff ``j <= mlen + i``.
 
 Layouts are batch-first: queries (B, H, T, d_head), keys (B, H, K, d_head), scores (B, H, T, K).
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.relative_softmax import rel_shift, relative_softmax
 from src.ops.triton import Timer, fastest, size_bucket
 
 
@@ -82,26 +84,6 @@ class RelativePositionTable(nn.Module):
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, d_model={self.d_model}"
-
-
-def rel_shift(x: Tensor) -> Tensor:
-    """Realign scores against distance keys: ``out[..., i, j] = x[..., i, j + T - 1 - i]``.
-
-    ``x[..., i, c]`` scores query i against the distance key in column c (distance ``K-1-c``);
-    the output holds, in column j, the score for the distance ``K - T + i - j`` between query i
-    and key j. Entries with ``j > K - T + i`` (future keys, always masked) hold other rows'
-    values, as in Transformer-XL's zero-pad-and-reshape trick that this reproduces exactly.
-
-    Shape:
-        (..., T, K) -> (..., T, K), K >= T
-    """
-    *lead, qlen, klen = x.shape
-    if klen < qlen:
-        raise ValueError(f"rel_shift needs klen >= qlen, got qlen={qlen}, klen={klen}")
-    padded = F.pad(x, (1, 0))  # (..., T, K+1)
-    # reading the padded rows with row length T skips one extra element per row
-    shifted = padded.view(*lead, klen + 1, qlen)[..., 1:, :]  # (..., K, T)
-    return shifted.reshape(*lead, qlen, klen)
 
 
 def causal_memory_mask(qlen: int, mlen: int, *, device: torch.device | None = None) -> Tensor:
@@ -178,16 +160,11 @@ def relative_attention(
         raise ValueError(f"path must be one of {ATTENTION_PATHS}, got {path!r}")
     if path == "sdpa":
         return _sdpa_relative_attention(q, k, v, rk, r_w_bias, r_r_bias, mask, dropatt, training)
-    scores = relative_attention_scores(q, k, rk, r_w_bias, r_r_bias)
-    scores = scores.mul_(1.0 / math.sqrt(q.shape[-1]))
-    if mask is not None:
-        scores = scores.masked_fill_(mask, float("-inf"))
+    content = torch.matmul(q + r_w_bias.unsqueeze(-2), k.transpose(-1, -2))  # (B, H, T, K)
+    position = torch.matmul(q + r_r_bias.unsqueeze(-2), rk.transpose(-1, -2))  # (B, H, T, K)
     # 16-bit scores are normalised in float32 (autocast's rule on CUDA, made explicit so that
-    # CPU bf16 runs do it too); float32 and float64 scores keep their precision
-    if scores.dtype in (torch.float16, torch.bfloat16):
-        prob = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    else:
-        prob = torch.softmax(scores, dim=-1)
+    # CPU bf16 runs do it too); on the CPU, one kernel pass each way
+    prob = relative_softmax(content, position, mask, 1.0 / math.sqrt(q.shape[-1])).to(v.dtype)
     prob = F.dropout(prob, p=dropatt, training=training)
     return torch.matmul(prob, v)
 

@@ -8,7 +8,9 @@ EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); 
 inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
 for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
 ``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's (channels-last)
-in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`).
+in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`). ``relative_softmax.cpp``
+is the attention probabilities of relative-position attention, forward and backward, in one pass
+each (see :mod:`src.ops.relative_softmax`).
 
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 10 s) into
@@ -40,6 +42,7 @@ SOURCES = (
     HERE / "grouped_norm.cpp",
     HERE / "prelu.cpp",
     HERE / "batch_norm.cpp",
+    HERE / "relative_softmax.cpp",
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
@@ -142,5 +145,5 @@ def cpu_kernels() -> bool:
 @torch.compiler.assume_constant_result
 def cpu_kernels_loaded() -> bool:
     """:func:`cpu_kernels`, taken by ``torch.compile`` as a constant while tracing: for the ops
-    whose compiled graphs call the kernels (PReLU's and BatchNorm's backward)."""
+    whose compiled graphs call the kernels (PReLU's and BatchNorm's backward, the relative softmax)."""
     return cpu_kernels()

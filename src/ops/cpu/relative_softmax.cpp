@@ -1,0 +1,261 @@
+// The attention probabilities of relative-position attention (Transformer-XL, Group-Transformer)
+// in one pass over the scores, forward and backward (training and inference):
+//   prob = softmax(mask(-inf, (content + rel_shift(position)) * scale))
+// where rel_shift is Transformer-XL's zero-pad-and-reshape realignment of the position scores:
+// for query i of T and key j of K (K >= T), with v = K - T + i + 1 the keys query i may see,
+//   rel_shift(x)[i, j] = x[i, j + T - 1 - i]    j < v     (the valid entries)
+//                      = 0                      j = v     (the pad)
+//                      = x[i + 1, j - v - 1]    j > v     (future keys, masked in a causal LM)
+// Eagerly the pad, the reshape, the add, the scale, the mask and the softmax are separate passes
+// over (B, H, T, K) tensors (each a fresh, page-faulting allocation at LM sizes), and their
+// backward another six: at Transformer-XL's enwik8 sizes about 40% of a CPU training step.
+// Backward, with gs = mask(0, prob * (grad - sum_j grad prob)) * scale the score gradient,
+//   grad_content = gs,  grad_position[i, c] = gs[i, c - (T - 1 - i)]   c >= T - 1 - i
+//                                           = gs[i - 1, c + v]         c < T - 1 - i, i > 0
+//                                           = 0                        otherwise
+// the exact adjoint of rel_shift (each position score feeds one output entry, or none).
+// Scores are formed as the eager ops round them (the add, then the scale, each rounded to the
+// dtype), the softmax in float32, and the probabilities stored in the dtype: float32, bfloat16
+// or float16. Rows (one query of one head) are independent, so no result depends on the thread
+// count.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+using lightnets::check_dense;
+using lightnets::load;
+using lightnets::store;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// v rounded to T (identity for float32): the eager ops round each intermediate to the dtype
+template <typename T>
+inline float narrow(float v) {
+  T t;
+  store(&t, 0, v);
+  return load(&t, 0);
+}
+
+// exp(x) for x <= 0 (a score minus its row's maximum), branch-free so that the loop vectorises:
+// Cephes' single-precision range reduction and polynomial (about 1 ulp). Below -87.3 (where
+// exp is below float32's normal range) it gives 0, as for -inf; NaN stays NaN.
+inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.3f);  // NaN passes (std::max keeps its first operand)
+  float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  n = n == n ? n : 0.f;  // an integer for the exponent bits, even for NaN
+  float r = clamped - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.3f ? 0.f : y * two_n;
+}
+
+// Rows per task: about 16K elements, so a task amortises its scratch row.
+inline int64_t grain(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)); }
+
+template <typename T>
+void forward(const T* content, const T* position, const bool* mask, T* prob, int64_t N, int64_t Tq,
+             int64_t K, float scale) {
+  at::parallel_for(0, N * Tq, grain(K), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(K);
+    float* __restrict__ s = scratch.data();
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % Tq;
+      const T* __restrict__ c = content + row * K;
+      const T* x = position + (row - i) * K;  // the head's (T, K) position scores
+      const int64_t v = K - Tq + i + 1;
+      const T* __restrict__ head = x + i * K + (Tq - 1 - i);  // head[j] = x[i, j + T - 1 - i]
+#pragma omp simd
+      for (int64_t j = 0; j < v; ++j) s[j] = narrow<T>(load(c, j) + load(head, j));
+      if (v < K) {
+        s[v] = load(c, v);  // + the pad's 0
+        const T* __restrict__ tail = x + (i + 1) * K - (v + 1);  // tail[j] = x[i + 1, j - v - 1]
+#pragma omp simd
+        for (int64_t j = v + 1; j < K; ++j) s[j] = narrow<T>(load(c, j) + load(tail, j));
+      }
+      const bool* __restrict__ m = mask == nullptr ? nullptr : mask + i * K;
+      float top = -kInf;
+      if (m != nullptr) {
+#pragma omp simd reduction(max : top)
+        for (int64_t j = 0; j < K; ++j) {
+          const float scaled = m[j] ? -kInf : narrow<T>(s[j] * scale);
+          s[j] = scaled;
+          top = std::max(top, scaled);
+        }
+      } else {
+#pragma omp simd reduction(max : top)
+        for (int64_t j = 0; j < K; ++j) {
+          const float scaled = narrow<T>(s[j] * scale);
+          s[j] = scaled;
+          top = std::max(top, scaled);
+        }
+      }
+      float total = 0.f;
+#pragma omp simd reduction(+ : total)
+      for (int64_t j = 0; j < K; ++j) {
+        const float e = exp_nonpositive(s[j] - top);  // a row of -inf gives NaN, as ATen's
+        s[j] = e;
+        total += e;
+      }
+      const float inv = 1.f / total;
+      T* __restrict__ p = prob + row * K;
+#pragma omp simd
+      for (int64_t j = 0; j < K; ++j) store(p, j, s[j] * inv);
+    }
+  });
+}
+
+template <typename T>
+void backward(const T* grad, const T* prob, const bool* mask, T* grad_content, T* grad_position,
+              int64_t N, int64_t Tq, int64_t K, float scale) {
+  at::parallel_for(0, N * Tq, grain(K), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % Tq;
+      const T* __restrict__ g = grad + row * K;
+      const T* __restrict__ p = prob + row * K;
+      T* __restrict__ gs = grad_content + row * K;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < K; ++j) dot += load(g, j) * load(p, j);
+      const bool* __restrict__ m = mask == nullptr ? nullptr : mask + i * K;
+      if (m != nullptr) {
+#pragma omp simd
+        for (int64_t j = 0; j < K; ++j) {
+          const float value = load(p, j) * (load(g, j) - dot) * scale;
+          store(gs, j, m[j] ? 0.f : value);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < K; ++j) store(gs, j, load(p, j) * (load(g, j) - dot) * scale);
+      }
+      // the adjoint of rel_shift: row i's valid entries to position row i from column T - 1 - i,
+      // its entries past the pad to the head of position row i + 1
+      T* gx = grad_position + (row - i) * K;
+      const int64_t v = K - Tq + i + 1;
+      std::memcpy(gx + i * K + (Tq - 1 - i), gs, sizeof(T) * v);
+      if (v + 1 < K) std::memcpy(gx + (i + 1) * K, gs + v + 1, sizeof(T) * (K - v - 1));
+      if (i == 0) std::memset(gx, 0, sizeof(T) * (Tq - 1));  // fed by no entry
+    }
+  });
+}
+
+const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
+}
+
+// (N, T, K) score-shaped operands of one dtype, K >= T >= 1, and a (T, K) bool mask if given
+void check_operands(const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>>
+                                        scores,
+                    const std::optional<at::Tensor>& mask) {
+  const auto& [first, first_name] = *scores.begin();
+  check_dense(op, *first, first_name, 3, "(N, T, K)");
+  const auto dtype = first->scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": ",
+              first_name, " must be float32, bfloat16 or float16, got ", dtype);
+  const int64_t Tq = first->size(1), K = first->size(2);
+  TORCH_CHECK(Tq >= 1 && K >= Tq, op, ": ", first_name,
+              " must have K >= T >= 1 (keys include the queries), got shape ", first->sizes());
+  for (const auto& [t, name] : scores) {
+    check_dense(op, *t, name, 3, "(N, T, K)");
+    TORCH_CHECK(t->sizes().equals(first->sizes()), op, ": ", name, " has shape ", t->sizes(),
+                ", expected ", first_name, "'s shape ", first->sizes());
+    TORCH_CHECK(t->scalar_type() == dtype, op, ": ", name, " must be ", dtype_name(dtype), " as ",
+                first_name, ", got ", t->scalar_type());
+  }
+  if (mask.has_value()) {
+    check_dense(op, *mask, "mask", 2, "(T, K)");
+    lightnets::check_shape(op, *mask, "mask", {Tq, K}, "(T, K) of ", first_name, " ",
+                           first->sizes());
+    TORCH_CHECK(mask->scalar_type() == at::kBool, op, ": mask must be bool, got ",
+                mask->scalar_type());
+  }
+}
+
+at::Tensor relative_softmax_forward(const at::Tensor& content, const at::Tensor& position,
+                                    const std::optional<at::Tensor>& mask, double scale) {
+  check_operands("relative_softmax_forward", {{&content, "content"}, {&position, "position"}},
+                 mask);
+  at::Tensor prob = at::empty(content.sizes(), content.options());
+  const bool* m = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  const int64_t N = content.size(0), Tq = content.size(1), K = content.size(2);
+  const float s = static_cast<float>(scale);  // as ATen's mul by a Python float
+  switch (content.scalar_type()) {
+    case at::kFloat:
+      forward(content.data_ptr<float>(), position.data_ptr<float>(), m, prob.data_ptr<float>(), N,
+              Tq, K, s);
+      break;
+    case at::kBFloat16:
+      forward(content.data_ptr<c10::BFloat16>(), position.data_ptr<c10::BFloat16>(), m,
+              prob.data_ptr<c10::BFloat16>(), N, Tq, K, s);
+      break;
+    default:
+      forward(content.data_ptr<c10::Half>(), position.data_ptr<c10::Half>(), m,
+              prob.data_ptr<c10::Half>(), N, Tq, K, s);
+  }
+  return prob;
+}
+
+std::tuple<at::Tensor, at::Tensor> relative_softmax_backward(
+    const at::Tensor& grad_prob, const at::Tensor& prob, const std::optional<at::Tensor>& mask,
+    double scale) {
+  check_operands("relative_softmax_backward", {{&prob, "prob"}, {&grad_prob, "grad_prob"}}, mask);
+  at::Tensor grad_content = at::empty(prob.sizes(), prob.options());
+  at::Tensor grad_position = at::empty(prob.sizes(), prob.options());
+  const bool* m = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  const int64_t N = prob.size(0), Tq = prob.size(1), K = prob.size(2);
+  const float s = static_cast<float>(scale);
+  switch (prob.scalar_type()) {
+    case at::kFloat:
+      backward(grad_prob.data_ptr<float>(), prob.data_ptr<float>(), m,
+               grad_content.data_ptr<float>(), grad_position.data_ptr<float>(), N, Tq, K, s);
+      break;
+    case at::kBFloat16:
+      backward(grad_prob.data_ptr<c10::BFloat16>(), prob.data_ptr<c10::BFloat16>(), m,
+               grad_content.data_ptr<c10::BFloat16>(), grad_position.data_ptr<c10::BFloat16>(),
+               N, Tq, K, s);
+      break;
+    default:
+      backward(grad_prob.data_ptr<c10::Half>(), prob.data_ptr<c10::Half>(), m,
+               grad_content.data_ptr<c10::Half>(), grad_position.data_ptr<c10::Half>(), N, Tq,
+               K, s);
+  }
+  return {grad_content, grad_position};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(lightnets_cpu, m) {
+  m.def(
+      "relative_softmax_forward(Tensor content, Tensor position, Tensor? mask, float scale) -> "
+      "Tensor",
+      &relative_softmax_forward);
+  m.def(
+      "relative_softmax_backward(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> "
+      "(Tensor, Tensor)",
+      &relative_softmax_backward);
+}
