@@ -21,14 +21,14 @@ SCALE = 32**-0.5  # d_head = 256 / 8
 def cases(device: torch.device) -> list[OpCase]:
     out = []
     mask = causal_memory_mask(QUERIES, MEMORY, device=device)
-    for batch in (1, 2):
+    for batch, dtype in ((1, torch.float32), (2, torch.float32), (2, torch.bfloat16)):
         shape = (batch, HEADS, QUERIES, QUERIES + MEMORY)
-        content = torch.randn(shape, device=device, requires_grad=True)
-        position = torch.randn(shape, device=device, requires_grad=True)
+        content = torch.randn(shape, device=device).to(dtype).requires_grad_()
+        position = torch.randn(shape, device=device).to(dtype).requires_grad_()
         out.append(
             OpCase(
                 op="relative softmax",
-                shape=f"B={batch} H={HEADS} T={QUERIES} K={QUERIES + MEMORY}",
+                shape=f"B={batch} H={HEADS} T={QUERIES} K={QUERIES + MEMORY} {str(dtype)[6:]}",
                 ours=lambda c=content, p=position: relative_softmax(c, p, mask, SCALE),
                 baseline=lambda c=content, p=position: relative_softmax_reference(
                     c, p, mask, SCALE

@@ -75,13 +75,27 @@ inline float exp_nonpositive(float x) {
   return x < -87.3f ? 0.f : y * two_n;
 }
 
+// v where the mask byte is 0, else fill, in integer operations: written as a select on a bool,
+// the loop stays scalar with a branch per element (GCC 12 does not vectorise it)
+inline float visible(uint8_t masked, float v, float fill) {
+  const uint32_t keep = 0u - static_cast<uint32_t>(masked == 0);  // all ones where visible
+  uint32_t vb, fb;
+  std::memcpy(&vb, &v, sizeof vb);
+  std::memcpy(&fb, &fill, sizeof fb);
+  const uint32_t out = (vb & keep) | (fb & ~keep);
+  float r;
+  std::memcpy(&r, &out, sizeof r);
+  return r;
+}
+
 // Rows per task: about 16K elements, so a task amortises its scratch row.
 inline int64_t grain(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)); }
 
 template <typename T>
-void forward(const T* content, const T* position, const bool* mask, T* prob, int64_t N, int64_t Tq,
-             int64_t K, float scale) {
-  at::parallel_for(0, N * Tq, grain(K), [&](int64_t begin, int64_t end) {
+void forward(const T* content, const T* position, const uint8_t* mask, T* prob, int64_t N,
+             int64_t Tq, int64_t K, float scale) {
+  // by value: through the reference captures, the loops reload them per element and stay scalar
+  at::parallel_for(0, N * Tq, grain(K), [=](int64_t begin, int64_t end) {
     std::vector<float> scratch(K);
     float* __restrict__ s = scratch.data();
     for (int64_t row = begin; row < end; ++row) {
@@ -98,12 +112,12 @@ void forward(const T* content, const T* position, const bool* mask, T* prob, int
 #pragma omp simd
         for (int64_t j = v + 1; j < K; ++j) s[j] = narrow<T>(load(c, j) + load(tail, j));
       }
-      const bool* __restrict__ m = mask == nullptr ? nullptr : mask + i * K;
+      const uint8_t* __restrict__ m = mask == nullptr ? nullptr : mask + i * K;
       float top = -kInf;
       if (m != nullptr) {
 #pragma omp simd reduction(max : top)
         for (int64_t j = 0; j < K; ++j) {
-          const float scaled = m[j] ? -kInf : narrow<T>(s[j] * scale);
+          const float scaled = visible(m[j], narrow<T>(s[j] * scale), -kInf);
           s[j] = scaled;
           top = std::max(top, scaled);
         }
@@ -131,9 +145,9 @@ void forward(const T* content, const T* position, const bool* mask, T* prob, int
 }
 
 template <typename T>
-void backward(const T* grad, const T* prob, const bool* mask, T* grad_content, T* grad_position,
-              int64_t N, int64_t Tq, int64_t K, float scale) {
-  at::parallel_for(0, N * Tq, grain(K), [&](int64_t begin, int64_t end) {
+void backward(const T* grad, const T* prob, const uint8_t* mask, T* grad_content,
+              T* grad_position, int64_t N, int64_t Tq, int64_t K, float scale) {
+  at::parallel_for(0, N * Tq, grain(K), [=](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row % Tq;
       const T* __restrict__ g = grad + row * K;
@@ -142,12 +156,12 @@ void backward(const T* grad, const T* prob, const bool* mask, T* grad_content, T
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
       for (int64_t j = 0; j < K; ++j) dot += load(g, j) * load(p, j);
-      const bool* __restrict__ m = mask == nullptr ? nullptr : mask + i * K;
+      const uint8_t* __restrict__ m = mask == nullptr ? nullptr : mask + i * K;
       if (m != nullptr) {
 #pragma omp simd
         for (int64_t j = 0; j < K; ++j) {
           const float value = load(p, j) * (load(g, j) - dot) * scale;
-          store(gs, j, m[j] ? 0.f : value);
+          store(gs, j, visible(m[j], value, 0.f));
         }
       } else {
 #pragma omp simd
@@ -201,7 +215,9 @@ at::Tensor relative_softmax_forward(const at::Tensor& content, const at::Tensor&
   check_operands("relative_softmax_forward", {{&content, "content"}, {&position, "position"}},
                  mask);
   at::Tensor prob = at::empty(content.sizes(), content.options());
-  const bool* m = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  // torch.bool is one byte
+  const auto* m =
+      mask.has_value() ? reinterpret_cast<const uint8_t*>(mask->data_ptr<bool>()) : nullptr;
   const int64_t N = content.size(0), Tq = content.size(1), K = content.size(2);
   const float s = static_cast<float>(scale);  // as ATen's mul by a Python float
   switch (content.scalar_type()) {
@@ -226,7 +242,9 @@ std::tuple<at::Tensor, at::Tensor> relative_softmax_backward(
   check_operands("relative_softmax_backward", {{&prob, "prob"}, {&grad_prob, "grad_prob"}}, mask);
   at::Tensor grad_content = at::empty(prob.sizes(), prob.options());
   at::Tensor grad_position = at::empty(prob.sizes(), prob.options());
-  const bool* m = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  // torch.bool is one byte
+  const auto* m =
+      mask.has_value() ? reinterpret_cast<const uint8_t*>(mask->data_ptr<bool>()) : nullptr;
   const int64_t N = prob.size(0), Tq = prob.size(1), K = prob.size(2);
   const float s = static_cast<float>(scale);
   switch (prob.scalar_type()) {
