@@ -60,7 +60,8 @@ class GroupTransformer(nn.Module):
         inter_group: keep the inter-group maps in the group sublayers.
         pre_norm: norm placement of the Transformer-XL sublayers used by the ablations (the group
             sublayers are always pre-norm).
-        impl: every GLT's and per-group norm's path, ``"auto" | "reference" | "triton"``.
+        impl: every GLT's, per-group norm's and attention softmax's path,
+            ``"auto" | "reference" | "triton"``.
         attention: every layer's relative-attention path, ``"auto" | "eager" | "sdpa"``
             (:func:`src.ops.relative_position.relative_attention`).
 

@@ -59,6 +59,10 @@ class RelativeMultiHeadAttention(nn.Module):
     #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
     #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
     attention: str = "auto"
+    #: the eager attention's softmax (:func:`src.ops.relative_softmax.relative_softmax`): "auto"
+    #: (the CPU kernel; on CUDA the measured faster of the Triton kernel and the eager ops),
+    #: "reference" or "triton"
+    impl: str = "auto"
 
     def __init__(
         self,
@@ -115,6 +119,7 @@ class RelativeMultiHeadAttention(nn.Module):
             q, k, v, rk, r_w_bias, r_r_bias,
             mask=causal_memory_mask(qlen, mlen, device=h.device),
             dropatt=self.dropatt, training=self.training, path=self.attention,
+            impl=self.impl,
         )  # (B, H, T, d_head)
         o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)
         out = h + F.dropout(o, p=self.dropout, training=self.training)

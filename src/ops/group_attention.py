@@ -53,6 +53,10 @@ class GroupAttention(nn.Module):
     #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
     #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
     attention: str = "auto"
+    #: the eager attention's softmax (:func:`src.ops.relative_softmax.relative_softmax`): "auto"
+    #: (the CPU kernel; on CUDA the measured faster of the Triton kernel and the eager ops),
+    #: "reference" or "triton"
+    impl: str = "auto"
 
     def __init__(
         self,
@@ -129,6 +133,7 @@ class GroupAttention(nn.Module):
         attended = relative_attention(
             q, k, v, rk, r_w_bias, r_r_bias,
             mask=mask, dropatt=self.dropatt, training=self.training, path=self.attention,
+            impl=self.impl,
         )  # (B, H, T, d_head)
         ov = attended.transpose(1, 2).reshape(batch, qlen, self.d_model)  # (B, T, D), group-major
 

@@ -135,6 +135,7 @@ def relative_attention(
     dropatt: float = 0.0,
     training: bool = False,
     path: str = "eager",
+    impl: str = "auto",
 ) -> Tensor:
     """Softmax attention over :func:`relative_attention_scores` scaled by ``1/sqrt(d_head)``.
 
@@ -149,6 +150,8 @@ def relative_attention(
             content scores, softmax and dropout happen inside the fused kernel (on CUDA the
             memory-efficient one, which also differentiates the bias); its dropout draws other
             random numbers than ``F.dropout``.
+        impl: the eager path's softmax (:func:`src.ops.relative_softmax.relative_softmax`):
+            "auto", "reference" (the eager ops) or "triton".
 
     Shape:
         q (B, H, T, d_head), k and v (B, H, K, d_head), rk (H, K, d_head), biases (H, d_head),
@@ -164,7 +167,8 @@ def relative_attention(
     position = torch.matmul(q + r_r_bias.unsqueeze(-2), rk.transpose(-1, -2))  # (B, H, T, K)
     # 16-bit scores are normalised in float32 (autocast's rule on CUDA, made explicit so that
     # CPU bf16 runs do it too); on the CPU, one kernel pass each way
-    prob = relative_softmax(content, position, mask, 1.0 / math.sqrt(q.shape[-1])).to(v.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    prob = relative_softmax(content, position, mask, scale, impl=impl).to(v.dtype)
     prob = F.dropout(prob, p=dropatt, training=training)
     return torch.matmul(prob, v)
 

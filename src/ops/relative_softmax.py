@@ -9,18 +9,21 @@ CPU, ``lightnets_cpu::relative_softmax_forward`` / ``_backward`` (``src/ops/cpu/
 do each direction in one pass over the rows, with ``rel_shift``'s realignment (and its exact
 adjoint) folded into the indexing; the scores are rounded as the eager ops round them, so the
 probabilities differ from the eager ones by the exponential's rounding only (a few float32 ulp;
-one bfloat16 ulp at most). CUDA, float64 and other mask shapes take the eager ops; under
-``torch.use_deterministic_algorithms`` both paths are deterministic.
+one bfloat16 ulp at most). On CUDA, a Triton kernel does the same, one launch each way
+(:mod:`src.ops.triton.relative_softmax`), where it measures faster than the eager ops; float64 and
+other mask shapes take the eager ops. All paths are deterministic.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import cpu_kernels_loaded
-from src.ops.triton import opaque_op
+from src.ops.triton import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -46,7 +49,12 @@ def rel_shift(x: Tensor) -> Tensor:
 
 
 def relative_softmax(
-    content: Tensor, position: Tensor, mask: Tensor | None, scale: float
+    content: Tensor,
+    position: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    impl: str = "auto",
+    timer: Timer | None = None,
 ) -> Tensor:
     """``softmax(mask(-inf, (content + rel_shift(position)) * scale))`` over the last axis, in the
     scores' dtype (16-bit scores are normalised in float32, autocast's rule made explicit).
@@ -56,12 +64,34 @@ def relative_softmax(
         position: the position scores ``(q + v) rk^T`` against distances ``K-1 ... 0``.
         mask: True where a query must not see a key, or None.
         scale: the score scale, ``1/sqrt(d_head)``.
+        impl: "auto": on the CPU the C++ kernels where they apply, on CUDA the faster of the
+            Triton kernels (:mod:`src.ops.triton.relative_softmax`) and the eager ops for this
+            shape (:func:`auto_path`), the eager ops while ``torch.compile`` traces (inductor
+            fuses them); "triton" or "reference" (the eager ops) to fix it.
+        timer: times the candidates of ``impl="auto"`` on CUDA (default: CUDA events).
 
     Shape:
         content, position (B, H, T, K), K >= T; mask (T, K) or broadcastable to (B, H, T, K)
         -> (B, H, T, K)
     """
-    if _kernel_applies(content, position, mask):
+    if check_impl(impl) != "reference" and (content.is_cuda or impl == "triton"):
+        from src.ops.triton.relative_softmax import covers, relative_softmax_triton
+
+        kernel = use_triton(impl, content) and covers(content, position, mask)
+        if kernel and impl == "auto":
+            kernel = (
+                not torch.compiler.is_compiling()
+                and auto_path(content, position, mask, scale, timer) == "triton"
+            )
+        if kernel:
+            return relative_softmax_triton(content, position, mask, scale)
+        if impl == "triton":
+            raise ValueError(
+                "impl='triton' but the fused relative softmax does not cover these operands: "
+                f"{content.dtype} {tuple(content.shape)}, {position.dtype} {tuple(position.shape)}"
+            )
+        return relative_softmax_reference(content, position, mask, scale)
+    if impl == "auto" and _kernel_applies(content, position, mask):
         if torch.is_grad_enabled() and (content.requires_grad or position.requires_grad):
             return RelativeSoftmaxCpuFunction.apply(content, position, mask, scale)
         return softmax_forward(_rows(content), _rows(position), mask, scale).view(content.shape)
@@ -82,6 +112,45 @@ def relative_softmax_reference(
     if scores.dtype in (torch.float16, torch.bfloat16):
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
     return torch.softmax(scores, dim=-1)
+
+
+# (row bucket, T, K, dtype, grad, masked, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = {}
+
+
+def auto_path(
+    content: Tensor,
+    position: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    timer: Timer | None = None,
+) -> str:
+    """``impl="auto"`` on CUDA: "triton" or "reference", whichever ran faster on the first call
+    with this shape (heads x batch by :func:`src.ops.triton.size_bucket`), dtype and mode
+    (forward and backward when autograd records, forward otherwise; :func:`fastest`). Both are
+    deterministic; deterministic mode takes the kernel.
+
+    Shape:
+        as :func:`relative_softmax`
+    """
+    grad = torch.is_grad_enabled() and (content.requires_grad or position.requires_grad)
+    rows = content.numel() // max(content.shape[-1] * content.shape[-2], 1)
+    key = (
+        size_bucket(rows), *content.shape[-2:], content.dtype, grad, mask is not None,
+        str(content.device),
+    )  # fmt: skip
+
+    def run(impl: str) -> None:
+        inputs = [t.detach().requires_grad_(grad) for t in (content, position)]
+        with torch.set_grad_enabled(grad):
+            prob = relative_softmax(*inputs, mask, scale, impl=impl)
+            if grad:
+                torch.autograd.grad(prob, inputs, torch.ones_like(prob))
+
+    def candidates() -> dict:
+        return {impl: functools.partial(run, impl) for impl in ("triton", "reference")}
+
+    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
 
 
 def _kernel_applies(content: Tensor, position: Tensor, mask: Tensor | None) -> bool:

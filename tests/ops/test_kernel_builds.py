@@ -29,6 +29,8 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.relative_position import causal_memory_mask
+from src.ops.relative_softmax import relative_softmax
 from src.ops.triton.cross_compile import (
     H100,
     Build,
@@ -104,12 +106,26 @@ def _grouped_norm(dtype: torch.dtype) -> None:
         )
 
 
+def _relative_softmax(dtype: torch.dtype) -> None:
+    # enwik8 (512 queries, 512 memory), a segment without memory, and the longest row it takes
+    for batch, qlen, mlen in ((2, 512, 512), (2, 128, 0), (1, 64, 8128)):
+        shape = (batch, 8, qlen, qlen + mlen)
+        content, position = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(2))
+        prob = relative_softmax(
+            content, position, causal_memory_mask(qlen, mlen), 0.17, impl="triton"
+        )
+        prob.float().sum().backward()
+        with torch.no_grad():
+            relative_softmax(content, position, None, 0.17, impl="triton")
+
+
 WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "group_linear": _glt,
     "dim_conv": _dim_conv,
     "dim_fuse": _dim_fuse,
     "eesp": _eesp,
     "grouped_norm": _grouped_norm,
+    "relative_softmax": _relative_softmax,
 }
 
 
