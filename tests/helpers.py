@@ -122,6 +122,20 @@ def randomise_norms(module: nn.Module) -> nn.Module:
     return module
 
 
+# a dtype's spacing relative to a value's binade top (2^-23 float32, 2^-7 bfloat16, 2^-10 float16
+# at the top of [1, 2)): the unit of the ulp bounds below
+ULP = {torch.float32: 2.0**-21, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def assert_within_ulps(actual: Tensor, expected: Tensor, ulps: float, dtype: torch.dtype) -> None:
+    """Every element of ``actual`` within ``ulps`` x ``ULP[dtype]`` of the largest magnitude in
+    ``expected``."""
+    expected = expected.double()
+    bound = ulps * ULP[dtype] * expected.abs().max().item()
+    error = (actual.double() - expected).abs().max().item()
+    assert error <= bound, f"max error {error:.3g} over {bound:.3g}"
+
+
 def saved_bytes(module: nn.Module, x: Tensor) -> int:
     """Bytes of the distinct storages autograd keeps for the backward of ``module(x)``."""
     storages: dict[int, int] = {}

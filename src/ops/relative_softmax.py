@@ -175,14 +175,17 @@ def _rows(t: Tensor) -> Tensor:
     return t.contiguous().view(-1, *t.shape[-2:])
 
 
-def _forward_fake(content: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+def probabilities_like(
+    content: Tensor, position: Tensor, mask: Tensor | None, scale: float
+) -> Tensor:
+    """A forward op's output metadata (its fake when traced): the probabilities, like the scores."""
     return torch.empty_like(content)
 
 
 @opaque_op(
     "lightnets::relative_softmax_forward",
     "(Tensor content, Tensor position, Tensor? mask, float scale) -> Tensor",
-    _forward_fake,
+    probabilities_like,
 )
 def softmax_forward(content: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``lightnets_cpu::relative_softmax_forward``; opaque to ``torch.compile``.
@@ -194,16 +197,18 @@ def softmax_forward(content: Tensor, position: Tensor, mask: Tensor | None, scal
     return torch.ops.lightnets_cpu.relative_softmax_forward(content, position, mask, scale)
 
 
-def _backward_fake(
+def score_grads_like(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
 ) -> tuple[Tensor, Tensor]:
+    """A backward op's outputs' metadata (its fake when traced): the content and the position
+    score gradients, like the probabilities."""
     return torch.empty_like(prob), torch.empty_like(prob)
 
 
 @opaque_op(
     "lightnets::relative_softmax_backward",
     "(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> (Tensor, Tensor)",
-    _backward_fake,
+    score_grads_like,
 )
 def softmax_backward(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float

@@ -19,11 +19,15 @@ from torch import Tensor
 import src.ops.relative_softmax
 from src.ops.relative_position import causal_memory_mask, relative_attention
 from src.ops.relative_softmax import rel_shift, relative_softmax, relative_softmax_reference
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    assert_within_ulps,
+    require_cpu_kernels,
+)
 
 KERNEL = "RelativeSoftmaxCpuFunctionBackward"
-# relative to the largest magnitude of a compared tensor
-ULP = {torch.float32: 2.0**-21, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
 @pytest.fixture
@@ -67,13 +71,6 @@ def _run(fn, content: Tensor, position: Tensor, mask: Tensor | None, probe: Tens
     return (prob, *grads, type(prob.grad_fn).__name__)
 
 
-def _close(actual: Tensor, expected: Tensor, ulps: float, dtype: torch.dtype) -> None:
-    expected = expected.double()
-    bound = ulps * ULP[dtype] * expected.abs().max().item()
-    error = (actual.double() - expected).abs().max().item()
-    assert error <= bound, f"max error {error:.3g} over {bound:.3g}"
-
-
 @pytest.mark.parametrize(("qlen", "mlen", "mask_kind"), CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_matches_the_eager_ops_and_a_float64_oracle(
@@ -88,9 +85,9 @@ def test_matches_the_eager_ops_and_a_float64_oracle(
     assert ours[3] == KERNEL and eager[3] != KERNEL
     assert all(t.dtype == dtype and t.shape == content.shape for t in ours[:3])
     ulps = 4 if dtype == torch.float32 else 1
-    _close(ours[0], eager[0], ulps, dtype)
+    assert_within_ulps(ours[0], eager[0], ulps, dtype)
     for got, want in zip(ours[1:3], eager[1:3], strict=True):
-        _close(got, want, 2 * ulps, dtype)
+        assert_within_ulps(got, want, 2 * ulps, dtype)
     if dtype == torch.float32:  # and the float32 kernel is as close to float64 as the eager ops
         for got, want, exact in zip(ours[:3], eager[:3], oracle[:3], strict=True):
             ours_error, eager_error = ((t.double() - exact).abs().max() for t in (got, want))
@@ -141,7 +138,7 @@ def test_special_rows(kernels: None, dtype: torch.dtype) -> None:
     finite = ~torch.isnan(eager[0])
     assert torch.equal(ours[0][0, 0, 1], eager[0][0, 0, 1])  # the one-hot row, exactly
     assert ours[0][0, 0, 1, 2] == 1
-    _close(ours[0][finite], eager[0][finite], 4 if dtype == torch.float32 else 1, dtype)
+    assert_within_ulps(ours[0][finite], eager[0][finite], 4 if dtype == torch.float32 else 1, dtype)
     assert torch.all(ours[0][0, 1, 2, :3] == 0)
 
 

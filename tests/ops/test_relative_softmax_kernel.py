@@ -25,12 +25,11 @@ from src.ops.relative_softmax import (
     relative_softmax,
     relative_softmax_reference,
 )
+from tests.helpers import assert_within_ulps
 
 pytest.importorskip("triton")
 
 from src.ops.triton.relative_softmax import MAX_KEYS, covers
-
-ULP = {torch.float32: 2.0**-21, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 # (queries T, memory M, mask)
 CONFIGS = [(5, 3, "causal"), (7, 0, "causal"), (1, 6, "causal"), (6, 4, "none"), (33, 40, "random")]
@@ -62,13 +61,6 @@ def _run(content: Tensor, position: Tensor, mask: Tensor | None, probe: Tensor, 
     return (prob, *torch.autograd.grad(prob, (content, position), probe))
 
 
-def _close(actual: Tensor, expected: Tensor, ulps: float, dtype: torch.dtype) -> None:
-    expected = expected.double()
-    bound = ulps * ULP[dtype] * expected.abs().max().item()
-    error = (actual.double() - expected).abs().max().item()
-    assert error <= bound, f"max error {error:.3g} over {bound:.3g}"
-
-
 @pytest.mark.parametrize(("qlen", "mlen", "mask_kind"), CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_kernel_matches_the_eager_ops(
@@ -82,9 +74,9 @@ def test_kernel_matches_the_eager_ops(
     if dtype == torch.bfloat16 and kernel_device.type == "cpu":
         ulps = 3  # the interpreter casts to bfloat16 by truncation (the GPU rounds to nearest)
     assert all(t.dtype == dtype and t.shape == content.shape for t in ours)
-    _close(ours[0], eager[0], ulps, dtype)
+    assert_within_ulps(ours[0], eager[0], ulps, dtype)
     for got, want in zip(ours[1:], eager[1:], strict=True):
-        _close(got, want, 2 * ulps, dtype)
+        assert_within_ulps(got, want, 2 * ulps, dtype)
     if mask is not None:
         assert torch.all(ours[0][..., mask] == 0) and torch.all(ours[1][..., mask] == 0)
 
@@ -114,7 +106,7 @@ def test_masked_rows_and_huge_scores(kernel_device: torch.device) -> None:
     assert torch.isnan(ours[0][..., 3, :]).all() and torch.all(ours[1][..., 3, :] == 0)
     assert torch.equal(ours[0][0, 0, 1], eager[0][0, 0, 1]) and ours[0][0, 0, 1, 2] == 1
     finite = ~torch.isnan(eager[0])
-    _close(ours[0][finite], eager[0][finite], 4, torch.float32)
+    assert_within_ulps(ours[0][finite], eager[0][finite], 4, torch.float32)
 
 
 def test_kernel_is_deterministic(kernel_device: torch.device) -> None:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.ops.relative_softmax import probabilities_like, score_grads_like
 from src.ops.triton import autocast_off, gpu_launch, opaque_op
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -34,22 +35,29 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
-def _relative_softmax_fwd_kernel(
-    content_ptr, position_ptr, mask_ptr, prob_ptr,
-    T, K, scale,
-    HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+def _row(T, K, BLOCK: tl.constexpr):
+    """This program's query row r = n T + i of K keys: (i, key indices j, j < K, r K, the flat
+    position offsets its realigned scores are read from, and which of them exist)."""
     row = tl.program_id(0).to(tl.int64)
     i = row % T
     j = tl.arange(0, BLOCK)
     inside = j < K
     visible_keys = K - T + i + 1
     base = row * K
+    # this row from column T - 1 - i, then the pad (no source), then row i + 1 from column 0
+    realigned = base + j + T - 1 - i - (j > visible_keys).to(tl.int64)
+    return i, j, inside, base, realigned, inside & (j != visible_keys)
+
+
+@triton.jit
+def _relative_softmax_fwd_kernel(
+    content_ptr, position_ptr, mask_ptr, prob_ptr,
+    T, K, scale,
+    HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i, j, inside, base, realigned, from_position = _row(T, K, BLOCK)
     c = tl.load(content_ptr + base + j, mask=inside, other=0.0)
-    # the realigned position score: this row from column T - 1 - i, then the pad, then row i + 1
-    shift = T - 1 - i - (j > visible_keys).to(tl.int64)
-    from_position = inside & (j != visible_keys)
-    p = tl.load(position_ptr + base + j + shift, mask=from_position, other=0.0)
+    p = tl.load(position_ptr + realigned, mask=from_position, other=0.0)
     # the eager ops' roundings: the add and the scale, each to the scores' dtype
     s = (c.to(tl.float32) + p.to(tl.float32)).to(c.dtype).to(tl.float32)
     s = (s * scale).to(c.dtype).to(tl.float32)
@@ -70,12 +78,7 @@ def _relative_softmax_bwd_kernel(
     T, K, scale,
     HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    i = row % T
-    j = tl.arange(0, BLOCK)
-    inside = j < K
-    visible_keys = K - T + i + 1
-    base = row * K
+    i, j, inside, base, realigned, from_position = _row(T, K, BLOCK)
     g = tl.load(grad_ptr + base + j, mask=inside, other=0.0).to(tl.float32)
     p = tl.load(prob_ptr + base + j, mask=inside, other=0.0).to(tl.float32)
     dot = tl.sum(g * p, axis=0)
@@ -86,11 +89,9 @@ def _relative_softmax_bwd_kernel(
     gs = gs.to(grad_content_ptr.dtype.element_ty)
     tl.store(grad_content_ptr + base + j, gs, mask=inside)
     # the adjoint: each realigned entry back where it was read from (the pad's entry nowhere)
-    shift = T - 1 - i - (j > visible_keys).to(tl.int64)
-    tl.store(grad_position_ptr + base + j + shift, gs, mask=inside & (j != visible_keys))
+    tl.store(grad_position_ptr + realigned, gs, mask=from_position)
     # position row 0 of each head, columns < T - 1, feeds no entry
-    head_start = (row - i) * K
-    tl.store(grad_position_ptr + head_start + j, tl.zeros_like(gs), mask=(i == 0) & (j < T - 1))
+    tl.store(grad_position_ptr + base + j, tl.zeros_like(gs), mask=(i == 0) & (j < T - 1))
 
 
 def _meta(keys: int, on_gpu: bool, has_mask: bool) -> dict:
@@ -101,14 +102,10 @@ def _meta(keys: int, on_gpu: bool, has_mask: bool) -> dict:
     return meta
 
 
-def _forward_fake(content: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    return torch.empty_like(content)
-
-
 @opaque_op(
     "lightnets::relative_softmax_triton_forward",
     "(Tensor content, Tensor position, Tensor? mask, float scale) -> Tensor",
-    _forward_fake,
+    probabilities_like,
 )
 def relative_softmax_forward(
     content: Tensor, position: Tensor, mask: Tensor | None, scale: float
@@ -127,16 +124,10 @@ def relative_softmax_forward(
     return prob
 
 
-def _backward_fake(
-    grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
-) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(prob), torch.empty_like(prob)
-
-
 @opaque_op(
     "lightnets::relative_softmax_triton_backward",
     "(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> (Tensor, Tensor)",
-    _backward_fake,
+    score_grads_like,
 )
 def relative_softmax_backward(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
