@@ -175,6 +175,11 @@ def _rows(t: Tensor) -> Tensor:
     return t.contiguous().view(-1, *t.shape[-2:])
 
 
+# the arguments of the forward and backward ops, the C++ kernels' here and the Triton ones
+FORWARD_SCHEMA = "(Tensor content, Tensor position, Tensor? mask, float scale) -> Tensor"
+BACKWARD_SCHEMA = "(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> (Tensor, Tensor)"
+
+
 def probabilities_like(
     content: Tensor, position: Tensor, mask: Tensor | None, scale: float
 ) -> Tensor:
@@ -182,11 +187,7 @@ def probabilities_like(
     return torch.empty_like(content)
 
 
-@opaque_op(
-    "lightnets::relative_softmax_forward",
-    "(Tensor content, Tensor position, Tensor? mask, float scale) -> Tensor",
-    probabilities_like,
-)
+@opaque_op("lightnets::relative_softmax_forward", FORWARD_SCHEMA, probabilities_like)
 def softmax_forward(content: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``lightnets_cpu::relative_softmax_forward``; opaque to ``torch.compile``.
 
@@ -205,11 +206,7 @@ def score_grads_like(
     return torch.empty_like(prob), torch.empty_like(prob)
 
 
-@opaque_op(
-    "lightnets::relative_softmax_backward",
-    "(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> (Tensor, Tensor)",
-    score_grads_like,
-)
+@opaque_op("lightnets::relative_softmax_backward", BACKWARD_SCHEMA, score_grads_like)
 def softmax_backward(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
 ) -> tuple[Tensor, Tensor]:

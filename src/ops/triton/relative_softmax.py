@@ -21,7 +21,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.relative_softmax import probabilities_like, score_grads_like
+from src.ops.relative_softmax import (
+    BACKWARD_SCHEMA,
+    FORWARD_SCHEMA,
+    probabilities_like,
+    score_grads_like,
+)
 from src.ops.triton import autocast_off, gpu_launch, opaque_op
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -102,11 +107,7 @@ def _meta(keys: int, on_gpu: bool, has_mask: bool) -> dict:
     return meta
 
 
-@opaque_op(
-    "lightnets::relative_softmax_triton_forward",
-    "(Tensor content, Tensor position, Tensor? mask, float scale) -> Tensor",
-    probabilities_like,
-)
+@opaque_op("lightnets::relative_softmax_triton_forward", FORWARD_SCHEMA, probabilities_like)
 def relative_softmax_forward(
     content: Tensor, position: Tensor, mask: Tensor | None, scale: float
 ) -> Tensor:
@@ -124,11 +125,7 @@ def relative_softmax_forward(
     return prob
 
 
-@opaque_op(
-    "lightnets::relative_softmax_triton_backward",
-    "(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> (Tensor, Tensor)",
-    score_grads_like,
-)
+@opaque_op("lightnets::relative_softmax_triton_backward", BACKWARD_SCHEMA, score_grads_like)
 def relative_softmax_backward(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
 ) -> tuple[Tensor, Tensor]:
