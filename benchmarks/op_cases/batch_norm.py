@@ -11,25 +11,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from benchmarks.op_cases import OpCase
+from benchmarks.op_cases import OpCase, dicenet_activations
 from src.ops.batch_norm import BatchNorm2d
-
-BATCH = 8
-# (channels, height = width): the stem's output, a unit's width at each stage
-SHAPES = ((24, 112), (116, 28), (232, 14), (464, 7))
 
 
 def cases(device: torch.device) -> list[OpCase]:
     out = []
-    for channels, size in SHAPES:
-        x = torch.randn(BATCH, channels, size, size, device=device)
-        x = x.to(memory_format=torch.channels_last).requires_grad_()
+    for channels, shape, x in dicenet_activations(device):
         ours = BatchNorm2d(channels).to(device)
         theirs = nn.BatchNorm2d(channels).to(device)
         out.append(
             OpCase(
                 op="BatchNorm2d (training)",
-                shape=f"B={BATCH} C={channels} H=W={size} channels-last",
+                shape=shape,
                 ours=lambda m=ours, x=x: m(x),
                 baseline=lambda m=theirs, x=x: m(x),
             )

@@ -10,24 +10,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from benchmarks.op_cases import OpCase
+from benchmarks.op_cases import OpCase, dicenet_activations
 from src.ops.prelu import prelu
-
-BATCH = 8
-# (channels, height = width): the stem's output, and a unit's input at each stage
-SHAPES = ((24, 112), (116, 28), (232, 14), (464, 7))
 
 
 def cases(device: torch.device) -> list[OpCase]:
     out = []
-    for channels, size in SHAPES:
-        x = torch.randn(BATCH, channels, size, size, device=device)
-        x = x.to(memory_format=torch.channels_last).requires_grad_()
+    for channels, shape, x in dicenet_activations(device):
         weight = torch.full((channels,), 0.25, device=device, requires_grad=True)
         out.append(
             OpCase(
                 op="PReLU",
-                shape=f"B={BATCH} C={channels} H=W={size} channels-last",
+                shape=shape,
                 ours=lambda x=x, w=weight: prelu(x, w),
                 baseline=lambda x=x, w=weight: F.prelu(x, w),
             )

@@ -94,7 +94,9 @@ def relative_softmax(
     if impl == "auto" and _kernel_applies(content, position, mask):
         if torch.is_grad_enabled() and (content.requires_grad or position.requires_grad):
             return RelativeSoftmaxCpuFunction.apply(content, position, mask, scale)
-        return softmax_forward(_rows(content), _rows(position), mask, scale).view(content.shape)
+        return softmax_forward(score_rows(content), score_rows(position), mask, scale).view(
+            content.shape
+        )
     return relative_softmax_reference(content, position, mask, scale)
 
 
@@ -170,8 +172,8 @@ def _kernel_applies(content: Tensor, position: Tensor, mask: Tensor | None) -> b
     return cpu_kernels_loaded()
 
 
-def _rows(t: Tensor) -> Tensor:
-    """(B, H, T, K) -> (B H, T, K), the kernel's contiguous view (a copy only if not dense)."""
+def score_rows(t: Tensor) -> Tensor:
+    """(B, H, T, K) -> (B H, T, K), the kernels' contiguous view (a copy only if not dense)."""
     return t.contiguous().view(-1, *t.shape[-2:])
 
 
@@ -231,7 +233,9 @@ class RelativeSoftmaxCpuFunction(torch.autograd.Function):
     def forward(
         ctx, content: Tensor, position: Tensor, mask: Tensor | None, scale: float
     ) -> Tensor:  # type: ignore[override]
-        prob = softmax_forward(_rows(content), _rows(position), mask, scale).view(content.shape)
+        prob = softmax_forward(score_rows(content), score_rows(position), mask, scale).view(
+            content.shape
+        )
         ctx.save_for_backward(prob, mask)
         ctx.scale = scale
         return prob
@@ -241,7 +245,7 @@ class RelativeSoftmaxCpuFunction(torch.autograd.Function):
     def backward(ctx, grad_prob: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         prob, mask = ctx.saved_tensors
         grad_content, grad_position = softmax_backward(
-            _rows(grad_prob.to(prob.dtype)), _rows(prob), mask, ctx.scale
+            score_rows(grad_prob.to(prob.dtype)), score_rows(prob), mask, ctx.scale
         )
         return (
             grad_content.view(prob.shape) if ctx.needs_input_grad[0] else None,

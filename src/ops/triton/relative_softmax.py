@@ -26,6 +26,7 @@ from src.ops.relative_softmax import (
     FORWARD_SCHEMA,
     probabilities_like,
     score_grads_like,
+    score_rows,
 )
 from src.ops.triton import autocast_off, gpu_launch, opaque_op
 
@@ -183,7 +184,7 @@ def relative_softmax_triton(
             f"{None if mask is None else (mask.dtype, tuple(mask.shape))}"
         )
     shape = content.shape
-    rows = (t.contiguous().view(-1, *shape[-2:]) for t in (content, position))
+    rows = (score_rows(t) for t in (content, position))
     mask = None if mask is None else mask.contiguous()
     prob = _RelativeSoftmaxTritonFunction.apply(*rows, mask, float(scale))
     return prob.view(shape)
