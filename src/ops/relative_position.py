@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
 from src.ops.triton import Timer, fastest, size_bucket
 
@@ -151,7 +152,10 @@ def relative_attention(
             memory-efficient one, which also differentiates the bias); its dropout draws other
             random numbers than ``F.dropout``.
         impl: the eager path's softmax (:func:`src.ops.relative_softmax.relative_softmax`):
-            "auto", "reference" (the eager ops) or "triton".
+            "auto", "reference" (the eager ops) or "triton". On the CPU, "auto" runs the whole
+            attention as one node with reused score buffers
+            (:func:`src.ops.relative_attention_cpu.relative_attention_cpu`; not with attention
+            dropout in training).
 
     Shape:
         q (B, H, T, d_head), k and v (B, H, K, d_head), rk (H, K, d_head), biases (H, d_head),
@@ -163,11 +167,50 @@ def relative_attention(
         raise ValueError(f"path must be one of {ATTENTION_PATHS}, got {path!r}")
     if path == "sdpa":
         return _sdpa_relative_attention(q, k, v, rk, r_w_bias, r_r_bias, mask, dropatt, training)
-    content = torch.matmul(q + r_w_bias.unsqueeze(-2), k.transpose(-1, -2))  # (B, H, T, K)
-    position = torch.matmul(q + r_r_bias.unsqueeze(-2), rk.transpose(-1, -2))  # (B, H, T, K)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    query_w, query_r = q + r_w_bias.unsqueeze(-2), q + r_r_bias.unsqueeze(-2)
+    if impl == "auto" and fused_attention_applies(
+        query_w, query_r, k, v, rk, mask, training and dropatt > 0
+    ):
+        return relative_attention_cpu(query_w, query_r, k, v, rk, mask, scale)
+    return eager_relative_attention(
+        query_w, query_r, k, v, rk, mask, scale, dropatt=dropatt, training=training, impl=impl
+    )
+
+
+def eager_relative_attention(
+    query_w: Tensor,
+    query_r: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rk: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    *,
+    dropatt: float = 0.0,
+    training: bool = False,
+    impl: str = "auto",
+) -> Tensor:
+    """The eager path of :func:`relative_attention`: the two score products, the softmax
+    (:func:`src.ops.relative_softmax.relative_softmax` by ``impl``), dropout and the value product
+    as separate ops. On the CPU, :func:`relative_attention` runs the same ops in one node
+    (:func:`src.ops.relative_attention_cpu.relative_attention_cpu`) when it can.
+
+    Args:
+        query_w: the queries plus the content bias (``q + r_w_bias``).
+        query_r: the queries plus the position bias (``q + r_r_bias``).
+        k, v, rk, mask, dropatt, training: as in :func:`relative_attention`.
+        scale: the scores' scale, ``1/sqrt(d_head)``.
+        impl: the softmax's path.
+
+    Shape:
+        query_w, query_r (B, H, T, d_head), k and v (B, H, K, d_head), rk (H, K, d_head),
+        mask broadcastable to (B, H, T, K) -> (B, H, T, d_head)
+    """
+    content = torch.matmul(query_w, k.transpose(-1, -2))  # (B, H, T, K)
+    position = torch.matmul(query_r, rk.transpose(-1, -2))  # (B, H, T, K)
     # 16-bit scores are normalised in float32 (autocast's rule on CUDA, made explicit so that
     # CPU bf16 runs do it too); on the CPU, one kernel pass each way
-    scale = 1.0 / math.sqrt(q.shape[-1])
     prob = relative_softmax(content, position, mask, scale, impl=impl).to(v.dtype)
     prob = F.dropout(prob, p=dropatt, training=training)
     return torch.matmul(prob, v)

@@ -192,7 +192,9 @@ def test_attention_trains_through_the_kernel(
     kernels: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Transformer-XL's and Group-Transformer's attention (:func:`relative_attention`, eager path)
-    computes its probabilities by the kernel on the CPU, and matches the eager ops."""
+    computes its probabilities by the kernel on the CPU, and matches the eager ops. With attention
+    dropout in training, where the one-node CPU attention (``test_relative_attention_cpu.py``)
+    leaves the eager path to run."""
     gen = torch.Generator().manual_seed(1)
     B, H, T, M, d = 2, 2, 5, 3, 4
     q = torch.randn(B, H, T, d, generator=gen, requires_grad=True)
@@ -210,7 +212,10 @@ def test_attention_trains_through_the_kernel(
             return prob
 
         monkeypatch.setattr(src.ops.relative_position, "relative_softmax", spy)
-        out = relative_attention(*inputs, mask=causal_memory_mask(T, M), path="eager")
+        torch.manual_seed(0)  # the same dropout draws for both
+        out = relative_attention(
+            *inputs, mask=causal_memory_mask(T, M), path="eager", dropatt=0.2, training=True
+        )
         return (out, *torch.autograd.grad(out.square().sum(), inputs))
 
     ours, eager = attend(relative_softmax), attend(relative_softmax_reference)

@@ -210,11 +210,20 @@ void check_operands(const char* op, std::initializer_list<std::pair<const at::Te
   }
 }
 
-at::Tensor relative_softmax_forward(const at::Tensor& content, const at::Tensor& position,
-                                    const std::optional<at::Tensor>& mask, double scale) {
-  check_operands("relative_softmax_forward", {{&content, "content"}, {&position, "position"}},
-                 mask);
-  at::Tensor prob = at::empty(content.sizes(), content.options());
+// an output written in place must not share memory with an operand the kernel still reads
+void check_disjoint(const char* op, const at::Tensor& out, const char* out_name,
+                    std::initializer_list<std::pair<const at::Tensor*, const char*>> operands) {
+  const auto begin = reinterpret_cast<uintptr_t>(out.data_ptr());
+  const auto end = begin + out.nbytes();
+  for (const auto& [t, name] : operands) {
+    const auto other = reinterpret_cast<uintptr_t>(t->data_ptr());
+    TORCH_CHECK(end <= other || other + t->nbytes() <= begin, op, ": ", out_name,
+                " shares memory with ", name, "; pass a separate buffer");
+  }
+}
+
+void forward_into(const at::Tensor& content, const at::Tensor& position,
+                  const std::optional<at::Tensor>& mask, double scale, at::Tensor& prob) {
   // torch.bool is one byte
   const auto* m =
       mask.has_value() ? reinterpret_cast<const uint8_t*>(mask->data_ptr<bool>()) : nullptr;
@@ -233,15 +242,31 @@ at::Tensor relative_softmax_forward(const at::Tensor& content, const at::Tensor&
       forward(content.data_ptr<c10::Half>(), position.data_ptr<c10::Half>(), m,
               prob.data_ptr<c10::Half>(), N, Tq, K, s);
   }
+}
+
+at::Tensor relative_softmax_forward(const at::Tensor& content, const at::Tensor& position,
+                                    const std::optional<at::Tensor>& mask, double scale) {
+  check_operands("relative_softmax_forward", {{&content, "content"}, {&position, "position"}},
+                 mask);
+  at::Tensor prob = at::empty(content.sizes(), content.options());
+  forward_into(content, position, mask, scale, prob);
   return prob;
 }
 
-std::tuple<at::Tensor, at::Tensor> relative_softmax_backward(
-    const at::Tensor& grad_prob, const at::Tensor& prob, const std::optional<at::Tensor>& mask,
-    double scale) {
-  check_operands("relative_softmax_backward", {{&prob, "prob"}, {&grad_prob, "grad_prob"}}, mask);
-  at::Tensor grad_content = at::empty(prob.sizes(), prob.options());
-  at::Tensor grad_position = at::empty(prob.sizes(), prob.options());
+// the forward into a caller's buffer (reused across calls: a fresh score-sized tensor at LM sizes
+// is page-faulted in on every call)
+void relative_softmax_forward_out(const at::Tensor& content, const at::Tensor& position,
+                                  const std::optional<at::Tensor>& mask, double scale,
+                                  at::Tensor prob) {
+  const char* op = "relative_softmax_forward_out";
+  check_operands(op, {{&content, "content"}, {&position, "position"}, {&prob, "prob"}}, mask);
+  check_disjoint(op, prob, "prob", {{&content, "content"}, {&position, "position"}});
+  forward_into(content, position, mask, scale, prob);
+}
+
+void backward_into(const at::Tensor& grad_prob, const at::Tensor& prob,
+                   const std::optional<at::Tensor>& mask, double scale, at::Tensor& grad_content,
+                   at::Tensor& grad_position) {
   // torch.bool is one byte
   const auto* m =
       mask.has_value() ? reinterpret_cast<const uint8_t*>(mask->data_ptr<bool>()) : nullptr;
@@ -262,7 +287,33 @@ std::tuple<at::Tensor, at::Tensor> relative_softmax_backward(
                grad_content.data_ptr<c10::Half>(), grad_position.data_ptr<c10::Half>(), N, Tq,
                K, s);
   }
+}
+
+std::tuple<at::Tensor, at::Tensor> relative_softmax_backward(
+    const at::Tensor& grad_prob, const at::Tensor& prob, const std::optional<at::Tensor>& mask,
+    double scale) {
+  check_operands("relative_softmax_backward", {{&prob, "prob"}, {&grad_prob, "grad_prob"}}, mask);
+  at::Tensor grad_content = at::empty(prob.sizes(), prob.options());
+  at::Tensor grad_position = at::empty(prob.sizes(), prob.options());
+  backward_into(grad_prob, prob, mask, scale, grad_content, grad_position);
   return {grad_content, grad_position};
+}
+
+// the backward into a caller's buffers (see relative_softmax_forward_out)
+void relative_softmax_backward_out(const at::Tensor& grad_prob, const at::Tensor& prob,
+                                   const std::optional<at::Tensor>& mask, double scale,
+                                   at::Tensor grad_content, at::Tensor grad_position) {
+  const char* op = "relative_softmax_backward_out";
+  check_operands(op,
+                 {{&prob, "prob"},
+                  {&grad_prob, "grad_prob"},
+                  {&grad_content, "grad_content"},
+                  {&grad_position, "grad_position"}},
+                 mask);
+  check_disjoint(op, grad_content, "grad_content",
+                 {{&grad_prob, "grad_prob"}, {&prob, "prob"}, {&grad_position, "grad_position"}});
+  check_disjoint(op, grad_position, "grad_position", {{&grad_prob, "grad_prob"}, {&prob, "prob"}});
+  backward_into(grad_prob, prob, mask, scale, grad_content, grad_position);
 }
 
 }  // namespace
@@ -276,4 +327,12 @@ TORCH_LIBRARY_FRAGMENT(lightnets_cpu, m) {
       "relative_softmax_backward(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> "
       "(Tensor, Tensor)",
       &relative_softmax_backward);
+  m.def(
+      "relative_softmax_forward_out(Tensor content, Tensor position, Tensor? mask, float scale, "
+      "Tensor(a!) prob) -> ()",
+      &relative_softmax_forward_out);
+  m.def(
+      "relative_softmax_backward_out(Tensor grad_prob, Tensor prob, Tensor? mask, float scale, "
+      "Tensor(a!) grad_content, Tensor(b!) grad_position) -> ()",
+      &relative_softmax_backward_out);
 }
