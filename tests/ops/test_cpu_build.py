@@ -52,3 +52,19 @@ def test_failed_build_warns_and_keeps_the_eager_path(
     monkeypatch.setattr(torch.utils.cpp_extension, "load", broken)
     with pytest.warns(RuntimeWarning, match="no input files.*the CPU uses the eager PyTorch"):
         assert cpu.cpu_kernels.__wrapped__() is False
+
+
+@pytest.mark.parametrize(
+    ("capability", "isa_flags"),
+    [("DEFAULT", []), ("AVX2", ["-mavx2", "-mfma"]),
+     ("AVX512", ["-mavx2", "-mfma", "-DLIGHTNETS_AVX512"])],
+)  # fmt: skip
+def test_build_targets_the_isa_level_pytorch_dispatches_to(
+    monkeypatch: pytest.MonkeyPatch, capability: str, isa_flags: list[str]
+) -> None:
+    """AVX2 code where PyTorch runs AVX2 or AVX-512, and the sources that switch to AVX-512
+    themselves told so only where PyTorch runs it: the build never uses an ISA the CPU lacks."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    cflags, _, suffix = cpu._compiler_flags()
+    assert [f for f in cflags if f.startswith(("-mavx", "-mfma", "-DLIGHTNETS"))] == isa_flags
+    assert suffix == capability.lower()

@@ -57,6 +57,8 @@ def _compiler_flags() -> tuple[list[str], list[str], str]:
     if capability in ("AVX2", "AVX512"):
         # the ISA level PyTorch itself dispatches to on this CPU, so the build runs where it was made
         cflags += ["-mavx2", "-mfma"]
+    if capability == "AVX512":  # the sources that gain from it switch to AVX-512 themselves
+        cflags.append("-DLIGHTNETS_AVX512")
     if torch.backends.openmp.is_available():
         # at::parallel_for is inline OpenMP in OpenMP builds of PyTorch
         cflags.append("-fopenmp")

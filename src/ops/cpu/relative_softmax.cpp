@@ -37,6 +37,13 @@
 
 #include "common.h"
 
+// Where PyTorch itself runs AVX-512 code (the build then defines LIGHTNETS_AVX512), this file's
+// loops are compiled for it: the forward's exponentials and 16-bit roundings take 0.55-0.7 of their
+// AVX2 time. The other kernels keep AVX2, with which they measured as fast.
+#ifdef LIGHTNETS_AVX512
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#endif
+
 namespace {
 
 using lightnets::check_dense;
