@@ -256,3 +256,38 @@ def test_kernels_unbuilt_take_the_eager_path(monkeypatch: pytest.MonkeyPatch) ->
     inputs = _inputs(1, 2, 4, 2, 4)
     out = relative_attention(*inputs, mask=causal_memory_mask(4, 2))
     assert type(out.grad_fn).__name__ != NODE
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_into_scratch_safely(
+    kernels: None, reentrant: bool
+) -> None:
+    """Recomputation runs the node's forward again while other nodes' backwards are pending; the
+    gradients equal a plain run's."""
+    mask = causal_memory_mask(5, 3)
+    inputs = _inputs(2, 2, 5, 3, 4)
+
+    def two_layers(*x: Tensor) -> Tensor:
+        q, k, v, rk, u, w = x
+        hidden = relative_attention(q, k, v, rk, u, w, mask=mask)
+        return relative_attention(hidden.tanh(), k, v, rk, u, w, mask=mask)
+
+    def grads(run) -> list[Tensor]:
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        run(*leaves).square().sum().backward()  # reentrant checkpointing refuses autograd.grad
+        return [t.grad for t in leaves]
+
+    plain = grads(two_layers)
+    again = grads(
+        lambda *x: torch.utils.checkpoint.checkpoint(two_layers, *x, use_reentrant=reentrant)
+    )
+    assert all(torch.equal(a, b) for a, b in zip(plain, again, strict=True))
+
+
+def test_inference_mode_equals_the_training_forward(kernels: None) -> None:
+    inputs = _inputs(2, 2, 6, 4, 8)
+    mask = causal_memory_mask(6, 4)
+    trained = relative_attention(*inputs, mask=mask)
+    with torch.inference_mode():
+        inferred = relative_attention(*inputs, mask=mask)
+    assert torch.equal(trained, inferred)
