@@ -80,11 +80,12 @@ def test_equals_the_eager_path_bitwise(
         assert torch.equal(got, want)
 
 
-def test_no_grad_call_equals_the_training_forward(kernels: None) -> None:
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_inference_call_equals_the_training_forward(kernels: None, context) -> None:
     inputs = _inputs(2, 2, 6, 4, 8)
     mask = causal_memory_mask(6, 4)
     trained = relative_attention(*inputs, mask=mask)
-    with torch.no_grad():
+    with context():
         inferred = relative_attention(*inputs, mask=mask)
     assert trained.grad_fn is not None and inferred.grad_fn is None
     assert torch.equal(trained, inferred)
@@ -282,12 +283,3 @@ def test_activation_checkpointing_recomputes_into_scratch_safely(
         lambda *x: torch.utils.checkpoint.checkpoint(two_layers, *x, use_reentrant=reentrant)
     )
     assert all(torch.equal(a, b) for a, b in zip(plain, again, strict=True))
-
-
-def test_inference_mode_equals_the_training_forward(kernels: None) -> None:
-    inputs = _inputs(2, 2, 6, 4, 8)
-    mask = causal_memory_mask(6, 4)
-    trained = relative_attention(*inputs, mask=mask)
-    with torch.inference_mode():
-        inferred = relative_attention(*inputs, mask=mask)
-    assert torch.equal(trained, inferred)
