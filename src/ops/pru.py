@@ -175,14 +175,16 @@ class PRUCell(nn.Module):
         Shape:
             x (T, B, N), hx = (h_0, c_0) each (B, M) -> output (T, B, M), (h_T, c_T) each (B, M)
         """
-        steps, batch = x.shape[:2]
+        batch = x.shape[1]
         groups, width = self.context.groups, self.hidden_size // self.context.groups
         # (T, B, 4, M) -> (T, B, 4, g, M/g), matching GroupedContextTransform.gate_view
         inputs = self.pyramid(x).unflatten(-1, (groups, width))
         h, c = hx
         outputs = []
-        for t in range(steps):
-            gates = inputs[t] + self.context.gate_view(h)  # (B, 4, g, M/g), contiguous
+        # one unbind, not an index per step: each index's backward would write a zero-filled
+        # gradient of all T steps (quadratic in T; 60% of a PTB-sized step)
+        for step in inputs.unbind(0):
+            gates = step + self.context.gate_view(h)  # (B, 4, g, M/g), contiguous
             h, c = lstm_update(gates.view(batch, GATES, self.hidden_size), c)
             outputs.append(h)
         return torch.stack(outputs), (h, c)

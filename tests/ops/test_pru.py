@@ -58,6 +58,24 @@ def test_cell_and_layer_agree() -> None:
     assert cell(x[0, 0])[0].shape == (8,)
 
 
+def test_layer_gathers_the_step_gradients_once() -> None:
+    """The pyramid output's per-step gradients are gathered by one node over all T steps: an index
+    per step would each write a zero-filled gradient of all T steps (quadratic in T)."""
+    layer = PRU(6, 8, groups=2)
+    out, _ = layer(torch.randn(5, 3, 6, requires_grad=True))
+    seen, stack = set(), [out.grad_fn]
+    kinds: list[str] = []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        kinds.append(type(node).__name__)
+        stack += [parent for parent, _ in node.next_functions]
+    assert "SelectBackward0" not in kinds
+    assert kinds.count("UnbindBackward0") == 5 + 1  # each step's gate split, and the steps
+
+
 def test_layer_shapes_and_state() -> None:
     layer = PRU(6, 8, num_layers=3, groups=4, levels=3)
     out, (h, c) = layer(torch.randn(5, 2, 6))
