@@ -1,5 +1,6 @@
-"""Relative attention on the CPU as one autograd node (``src/ops/relative_attention_cpu.py``), its
-score buffers (``src/ops/cpu/scratch.py``) and the in-place softmax kernels it calls.
+"""Relative attention on the CPU as one autograd node (``src/ops/relative_attention_cpu.py``) and
+its score buffers (``src/ops/cpu/scratch.py``); the in-place softmax kernels it calls are tested
+with the others in ``test_relative_softmax.py``.
 
 The node runs the eager path's ops (:func:`eager_relative_attention` with the softmax kernel) in
 the same order and dtype, so the output and all six gradients must equal that path's bit for bit.
@@ -20,7 +21,7 @@ from src.ops.relative_position import (
     eager_relative_attention,
     relative_attention,
 )
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import require_cpu_kernels
 
 NODE = "RelativeAttentionCpuFunctionBackward"
 # (B, H, T queries, M memory, d_head)
@@ -184,72 +185,6 @@ def test_scratch_grows_and_is_reused() -> None:
     assert grown.numel() == 64 and scratch_bytes() == 384
     release_scratch()
     assert scratch_bytes() == 0
-
-
-# the in-place kernels' tensor operands: name -> argument index
-OUT_OPERANDS = {
-    "relative_softmax_forward_out": {"content": 0, "position": 1, "prob": 4},
-    "relative_softmax_backward_out": {"grad_prob": 0, "prob": 1, "grad_content": 4,
-                                      "grad_position": 5},
-}  # fmt: skip
-
-
-def _out_args(kernel: str) -> list:
-    torch.manual_seed(0)
-    args = [torch.randn(2, 3, 5), torch.randn(2, 3, 5), causal_memory_mask(3, 2), 0.5]
-    return args + [
-        torch.empty(2, 3, 5) for _ in range(1 if kernel.startswith("relative_softmax_f") else 2)
-    ]
-
-
-@pytest.mark.parametrize(
-    ("kernel", "name", "fault"),
-    [(k, n, f) for k, names in OUT_OPERANDS.items() for n in names
-     for f in (*SHAPE_FAULTS, *KIND_FAULTS)
-     if (n, f) not in (("content", "bfloat16"), ("prob", "bfloat16"))],
-)  # fmt: skip
-def test_in_place_kernels_reject_a_faulty_operand(
-    kernels: None, kernel: str, name: str, fault: str
-) -> None:
-    args = _out_args(kernel)
-    assert_rejected(kernel, args, name, OUT_OPERANDS[kernel][name], fault, (0, 1, 2))
-
-
-@pytest.mark.parametrize(
-    ("kernel", "out", "operand"),
-    [("relative_softmax_forward_out", 4, 0), ("relative_softmax_forward_out", 4, 1),
-     ("relative_softmax_backward_out", 4, 0), ("relative_softmax_backward_out", 4, 1),
-     ("relative_softmax_backward_out", 4, 5), ("relative_softmax_backward_out", 5, 0),
-     ("relative_softmax_backward_out", 5, 1)],
-)  # fmt: skip
-def test_in_place_kernels_reject_an_output_sharing_memory(
-    kernels: None, kernel: str, out: int, operand: int
-) -> None:
-    args = _out_args(kernel)
-    names = {i: n for n, i in OUT_OPERANDS[kernel].items()}
-    # an overlapping view: the operand's storage, shifted by one element
-    wide = torch.randn(args[operand].numel() + 1)
-    args[operand] = wide[: args[operand].numel()].view(2, 3, 5)
-    args[out] = wide[1:].view(2, 3, 5)
-    with pytest.raises(
-        RuntimeError, match=f"{kernel}: {names[out]} shares memory with {names[operand]}"
-    ):
-        getattr(torch.ops.lightnets_cpu, kernel)(*args)
-
-
-def test_in_place_kernels_equal_the_allocating_ones(kernels: None) -> None:
-    content, position = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
-    mask = causal_memory_mask(3, 2)
-    prob = torch.empty(2, 3, 5)
-    torch.ops.lightnets_cpu.relative_softmax_forward_out(content, position, mask, 0.5, prob)
-    assert torch.equal(
-        prob, torch.ops.lightnets_cpu.relative_softmax_forward(content, position, mask, 0.5)
-    )
-    grad = torch.randn(2, 3, 5)
-    grads = torch.full((2, 2, 3, 5), float("nan"))
-    torch.ops.lightnets_cpu.relative_softmax_backward_out(grad, prob, mask, 0.5, grads[0], grads[1])
-    want = torch.ops.lightnets_cpu.relative_softmax_backward(grad, prob, mask, 0.5)
-    assert torch.equal(grads[0], want[0]) and torch.equal(grads[1], want[1])
 
 
 def test_kernels_unbuilt_take_the_eager_path(monkeypatch: pytest.MonkeyPatch) -> None:

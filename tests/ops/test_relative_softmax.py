@@ -224,12 +224,24 @@ def test_attention_trains_through_the_kernel(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-# each kernel's score operands: name -> argument index, the one checked first (whose dtype the
-# other must share) first
+# each kernel's score operands (the in-place ones' outputs too): name -> argument index, the one
+# checked first (whose dtype the others must share) first
 OPERANDS = {
     "relative_softmax_forward": {"content": 0, "position": 1},
     "relative_softmax_backward": {"prob": 1, "grad_prob": 0},
-}
+    "relative_softmax_forward_out": {"content": 0, "position": 1, "prob": 4},
+    "relative_softmax_backward_out": {"grad_prob": 0, "prob": 1, "grad_content": 4,
+                                      "grad_position": 5},
+}  # fmt: skip
+
+
+def _kernel_args(kernel: str) -> list:
+    """Valid arguments of ``kernel``: two (2, 3, 5) score operands, the causal mask, a scale and,
+    for the in-place kernels, their outputs."""
+    torch.manual_seed(0)
+    args = [torch.randn(2, 3, 5), torch.randn(2, 3, 5), causal_memory_mask(3, 2), 0.5]
+    outputs = {"relative_softmax_forward_out": 1, "relative_softmax_backward_out": 2}
+    return args + [torch.empty(2, 3, 5) for _ in range(outputs.get(kernel, 0))]
 
 
 @pytest.mark.parametrize(
@@ -242,24 +254,59 @@ OPERANDS = {
 def test_kernel_rejects_a_faulty_score_operand(
     kernels: None, kernel: str, name: str, fault: str
 ) -> None:
-    torch.manual_seed(0)
-    args = [torch.randn(2, 3, 5), torch.randn(2, 3, 5), causal_memory_mask(3, 2), 0.5]
-    # the two score operands fix each other's every size
-    assert_rejected(kernel, args, name, OPERANDS[kernel][name], fault, (0, 1, 2))
+    # the score operands fix each other's every size
+    assert_rejected(kernel, _kernel_args(kernel), name, OPERANDS[kernel][name], fault, (0, 1, 2))
 
 
-@pytest.mark.parametrize("kernel", list(OPERANDS))
+@pytest.mark.parametrize("kernel", ["relative_softmax_forward", "relative_softmax_backward"])
 @pytest.mark.parametrize("fault", [*SHAPE_FAULTS, "non_contiguous", "sparse", "meta"])
 def test_kernel_rejects_a_faulty_mask(kernels: None, kernel: str, fault: str) -> None:
-    args = [torch.randn(2, 3, 5), torch.randn(2, 3, 5), causal_memory_mask(3, 2), 0.5]
-    assert_rejected(kernel, args, "mask", 2, fault, (0, 1))
+    assert_rejected(kernel, _kernel_args(kernel), "mask", 2, fault, (0, 1))
 
 
-@pytest.mark.parametrize("kernel", list(OPERANDS))
+@pytest.mark.parametrize("kernel", ["relative_softmax_forward", "relative_softmax_backward"])
 def test_kernel_rejects_a_mask_of_another_dtype(kernels: None, kernel: str) -> None:
-    args = [torch.randn(2, 3, 5), torch.randn(2, 3, 5), causal_memory_mask(3, 2).float(), 0.5]
+    args = _kernel_args(kernel)
+    args[2] = args[2].float()
     with pytest.raises(RuntimeError, match=f"{kernel}: mask must be bool, got Float"):
         getattr(torch.ops.lightnets_cpu, kernel)(*args)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "out", "operand"),
+    [("relative_softmax_forward_out", 4, 0), ("relative_softmax_forward_out", 4, 1),
+     ("relative_softmax_backward_out", 4, 0), ("relative_softmax_backward_out", 4, 1),
+     ("relative_softmax_backward_out", 4, 5), ("relative_softmax_backward_out", 5, 0),
+     ("relative_softmax_backward_out", 5, 1)],
+)  # fmt: skip
+def test_in_place_kernels_reject_an_output_sharing_memory(
+    kernels: None, kernel: str, out: int, operand: int
+) -> None:
+    args = _kernel_args(kernel)
+    names = {i: n for n, i in OPERANDS[kernel].items()}
+    # an overlapping view: the operand's storage, shifted by one element
+    wide = torch.randn(args[operand].numel() + 1)
+    args[operand] = wide[: args[operand].numel()].view(2, 3, 5)
+    args[out] = wide[1:].view(2, 3, 5)
+    with pytest.raises(
+        RuntimeError, match=f"{kernel}: {names[out]} shares memory with {names[operand]}"
+    ):
+        getattr(torch.ops.lightnets_cpu, kernel)(*args)
+
+
+def test_in_place_kernels_equal_the_allocating_ones(kernels: None) -> None:
+    content, position = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    mask = causal_memory_mask(3, 2)
+    prob = torch.empty(2, 3, 5)
+    torch.ops.lightnets_cpu.relative_softmax_forward_out(content, position, mask, 0.5, prob)
+    assert torch.equal(
+        prob, torch.ops.lightnets_cpu.relative_softmax_forward(content, position, mask, 0.5)
+    )
+    grad = torch.randn(2, 3, 5)
+    grads = torch.full((2, 2, 3, 5), float("nan"))
+    torch.ops.lightnets_cpu.relative_softmax_backward_out(grad, prob, mask, 0.5, grads[0], grads[1])
+    want = torch.ops.lightnets_cpu.relative_softmax_backward(grad, prob, mask, 0.5)
+    assert torch.equal(grads[0], want[0]) and torch.equal(grads[1], want[1])
 
 
 def test_compiled_step_traces_the_kernels_and_matches_eager_bitwise(kernels: None) -> None:
