@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.dim_conv import dim_conv_reference
+from src.ops.local_fusion_conv import LocalFusionConv, local_fusion_conv
 from src.ops.prelu import PReLU, prelu
 
 
@@ -50,7 +51,7 @@ class DimFuse(nn.Module):
         self.act = PReLU(3 * channels)
         # local fusion: (D_c, H_c, W_c) -> one channel
         self.local = nn.Sequential(
-            nn.Conv2d(3 * channels, channels, 1, groups=channels, bias=False),
+            LocalFusionConv(channels),  # the grouped 1x1 conv 3C -> C, one-pass CPU kernels
             BatchNorm2d(channels),
             PReLU(channels),
         )
@@ -168,7 +169,7 @@ def local_fusion(
         h (B, 3C, H, W) -> (B, C, H, W)
     """
     z = F.batch_norm(h, running_mean, running_var, weight, bias, training, momentum, eps)
-    local = F.conv2d(prelu(z, alpha), w_local, groups=h.shape[1] // 3)
+    local = local_fusion_conv(prelu(z, alpha), w_local)
     if post is not None:
         scale, shift, slope = post
         local = F.prelu(local * scale[:, None, None] + shift[:, None, None], slope)

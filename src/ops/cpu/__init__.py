@@ -43,6 +43,7 @@ SOURCES = (
     HERE / "prelu.cpp",
     HERE / "batch_norm.cpp",
     HERE / "relative_softmax.cpp",
+    HERE / "local_fusion_convolution.cpp",
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
