@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
 from src.ops.layout import is_channels_last
 from src.ops.triton import (
     Timer,
@@ -118,6 +119,10 @@ class DimConv(nn.Module):
             from src.ops.triton.dim_conv import dim_conv_triton
 
             return dim_conv_triton(x, *weights, dilation=self.dilation, interleave=self.interleave)
+        if self.impl == "auto" and dim_conv_cpu_applies(x, weights):
+            y = dim_conv_cpu(x, *weights, dilation=self.dilation, interleave=self.interleave)
+            if y is not None:  # None: dtypes the kernels do not take
+                return y
         return dim_conv_reference(x, *weights, dilation=self.dilation, interleave=self.interleave)
 
     def extra_repr(self) -> str:

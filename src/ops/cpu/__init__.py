@@ -44,6 +44,7 @@ SOURCES = (
     HERE / "batch_norm.cpp",
     HERE / "relative_softmax.cpp",
     HERE / "local_fusion_convolution.cpp",
+    HERE / "dim_conv.cpp",
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
