@@ -7,6 +7,10 @@ input size, so no resizing happens (as in the classification network at 224 x 22
 The baseline is DimConv as the official code writes it: three depth-wise convolutions on
 permuted copies of the input, permuted back, concatenated, then interleaved by a 3-group channel
 shuffle. The DiCE baseline is that DimConv followed by the same DimFuse module as ours.
+
+The "DimConv channels-last" rows take the layout the networks train in, where the CPU runs
+DimConv's C++ kernels (:mod:`src.ops.dim_conv_cpu`), against the eager path they replace
+(:func:`src.ops.dim_conv.dim_conv_reference`, the same weights and layout).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from torch import Tensor
 
 from benchmarks.op_cases import OpCase
 from src.ops.dice import DiCE
-from src.ops.dim_conv import DimConv
+from src.ops.dim_conv import DimConv, dim_conv_reference
 
 BATCH = 8
 SHAPES = ((24, 56), (116, 28), (232, 14), (464, 7))  # (channels, height = width)
@@ -60,6 +64,16 @@ def cases(device: torch.device) -> list[OpCase]:
                 shape=shape,
                 ours=lambda m=dim_conv, x=x: m(x),
                 baseline=lambda w=weights, x=x: baseline_dim_conv(x, *w),
+            )
+        )
+
+        x_last = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+        out.append(
+            OpCase(
+                op="DimConv channels-last",
+                shape=shape,
+                ours=lambda m=dim_conv, x=x_last: m(x),
+                baseline=lambda w=weights, x=x_last: dim_conv_reference(x, *w),
             )
         )
 
