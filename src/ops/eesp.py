@@ -42,6 +42,7 @@ from torch.nn import functional as F
 
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.cpu import cpu_kernels
+from src.ops.depthwise_conv import DepthwiseConv2d
 from src.ops.inference_folding import (
     ConvBNPReLU,
     batch_norm_affine,
@@ -66,15 +67,9 @@ def depthwise_dilated_conv(
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd, got {kernel_size}")
     padding = dilation * (kernel_size - 1) // 2
-    return nn.Conv2d(
-        channels,
-        channels,
-        kernel_size,
-        stride=stride,
-        padding=padding,
-        dilation=dilation,
-        groups=channels,
-        bias=False,
+    # an nn.Conv2d whose CPU backward of a dilated kernel is a one-pass kernel
+    return DepthwiseConv2d(
+        channels, kernel_size, stride=stride, padding=padding, dilation=dilation, bias=False
     )
 
 

@@ -45,6 +45,7 @@ SOURCES = (
     HERE / "relative_softmax.cpp",
     HERE / "local_fusion_convolution.cpp",
     HERE / "dim_conv.cpp",
+    HERE / "depthwise_conv.cpp",
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
