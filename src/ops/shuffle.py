@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from src.ops.layout import is_channels_last
+
 
 def feature_shuffle(x: Tensor, groups: int, dim: int = -1) -> Tensor:
     """Shuffle the ``dim`` axis of ``x`` across ``groups`` groups.
@@ -31,7 +33,11 @@ def feature_shuffle(x: Tensor, groups: int, dim: int = -1) -> Tensor:
 
 
 def channel_shuffle(x: Tensor, groups: int) -> Tensor:
-    """ShuffleNet channel shuffle of a (B, C, H, W) feature map: :func:`feature_shuffle` on dim 1."""
+    """ShuffleNet channel shuffle of a (B, C, H, W) feature map: :func:`feature_shuffle` on dim 1,
+    in x's layout (a channels-last map stays channels-last)."""
+    if is_channels_last(x):
+        # shuffled as rows of channels: (B, H, W, C), then viewed back as (B, C, H, W)
+        return feature_shuffle(x.permute(0, 2, 3, 1), groups).permute(0, 3, 1, 2)
     return feature_shuffle(x, groups, dim=1)
 
 
@@ -46,6 +52,12 @@ def concat_shuffle(parts: Sequence[Tensor], groups: int) -> Tensor:
         parts (B, C_i, H, W) -> (B, sum C_i, H, W)
     """
     if len(parts) == groups and all(p.shape == parts[0].shape for p in parts):
+        if all(p.dim() == 4 and p.stride(1) == 1 and p.shape[1] > 1 for p in parts):
+            # channels innermost (channels-last maps and channel slices of them, as a unit's
+            # pass-through half) give a channels-last output:
+            # g x (B, H, W, n) -> (B, H, W, n, g) -> (B, H, W, g * n)
+            rows = [p.permute(0, 2, 3, 1) for p in parts]
+            return torch.stack(rows, dim=-1).flatten(-2).permute(0, 3, 1, 2)
         # g x (B, n, H, W) -> (B, n, g, H, W) -> (B, g * n, H, W)
         return torch.stack(tuple(parts), dim=2).flatten(1, 2)
     return channel_shuffle(torch.cat(tuple(parts), dim=1), groups)

@@ -11,6 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
@@ -30,6 +31,8 @@ class ImageClassification(L.LightningModule):
         scheduler: factory called as ``scheduler(optimizer, total_steps=...)``, stepped every
             optimiser step; ``None`` keeps the learning rate constant.
         label_smoothing: cross-entropy label smoothing.
+        channels_last: train and evaluate in channels-last layout
+            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: ((B, C, H, W) float images, (B,) int64 labels); forward returns (B, num_classes).
@@ -43,9 +46,11 @@ class ImageClassification(L.LightningModule):
         scheduler: SchedulerFactory | None = None,
         *,
         label_smoothing: float = 0.0,
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
-        self.net = net
+        self.channels_last = channels_last
+        self.net = channels_last_network(net) if channels_last else net
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -58,7 +63,7 @@ class ImageClassification(L.LightningModule):
         self.test_metrics = collection.clone(prefix="test/")
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images)
+        return self.net(channels_last_images(images) if self.channels_last else images)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> Tensor:
         images, labels = batch

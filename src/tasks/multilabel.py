@@ -26,6 +26,7 @@ from torchmetrics.classification import (
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
 from src.tasks.finetune import load_network_weights
+from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
 
 
@@ -65,6 +66,8 @@ class MultiLabelClassification(L.LightningModule):
             ``net`` when fitting starts (weights only).
         init_skip_mismatched: keep ``net``'s fresh values for entries whose shape differs in the
             checkpoint (the 1000-class ImageNet classifier when fine-tuning for 80 labels).
+        channels_last: train and evaluate in channels-last layout
+            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: ((B, C, H, W) float images, (B, num_classes) float {0, 1} targets);
@@ -80,9 +83,11 @@ class MultiLabelClassification(L.LightningModule):
         *,
         init_checkpoint: str | None = None,
         init_skip_mismatched: bool = False,
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
-        self.net = net
+        self.channels_last = channels_last
+        self.net = channels_last_network(net) if channels_last else net
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.init_checkpoint = init_checkpoint
@@ -98,7 +103,7 @@ class MultiLabelClassification(L.LightningModule):
             load_network_weights(self.net, self.init_checkpoint, skip_mismatched=self.init_skip_mismatched)
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images)
+        return self.net(channels_last_images(images) if self.channels_last else images)
 
     def _loss(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
         images, targets = batch

@@ -1,0 +1,52 @@
+"""The image tasks train channels-last (``src/tasks/memory_format.py``): the network's parameters
+and every batch, so that the CPU kernels that read rows of channels run in training."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from src.models.dicenet import DiCENet
+from src.ops.dim_conv import DimConv
+from src.tasks.classification import ImageClassification
+from src.tasks.multilabel import MultiLabelClassification
+from tests.helpers import require_cpu_kernels
+
+TASKS = {"classification": ImageClassification, "multilabel": MultiLabelClassification}
+
+
+def _task(kind: str, channels_last: bool):
+    torch.manual_seed(0)
+    net = DiCENet(scale=0.2, num_classes=10, input_size=32, stem_stride=2)
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1)
+    return TASKS[kind](net, 10, optimizer, channels_last=channels_last)
+
+
+@pytest.mark.parametrize("kind", TASKS)
+def test_network_and_batches_are_channels_last(kind: str) -> None:
+    task = _task(kind, channels_last=True).eval()  # no dropout, running statistics
+    convs = [m.weight for m in task.net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    seen = []
+    task.net.backbone.level1.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    images = torch.randn(4, 3, 32, 32)  # the loader's contiguous batch
+    logits = task(images)
+    assert seen[0].is_contiguous(memory_format=torch.channels_last)
+    plain = _task(kind, channels_last=False).eval()
+    plain.net.backbone.level1.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    torch.testing.assert_close(plain(images), logits, rtol=1e-4, atol=1e-5)
+    assert seen[1].is_contiguous() and not seen[1].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_training_reaches_the_channels_last_kernels() -> None:
+    require_cpu_kernels()
+    task = _task("classification", channels_last=True).train()
+    nodes = set()
+    for module in task.net.modules():
+        if isinstance(module, DimConv):
+            module.register_forward_hook(lambda m, i, y: nodes.add(type(y.grad_fn).__name__))
+    loss = task.training_step((torch.randn(4, 3, 32, 32), torch.randint(10, (4,))), 0)
+    loss.backward()
+    assert nodes == {"DimConvCpuFunctionBackward"}
