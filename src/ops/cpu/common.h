@@ -37,6 +37,26 @@ inline void store(c10::BFloat16* p, int64_t j, float v) {
   reinterpret_cast<uint16_t*>(p)[j] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 
+// The name the kernels' messages give a float32, bfloat16 or float16 tensor's dtype.
+inline const char* dtype_name(at::ScalarType dtype) {
+  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
+}
+
+// fn(T{}) with T the element type of a float32, bfloat16 or float16 tensor (checked before).
+template <typename Fn>
+void dispatch_float(at::ScalarType dtype, Fn&& fn) {
+  switch (dtype) {
+    case at::kFloat:
+      fn(float{});
+      break;
+    case at::kBFloat16:
+      fn(c10::BFloat16{});
+      break;
+    default:
+      fn(c10::Half{});
+  }
+}
+
 // Row blocks of a sum over rows (parameter gradients, per-channel statistics): at most 64, enough
 // for any thread count in use, and for rows of `width` elements at least 8,192 elements each, so
 // that a small input does not pay for more partial sums than it has rows. A function of the sizes

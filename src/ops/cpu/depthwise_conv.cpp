@@ -36,6 +36,8 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::dispatch_float;
+using lightnets::dtype_name;
 using lightnets::check_shape;
 using lightnets::load;
 using lightnets::row_blocks;
@@ -126,25 +128,6 @@ void parameter_grads(const T* gy, const T* x, float* part_w, float* part_b, cons
   });
 }
 
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
-}
-
-// fn(T{}) with T the element type of a float32, bfloat16 or float16 tensor (checked before)
-template <typename Fn>
-void dispatch(at::ScalarType dtype, Fn&& fn) {
-  switch (dtype) {
-    case at::kFloat:
-      fn(float{});
-      break;
-    case at::kBFloat16:
-      fn(c10::BFloat16{});
-      break;
-    default:
-      fn(c10::Half{});
-  }
-}
-
 // (grad_x or an empty tensor, float32 grad_weight (C, k, k) and grad_bias (C,) or empty tensors)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> depthwise_conv_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, int64_t stride,
@@ -186,7 +169,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> depthwise_conv_backward(
   const int64_t blocks = sums ? row_blocks(B * OH, OW * C) : 0;
   at::Tensor part_w = at::zeros({blocks, k * k * C}, fp32);
   at::Tensor part_b = at::zeros({blocks, C}, fp32);
-  dispatch(dtype, [&](auto zero) {
+  dispatch_float(dtype, [&](auto zero) {
     using T = decltype(zero);
     if (want_input) {
       // the weight tap-major, (k, k, C), so that a tap's weights run along the channels

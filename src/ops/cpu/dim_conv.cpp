@@ -32,6 +32,8 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::dispatch_float;
+using lightnets::dtype_name;
 using lightnets::check_shape;
 using lightnets::load;
 using lightnets::row_blocks;
@@ -219,10 +221,6 @@ void deinterleave(const T* gy, float* g, const Sizes& s) {
   });
 }
 
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
-}
-
 // Checks every operand before any memory is read; returns the sizes.
 Sizes check_operands(const char* op, const at::Tensor& x, const at::Tensor& wc,
                      const at::Tensor& wh, const at::Tensor& ww, at::IntArrayRef dilation,
@@ -256,28 +254,13 @@ Sizes check_operands(const char* op, const at::Tensor& x, const at::Tensor& wc,
   return Sizes{B, H, W, C, k, (k - 1) / 2, dilation[0], dilation[1], dilation[2], interleave};
 }
 
-// fn(T{}) with T the element type of a float32, bfloat16 or float16 tensor (checked before)
-template <typename Fn>
-void dispatch(at::ScalarType dtype, Fn&& fn) {
-  switch (dtype) {
-    case at::kFloat:
-      fn(float{});
-      break;
-    case at::kBFloat16:
-      fn(c10::BFloat16{});
-      break;
-    default:
-      fn(c10::Half{});
-  }
-}
-
 at::Tensor dim_conv_forward(const at::Tensor& x, const at::Tensor& weight_channel,
                             const at::Tensor& weight_height, const at::Tensor& weight_width,
                             at::IntArrayRef dilation, bool interleave) {
   const Sizes s = check_operands("dim_conv_forward", x, weight_channel, weight_height,
                                  weight_width, dilation, interleave);
   at::Tensor y = at::empty({s.B, s.H, s.W, 3 * s.C}, x.options());
-  dispatch(x.scalar_type(), [&](auto zero) {
+  dispatch_float(x.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
     const Weights wt = weights_in_float<T>(weight_channel, weight_height, weight_width, s);
     forward(x.data_ptr<T>(), wt, y.data_ptr<T>(), s);
@@ -307,7 +290,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dim_conv_backward(
   at::Tensor part_w = at::zeros({parts, s.W * taps}, fp32);
   if (input_grad || weight_grad) {
     at::Tensor g = at::empty({3, s.B * s.H * s.W * s.C}, fp32);
-    dispatch(x.scalar_type(), [&](auto zero) {
+    dispatch_float(x.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       const Weights wt = weights_in_float<T>(weight_channel, weight_height, weight_width, s);
       deinterleave(grad_y.data_ptr<T>(), g.data_ptr<float>(), s);

@@ -29,6 +29,8 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::dispatch_float;
+using lightnets::dtype_name;
 using lightnets::check_shape;
 using lightnets::load;
 using lightnets::row_blocks;
@@ -90,10 +92,6 @@ void backward_rows(const T* dys, const T* xs, const float* w, T* dxs, float* par
   });
 }
 
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
-}
-
 // the checks both ops make before any memory is read; returns (C, K)
 std::tuple<int64_t, int64_t> check_operands(const char* op, const at::Tensor& x,
                                             const at::Tensor& weight) {
@@ -111,24 +109,9 @@ std::tuple<int64_t, int64_t> check_operands(const char* op, const at::Tensor& x,
   return {C, K};
 }
 
-// fn(T{}) with T the element type of a float32, bfloat16 or float16 tensor (checked before)
-template <typename Fn>
-void dispatch(at::ScalarType dtype, Fn&& fn) {
-  switch (dtype) {
-    case at::kFloat:
-      fn(float{});
-      break;
-    case at::kBFloat16:
-      fn(c10::BFloat16{});
-      break;
-    default:
-      fn(c10::Half{});
-  }
-}
-
 std::vector<float> weights_in_float(const at::Tensor& weight) {
   std::vector<float> w(weight.numel());
-  dispatch(weight.scalar_type(), [&](auto zero) {
+  dispatch_float(weight.scalar_type(), [&](auto zero) {
     const auto* src = weight.data_ptr<decltype(zero)>();
     for (size_t j = 0; j < w.size(); ++j) w[j] = load(src, static_cast<int64_t>(j));
   });
@@ -140,7 +123,7 @@ at::Tensor local_fusion_convolution(const at::Tensor& x, const at::Tensor& weigh
   const int64_t R = x.size(0);
   at::Tensor y = at::empty({R, C}, x.options());
   const std::vector<float> w = weights_in_float(weight);
-  dispatch(x.scalar_type(), [&](auto zero) {
+  dispatch_float(x.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
     forward_rows(x.data_ptr<T>(), w.data(), y.data_ptr<T>(), R, C, K);
   });
@@ -168,7 +151,7 @@ std::tuple<at::Tensor, at::Tensor> local_fusion_convolution_backward(const at::T
   at::Tensor partial = at::zeros({weight_grad ? std::max<int64_t>(blocks, 1) : 0, C * K}, fp32);
   const std::vector<float> w = weights_in_float(weight);
   if (input_grad || weight_grad) {
-    dispatch(x.scalar_type(), [&](auto zero) {
+    dispatch_float(x.scalar_type(), [&](auto zero) {
       using T = decltype(zero);
       backward_rows(grad_y.data_ptr<T>(), x.data_ptr<T>(), w.data(),
                     input_grad ? grad_x.data_ptr<T>() : nullptr,

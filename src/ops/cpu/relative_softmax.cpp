@@ -47,6 +47,7 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::dtype_name;
 using lightnets::load;
 using lightnets::store;
 
@@ -183,10 +184,6 @@ void backward(const T* grad, const T* prob, const uint8_t* mask, T* grad_content
       if (i == 0) std::memset(gx, 0, sizeof(T) * (Tq - 1));  // fed by no entry
     }
   });
-}
-
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
 }
 
 // (N, T, K) score-shaped operands of one dtype, K >= T >= 1, and a (T, K) bool mask if given
