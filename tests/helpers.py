@@ -227,3 +227,21 @@ def assert_rejected(
             assert str(list(bad.shape)) in message, message
         else:
             assert f"{kernel_name}: {name} {KIND_FAULTS[fault]}" in message, message
+
+
+def recording_backend() -> tuple[Callable, dict[str, list[str]]]:
+    """A ``torch.compile`` backend that runs AOT autograd's graphs as they are and records them:
+    (backend, {"forward": [...], "backward": [...]}), each graph as its printed FX code."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: dict[str, list[str]] = {"forward": [], "backward": []}
+
+    def recorder(kind: str) -> Callable:
+        def compile_graph(gm: torch.fx.GraphModule, _: object) -> Callable:
+            graphs[kind].append(str(gm.graph))
+            return make_boxed_func(gm)
+
+        return compile_graph
+
+    return aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward")), graphs

@@ -19,7 +19,13 @@ from torch import Tensor, nn
 import src.ops.depthwise_conv
 from src.ops.depthwise_conv import DepthwiseConv2d, depthwise_conv2d
 from src.ops.eesp import EESP
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    recording_backend,
+    require_cpu_kernels,
+)
 
 KERNEL = "DepthwiseConvCpuFunctionBackward"
 ATEN = "ConvolutionBackward0"
@@ -212,21 +218,13 @@ def test_module_is_a_drop_in_conv2d_and_eesp_trains_through_it(kernels: None) ->
 
 
 def test_compiled_step_traces_the_kernel_and_matches_eager_bitwise(kernels: None) -> None:
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[str] = []
-
-    def keep(gm: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
-        graphs.append(str(gm.graph))
-        return make_boxed_func(gm)
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=keep)
+    backend, graphs = recording_backend()
     torch._dynamo.reset()
     x, weight, bias, geometry = _operands(CONFIGS[1])
     eager, probe = _grads(depthwise_conv2d, x, weight, bias, geometry)
     compiled_fn = torch.compile(depthwise_conv2d, backend=backend, fullgraph=True)
     compiled, _ = _grads(compiled_fn, x, weight, bias, geometry, probe)
     torch._dynamo.reset()
-    assert len(graphs) == 1 and "lightnets.depthwise_conv_backward.default" in graphs[0]
+    assert len(graphs["backward"]) == 1
+    assert "lightnets.depthwise_conv_backward.default" in graphs["backward"][0]
     assert all(torch.equal(a, b) for a, b in zip(eager[:-1], compiled[:-1], strict=True))

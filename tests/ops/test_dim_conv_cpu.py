@@ -18,7 +18,13 @@ import src.ops.dim_conv_cpu
 from src.ops.dim_conv import DimConv, dim_conv_reference
 from src.ops.dim_conv_cpu import dim_conv_cpu
 from src.utils.complexity import measure
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    recording_backend,
+    require_cpu_kernels,
+)
 
 KERNEL = "DimConvCpuFunctionBackward"
 BOUND = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
@@ -233,22 +239,13 @@ def test_kernel_rejects_bad_dilations_and_even_kernels(kernels: None) -> None:
 
 
 def test_compiled_step_traces_both_kernels_and_matches_eager_bitwise(kernels: None) -> None:
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[str] = []
-
-    def keep(gm: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
-        graphs.append(str(gm.graph))
-        return make_boxed_func(gm)
-
-    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    backend, graphs = recording_backend()
     torch._dynamo.reset()
     conv, x, probe = _module(CONFIGS[0])
     eager = _grads(conv, conv, x, probe)
     compiled = _grads(torch.compile(conv, backend=backend, fullgraph=True), conv, x, probe)
     torch._dynamo.reset()
-    assert len(graphs) == 2
-    assert "lightnets.dim_conv_forward.default" in graphs[0]
-    assert "lightnets.dim_conv_backward.default" in graphs[1]
+    assert len(graphs["forward"]) == len(graphs["backward"]) == 1
+    assert "lightnets.dim_conv_forward.default" in graphs["forward"][0]
+    assert "lightnets.dim_conv_backward.default" in graphs["backward"][0]
     assert all(torch.equal(a, b) for a, b in zip(eager[:5], compiled[:5], strict=True))

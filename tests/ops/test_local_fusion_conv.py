@@ -20,7 +20,13 @@ import src.ops.local_fusion_conv
 from src.ops.dim_fuse import DimFuse
 from src.ops.local_fusion_conv import LocalFusionConv, local_fusion_conv
 from src.utils.complexity import measure
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    recording_backend,
+    require_cpu_kernels,
+)
 
 KERNEL = "LocalFusionConvFunctionBackward"
 ATEN = "ConvolutionBackward0"
@@ -239,16 +245,7 @@ def test_flop_counter_sees_the_convolution(kernels: None) -> None:
 
 
 def test_compiled_step_traces_both_kernels_and_matches_eager_bitwise(kernels: None) -> None:
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[str] = []
-
-    def keep(gm: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
-        graphs.append(str(gm.graph))
-        return make_boxed_func(gm)
-
-    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    backend, graphs = recording_backend()
     torch._dynamo.reset()
     x, weight, probe = _operands(SHAPES[0], torch.float32, grad_channels_last=False)
     eager = _grads(local_fusion_conv, x, weight, probe)
@@ -256,7 +253,7 @@ def test_compiled_step_traces_both_kernels_and_matches_eager_bitwise(kernels: No
         torch.compile(local_fusion_conv, backend=backend, fullgraph=True), x, weight, probe
     )
     torch._dynamo.reset()
-    assert len(graphs) == 2
-    assert "lightnets.local_fusion_convolution.default" in graphs[0]
-    assert "lightnets.local_fusion_convolution_backward" in graphs[1]
+    assert len(graphs["forward"]) == len(graphs["backward"]) == 1
+    assert "lightnets.local_fusion_convolution.default" in graphs["forward"][0]
+    assert "lightnets.local_fusion_convolution_backward" in graphs["backward"][0]
     assert all(torch.equal(a, b) for a, b in zip(eager[:3], compiled[:3], strict=True))

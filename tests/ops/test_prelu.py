@@ -16,7 +16,13 @@ from torch import Tensor, nn
 
 import src.ops.prelu
 from src.ops.prelu import PReLU, prelu
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    recording_backend,
+    require_cpu_kernels,
+)
 
 KERNEL = "PReLUCpuFunctionBackward"
 ATEN = "PreluKernelBackward0"
@@ -209,20 +215,11 @@ def test_module_is_a_drop_in_nn_prelu() -> None:
 
 
 def test_compiled_step_traces_the_kernel_and_matches_eager_bitwise(kernels: None) -> None:
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    backward_graphs: list[str] = []
-
-    def keep_backward(gm: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
-        backward_graphs.append(str(gm.graph))
-        return make_boxed_func(gm)
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=keep_backward)
+    backend, graphs = recording_backend()
     torch._dynamo.reset()
     x, weight, probe = _operands((2, 4, 6, 6), True, False, torch.float32)
     eager = _grads(prelu, x, weight, probe)
     compiled = _grads(torch.compile(prelu, backend=backend, fullgraph=True), x, weight, probe)
     torch._dynamo.reset()
-    assert len(backward_graphs) == 1 and "lightnets.prelu_backward" in backward_graphs[0]
+    assert len(graphs["backward"]) == 1 and "lightnets.prelu_backward" in graphs["backward"][0]
     assert all(torch.equal(a, b) for a, b in zip(eager[:3], compiled[:3], strict=True))

@@ -24,6 +24,7 @@ from tests.helpers import (
     SHAPE_FAULTS,
     assert_rejected,
     assert_within_ulps,
+    recording_backend,
     require_cpu_kernels,
 )
 
@@ -310,16 +311,7 @@ def test_in_place_kernels_equal_the_allocating_ones(kernels: None) -> None:
 
 
 def test_compiled_step_traces_the_kernels_and_matches_eager_bitwise(kernels: None) -> None:
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
-    graphs: list[str] = []
-
-    def keep(gm: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
-        graphs.append(str(gm.graph))
-        return make_boxed_func(gm)
-
-    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    backend, graphs = recording_backend()
     torch._dynamo.reset()
     content, position, probe = _operands(6, 4, torch.float32)
     mask = causal_memory_mask(6, 4)
@@ -327,7 +319,7 @@ def test_compiled_step_traces_the_kernels_and_matches_eager_bitwise(kernels: Non
     compiled_fn = torch.compile(relative_softmax, backend=backend, fullgraph=True)
     compiled = _run(compiled_fn, content, position, mask, probe)
     torch._dynamo.reset()
-    assert len(graphs) == 2
-    assert "lightnets.relative_softmax_forward" in graphs[0]
-    assert "lightnets.relative_softmax_backward" in graphs[1]
+    assert len(graphs["forward"]) == len(graphs["backward"]) == 1
+    assert "lightnets.relative_softmax_forward" in graphs["forward"][0]
+    assert "lightnets.relative_softmax_backward" in graphs["backward"][0]
     assert all(torch.equal(a, b) for a, b in zip(eager[:3], compiled[:3], strict=True))
