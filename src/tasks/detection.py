@@ -19,6 +19,7 @@ from torchvision.ops import batched_nms, box_convert, box_iou
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
 from src.tasks.finetune import freeze_batch_norm_parameters, load_network_weights
+from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
 from src.tasks.voc_eval import VOCMeanAP
 
@@ -241,6 +242,8 @@ class DetectionTask(L.LightningModule):
         freeze_bn: stop training the batch norms' affine parameters. Their running statistics
             keep updating, as in the code, whose ``--freeze-bn`` puts the layers in eval mode
             once and is undone by the ``model.train()`` of every epoch.
+        channels_last: train and evaluate in channels-last layout
+            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: (images (B, 3, S, S), B target dicts: ``boxes`` (N_i, 4) normalised,
@@ -262,6 +265,7 @@ class DetectionTask(L.LightningModule):
         pre_nms_top_k: int | None = None,
         init_checkpoint: str | None = None,
         freeze_bn: bool = False,
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(getattr(net, "priors", None), Tensor) or not hasattr(net, "num_classes"):
@@ -272,7 +276,8 @@ class DetectionTask(L.LightningModule):
                 f"need neg_pos_ratio, max_per_class and pre_nms_top_k (or null) >= 1, got "
                 f"{neg_pos_ratio}, {max_per_class}, {pre_nms_top_k}"
             )
-        self.net = net
+        self.channels_last = channels_last
+        self.net = channels_last_network(net) if channels_last else net
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.iou_threshold = iou_threshold
@@ -294,7 +299,7 @@ class DetectionTask(L.LightningModule):
             load_network_weights(self.net, self.init_checkpoint)
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        return self.net(images)
+        return self.net(channels_last_images(images) if self.channels_last else images)
 
     def match(self, targets: list[dict]) -> tuple[Tensor, Tensor]:
         """The batch's regression targets (B, P, 4) and prior labels (B, P)."""

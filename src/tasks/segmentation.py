@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardInd
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
 from src.tasks.finetune import batch_norms, freeze_batch_norm_parameters, load_network_weights
+from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
 
 
@@ -61,6 +62,8 @@ class SemanticSegmentation(L.LightningModule):
         init_checkpoint: checkpoint whose network weights initialise ``net`` when fitting starts
             (weights only; a stage-2 run from its stage-1 checkpoint).
         freeze_bn: keep every batch norm's running statistics and affine parameters fixed.
+        channels_last: train and evaluate in channels-last layout
+            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: ((B, 3, H, W) float images, (B, H, W) int64 masks); forward returns the network's
@@ -80,13 +83,15 @@ class SemanticSegmentation(L.LightningModule):
         head_prefix: str = "decoder",
         init_checkpoint: str | None = None,
         freeze_bn: bool = False,
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
         if class_weights is not None and len(class_weights) != num_classes:
             raise ValueError(f"class_weights has {len(class_weights)} values for {num_classes} classes")
         if not (head_lr_multiplier > 0 and math.isfinite(head_lr_multiplier)):
             raise ValueError(f"head_lr_multiplier must be positive, got {head_lr_multiplier}")
-        self.net = net
+        self.channels_last = channels_last
+        self.net = channels_last_network(net) if channels_last else net
         self.num_classes = num_classes
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -123,7 +128,7 @@ class SemanticSegmentation(L.LightningModule):
         return self
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images)
+        return self.net(channels_last_images(images) if self.channels_last else images)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> Tensor:
         images, masks = batch

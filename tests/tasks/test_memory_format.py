@@ -50,3 +50,45 @@ def test_training_reaches_the_channels_last_kernels() -> None:
     loss = task.training_step((torch.randn(4, 3, 32, 32), torch.randint(10, (4,))), 0)
     loss.backward()
     assert nodes == {"DimConvCpuFunctionBackward"}
+
+
+class _TinyDetector(torch.nn.Module):
+    """A conv with the attributes DetectionTask asks of a detector."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+        self.num_classes = 2
+        self.register_buffer("priors", torch.rand(16, 4))
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.conv(images).permute(0, 2, 3, 1).reshape(images.shape[0], -1, 6)
+        return y[..., :4], y[..., 4:]
+
+
+def _dense_task(kind: str, channels_last: bool):
+    from src.tasks.detection import DetectionTask
+    from src.tasks.segmentation import SemanticSegmentation
+
+    torch.manual_seed(0)
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1)
+    if kind == "segmentation":
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1))
+        return SemanticSegmentation(net, 4, optimizer, channels_last=channels_last)
+    return DetectionTask(_TinyDetector(), optimizer, channels_last=channels_last)
+
+
+@pytest.mark.parametrize("kind", ["segmentation", "detection"])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_dense_tasks_follow_the_option(kind: str, channels_last: bool) -> None:
+    task = _dense_task(kind, channels_last)
+    conv = next(m for m in task.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) == channels_last
+    seen = []
+    conv.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    images = torch.randn(2, 3, 4, 4)
+    out = task(images)
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) == channels_last
+    reference = _dense_task(kind, channels_last=False)(images)
+    for got, want in zip(torch.atleast_1d(out), torch.atleast_1d(reference), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
