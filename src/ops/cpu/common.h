@@ -57,6 +57,24 @@ void dispatch_float(at::ScalarType dtype, Fn&& fn) {
   }
 }
 
+// acc[c] += a[c] b[c], c < n, in float32: the loops along the channels of the convolution kernels.
+// Always inlined, so that a caller built for AVX-512 (a per-file target) vectorises it for AVX-512.
+template <typename A, typename B>
+__attribute__((always_inline)) inline void multiply_add(float* __restrict__ acc,
+                                                        const A* __restrict__ a,
+                                                        const B* __restrict__ b, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) acc[c] += load(a, c) * load(b, c);
+}
+
+// out[c] = acc[c], c < n, rounded to out's dtype
+template <typename T>
+__attribute__((always_inline)) inline void store_row(T* __restrict__ out,
+                                                     const float* __restrict__ acc, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) store(out, c, acc[c]);
+}
+
 // Row blocks of a sum over rows (parameter gradients, per-channel statistics): at most 64, enough
 // for any thread count in use, and for rows of `width` elements at least 8,192 elements each, so
 // that a small input does not pay for more partial sums than it has rows. A function of the sizes

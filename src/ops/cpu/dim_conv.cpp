@@ -32,12 +32,14 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::check_shape;
 using lightnets::dispatch_float;
 using lightnets::dtype_name;
-using lightnets::check_shape;
 using lightnets::load;
+using lightnets::multiply_add;
 using lightnets::row_blocks;
 using lightnets::store;
+using lightnets::store_row;
 
 struct Sizes {
   int64_t B, H, W, C, k, half;
@@ -68,7 +70,8 @@ Weights weights_in_float(const at::Tensor& wc, const at::Tensor& wh, const at::T
   Weights w{std::vector<float>(s.k * s.k * s.C), to_float<T>(wh), to_float<T>(ww)};
   const std::vector<float> channel = to_float<T>(wc);
   for (int64_t c = 0; c < s.C; ++c)
-    for (int64_t tap = 0; tap < s.k * s.k; ++tap) w.channel[tap * s.C + c] = channel[c * s.k * s.k + tap];
+    for (int64_t tap = 0; tap < s.k * s.k; ++tap)
+      w.channel[tap * s.C + c] = channel[c * s.k * s.k + tap];
   return w;
 }
 
@@ -112,8 +115,7 @@ void forward(const T* x, const Weights& wt, T* y, const Sizes& s) {
             if (hc >= 0 && hc < s.H && wc >= 0 && wc < s.W) {
               const T* __restrict__ src = x + s.row(b, hc, wc);
               const float* __restrict__ a = wt.channel.data() + (i * k + j) * C;
-#pragma omp simd
-              for (int64_t c = 0; c < C; ++c) acc_c[c] += a[c] * load(src, c);
+              multiply_add(acc_c, a, src, C);
             }
             if (wh >= 0 && wh < s.W)
               shifted_axpy(acc_h, x + s.row(b, h, wh), wt.height[(h * k + i) * k + j],
@@ -164,8 +166,7 @@ void backward(const float* g, const T* x, const Weights& wt, T* dx, float* part_
                 if (hc >= 0 && hc < s.H && wc >= 0 && wc < s.W) {
                   const float* __restrict__ src = gc + s.row(b, hc, wc);
                   const float* __restrict__ a = wt.channel.data() + (i * k + j) * C;
-#pragma omp simd
-                  for (int64_t c = 0; c < C; ++c) acc[c] += a[c] * src[c];
+                  multiply_add(acc, a, src, C);
                 }
                 if (wh >= 0 && wh < s.W)
                   shifted_axpy(acc, gh + s.row(b, h, wh), wt.height[(h * k + i) * k + j],
@@ -175,9 +176,7 @@ void backward(const float* g, const T* x, const Weights& wt, T* dx, float* part_
                                -(j - s.half) * s.dw, C);
               }
             }
-            T* __restrict__ out = dx + at;
-#pragma omp simd
-            for (int64_t c = 0; c < C; ++c) store(out, c, acc[c]);
+            store_row(dx + at, acc, C);
           }
           if (want_w) {
             for (int64_t i = 0; i < k; ++i) {
@@ -188,8 +187,7 @@ void backward(const float* g, const T* x, const Weights& wt, T* dx, float* part_
                   const T* __restrict__ src = x + s.row(b, hc, wc);
                   const float* __restrict__ grad = gc + at;
                   float* __restrict__ p = pc + (i * k + j) * C;
-#pragma omp simd
-                  for (int64_t c = 0; c < C; ++c) p[c] += grad[c] * load(src, c);
+                  multiply_add(p, grad, src, C);
                 }
                 if (wh >= 0 && wh < s.W)
                   ph[(h * k + i) * k + j] +=
@@ -210,7 +208,8 @@ void backward(const float* g, const T* x, const Weights& wt, T* dx, float* part_
 template <typename T>
 void deinterleave(const T* gy, float* g, const Sizes& s) {
   const int64_t positions = s.B * s.H * s.W, C = s.C, plane = positions * C;
-  at::parallel_for(0, positions, std::max<int64_t>(1, 8192 / (3 * C)), [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / (3 * C));
+  at::parallel_for(0, positions, grain, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const T* __restrict__ src = gy + p * 3 * C;
       for (int64_t t = 0; t < 3; ++t) {

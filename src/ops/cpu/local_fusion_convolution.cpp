@@ -29,15 +29,18 @@
 namespace {
 
 using lightnets::check_dense;
+using lightnets::check_shape;
 using lightnets::dispatch_float;
 using lightnets::dtype_name;
-using lightnets::check_shape;
 using lightnets::load;
+using lightnets::multiply_add;
 using lightnets::row_blocks;
 using lightnets::store;
 
 // rows per task of the forward and of the input gradient: about 32k elements of x
-int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
+int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+}
 
 template <typename T>
 void forward_rows(const T* xs, const float* w, T* ys, int64_t R, int64_t C, int64_t K) {
@@ -83,9 +86,7 @@ void backward_rows(const T* dys, const T* xs, const float* w, T* dxs, float* par
           for (int64_t j = 0; j < width; ++j) store(dx, j, w[j] * g[j]);
         }
         if (want_w) {
-          const T* __restrict__ x = xs + r * width;
-#pragma omp simd
-          for (int64_t j = 0; j < width; ++j) acc[j] += g[j] * load(x, j);
+          multiply_add(acc, g, xs + r * width, width);
         }
       }
     }
