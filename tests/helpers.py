@@ -245,3 +245,8 @@ def recording_backend() -> tuple[Callable, dict[str, list[str]]]:
         return compile_graph
 
     return aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward")), graphs
+
+
+def max_relative_error(got: Tensor, want: Tensor) -> float:
+    """max |got - want| / max |want|, in float64 (``want`` the float64 oracle)."""
+    return ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()

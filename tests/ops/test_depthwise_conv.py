@@ -23,6 +23,7 @@ from tests.helpers import (
     KIND_FAULTS,
     SHAPE_FAULTS,
     assert_rejected,
+    max_relative_error,
     recording_backend,
     require_cpu_kernels,
 )
@@ -73,10 +74,6 @@ def _conv(x, weight, bias, stride, padding, dilation):
     return F.conv2d(x, weight, bias, stride, padding, dilation, groups=weight.shape[0])
 
 
-def _relative_error(got: Tensor, want: Tensor) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_matches_f_conv2d_in_float64(kernels: None, config: tuple, dtype: torch.dtype) -> None:
@@ -88,9 +85,9 @@ def test_matches_f_conv2d_in_float64(kernels: None, config: tuple, dtype: torch.
     assert ours[1].dtype == dtype and ours[1].is_contiguous(memory_format=torch.channels_last)
     double = [t.double() if t is not None else None for t in (x, weight, bias)]
     want, _ = _grads(_conv, *double, geometry, probe.double())
-    assert _relative_error(ours[1], want[1]) <= BOUND[dtype]
+    assert max_relative_error(ours[1], want[1]) <= BOUND[dtype]
     for got, expected in zip(ours[2:-1], want[2:-1], strict=True):
-        assert got.dtype == dtype and _relative_error(got, expected) <= PARAMETER_BOUND[dtype]
+        assert got.dtype == dtype and max_relative_error(got, expected) <= PARAMETER_BOUND[dtype]
 
 
 def test_gradients_do_not_depend_on_the_thread_count(kernels: None) -> None:
@@ -127,7 +124,7 @@ def test_autocast_casts_like_f_conv2d(kernels: None) -> None:
     assert ours[0].dtype == theirs[0].dtype == torch.bfloat16
     assert all(g.dtype == torch.float32 for g in ours[1:-1])  # float32 leaves' gradients
     for got, want in zip(ours[:-1], theirs[:-1], strict=True):
-        assert _relative_error(got, want.double()) <= 2.0**-6
+        assert max_relative_error(got, want.double()) <= 2.0**-6
 
 
 @pytest.mark.parametrize(

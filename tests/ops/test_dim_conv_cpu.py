@@ -22,6 +22,7 @@ from tests.helpers import (
     KIND_FAULTS,
     SHAPE_FAULTS,
     assert_rejected,
+    max_relative_error,
     recording_backend,
     require_cpu_kernels,
 )
@@ -73,10 +74,6 @@ def _reference(conv: DimConv):
     )
 
 
-def _relative_error(got: Tensor, want: Tensor) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_matches_the_eager_path_in_float64(
@@ -93,7 +90,7 @@ def test_matches_the_eager_path_in_float64(
     for got, expected, bound in zip(
         ours[:5], want[:5], [BOUND[dtype]] * 2 + [WEIGHT_BOUND[dtype]] * 3, strict=True
     ):
-        assert _relative_error(got, expected) <= bound
+        assert max_relative_error(got, expected) <= bound
 
 
 def test_weight_gradients_do_not_depend_on_the_thread_count(kernels: None) -> None:
@@ -132,7 +129,7 @@ def test_autocast_casts_like_the_eager_path(kernels: None) -> None:
     assert ours[0].dtype == theirs[0].dtype == torch.bfloat16
     assert all(g.dtype == torch.float32 for g in ours[1:5])  # float32 leaves, float32 gradients
     for got, want in zip(ours[:5], theirs[:5], strict=True):
-        assert _relative_error(got, want.double()) <= 2.0**-6
+        assert max_relative_error(got, want.double()) <= 2.0**-6
 
 
 def test_without_autograd_the_forward_kernel_runs(kernels: None) -> None:
@@ -141,7 +138,7 @@ def test_without_autograd_the_forward_kernel_runs(kernels: None) -> None:
         y = conv(x)
         want = _reference(conv)(x)
     assert y.is_contiguous(memory_format=torch.channels_last)
-    assert _relative_error(y, want.double()) <= 1e-6
+    assert max_relative_error(y, want.double()) <= 1e-6
 
 
 @pytest.mark.parametrize(
