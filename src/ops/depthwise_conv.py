@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from src.ops.cpu import cpu_kernels_loaded
+from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.ops.layout import is_channels_last
 from src.ops.triton import autocast_off, autocast_operands, opaque_op
 
@@ -113,7 +112,7 @@ def _kernel_applies(
         and x.shape[1] == weight.shape[0]
         and all(a == b for a, b in args)
         and args[2][0] > 1  # undilated, oneDNN's backward is as fast or faster
-        and (torch.compiler.is_compiling() or _get_current_dispatch_mode() is None)
+        and not dispatch_mode_active()
         and cpu_kernels_loaded()
     )
 

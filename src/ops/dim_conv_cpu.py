@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from src.ops.cpu import cpu_kernels_loaded
+from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.ops.layout import is_channels_last
 from src.ops.triton import autocast_off, autocast_operands, opaque_op
 
@@ -39,7 +38,7 @@ def dim_conv_cpu_applies(x: Tensor, weights: tuple[Tensor, Tensor, Tensor]) -> b
         and is_channels_last(x)
         and x.shape[1] == weight_channel.shape[0]
         and x.shape[2:] == (weight_height.shape[0], weight_width.shape[0])
-        and (torch.compiler.is_compiling() or _get_current_dispatch_mode() is None)
+        and not dispatch_mode_active()
         and cpu_kernels_loaded()
     )
 

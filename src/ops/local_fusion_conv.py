@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from src.ops.cpu import cpu_kernels_loaded
+from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 from src.ops.triton import autocast_off, autocast_operands, opaque_op
 
@@ -64,8 +63,7 @@ def local_fusion_conv(x: Tensor, weight: Tensor) -> Tensor:
     channels = weight.shape[0]
     if (
         x.device.type != "cpu"
-        # a dispatch mode (FlopCounterMode, fake tensors) sees the kernels as nothing
-        or (not torch.compiler.is_compiling() and _get_current_dispatch_mode() is not None)
+        or dispatch_mode_active()
         or not is_channels_last(x)
         or weight.dim() != 4
         or weight.shape[2:] != (1, 1)

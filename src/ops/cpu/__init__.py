@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,13 @@ def cpu_kernels() -> bool:
         )
         return False
     return True
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a ``TorchDispatchMode`` (``FlopCounterMode``, fake tensors) is active outside
+    ``torch.compile``'s tracing. The kernels are opaque to such a mode (a flop counter would count
+    nothing), so the ops that call them run their ATen path under one."""
+    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is not None
 
 
 @torch.compiler.assume_constant_result
