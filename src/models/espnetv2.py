@@ -29,7 +29,7 @@ from src.compat.edgenets import load_official_weights
 from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.eesp import EESP, EESPDownsampler
+from src.ops.eesp import EESP, EESPDownsampler, image_pyramid
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
 from src.ops.triton import check_impl
@@ -216,11 +216,16 @@ class ESPNetv2Backbone(nn.Module):
         self.feature_info = tuple(FeatureInfo(c[i], 2 ** (i + 1)) for i in range(depth))
 
     def forward_features(self, x: Tensor) -> list[Tensor]:
-        image = x if self.input_shortcut else None
+        # Each down-sampler's shortcut takes the image average-pooled to its output size. The
+        # official code pools the full image anew at every level (nine pools, six of them at the
+        # two largest sizes); pooling each level's image from the last one gives the same tensors.
+        images: list[Tensor | None] = [None] * 4
+        if self.input_shortcut:
+            images = list(image_pyramid(x, 4))  # (B, 3, H / 2^s, W / 2^s), s = 1..4
         out1 = self.level1(x)  # (B, c0, H/2, W/2)
-        out2 = self.level2_0(out1, image)  # (B, c1, H/4, W/4)
-        out3 = self.level3(self.level3_0(out2, image))  # (B, c2, H/8, W/8)
-        out4 = self.level4(self.level4_0(out3, image))  # (B, c3, H/16, W/16)
+        out2 = self.level2_0(out1, images[1])  # (B, c1, H/4, W/4)
+        out3 = self.level3(self.level3_0(out2, images[2]))  # (B, c2, H/8, W/8)
+        out4 = self.level4(self.level4_0(out3, images[3]))  # (B, c3, H/16, W/16)
         features = [out1, out2, out3, out4]
         if self.level5_0 is not None and self.level5 is not None:
             features.append(self.level5(self.level5_0(out4)))  # (B, c4, H/32, W/32)

@@ -467,6 +467,29 @@ class EESPDownsampler(nn.Module):
         return f"in_channels={self.in_channels}, out_channels={self.out_channels}"
 
 
+def halve(image: Tensor) -> Tensor:
+    """One step of :func:`pool_to`: average pool (3, 2, 1).
+
+    Shape:
+        (B, C, H, W) -> (B, C, ceil(H / 2), ceil(W / 2))
+    """
+    return F.avg_pool2d(image, 3, stride=2, padding=1)
+
+
+def image_pyramid(image: Tensor, steps: int) -> list[Tensor]:
+    """``image`` halved (:func:`halve`) 1, 2, ..., ``steps`` times, each from the one before: the
+    images that :func:`pool_to` gives for those sizes, at one pool per level.
+
+    Shape:
+        (B, C, H, W) -> [(B, C, ceil(H / 2^s), ceil(W / 2^s)) for s = 1..steps]
+    """
+    levels = []
+    for _ in range(steps):
+        image = halve(image)
+        levels.append(image)
+    return levels
+
+
 def pool_to(image: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
     """Average-pool (3, 2, 1) ``image`` repeatedly until its (H, W) equals ``size``.
 
@@ -479,5 +502,5 @@ def pool_to(image: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
         height, width = image.shape[-2:]
         if height < target[0] or width < target[1]:
             raise ValueError(f"cannot average-pool an image of {start} by halving to {target}")
-        image = F.avg_pool2d(image, 3, stride=2, padding=1)
+        image = halve(image)
     return image

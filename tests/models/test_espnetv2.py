@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.models.espnetv2 import ESPNETV2_WIDTHS, EESPAblation, ESPNetv2, ESPNetv2Backbone
 from src.utils.complexity import count_params
+
 
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,9 +57,7 @@ def test_unknown_width_lists_valid_ones() -> None:
 def test_level5_builds_no_image_shortcut() -> None:
     model = ESPNetv2(1.0)
     assert model.backbone.level5_0.image_shortcut is None
-    assert all(
-        getattr(model.backbone, f"level{i}_0").image_shortcut is not None for i in (2, 3, 4)
-    )
+    assert all(getattr(model.backbone, f"level{i}_0").image_shortcut is not None for i in (2, 3, 4))
 
 
 def test_input_shortcut_option() -> None:
@@ -65,6 +65,34 @@ def test_input_shortcut_option() -> None:
     # three shortcuts: 3x3 CBR 3->3 (81 + 6 + 3) and 1x1 CB 3->c (3c + 2c) at c = 64, 128, 256
     assert count_params(with_lrsc) - count_params(without) == 3 * 90 + 5 * (64 + 128 + 256)
     assert without(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
+
+
+def test_image_shortcuts_pool_each_level_once_and_match_full_image_pooling() -> None:
+    """The backbone pools the image once per level (4 pools at depth 5); the down-samplers given
+    the full image (the official code's pooling, 9 pools) give the same features bit for bit."""
+    torch.manual_seed(0)
+    backbone = ESPNetv2Backbone(0.5).eval()
+    x = torch.randn(2, 3, 50, 37)  # odd sizes: every halving rounds up
+
+    class CountPools(TorchDispatchMode):
+        pools = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten.avg_pool2d.default and args[0].shape[1] == 3:
+                CountPools.pools += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), CountPools():
+        features = backbone(x)
+    assert CountPools.pools == 4
+    with torch.no_grad():
+        out1 = backbone.level1(x)
+        out2 = backbone.level2_0(out1, x)
+        out3 = backbone.level3(backbone.level3_0(out2, x))
+        out4 = backbone.level4(backbone.level4_0(out3, x))
+    for got, want in zip(features, (out1, out2, out3, out4), strict=False):
+        assert torch.equal(got, want)
+    assert [f.shape[-2:] for f in features] == [(25, 19), (13, 10), (7, 5), (4, 3), (2, 2)]
 
 
 def test_hff_off_changes_output_not_parameters() -> None:
