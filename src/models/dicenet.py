@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from src.compat.edgenets import load_official_weights
 from src.models.features import FeatureInfo
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import FusingSequential
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
@@ -153,7 +154,7 @@ class SpatialFusionBlock(nn.Module):
         else:
             expanded = channels
             self.spatial = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
-        self.norm = nn.Sequential(BatchNorm2d(expanded), PReLU(expanded))
+        self.norm = FusingSequential(BatchNorm2d(expanded), PReLU(expanded))
         pointwise = fusion in ("pointwise", "pointwise_se")
         # DimFuse's local fusion: each channel's (D, H, W) triple -> one channel
         self.local = (

@@ -29,6 +29,7 @@ from src.compat.edgenets import load_official_weights
 from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import FusingSequential
 from src.ops.eesp import EESP, EESPDownsampler, image_pyramid
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
@@ -274,7 +275,7 @@ class ESPNetv2(nn.Module):
             impl=impl,
         )  # fmt: skip
         c4, c5 = self.backbone.widths[4:]
-        self.head_conv = nn.Sequential(
+        self.head_conv = FusingSequential(
             nn.Conv2d(c4, c4, 3, padding=1, groups=c4, bias=False),
             BatchNorm2d(c4),
             PReLU(c4),

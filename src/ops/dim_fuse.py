@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.ops.dim_conv import dim_conv_reference
 from src.ops.local_fusion_conv import LocalFusionConv
 from src.ops.prelu import PReLU, prelu
@@ -50,13 +51,13 @@ class DimFuse(nn.Module):
         self.norm = BatchNorm2d(3 * channels)
         self.act = PReLU(3 * channels)
         # local fusion: (D_c, H_c, W_c) -> one channel
-        self.local = nn.Sequential(
+        self.local = FusingSequential(
             LocalFusionConv(channels),  # the grouped 1x1 conv 3C -> C, one-pass CPU kernels
             BatchNorm2d(channels),
             PReLU(channels),
         )
         # global fusion, spatial part
-        self.spatial = nn.Sequential(
+        self.spatial = FusingSequential(
             nn.Conv2d(
                 channels,
                 out_channels,
@@ -87,7 +88,7 @@ class DimFuse(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != 3 * self.channels:
             raise ValueError(f"expected (B, {3 * self.channels}, H, W), got {tuple(x.shape)}")
-        return self.global_fusion(self.local(self.act(self.norm(x))))
+        return self.global_fusion(self.local(batch_norm_prelu(x, self.norm, self.act)))
 
     def global_fusion(self, fused: Tensor) -> Tensor:
         """The global fusion of the local fusion's output Y_l.

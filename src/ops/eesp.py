@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.ops.cpu import cpu_kernels
 from src.ops.depthwise_conv import DepthwiseConv2d
 from src.ops.inference_folding import (
@@ -224,7 +225,7 @@ class EESP(nn.Module):
             # hierarchical feature fusion: branch k adds the fused output of branch k - 1
             fused.append(conv(reduced) + fused[-1] if self.hff else conv(reduced))
         # K x (B, n, H', W') -> (B, K n, H', W')
-        return self.fuse_act(self.fuse_norm(torch.cat(fused, dim=1)))
+        return batch_norm_prelu(torch.cat(fused, dim=1), self.fuse_norm, self.fuse_act)
 
     def _pyramid_weight(self) -> Tensor:
         """The K depth-wise kernels stacked (differentiably).
@@ -438,7 +439,7 @@ class EESPDownsampler(nn.Module):
         self.image_shortcut = None
         if image_channels is not None:
             c = image_channels
-            self.image_shortcut = nn.Sequential(
+            self.image_shortcut = FusingSequential(
                 nn.Conv2d(c, c, 3, padding=1, bias=False),
                 BatchNorm2d(c),
                 PReLU(c),

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.prelu import PReLU
 
 
@@ -130,7 +131,7 @@ def conv_bn_prelu(conv: nn.Conv2d, bn: nn.BatchNorm2d, act: nn.PReLU, x: Tensor)
         (B, C_in, H, W) -> (B, C_out, H', W') as ``conv`` gives
     """
     if not folded_inference(conv, x):
-        return act(bn(conv(x)))
+        return batch_norm_prelu(conv(x), bn, act)
     return F.prelu(_folded_conv_bn(conv, bn, x), act.weight)
 
 

@@ -8,7 +8,8 @@ EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); 
 inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
 for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
 ``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's (channels-last)
-in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`). ``relative_softmax.cpp``
+in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`); ``batch_norm_prelu.cpp``
+the two fused, forward and backward, for channels-last training (:mod:`src.ops.batch_norm_prelu`). ``relative_softmax.cpp``
 is the attention probabilities of relative-position attention, forward and backward, in one pass
 each (see :mod:`src.ops.relative_softmax`).
 
@@ -43,6 +44,7 @@ SOURCES = (
     HERE / "grouped_norm.cpp",
     HERE / "prelu.cpp",
     HERE / "batch_norm.cpp",
+    HERE / "batch_norm_prelu.cpp",
     HERE / "relative_softmax.cpp",
     HERE / "local_fusion_convolution.cpp",
     HERE / "dim_conv.cpp",

@@ -1,0 +1,30 @@
+"""BatchNorm + PReLU in training at DiCENet s = 1.0 shapes (batch 8, channels-last as the networks
+train): :func:`src.ops.batch_norm_prelu.batch_norm_prelu`, one fused op on the CPU, against the
+two modules one after the other (each with its own CPU backward kernel). The forward row runs
+without autograd, where both are the two modules (it measures the call overhead). On CUDA both run
+the two modules (ATen, cuDNN).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.op_cases import OpCase, dicenet_activations
+from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import batch_norm_prelu
+from src.ops.prelu import PReLU
+
+
+def cases(device: torch.device) -> list[OpCase]:
+    out = []
+    for channels, shape, x in dicenet_activations(device):
+        norm, act = BatchNorm2d(channels).to(device), PReLU(channels).to(device)
+        out.append(
+            OpCase(
+                op="BatchNorm2d + PReLU (training)",
+                shape=shape,
+                ours=lambda x=x, n=norm, a=act: batch_norm_prelu(x, n, a),
+                baseline=lambda x=x, n=norm, a=act: a(n(x)),
+            )
+        )
+    return out
