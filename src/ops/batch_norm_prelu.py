@@ -1,4 +1,4 @@
-"""BatchNorm followed by PReLU in one CPU op for channels-last training: the "BN + PReLU" of every
+"""BatchNorm followed by PReLU in one op for channels-last training: the "BN + PReLU" of every
 CBR unit of DiCENet and ESPNetv2.
 
 The map is ``act(norm(x))`` for a :class:`src.ops.batch_norm.BatchNorm2d` ``norm`` and a per-channel
@@ -12,31 +12,53 @@ equal the unfused ones to float32 rounding (the statistics are summed in another
 bfloat16 z is not rounded to bfloat16 between the two, and under autocast the slope is not
 either.
 
-It applies where :class:`~src.ops.batch_norm.BatchNorm2d`'s own CPU kernel does (training,
-channels-last, float32 parameters, float32 or bfloat16 input) and the slope is per channel and
-float32; everywhere else (CUDA, eval, no autograd, NCHW, ``torch.compile`` included where those
-hold) the two modules run as they are. ``torch.compile`` traces the Function with both kernels as
-opaque nodes.
+On CUDA the same two ops are Triton kernels (:mod:`src.ops.triton.batch_norm_prelu`, float32,
+float16 or bfloat16 input), taken where ``impl="auto"`` timed them faster than cuDNN's BN and
+ATen's PReLU for the shape (:func:`auto_path`). The fused op applies in training with autograd, to
+a channels-last input, an ``nn.BatchNorm2d`` (or ours) with float32 affine parameters, and a
+per-channel float32 slope; everywhere else (eval, no autograd, NCHW, a BatchNorm subclass with a
+forward of its own, another dtype under autocast) the two modules run as they are.
+``torch.compile`` traces the Function with the kernels as opaque nodes (on CUDA it takes the
+Triton ones without timing).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.layout import channel_rows, from_channel_rows
-from src.ops.triton import opaque_op
+from src.ops.cpu import cpu_kernels_loaded
+from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
+from src.ops.triton import (
+    Timer,
+    autocast_off,
+    check_impl,
+    fastest,
+    opaque_op,
+    size_bucket,
+    use_triton,
+)
+
+CPU_DTYPES = (torch.float32, torch.bfloat16)
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU) -> Tensor:
+def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str = "auto") -> Tensor:
     """``act(norm(x))``, in one fused op where it applies (module docstring).
+
+    ``impl``: ``"auto"`` takes the C++ kernels on the CPU and, on CUDA, the Triton kernels where
+    they timed faster than the two modules for this shape and dtype
+    (:func:`src.ops.triton.fastest`); ``"triton"`` the Triton kernels (on CPU tensors in Triton's
+    interpreter); ``"reference"`` the two modules.
 
     Shape:
         (B, C, H, W) -> (B, C, H, W)
     """
-    if not _fused_applies(x, norm, act):
+    path = _fused_path(x, norm, act, impl)
+    if path is None:
         return act(norm(x))
     norm._check_input_dim(x)
     momentum = 0.0 if norm.momentum is None else norm.momentum
@@ -44,7 +66,9 @@ def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU) -> Tensor:
         norm.num_batches_tracked.add_(1)
         if norm.momentum is None:  # a cumulative moving average, as nn.BatchNorm2d
             momentum = 1.0 / float(norm.num_batches_tracked)
-    y, mean, var = BatchNormPReLUCpuFunction.apply(x, norm.weight, norm.bias, act.weight, norm.eps)
+    y, mean, var = BatchNormPReLUFunction.apply(
+        x, norm.weight, norm.bias, act.weight, norm.eps, path == "triton"
+    )
     if norm.track_running_stats:
         with torch.no_grad():
             # (1 - momentum) running + momentum batch, as ATen updates them
@@ -53,13 +77,69 @@ def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU) -> Tensor:
     return y
 
 
-def _fused_applies(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU) -> bool:
-    if not (isinstance(norm, BatchNorm2d) and norm._kernel_applies(x)):
-        return False
-    if torch.is_autocast_enabled("cpu") and x.dtype != torch.get_autocast_dtype("cpu"):
-        return False  # PReLU would cast x to autocast's dtype: the unfused pair keeps that
-    slope = act.weight
-    return slope.dtype == torch.float32 and slope.shape == (x.shape[1],)
+def _fused_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str) -> str | None:
+    """ "cpu" (the C++ kernels), "triton", or None (the two modules)."""
+    if check_impl(impl) == "reference" or not (
+        norm.training
+        and type(norm) in (BatchNorm2d, nn.BatchNorm2d)
+        and norm.weight is not None
+        and norm.bias is not None
+        and norm.weight.dtype == torch.float32
+        and torch.is_grad_enabled()
+        and is_channels_last(x)
+        and x.shape[0] * x.shape[2] * x.shape[3] > 1
+        and act.weight.dtype == torch.float32
+        and act.weight.shape == (x.shape[1],)
+    ):
+        return None
+    if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.get_autocast_dtype(
+        x.device.type
+    ):
+        return None  # PReLU would cast x to autocast's dtype: the unfused pair keeps that
+    if use_triton(impl, x):
+        if x.dtype not in TRITON_DTYPES:
+            return None
+        if impl == "triton" or torch.compiler.is_compiling():
+            return "triton"
+        return "triton" if auto_path(x, norm, act) == "triton" else None
+    if x.device.type == "cpu" and x.dtype in CPU_DTYPES and cpu_kernels_loaded():
+        return "cpu"
+    return None
+
+
+# (row bucket, C, dtype, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = {}
+
+
+def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | None = None) -> str:
+    """``impl="auto"`` on CUDA: "triton" or "reference" (the two modules), whichever forward and
+    backward ran faster on the first call with this size (rows by
+    :func:`src.ops.triton.size_bucket`), channel count and dtype. Timed on detached copies, without
+    running statistics; both paths are deterministic, and deterministic mode takes the kernels.
+
+    Shape:
+        x (B, C, H, W) channels-last
+    """
+    rows = x.shape[0] * x.shape[2] * x.shape[3]
+    key = (size_bucket(rows), x.shape[1], x.dtype, str(x.device))
+
+    def candidates() -> dict:
+        inputs = x.detach().requires_grad_()
+        params = [t.detach().requires_grad_() for t in (norm.weight, norm.bias, act.weight)]
+        weight, bias, slope = params
+
+        def fused() -> None:
+            y = BatchNormPReLUFunction.apply(inputs, weight, bias, slope, norm.eps, True)[0]
+            torch.autograd.grad(y, [inputs, *params], torch.ones_like(y))
+
+        def reference() -> None:
+            z = F.batch_norm(inputs, None, None, weight, bias, True, 0.0, norm.eps)
+            y = F.prelu(z, slope.to(z.dtype))
+            torch.autograd.grad(y, [inputs, *params], torch.ones_like(y))
+
+        return {"triton": fused, "reference": reference}
+
+    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
 
 
 def _forward_fake(
@@ -130,17 +210,24 @@ def batch_norm_prelu_backward(
     return grads[0], grads[1], grads[2], grads[3]
 
 
-class BatchNormPReLUCpuFunction(torch.autograd.Function):
-    """y = PReLU(BN(x)) with batch statistics; returns (y, batch mean, unbiased batch variance),
-    the statistics for the running averages (not differentiable)."""
+class BatchNormPReLUFunction(torch.autograd.Function):
+    """y = PReLU(BN(x)) with batch statistics, by the C++ kernels or (``triton``) the Triton ones;
+    returns (y, batch mean, unbiased batch variance), the statistics for the running averages (not
+    differentiable)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
+        ctx, x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float, triton: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
-        y, mean, invstd, var = batch_norm_prelu_forward(channel_rows(x), weight, bias, slope, eps)
+        if triton:
+            from src.ops.triton.batch_norm_prelu import batch_norm_prelu_forward_triton as forward
+        else:
+            forward = batch_norm_prelu_forward
+        with autocast_off(x.device.type):
+            y, mean, invstd, var = forward(channel_rows(x), weight, bias, slope, eps)
         ctx.save_for_backward(x, weight, bias, slope, mean, invstd)
         ctx.mark_non_differentiable(mean, var)
+        ctx.triton = triton
         return from_channel_rows(y, x.shape), mean, var  # y channels-last as x
 
     @staticmethod
@@ -151,15 +238,21 @@ class BatchNormPReLUCpuFunction(torch.autograd.Function):
         x, weight, bias, slope, mean, invstd = ctx.saved_tensors
         # the gradient copied to x's layout only if autograd's differs
         grad_y = grad_y.contiguous(memory_format=torch.channels_last)
-        grad_x, grad_w, grad_b, grad_a = batch_norm_prelu_backward(
-            channel_rows(grad_y), channel_rows(x), weight, bias, slope, mean, invstd
-        )
+        if ctx.triton:
+            from src.ops.triton.batch_norm_prelu import batch_norm_prelu_backward_triton as backward
+        else:
+            backward = batch_norm_prelu_backward
+        with autocast_off(x.device.type):
+            grad_x, grad_w, grad_b, grad_a = backward(
+                channel_rows(grad_y), channel_rows(x), weight, bias, slope, mean, invstd
+            )
         wanted = ctx.needs_input_grad
         return (
             from_channel_rows(grad_x, x.shape) if wanted[0] else None,
             grad_w if wanted[1] else None,
             grad_b if wanted[2] else None,
             grad_a if wanted[3] else None,
+            None,
             None,
         )
 

@@ -24,11 +24,14 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl
 
+from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.prelu import PReLU
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
 from src.ops.triton.cross_compile import (
@@ -106,6 +109,15 @@ def _grouped_norm(dtype: torch.dtype) -> None:
         )
 
 
+def _batch_norm_prelu(dtype: torch.dtype) -> None:
+    # DiCENet s=1.0's CBR outputs: the stem's, and a unit's at each stage
+    for channels, size in ((24, 112), (116, 28), (232, 14), (464, 7)):
+        norm, act = BatchNorm2d(channels), PReLU(channels)
+        x = torch.randn(2, channels, size, size, dtype=dtype)
+        x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+        batch_norm_prelu(x, norm, act, impl="triton").float().sum().backward()
+
+
 def _relative_softmax(dtype: torch.dtype) -> None:
     # enwik8 (512 queries, 512 memory), a segment without memory, and the longest row it takes
     for batch, qlen, mlen in ((2, 512, 512), (2, 128, 0), (1, 64, 8128)):
@@ -126,6 +138,7 @@ WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "eesp": _eesp,
     "grouped_norm": _grouped_norm,
     "relative_softmax": _relative_softmax,
+    "batch_norm_prelu": _batch_norm_prelu,
 }
 
 
