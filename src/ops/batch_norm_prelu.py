@@ -18,8 +18,9 @@ ATen's PReLU for the shape (:func:`auto_path`). The fused op applies in training
 a channels-last input, an ``nn.BatchNorm2d`` (or ours) with float32 affine parameters, and a
 per-channel float32 slope; everywhere else (eval, no autograd, NCHW, a BatchNorm subclass with a
 forward of its own, another dtype under autocast) the two modules run as they are.
-``torch.compile`` traces the Function with the kernels as opaque nodes (on CUDA it takes the
-Triton ones without timing).
+``torch.compile`` traces the Function with the C++ kernels as opaque nodes on the CPU; on CUDA
+it traces the two modules, whose ops inductor fuses itself (``impl="triton"`` keeps the kernels,
+as opaque nodes).
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ def _fused_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str) -> st
     if use_triton(impl, x):
         if x.dtype not in TRITON_DTYPES:
             return None
-        if impl == "triton" or torch.compiler.is_compiling():
+        if impl == "triton":
             return "triton"
+        if torch.compiler.is_compiling():
+            return None  # inductor fuses the two modules' ops itself
         return "triton" if auto_path(x, norm, act) == "triton" else None
     if x.device.type == "cpu" and x.dtype in CPU_DTYPES and cpu_kernels_loaded():
         return "cpu"
