@@ -35,6 +35,7 @@ from src.ops.batch_norm_prelu import FusingSequential
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
+from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import MaxPool2d
 from src.ops.prelu import PReLU
 
@@ -85,9 +86,9 @@ class ChannelGate(nn.Module):
         super().__init__()
         self.body = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),
-            nn.Conv2d(channels, channels // 4, 1, bias=False),
+            PointwiseConv2d(channels, channels // 4, bias=False),
             nn.ReLU(),
-            nn.Conv2d(channels // 4, out_channels, 1, bias=False),
+            PointwiseConv2d(channels // 4, out_channels, bias=False),
             nn.Sigmoid(),
         )
 
@@ -436,7 +437,7 @@ class DiCENet(nn.Module):
         # grouped "FC" as a 1x1 conv on the pooled (B, c4, 1, 1) map, as the official model
         self.fc_group = nn.Conv2d(widths[4], widths[5], 1, groups=FC_GROUPS, bias=False)
         self.drop = nn.Dropout(self.dropout)
-        self.fc = nn.Conv2d(widths[5], num_classes, 1)
+        self.fc = PointwiseConv2d(widths[5], num_classes)
         self.feature_info = self.backbone.feature_info
         self.init_weights()
         if pretrained is not None:

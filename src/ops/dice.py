@@ -40,6 +40,7 @@ from src.ops.inference_folding import (
     conv_bn_prelu,
     folded_inference,
 )
+from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU
 from src.ops.shuffle import concat_shuffle
@@ -467,7 +468,7 @@ class StridedDiCE(nn.Module):
             nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c, bias=False),
             BatchNorm2d(c),
             PReLU(c),
-            nn.Conv2d(c, c, 1, bias=False),
+            PointwiseConv2d(c, c, bias=False),
             BatchNorm2d(c),
             PReLU(c),
         )

@@ -24,6 +24,7 @@ from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.ops.dim_conv import dim_conv_reference
 from src.ops.local_fusion_conv import LocalFusionConv
+from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.prelu import PReLU, prelu
 
 
@@ -73,9 +74,9 @@ class DimFuse(nn.Module):
         hidden = channels // 4
         self.gate = nn.Sequential(
             nn.AdaptiveAvgPool2d(1),
-            nn.Conv2d(channels, hidden, 1, bias=False),
+            PointwiseConv2d(channels, hidden, bias=False),
             nn.ReLU(),
-            nn.Conv2d(hidden, out_channels, 1, bias=False),
+            PointwiseConv2d(hidden, out_channels, bias=False),
             nn.Sigmoid(),
         )
 

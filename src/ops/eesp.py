@@ -51,6 +51,7 @@ from src.ops.inference_folding import (
     conv_bn,
     folded_inference,
 )
+from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU, prelu
 from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
@@ -443,7 +444,7 @@ class EESPDownsampler(nn.Module):
                 nn.Conv2d(c, c, 3, padding=1, bias=False),
                 BatchNorm2d(c),
                 PReLU(c),
-                nn.Conv2d(c, out_channels, 1, bias=False),
+                PointwiseConv2d(c, out_channels, bias=False),
                 BatchNorm2d(out_channels),
             )
         self.act = PReLU(out_channels)

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import batch_norm_prelu
+from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.prelu import PReLU
 
 
@@ -158,8 +159,10 @@ class ConvBNPReLU(nn.Sequential):
         stride: int = 1,
         groups: int = 1,
     ) -> None:
-        super().__init__(
-            nn.Conv2d(
+        conv = (
+            PointwiseConv2d(in_channels, out_channels, groups=groups, bias=False)
+            if kernel_size == 1 and stride == 1
+            else nn.Conv2d(
                 in_channels,
                 out_channels,
                 kernel_size,
@@ -167,7 +170,10 @@ class ConvBNPReLU(nn.Sequential):
                 kernel_size // 2,
                 groups=groups,
                 bias=False,
-            ),
+            )
+        )
+        super().__init__(
+            conv,
             BatchNorm2d(out_channels),
             PReLU(out_channels),
         )
