@@ -79,7 +79,8 @@ def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str =
 
 
 def _fused_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str) -> str | None:
-    """ "cpu" (the C++ kernels), "triton", or None (the two modules)."""
+    """The path :func:`batch_norm_prelu` takes: "cpu" (the C++ kernels), "triton", or None (the
+    two modules)."""
     if check_impl(impl) == "reference" or not (
         norm.training
         and type(norm) in (BatchNorm2d, nn.BatchNorm2d)
