@@ -250,3 +250,16 @@ def recording_backend() -> tuple[Callable, dict[str, list[str]]]:
 def max_relative_error(got: Tensor, want: Tensor) -> float:
     """max |got - want| / max |want|, in float64 (``want`` the float64 oracle)."""
     return ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def autograd_node_names(y: Tensor) -> list[str]:
+    """The class names of the nodes of the autograd graph behind ``y``, each node once."""
+    names, seen, stack = [], set(), [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(parent for parent, _ in node.next_functions)
+    return names

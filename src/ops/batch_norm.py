@@ -25,6 +25,7 @@ from torch.autograd.function import once_differentiable
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 from src.ops.triton import opaque_op
+from src.ops.triton.fused_norm import batch_norm_factor
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -41,11 +42,7 @@ class BatchNorm2d(nn.BatchNorm2d):
         if not self._kernel_applies(x):
             return super().forward(x)
         self._check_input_dim(x)
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.track_running_stats:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # a cumulative moving average, as nn.BatchNorm2d
-                momentum = 1.0 / float(self.num_batches_tracked)
+        momentum = batch_norm_factor(self, advance=True)  # counts the batch, as nn.BatchNorm2d
         return BatchNormCpuFunction.apply(
             x, self.weight, self.bias, self.running_mean, self.running_var, momentum, self.eps
         )

@@ -42,6 +42,7 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
+from src.ops.triton.fused_norm import batch_norm_factor
 
 CPU_DTYPES = (torch.float32, torch.bfloat16)
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -62,11 +63,7 @@ def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str =
     if path is None:
         return act(norm(x))
     norm._check_input_dim(x)
-    momentum = 0.0 if norm.momentum is None else norm.momentum
-    if norm.track_running_stats:
-        norm.num_batches_tracked.add_(1)
-        if norm.momentum is None:  # a cumulative moving average, as nn.BatchNorm2d
-            momentum = 1.0 / float(norm.num_batches_tracked)
+    momentum = batch_norm_factor(norm, advance=True)  # counts the batch, as nn.BatchNorm2d
     y, mean, var = BatchNormPReLUFunction.apply(
         x, norm.weight, norm.bias, act.weight, norm.eps, path == "triton"
     )
@@ -146,10 +143,11 @@ def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | Non
     return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
 
 
-def _forward_fake(
+def forward_fake(
     x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The forward kernel's outputs' metadata: y like x's (R, C) view, three float32 (C,)."""
+    """The forward kernels' outputs' metadata (C++ and Triton): y like x's (R, C) view, three
+    float32 (C,)."""
     return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
 
 
@@ -157,7 +155,7 @@ def _forward_fake(
     "lightnets::batch_norm_prelu_forward",
     "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
-    _forward_fake,
+    forward_fake,
 )
 def batch_norm_prelu_forward(
     x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
@@ -174,7 +172,7 @@ def batch_norm_prelu_forward(
     return y, mean, invstd, var
 
 
-def _backward_fake(
+def backward_fake(
     grad_y: Tensor,
     x: Tensor,
     weight: Tensor,
@@ -183,7 +181,8 @@ def _backward_fake(
     save_mean: Tensor,
     save_invstd: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The backward kernel's outputs' metadata: grad_x like x's (R, C) view, three float32 (C,)."""
+    """The backward kernels' outputs' metadata (C++ and Triton): grad_x like x's (R, C) view,
+    three float32 (C,)."""
     return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
 
 
@@ -191,7 +190,7 @@ def _backward_fake(
     "lightnets::batch_norm_prelu_backward",
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor slope, Tensor save_mean, "
     "Tensor save_invstd) -> (Tensor, Tensor, Tensor, Tensor)",
-    _backward_fake,
+    backward_fake,
 )
 def batch_norm_prelu_backward(
     grad_y: Tensor,

@@ -27,6 +27,7 @@ from tests.helpers import (
     KIND_FAULTS,
     SHAPE_FAULTS,
     assert_rejected,
+    autograd_node_names,
     max_relative_error,
     recording_backend,
     require_cpu_kernels,
@@ -342,19 +343,6 @@ def test_compiled_step_traces_both_kernels_and_matches_eager_bitwise(kernels: No
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
 
 
-def _node_names(y: Tensor) -> list[str]:
-    """The class names of the autograd graph's nodes behind ``y``, each node once."""
-    names, seen, stack = [], set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        stack.extend(n for n, _ in node.next_functions)
-    return names
-
-
 def test_fusing_sequential_is_a_drop_in_sequential(kernels: None) -> None:
     torch.manual_seed(0)
     layers = [nn.Conv2d(3, 6, 1, bias=False), BatchNorm2d(6), PReLU(6), nn.Conv2d(6, 6, 1, bias=False),
@@ -372,7 +360,7 @@ def test_fusing_sequential_is_a_drop_in_sequential(kernels: None) -> None:
     for a, b in zip(*results, strict=True):
         assert max_relative_error(a, b.double()) < 1e-5
     # the first pair runs fused; the second BN (before a ReLU) and the last run alone
-    names = _node_names(results[0][0])
+    names = autograd_node_names(results[0][0])
     assert names.count(FUSED) == 1 and names.count("BatchNormCpuFunctionBackward") == 2
 
 
@@ -380,6 +368,8 @@ def test_dicenet_trains_every_bn_prelu_pair_fused(kernels: None) -> None:
     # in DiCENet every BN is followed by a PReLU
     net = DiCENet(0.5, num_classes=10, in_chans=1, input_size=32, stem_stride=2)
     net = net.to(memory_format=torch.channels_last)
-    names = _node_names(net(torch.randn(2, 1, 32, 32).to(memory_format=torch.channels_last)))
+    names = autograd_node_names(
+        net(torch.randn(2, 1, 32, 32).to(memory_format=torch.channels_last))
+    )
     assert names.count(FUSED) == sum(isinstance(m, nn.BatchNorm2d) for m in net.modules()) == 71
     assert "PReLUCpuFunctionBackward" not in names

@@ -216,11 +216,10 @@ def test_launch_takes_gpu_tiles_under_an_h100_configuration() -> None:
 
     x = torch.empty(2304, 200)
     with launches_for(H100.target):
-        tiles, channel_blocks, meta = _launch(x)
-        per_program = _tiles_per_program(tiles, channel_blocks, x.device)
-    # 128 channels x 32 rows; 4 x 132 programs over 2 channel blocks: 264 row programs
+        tiles, channel_blocks, programs, per_program, meta = _launch(x)
+    # 128 channels x 32 rows; 4 x 132 programs over 2 channel blocks: up to 264 row programs
     assert (tiles, channel_blocks, meta["BLOCK_R"], meta["BLOCK_C"]) == (72, 2, 32, 128)
-    assert meta["num_warps"] == 8 and per_program == 1
+    assert meta["num_warps"] == 8 and per_program == 1 and programs == 72
     assert _tiles_per_program(9000, 2, x.device) == 9000  # in the interpreter: one program
     with launches_for(H100.target):
         assert _tiles_per_program(9000, 2, x.device) == 35  # 9,000 tiles over 264 programs

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from src.models.dicenet import DiCENet
 from src.ops.pointwise_conv import PointwiseConv2d, pointwise_conv, row_view
-from tests.helpers import max_relative_error, recording_backend
+from tests.helpers import autograd_node_names, max_relative_error, recording_backend
 
 OURS = "PointwiseConvCpuFunctionBackward"
 
@@ -154,15 +154,9 @@ def test_compiled_step_traces_the_products_and_matches_eager_bitwise() -> None:
 def test_dicenet_trains_its_point_wise_convolutions_as_products() -> None:
     net = DiCENet(0.5, num_classes=10, in_chans=1, input_size=32, stem_stride=2)
     net = net.to(memory_format=torch.channels_last)
-    y = net(torch.randn(2, 1, 32, 32).to(memory_format=torch.channels_last))
-    names, seen, stack = [], set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.append(type(node).__name__)
-        stack.extend(n for n, _ in node.next_functions)
+    names = autograd_node_names(
+        net(torch.randn(2, 1, 32, 32).to(memory_format=torch.channels_last))
+    )
     pointwise = [
         m for m in net.modules()
         if isinstance(m, PointwiseConv2d) and m.groups == 1 and m.in_channels >= 8

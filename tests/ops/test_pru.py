@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from src.ops.pru import PRU, GroupedContextTransform, PRUCell
+from tests.helpers import autograd_node_names
 from tests.parity.reference import reference_dir
 
 PARAMS_JSON = reference_dir() / "pru" / "params.json"
@@ -63,15 +64,7 @@ def test_layer_gathers_the_step_gradients_once() -> None:
     per step would each write a zero-filled gradient of all T steps (quadratic in T)."""
     layer = PRU(6, 8, groups=2)
     out, _ = layer(torch.randn(5, 3, 6, requires_grad=True))
-    seen, stack = set(), [out.grad_fn]
-    kinds: list[str] = []
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        kinds.append(type(node).__name__)
-        stack += [parent for parent, _ in node.next_functions]
+    kinds = autograd_node_names(out)
     assert "SelectBackward0" not in kinds
     assert kinds.count("UnbindBackward0") == 5 + 1  # each step's gate split, and the steps
 

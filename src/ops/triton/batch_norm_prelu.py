@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.ops.batch_norm_prelu import backward_fake, forward_fake
 from src.ops.triton import gpu_launch, multi_processor_count, opaque_op
 from src.ops.triton.fused_norm import batch_norm_backward, batch_statistics
 
@@ -43,6 +44,15 @@ def _rows(pid, R, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
     return r[:, None] * C + c[None, :], (r < R)[:, None] & c_ok[None, :], c, c_ok
+
+
+@triton.jit
+def _channel_vectors(scale_ptr, shift_ptr, alpha_ptr, c, c_ok):
+    """BN's scale and shift and PReLU's slope at channels c, each (1, BLOCK_C)."""
+    s = tl.load(scale_ptr + c, mask=c_ok, other=0.0)[None, :]
+    t = tl.load(shift_ptr + c, mask=c_ok, other=0.0)[None, :]
+    a = tl.load(alpha_ptr + c, mask=c_ok, other=0.0)[None, :]
+    return s, t, a
 
 
 @triton.jit
@@ -71,9 +81,7 @@ def _fwd_kernel(
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     offs, m, c, c_ok = _rows(tl.program_id(0), R, C, BLOCK_R, BLOCK_C)
-    s = tl.load(scale_ptr + c, mask=c_ok, other=0.0)[None, :]
-    t = tl.load(shift_ptr + c, mask=c_ok, other=0.0)[None, :]
-    a = tl.load(alpha_ptr + c, mask=c_ok, other=0.0)[None, :]
+    s, t, a = _channel_vectors(scale_ptr, shift_ptr, alpha_ptr, c, c_ok)
     z = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * s + t
     tl.store(y_ptr + offs, tl.where(z > 0, z, a * z).to(y_ptr.dtype.element_ty), mask=m)
 
@@ -86,9 +94,7 @@ def _bwd_sums_kernel(
     # partials (programs, 3, C): sum dz, sum dz (x - m), sum min(z, 0) dy over TILES tiles
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
-    s = tl.load(scale_ptr + c, mask=c_ok, other=0.0)[None, :]
-    t = tl.load(shift_ptr + c, mask=c_ok, other=0.0)[None, :]
-    a = tl.load(alpha_ptr + c, mask=c_ok, other=0.0)[None, :]
+    s, t, a = _channel_vectors(scale_ptr, shift_ptr, alpha_ptr, c, c_ok)
     mu = tl.load(mean_ptr + c, mask=c_ok, other=0.0)[None, :]
     sum_dz = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     sum_dz_centred = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
@@ -115,9 +121,7 @@ def _bwd_dx_kernel(
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     offs, m, c, c_ok = _rows(tl.program_id(0), R, C, BLOCK_R, BLOCK_C)
-    s = tl.load(scale_ptr + c, mask=c_ok, other=0.0)[None, :]
-    t = tl.load(shift_ptr + c, mask=c_ok, other=0.0)[None, :]
-    a = tl.load(alpha_ptr + c, mask=c_ok, other=0.0)[None, :]
+    s, t, a = _channel_vectors(scale_ptr, shift_ptr, alpha_ptr, c, c_ok)
     mu = tl.load(mean_ptr + c, mask=c_ok, other=0.0)[None, :]
     q = tl.load(q_ptr + c, mask=c_ok, other=0.0)[None, :]
     r = tl.load(r_ptr + c, mask=c_ok, other=0.0)[None, :]
@@ -127,9 +131,10 @@ def _bwd_dx_kernel(
     tl.store(dx_ptr + offs, (s * dz + q * (x - mu) + r).to(dx_ptr.dtype.element_ty), mask=m)
 
 
-def _launch(rows: Tensor) -> tuple[int, int, dict]:
-    """(row tiles, channel blocks, meta): a tile holds ``ELEMENTS_GPU`` elements on a GPU (up to
-    ``CHANNELS_GPU`` channels), as many as the interpreter's budget allows there."""
+def _launch(rows: Tensor) -> tuple[int, int, int, int, dict]:
+    """(row tiles, channel blocks, reduction programs per channel block, row tiles per reduction
+    program, meta): a tile holds ``ELEMENTS_GPU`` elements on a GPU (up to ``CHANNELS_GPU``
+    channels), as many as the interpreter's budget allows there."""
     R, C = rows.shape
     on_gpu = gpu_launch(rows)
     block_c = min(triton.next_power_of_2(C), CHANNELS_GPU if on_gpu else ELEMENTS_INTERPRETER)
@@ -138,7 +143,9 @@ def _launch(rows: Tensor) -> tuple[int, int, dict]:
     meta = {"BLOCK_R": block_r, "BLOCK_C": block_c}
     if on_gpu:
         meta["num_warps"] = WARPS_GPU
-    return triton.cdiv(R, block_r), triton.cdiv(C, block_c), meta
+    tiles, channel_blocks = triton.cdiv(R, block_r), triton.cdiv(C, block_c)
+    per_program = _tiles_per_program(tiles, channel_blocks, rows.device)
+    return tiles, channel_blocks, triton.cdiv(tiles, per_program), per_program, meta
 
 
 def _tiles_per_program(tiles: int, channel_blocks: int, device: torch.device) -> int:
@@ -169,17 +176,11 @@ def _check(x: Tensor, vectors: dict[str, Tensor]) -> None:
             )
 
 
-def _forward_fake(
-    x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
-
-
 @opaque_op(
     "lightnets::batch_norm_prelu_forward_triton",
     "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
-    _forward_fake,
+    forward_fake,
 )
 def batch_norm_prelu_forward_triton(
     x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
@@ -192,9 +193,7 @@ def batch_norm_prelu_forward_triton(
     """
     _check(x, {"weight": weight, "bias": bias, "slope": slope})
     R, C = x.shape
-    tiles, channel_blocks, meta = _launch(x)
-    per_program = _tiles_per_program(tiles, channel_blocks, x.device)
-    programs = triton.cdiv(tiles, per_program)
+    tiles, channel_blocks, programs, per_program, meta = _launch(x)
     part = torch.empty((programs, 2, C), dtype=torch.float32, device=x.device)
     _stats_kernel[(programs, channel_blocks)](x, part, R, C, per_program, **meta)
     shifted = part.double().sum(0)  # (2, C): sum d, sum d^2 with d = x - k
@@ -206,23 +205,11 @@ def batch_norm_prelu_forward_triton(
     return y, mean, rstd, var * (R / (R - 1))
 
 
-def _backward_fake(
-    grad_y: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    slope: Tensor,
-    save_mean: Tensor,
-    save_invstd: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
-
-
 @opaque_op(
     "lightnets::batch_norm_prelu_backward_triton",
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor slope, Tensor save_mean, "
     "Tensor save_invstd) -> (Tensor, Tensor, Tensor, Tensor)",
-    _backward_fake,
+    backward_fake,
 )
 def batch_norm_prelu_backward_triton(
     grad_y: Tensor,
@@ -250,9 +237,7 @@ def batch_norm_prelu_backward_triton(
     R, C = x.shape
     scale = weight * save_invstd
     shift = bias - save_mean * scale
-    tiles, channel_blocks, meta = _launch(x)
-    per_program = _tiles_per_program(tiles, channel_blocks, x.device)
-    programs = triton.cdiv(tiles, per_program)
+    tiles, channel_blocks, programs, per_program, meta = _launch(x)
     part = torch.empty((programs, 3, C), dtype=torch.float32, device=x.device)
     _bwd_sums_kernel[(programs, channel_blocks)](
         x, grad_y, scale, shift, slope, save_mean, part, R, C, per_program, **meta
