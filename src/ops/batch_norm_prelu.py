@@ -7,7 +7,9 @@ average, ``num_batches_tracked``). Unfused, BN writes its output z, PReLU reads 
 and autograd keeps x and z; the backward runs BN's two passes after PReLU's one.
 ``lightnets_cpu::batch_norm_prelu_forward`` (``src/ops/cpu/batch_norm_prelu.cpp``) reads x twice
 (the statistics, then y) and keeps only x; the backward recomputes z and takes two passes. One
-autograd node replaces two, which also halves the per-call cost of the small layers. The outputs
+autograd node replaces two, which also halves the per-call cost of the small layers. With a
+``residual`` r the map is ``act(norm(x) + r)``, an EESP unit's output (ESPNetv2), r's gradient
+PReLU's input gradient: the addition costs no pass of its own either way. The outputs
 equal the unfused ones to float32 rounding (the statistics are summed in another order); in
 bfloat16 z is not rounded to bfloat16 between the two, and under autocast the slope is not
 either.
@@ -48,8 +50,16 @@ CPU_DTYPES = (torch.float32, torch.bfloat16)
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str = "auto") -> Tensor:
-    """``act(norm(x))``, in one fused op where it applies (module docstring).
+def batch_norm_prelu(
+    x: Tensor,
+    norm: nn.BatchNorm2d,
+    act: nn.PReLU,
+    impl: str = "auto",
+    *,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """``act(norm(x))``, or ``act(norm(x) + residual)``, in one fused op where it applies (module
+    docstring).
 
     ``impl``: ``"auto"`` takes the C++ kernels on the CPU and, on CUDA, the Triton kernels where
     they timed faster than the two modules for this shape and dtype
@@ -57,15 +67,15 @@ def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str =
     interpreter); ``"reference"`` the two modules.
 
     Shape:
-        (B, C, H, W) -> (B, C, H, W)
+        x (B, C, H, W), residual (B, C, H, W) or None -> (B, C, H, W)
     """
-    path = _fused_path(x, norm, act, impl)
+    path = _fused_path(x, norm, act, impl, residual)
     if path is None:
-        return act(norm(x))
+        return act(norm(x)) if residual is None else act(norm(x) + residual)
     norm._check_input_dim(x)
     momentum = batch_norm_factor(norm, advance=True)  # counts the batch, as nn.BatchNorm2d
     y, mean, var = BatchNormPReLUFunction.apply(
-        x, norm.weight, norm.bias, act.weight, norm.eps, path == "triton"
+        x, norm.weight, norm.bias, act.weight, norm.eps, path == "triton", residual
     )
     if norm.track_running_stats:
         with torch.no_grad():
@@ -75,7 +85,9 @@ def batch_norm_prelu(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str =
     return y
 
 
-def _fused_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str) -> str | None:
+def _fused_path(
+    x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str, residual: Tensor | None = None
+) -> str | None:
     """The path :func:`batch_norm_prelu` takes: "cpu" (the C++ kernels), "triton", or None (the
     two modules)."""
     if check_impl(impl) == "reference" or not (
@@ -89,6 +101,14 @@ def _fused_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, impl: str) -> st
         and x.shape[0] * x.shape[2] * x.shape[3] > 1
         and act.weight.dtype == torch.float32
         and act.weight.shape == (x.shape[1],)
+        and (
+            residual is None
+            or (
+                residual.shape == x.shape
+                and residual.dtype == x.dtype
+                and is_channels_last(residual)
+            )
+        )
     ):
         return None
     if torch.is_autocast_enabled(x.device.type) and x.dtype != torch.get_autocast_dtype(
@@ -144,7 +164,12 @@ def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | Non
 
 
 def forward_fake(
-    x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    slope: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward kernels' outputs' metadata (C++ and Triton): y like x's (R, C) view, three
     float32 (C,)."""
@@ -153,21 +178,27 @@ def forward_fake(
 
 @opaque_op(
     "lightnets::batch_norm_prelu_forward",
-    "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps) "
+    "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps, Tensor? residual) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     forward_fake,
 )
 def batch_norm_prelu_forward(
-    x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    slope: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``lightnets_cpu::batch_norm_prelu_forward`` on the (B H W, C) view of a channels-last x:
-    (y, batch mean, inverse standard deviation, unbiased variance); opaque to ``torch.compile``.
+    """``lightnets_cpu::batch_norm_prelu_forward`` on the (B H W, C) views of a channels-last x
+    and residual: (y, batch mean, inverse standard deviation, unbiased variance); opaque to
+    ``torch.compile``.
 
     Shape:
-        x (R, C), weight, bias, slope (C,) -> ((R, C), (C,), (C,), (C,))
+        x (R, C), weight, bias, slope (C,), residual (R, C) or None -> ((R, C), (C,), (C,), (C,))
     """
     y, mean, invstd, var = torch.ops.lightnets_cpu.batch_norm_prelu_forward(
-        x, weight, bias, slope, eps
+        x, weight, bias, slope, eps, residual
     )
     return y, mean, invstd, var
 
@@ -180,16 +211,19 @@ def backward_fake(
     slope: Tensor,
     save_mean: Tensor,
     save_invstd: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    residual: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The backward kernels' outputs' metadata (C++ and Triton): grad_x like x's (R, C) view,
-    three float32 (C,)."""
-    return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
+    three float32 (C,), and the residual's gradient like x (empty without a residual)."""
+    vectors = (torch.empty_like(weight) for _ in range(3))
+    grad_residual = torch.empty_like(x) if residual is not None else x.new_empty(0)
+    return (torch.empty_like(x), *vectors, grad_residual)
 
 
 @opaque_op(
     "lightnets::batch_norm_prelu_backward",
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor slope, Tensor save_mean, "
-    "Tensor save_invstd) -> (Tensor, Tensor, Tensor, Tensor)",
+    "Tensor save_invstd, Tensor? residual) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     backward_fake,
 )
 def batch_norm_prelu_backward(
@@ -200,35 +234,45 @@ def batch_norm_prelu_backward(
     slope: Tensor,
     save_mean: Tensor,
     save_invstd: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``lightnets_cpu::batch_norm_prelu_backward``: (grad_x, grad_weight, grad_bias, grad_slope)
-    of (B H W, C) views; opaque to ``torch.compile``.
+    residual: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``lightnets_cpu::batch_norm_prelu_backward``: (grad_x, grad_weight, grad_bias, grad_slope,
+    grad_residual) of (B H W, C) views (grad_residual empty without a residual); opaque to
+    ``torch.compile``.
 
     Shape:
-        grad_y, x (R, C), the rest (C,) -> ((R, C), (C,), (C,), (C,))
+        grad_y, x, residual (R, C), the rest (C,) -> ((R, C), (C,), (C,), (C,), (R, C) or (0,))
     """
     grads = torch.ops.lightnets_cpu.batch_norm_prelu_backward(
-        grad_y, x, weight, bias, slope, save_mean, save_invstd
+        grad_y, x, weight, bias, slope, save_mean, save_invstd, residual
     )
-    return grads[0], grads[1], grads[2], grads[3]
+    return grads[0], grads[1], grads[2], grads[3], grads[4]
 
 
 class BatchNormPReLUFunction(torch.autograd.Function):
-    """y = PReLU(BN(x)) with batch statistics, by the C++ kernels or (``triton``) the Triton ones;
-    returns (y, batch mean, unbiased batch variance), the statistics for the running averages (not
-    differentiable)."""
+    """y = PReLU(BN(x) (+ residual)) with batch statistics, by the C++ kernels or (``triton``) the
+    Triton ones; returns (y, batch mean, unbiased batch variance), the statistics for the running
+    averages (not differentiable)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float, triton: bool
+        ctx,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        slope: Tensor,
+        eps: float,
+        triton: bool,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         if triton:
             from src.ops.triton.batch_norm_prelu import batch_norm_prelu_forward_triton as forward
         else:
             forward = batch_norm_prelu_forward
+        rows = None if residual is None else channel_rows(residual)
         with autocast_off(x.device.type):
-            y, mean, invstd, var = forward(channel_rows(x), weight, bias, slope, eps)
-        ctx.save_for_backward(x, weight, bias, slope, mean, invstd)
+            y, mean, invstd, var = forward(channel_rows(x), weight, bias, slope, eps, rows)
+        ctx.save_for_backward(x, weight, bias, slope, mean, invstd, residual)
         ctx.mark_non_differentiable(mean, var)
         ctx.triton = triton
         return from_channel_rows(y, x.shape), mean, var  # y channels-last as x
@@ -238,16 +282,17 @@ class BatchNormPReLUFunction(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx, grad_y: Tensor, _grad_mean: Tensor | None, _grad_var: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        x, weight, bias, slope, mean, invstd = ctx.saved_tensors
+        x, weight, bias, slope, mean, invstd, residual = ctx.saved_tensors
         # the gradient copied to x's layout only if autograd's differs
         grad_y = grad_y.contiguous(memory_format=torch.channels_last)
         if ctx.triton:
             from src.ops.triton.batch_norm_prelu import batch_norm_prelu_backward_triton as backward
         else:
             backward = batch_norm_prelu_backward
+        rows = None if residual is None else channel_rows(residual)
         with autocast_off(x.device.type):
-            grad_x, grad_w, grad_b, grad_a = backward(
-                channel_rows(grad_y), channel_rows(x), weight, bias, slope, mean, invstd
+            grad_x, grad_w, grad_b, grad_a, grad_r = backward(
+                channel_rows(grad_y), channel_rows(x), weight, bias, slope, mean, invstd, rows
             )
         wanted = ctx.needs_input_grad
         return (
@@ -257,6 +302,7 @@ class BatchNormPReLUFunction(torch.autograd.Function):
             grad_a if wanted[3] else None,
             None,
             None,
+            from_channel_rows(grad_r, x.shape) if residual is not None and wanted[6] else None,
         )
 
 

@@ -204,12 +204,14 @@ class EESP(nn.Module):
             if merged.shape == x.shape:
                 merged += x
             return F.prelu(merged, self.act.weight)
-        merged = self.merge(self._pyramid(reduced))
+        pyramid = self._pyramid(reduced)
         if self.stride == 2 and self.down_method == "avg":
-            return merged
-        if merged.shape == x.shape:
-            merged = merged + x
-        return self.act(merged)
+            return self.merge(pyramid)
+        conv, norm = self.merge
+        merged = conv(pyramid)
+        # BN, the residual and PReLU as one op where it applies
+        residual = x if merged.shape == x.shape else None
+        return batch_norm_prelu(merged, norm, self.act, residual=residual)
 
     def _pyramid(self, reduced: Tensor) -> Tensor:
         """Split, transform, hierarchical fusion, concatenation, BN and PReLU.

@@ -20,8 +20,10 @@ from torch import Tensor, nn
 import src.ops.batch_norm
 import src.ops.batch_norm_prelu
 from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
+from src.ops.eesp import EESP
 from src.ops.prelu import PReLU
 from tests.helpers import (
     KIND_FAULTS,
@@ -216,6 +218,7 @@ def test_autograd_keeps_x_only(kernels: None) -> None:
 def test_kernels_do_not_depend_on_the_thread_count(kernels: None) -> None:
     gen = torch.Generator().manual_seed(7)
     x, grad_y = torch.randn(3200, 16, generator=gen) + 2, torch.randn(3200, 16, generator=gen)
+    residual = torch.randn(3200, 16, generator=gen)
     weight, bias, slope = (torch.rand(16, generator=gen) for _ in range(3))
     threads = torch.get_num_threads()
     runs = []
@@ -223,10 +226,10 @@ def test_kernels_do_not_depend_on_the_thread_count(kernels: None) -> None:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
             y, mean, invstd, var = torch.ops.lightnets_cpu.batch_norm_prelu_forward(
-                x, weight, bias, slope, 1e-5
+                x, weight, bias, slope, 1e-5, residual
             )
             grads = torch.ops.lightnets_cpu.batch_norm_prelu_backward(
-                grad_y, x, weight, bias, slope, mean, invstd
+                grad_y, x, weight, bias, slope, mean, invstd, residual
             )
             runs.append((y, mean, invstd, var, *grads))
     finally:
@@ -283,20 +286,22 @@ def test_the_modules_run_where_the_fused_op_does_not_apply(
 
 def _forward_args() -> list:
     torch.manual_seed(0)
-    return [torch.randn(12, 5), torch.rand(5), torch.randn(5), torch.rand(5), 1e-5]
+    x, residual = torch.randn(12, 5), torch.randn(12, 5)
+    return [x, torch.rand(5), torch.randn(5), torch.rand(5), 1e-5, residual]
 
 
 def _backward_args() -> list:
-    x, weight, bias, slope, eps = _forward_args()
+    x, weight, bias, slope, eps, residual = _forward_args()
     _, mean, invstd, _ = torch.ops.lightnets_cpu.batch_norm_prelu_forward(
-        x, weight, bias, slope, eps
+        x, weight, bias, slope, eps, residual
     )
-    return [torch.randn(12, 5), x, weight, bias, slope, mean, invstd]
+    return [torch.randn(12, 5), x, weight, bias, slope, mean, invstd, residual]
 
 
-FORWARD = {"x": 0, "weight": 1, "bias": 2, "slope": 3}
+FORWARD = {"x": 0, "weight": 1, "bias": 2, "slope": 3, "residual": 5}
 BACKWARD = {"grad_y": 0, "x": 1, "weight": 2, "bias": 3, "slope": 4, "save_mean": 5,
-            "save_invstd": 6}  # fmt: skip
+            "save_invstd": 6, "residual": 7}  # fmt: skip
+MATRICES = ("x", "grad_y", "residual")  # (R, C), the others (C,)
 FAULTS = (*SHAPE_FAULTS, *KIND_FAULTS)
 
 
@@ -304,23 +309,25 @@ FAULTS = (*SHAPE_FAULTS, *KIND_FAULTS)
     ("kernel", "name", "fault"),
     [("batch_norm_prelu_forward", n, f) for n in FORWARD for f in FAULTS
      # x may be bfloat16; a vector has no other shape of its rank
-     if (n, f) not in (("x", "bfloat16"), *((v, "reshaped") for v in list(FORWARD)[1:]))]
+     if (n, f) != ("x", "bfloat16") and not (f == "reshaped" and n not in MATRICES)]
     + [("batch_norm_prelu_backward", n, f) for n in BACKWARD for f in FAULTS
-       if (n, f) not in (("x", "bfloat16"), *((v, "reshaped") for v in list(BACKWARD)[2:]))],
+       if (n, f) != ("x", "bfloat16") and not (f == "reshaped" and n not in MATRICES)],
 )  # fmt: skip
 def test_kernels_reject_a_faulty_operand(kernels: None, kernel: str, name: str, fault: str) -> None:
     forward = kernel == "batch_norm_prelu_forward"
     operands = FORWARD if forward else BACKWARD
     args = _forward_args() if forward else _backward_args()
-    if forward:
-        fixed: tuple[int, ...] = (0,) if name != "x" else (1,)  # x's channels fix the vectors
+    if name == "residual":
+        fixed: tuple[int, ...] = (0, 1)  # x fixes its every size
+    elif forward:
+        fixed = (0,) if name != "x" else (1,)  # x's channels fix the vectors
     else:
         fixed = (0,) if operands[name] >= 2 else (0, 1)  # grad_y and x fix each other's sizes
     assert_rejected(kernel, args, name, operands[name], fault, fixed)
 
 
 def test_kernels_reject_one_row_and_a_bad_eps(kernels: None) -> None:
-    x, weight, bias, slope, eps = _forward_args()
+    x, weight, bias, slope, eps, _ = _forward_args()
     with pytest.raises(RuntimeError, match=r"x has shape \[1, 5\]: .*more than one value"):
         torch.ops.lightnets_cpu.batch_norm_prelu_forward(x[:1], weight, bias, slope, eps)
     with pytest.raises(RuntimeError, match="eps must be positive, got 0"):
@@ -373,3 +380,55 @@ def test_dicenet_trains_every_bn_prelu_pair_fused(kernels: None) -> None:
     )
     assert names.count(FUSED) == sum(isinstance(m, nn.BatchNorm2d) for m in net.modules()) == 71
     assert "PReLUCpuFunctionBackward" not in names
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 9, 7), (8, 40, 16, 16)], ids=str)
+def test_a_residual_matches_the_float64_oracle(kernels: None, shape: tuple[int, ...]) -> None:
+    # PReLU(BN(x) + r), EESP's unit output: r's gradient is PReLU's input gradient
+    norm, act = _modules(shape[1])
+    x, probe = _inputs(shape)
+    residual = torch.randn(shape).to(memory_format=torch.channels_last).requires_grad_()
+    x = x.requires_grad_()
+    y = batch_norm_prelu(x, norm, act, residual=residual)
+    leaves = [x, residual, norm.weight, norm.bias, act.weight]
+    got = [y, *torch.autograd.grad(y, leaves, probe), norm.running_mean, norm.running_var]
+    norm64, act64 = _copies(_modules(shape[1])[0], act, torch.float64)
+    leaves64 = [t.detach().double().requires_grad_() for t in (x, residual)]
+    leaves64 += [norm64.weight, norm64.bias, act64.weight]
+    y64 = F.prelu(norm64(leaves64[0]) + leaves64[1], act64.weight)
+    want = [y64, *torch.autograd.grad(y64, leaves64, probe.double())]
+    want += [norm64.running_mean, norm64.running_var]
+    assert _node(y) == FUSED
+    names = [
+        "y",
+        "grad_x",
+        "grad_residual",
+        "grad_weight",
+        "grad_bias",
+        "grad_slope",
+        "mean",
+        "var",
+    ]
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a.dtype == torch.float32 and max_relative_error(a, b) < 1e-5, name
+    assert got[2].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_residual_in_another_layout_runs_the_modules(kernels: None) -> None:
+    norm, act = _modules(6)
+    other_norm, other_act = _copies(norm, act)
+    x = _inputs((2, 6, 5, 5))[0]
+    residual = torch.randn(2, 6, 5, 5)  # NCHW
+    y = batch_norm_prelu(x.requires_grad_(), norm, act, residual=residual)
+    assert _node(y) != FUSED
+    assert torch.equal(y, other_act(other_norm(x) + residual))
+
+
+def test_espnetv2_trains_its_eesp_residuals_fused(kernels: None) -> None:
+    net = ESPNetv2(0.5, num_classes=10).to(memory_format=torch.channels_last)
+    names = autograd_node_names(
+        net(torch.randn(2, 3, 64, 64).to(memory_format=torch.channels_last))
+    )
+    units = sum(1 for m in net.modules() if type(m) is EESP and m.stride == 1)
+    # every BN followed by PReLU (40), and each stride-1 EESP unit's BN, residual and PReLU (13)
+    assert units == 13 and names.count(FUSED) == 40 + units

@@ -47,52 +47,75 @@ def _operands(rows: int, channels: int, dtype: torch.dtype, offset: float = 0.0)
     grad_y = torch.randn(rows, channels, generator=gen)
     weight = torch.rand(channels, generator=gen) * 3 - 1
     bias, slope = torch.randn(channels, generator=gen), torch.rand(channels, generator=gen) - 0.25
-    return [t.to(DEVICE) for t in (x + offset, grad_y, weight, bias, slope)], dtype
+    residual = torch.randn(rows, channels, generator=gen)
+    return [t.to(DEVICE) for t in (x + offset, grad_y, weight, bias, slope, residual)], dtype
 
 
-def _oracle(x: Tensor, grad_y: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float):
-    """y, mean, 1/std, unbiased variance and the four gradients, in float64."""
+def _oracle(
+    x: Tensor,
+    grad_y: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    slope: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
+):
+    """y, mean, 1/std, unbiased variance; the gradients of x, weight, bias, slope (and residual),
+    in float64."""
     x, grad_y, weight, bias, slope = (t.double() for t in (x, grad_y, weight, bias, slope))
-    x, weight, bias, slope = (t.requires_grad_() for t in (x, weight, bias, slope))
+    leaves = [t.requires_grad_() for t in (x, weight, bias, slope)]
     mean, var = x.mean(0), x.var(0, unbiased=False)
     invstd = (var + eps).rsqrt()
     z = (x - mean) * invstd * weight + bias
+    if residual is not None:
+        residual = residual.double().requires_grad_()
+        leaves.append(residual)
+        z = z + residual
     y = torch.where(z > 0, z, slope * z)
-    grads = torch.autograd.grad(y, (x, weight, bias, slope), grad_y)
+    grads = torch.autograd.grad(y, leaves, grad_y)
     rows = x.shape[0]
     return [y, mean, invstd, var * rows / (rows - 1)], list(grads)
 
 
 @pytest.mark.parametrize("gpu_tiles", [False, True], ids=["own_tiles", "h100_tiles"])
 @pytest.mark.parametrize(
-    ("rows", "channels", "dtype"),
-    [(50, 7, torch.float32), (2304, 200, torch.float32), (9000, 24, torch.float32),
-     (2304, 200, torch.bfloat16), (600, 130, torch.float16)],
+    ("rows", "channels", "dtype", "with_residual"),
+    [(50, 7, torch.float32, False), (2304, 200, torch.float32, False),
+     (9000, 24, torch.float32, False), (2304, 200, torch.float32, True),
+     (2304, 200, torch.bfloat16, True), (600, 130, torch.float16, False)],
     ids=str,
 )  # fmt: skip
 def test_kernels_match_the_float64_oracle(
-    rows: int, channels: int, dtype: torch.dtype, gpu_tiles: bool
+    rows: int, channels: int, dtype: torch.dtype, with_residual: bool, gpu_tiles: bool
 ) -> None:
-    (x, grad_y, weight, bias, slope), _ = _operands(rows, channels, dtype)
-    x, grad_y = x.to(dtype), grad_y.to(dtype)
-    outputs, grads = _oracle(x, grad_y, weight, bias, slope, 1e-5)
+    (x, grad_y, weight, bias, slope, residual), _ = _operands(rows, channels, dtype)
+    x, grad_y, residual = x.to(dtype), grad_y.to(dtype), residual.to(dtype)
+    residual = residual if with_residual else None
+    outputs, grads = _oracle(x, grad_y, weight, bias, slope, 1e-5, residual)
     with _tiles(gpu_tiles):
-        got = batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5)
-        got_grads = batch_norm_prelu_backward_triton(grad_y, x, weight, bias, slope, *got[1:3])
+        got = batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5, residual)
+        got_grads = batch_norm_prelu_backward_triton(
+            grad_y, x, weight, bias, slope, *got[1:3], residual
+        )
     assert got[0].dtype == got_grads[0].dtype == dtype
     rounding = ROUNDING[dtype]
     for name, a, b in zip(["y", "grad_x"], (got[0], got_grads[0]), (outputs[0], grads[0]),
                           strict=True):  # fmt: skip
         assert max_relative_error(a, b) < rounding + 1e-5, name
+    if with_residual:
+        assert got_grads[4].dtype == dtype
+        assert max_relative_error(got_grads[4], grads[4]) < rounding + 1e-5, "grad_residual"
+    else:
+        assert got_grads[4].numel() == 0
     for name, a, b in zip(["mean", "invstd", "var"], got[1:], outputs[1:], strict=True):
         assert a.dtype == torch.float32 and max_relative_error(a, b) < 1e-5, name
-    for name, a, b in zip(["weight", "bias", "slope"], got_grads[1:], grads[1:], strict=True):
+    for name, a, b in zip(["weight", "bias", "slope"], got_grads[1:4], grads[1:4], strict=True):
         bound = 1e-5 if dtype == torch.float32 else 1e-4
         assert a.dtype == torch.float32 and max_relative_error(a, b) < bound, name
 
 
 def test_statistics_of_a_mean_far_from_zero() -> None:
-    (x, _, weight, bias, slope), _ = _operands(4096, 16, torch.float32, offset=3000.0)
+    (x, _, weight, bias, slope, _), _ = _operands(4096, 16, torch.float32, offset=3000.0)
     outputs, _ = _oracle(x, x, weight, bias, slope, 1e-5)
     with _tiles(True):
         got = batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5)
@@ -103,14 +126,16 @@ def test_statistics_of_a_mean_far_from_zero() -> None:
 @pytest.mark.skipif(CUDA, reason="the C++ kernels are the CPU's")
 def test_kernels_equal_the_cpu_kernels_to_float32_rounding() -> None:
     require_cpu_kernels()
-    (x, grad_y, weight, bias, slope), _ = _operands(2304, 200, torch.float32)
-    cpu = torch.ops.lightnets_cpu.batch_norm_prelu_forward(x, weight, bias, slope, 1e-5)
+    (x, grad_y, weight, bias, slope, residual), _ = _operands(2304, 200, torch.float32)
+    cpu = torch.ops.lightnets_cpu.batch_norm_prelu_forward(x, weight, bias, slope, 1e-5, residual)
     cpu_grads = torch.ops.lightnets_cpu.batch_norm_prelu_backward(
-        grad_y, x, weight, bias, slope, cpu[1], cpu[2]
+        grad_y, x, weight, bias, slope, cpu[1], cpu[2], residual
     )
     with _tiles(True):
-        got = batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5)
-        got_grads = batch_norm_prelu_backward_triton(grad_y, x, weight, bias, slope, *got[1:3])
+        got = batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5, residual)
+        got_grads = batch_norm_prelu_backward_triton(
+            grad_y, x, weight, bias, slope, *got[1:3], residual
+        )
     for a, b in zip([*got, *got_grads], [*cpu, *cpu_grads], strict=True):
         assert max_relative_error(a, b.double()) < 1e-5
 
@@ -185,10 +210,12 @@ def test_auto_path_keeps_the_faster_and_deterministic_mode_the_kernels() -> None
      ("strided", "x must be contiguous"), ("one_row", "more than one value per channel"),
      ("short_weight", "weight must be a contiguous float32 \\(5,\\) vector"),
      ("half_slope", "slope must be a contiguous float32"),
-     ("grad_y", "grad_y must be contiguous rows of x's shape")],
+     ("grad_y", "grad_y must be contiguous rows of x's shape"),
+     ("short_residual", "residual must be contiguous rows of x's shape"),
+     ("half_residual", "residual must be contiguous rows of x's shape")],
 )  # fmt: skip
 def test_operands_are_checked_before_any_launch(change: str, message: str) -> None:
-    (x, grad_y, weight, bias, slope), _ = _operands(12, 5, torch.float32)
+    (x, grad_y, weight, bias, slope, residual), _ = _operands(12, 5, torch.float32)
     if change == "rank":
         x = x[None]
     elif change == "float64":
@@ -203,12 +230,18 @@ def test_operands_are_checked_before_any_launch(change: str, message: str) -> No
         slope = slope.half()
     elif change == "grad_y":
         grad_y = grad_y[:6]
+    elif change == "short_residual":
+        residual = residual[:6]
+    elif change == "half_residual":
+        residual = residual.half()
+    if "residual" not in change:
+        residual = None
     stats = (torch.zeros(5, device=DEVICE), torch.ones(5, device=DEVICE))
     with pytest.raises(ValueError, match=message):
         if change == "grad_y":
             batch_norm_prelu_backward_triton(grad_y, x, weight, bias, slope, *stats)
         else:
-            batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5)
+            batch_norm_prelu_forward_triton(x, weight, bias, slope, 1e-5, residual)
 
 
 def test_launch_takes_gpu_tiles_under_an_h100_configuration() -> None:

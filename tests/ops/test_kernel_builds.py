@@ -116,6 +116,16 @@ def _batch_norm_prelu(dtype: torch.dtype) -> None:
         x = torch.randn(2, channels, size, size, dtype=dtype)
         x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
         batch_norm_prelu(x, norm, act, impl="triton").float().sum().backward()
+    # with a residual, as ESPNetv2's EESP units add their input
+    x, residual = (
+        torch.randn(2, 128, 28, 28, dtype=dtype)
+        .contiguous(memory_format=torch.channels_last)
+        .requires_grad_()
+        for _ in range(2)
+    )
+    norm, act = BatchNorm2d(128), PReLU(128)
+    y = batch_norm_prelu(x, norm, act, impl="triton", residual=residual)
+    y.float().sum().backward()
 
 
 def _relative_softmax(dtype: torch.dtype) -> None:

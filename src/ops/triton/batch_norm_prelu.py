@@ -4,7 +4,9 @@
 A channels-last (B, C, H, W) activation is read as (R, C) = (B H W, C) rows. With per-channel
 batch mean m, biased variance v, 1/std s, BN's ``scale = w s`` and ``shift = b - m scale``:
 
-    z = scale x + shift,  y = z where z > 0, a z elsewhere
+    z = scale x + shift (+ r),  y = z where z > 0, a z elsewhere
+
+(r: an optional residual, EESP's unit input, whose gradient is dz.)
 
 Unfused, cuDNN's BN writes z, PReLU reads it back and writes y, and autograd keeps x and z. Here:
 
@@ -77,19 +79,21 @@ def _stats_kernel(
 
 @triton.jit
 def _fwd_kernel(
-    x_ptr, scale_ptr, shift_ptr, alpha_ptr, y_ptr, R, C,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, r_ptr, scale_ptr, shift_ptr, alpha_ptr, y_ptr, R, C,
+    HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     offs, m, c, c_ok = _rows(tl.program_id(0), R, C, BLOCK_R, BLOCK_C)
     s, t, a = _channel_vectors(scale_ptr, shift_ptr, alpha_ptr, c, c_ok)
     z = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) * s + t
+    if HAS_RES:
+        z += tl.load(r_ptr + offs, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs, tl.where(z > 0, z, a * z).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _bwd_sums_kernel(
-    x_ptr, g_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, part_ptr, R, C, TILES,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, r_ptr, g_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, part_ptr, R, C, TILES,
+    HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     # partials (programs, 3, C): sum dz, sum dz (x - m), sum min(z, 0) dy over TILES tiles
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -104,6 +108,8 @@ def _bwd_sums_kernel(
         x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)  # 0 off the mask
         z = x * s + t
+        if HAS_RES:
+            z += tl.load(r_ptr + offs, mask=m, other=0.0).to(tl.float32)
         positive = z > 0
         dz = tl.where(positive, g, a * g)
         sum_dz += dz
@@ -117,8 +123,9 @@ def _bwd_sums_kernel(
 
 @triton.jit
 def _bwd_dx_kernel(
-    x_ptr, g_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, q_ptr, r_ptr, dx_ptr, R, C,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, res_ptr, g_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, q_ptr, r_ptr, dx_ptr,
+    dres_ptr, R, C,
+    HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     offs, m, c, c_ok = _rows(tl.program_id(0), R, C, BLOCK_R, BLOCK_C)
     s, t, a = _channel_vectors(scale_ptr, shift_ptr, alpha_ptr, c, c_ok)
@@ -127,8 +134,13 @@ def _bwd_dx_kernel(
     r = tl.load(r_ptr + c, mask=c_ok, other=0.0)[None, :]
     x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    dz = tl.where(x * s + t > 0, g, a * g)
+    z = x * s + t
+    if HAS_RES:
+        z += tl.load(res_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    dz = tl.where(z > 0, g, a * g)
     tl.store(dx_ptr + offs, (s * dz + q * (x - mu) + r).to(dx_ptr.dtype.element_ty), mask=m)
+    if HAS_RES:
+        tl.store(dres_ptr + offs, dz.to(dres_ptr.dtype.element_ty), mask=m)
 
 
 def _launch(rows: Tensor) -> tuple[int, int, int, int, dict]:
@@ -157,7 +169,7 @@ def _tiles_per_program(tiles: int, channel_blocks: int, device: torch.device) ->
     return triton.cdiv(tiles, max(1, programs // channel_blocks))
 
 
-def _check(x: Tensor, vectors: dict[str, Tensor]) -> None:
+def _check(x: Tensor, vectors: dict[str, Tensor], residual: Tensor | None) -> None:
     if x.dim() != 2 or not x.is_contiguous() or x.dtype not in DTYPES:
         raise ValueError(
             f"x must be contiguous (R, C) rows in {DTYPES}, got shape {tuple(x.shape)}, "
@@ -167,6 +179,13 @@ def _check(x: Tensor, vectors: dict[str, Tensor]) -> None:
         raise ValueError(
             f"x has shape {tuple(x.shape)}: BatchNorm's training statistics need more than one "
             "value per channel"
+        )
+    if residual is not None and (
+        residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous()
+    ):
+        raise ValueError(
+            f"residual must be contiguous rows of x's shape {tuple(x.shape)} and dtype {x.dtype}, "
+            f"got shape {tuple(residual.shape)}, dtype {residual.dtype}"
         )
     for name, v in vectors.items():
         if v.shape != (x.shape[1],) or v.dtype != torch.float32 or not v.is_contiguous():
@@ -178,20 +197,26 @@ def _check(x: Tensor, vectors: dict[str, Tensor]) -> None:
 
 @opaque_op(
     "lightnets::batch_norm_prelu_forward_triton",
-    "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps) "
+    "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps, Tensor? residual) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
     forward_fake,
 )
 def batch_norm_prelu_forward_triton(
-    x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    slope: Tensor,
+    eps: float,
+    residual: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(y, batch mean, 1/std, unbiased variance) of (R, C) rows: a statistics launch, then one
     writing y. The contract of ``lightnets_cpu::batch_norm_prelu_forward``.
 
     Shape:
-        x (R, C), weight, bias, slope (C,) float32 -> ((R, C), (C,), (C,), (C,))
+        x (R, C), weight, bias, slope (C,) float32, residual (R, C) or None
+        -> ((R, C), (C,), (C,), (C,))
     """
-    _check(x, {"weight": weight, "bias": bias, "slope": slope})
+    _check(x, {"weight": weight, "bias": bias, "slope": slope}, residual)
     R, C = x.shape
     tiles, channel_blocks, programs, per_program, meta = _launch(x)
     part = torch.empty((programs, 2, C), dtype=torch.float32, device=x.device)
@@ -201,14 +226,17 @@ def batch_norm_prelu_forward_triton(
     sums = torch.stack((shifted[0] + R * k, shifted[1] + 2 * k * shifted[0] + R * k * k))
     mean, var, rstd, scale, shift = batch_statistics(sums, R, weight, bias, eps)
     y = torch.empty_like(x)
-    _fwd_kernel[(tiles, channel_blocks)](x, scale, shift, slope, y, R, C, **meta)
+    has_res = residual is not None
+    _fwd_kernel[(tiles, channel_blocks)](
+        x, residual if has_res else x, scale, shift, slope, y, R, C, HAS_RES=has_res, **meta
+    )
     return y, mean, rstd, var * (R / (R - 1))
 
 
 @opaque_op(
     "lightnets::batch_norm_prelu_backward_triton",
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor slope, Tensor save_mean, "
-    "Tensor save_invstd) -> (Tensor, Tensor, Tensor, Tensor)",
+    "Tensor save_invstd, Tensor? residual) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     backward_fake,
 )
 def batch_norm_prelu_backward_triton(
@@ -219,16 +247,19 @@ def batch_norm_prelu_backward_triton(
     slope: Tensor,
     save_mean: Tensor,
     save_invstd: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(grad_x, grad_weight, grad_bias, grad_slope): a launch of per-chunk sums, then one writing
-    grad_x. The contract of ``lightnets_cpu::batch_norm_prelu_backward``.
+    residual: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(grad_x, grad_weight, grad_bias, grad_slope, grad_residual): a launch of per-chunk sums,
+    then one writing grad_x (and grad_residual). The contract of
+    ``lightnets_cpu::batch_norm_prelu_backward``.
 
     Shape:
-        grad_y, x (R, C), the rest (C,) float32 -> ((R, C), (C,), (C,), (C,))
+        grad_y, x, residual (R, C), the rest (C,) float32
+        -> ((R, C), (C,), (C,), (C,), (R, C) or (0,))
     """
     vectors = {"weight": weight, "bias": bias, "slope": slope, "save_mean": save_mean,
                "save_invstd": save_invstd}  # fmt: skip
-    _check(x, vectors)
+    _check(x, vectors, residual)
     if grad_y.shape != x.shape or grad_y.dtype != x.dtype or not grad_y.is_contiguous():
         raise ValueError(
             f"grad_y must be contiguous rows of x's shape {tuple(x.shape)} and dtype {x.dtype}, "
@@ -239,16 +270,20 @@ def batch_norm_prelu_backward_triton(
     shift = bias - save_mean * scale
     tiles, channel_blocks, programs, per_program, meta = _launch(x)
     part = torch.empty((programs, 3, C), dtype=torch.float32, device=x.device)
+    has_res = residual is not None
+    res = residual if has_res else x  # not read without a residual
     _bwd_sums_kernel[(programs, channel_blocks)](
-        x, grad_y, scale, shift, slope, save_mean, part, R, C, per_program, **meta
-    )
+        x, res, grad_y, scale, shift, slope, save_mean, part, R, C, per_program,
+        HAS_RES=has_res, **meta,
+    )  # fmt: skip
     sum_dz, sum_dz_centred, grad_slope = part.sum(0)
     grad_weight, grad_bias, q, r = batch_norm_backward(
         sum_dz, sum_dz_centred, save_invstd, scale, R
     )
     grad_x = torch.empty_like(x)
+    grad_res = torch.empty_like(x) if has_res else x.new_empty(0)
     _bwd_dx_kernel[(tiles, channel_blocks)](
-        x, grad_y, scale, shift, slope, save_mean, q.contiguous(), r.contiguous(), grad_x, R, C,
-        **meta,
+        x, res, grad_y, scale, shift, slope, save_mean, q.contiguous(), r.contiguous(), grad_x,
+        grad_res if has_res else grad_x, R, C, HAS_RES=has_res, **meta,
     )  # fmt: skip
-    return grad_x, grad_weight, grad_bias.clone(), grad_slope
+    return grad_x, grad_weight, grad_bias.clone(), grad_slope, grad_res
