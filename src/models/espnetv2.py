@@ -19,7 +19,7 @@ in the branches), ``hff`` (hierarchical feature fusion) and ``input_shortcut`` (
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 import torch
@@ -220,9 +220,9 @@ class ESPNetv2Backbone(nn.Module):
         # Each down-sampler's shortcut takes the image average-pooled to its output size. The
         # official code pools the full image anew at every level (nine pools, six of them at the
         # two largest sizes); pooling each level's image from the last one gives the same tensors.
-        images: list[Tensor | None] = [None] * 4
+        images: Sequence[Tensor | None] = [None] * 4
         if self.input_shortcut:
-            images = list(image_pyramid(x, 4))  # (B, 3, H / 2^s, W / 2^s), s = 1..4
+            images = image_pyramid(x, 4)  # (B, 3, H / 2^s, W / 2^s), s = 1..4
         out1 = self.level1(x)  # (B, c0, H/2, W/2)
         out2 = self.level2_0(out1, images[1])  # (B, c1, H/4, W/4)
         out3 = self.level3(self.level3_0(out2, images[2]))  # (B, c2, H/8, W/8)
