@@ -28,9 +28,9 @@
 
 namespace {
 
+using lightnets::check_channel_vectors;
 using lightnets::check_dense;
-using lightnets::check_operand;
-using lightnets::check_shape;
+using lightnets::check_like_rows;
 using lightnets::load;
 using lightnets::row_blocks;
 using lightnets::store;
@@ -104,21 +104,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(
     const at::Tensor& save_mean, const at::Tensor& save_invstd) {
   constexpr const char* kOp = "batch_norm_backward";
   check_dense(kOp, x, "x", 2, "(R, C)");
-  TORCH_CHECK(grad_y.sizes().equals(x.sizes()), kOp, ": grad_y has shape ", grad_y.sizes(),
-              ", expected x's shape ", x.sizes());
-  check_dense(kOp, grad_y, "grad_y", 2, "(R, C)");
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, kOp,
               ": x must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK(grad_y.scalar_type() == dtype, kOp, ": grad_y must be ",
-              dtype == at::kFloat ? "float32" : "bfloat16", " as x, got ", grad_y.scalar_type());
+  check_like_rows(kOp, grad_y, "grad_y", x);
   const int64_t C = x.size(1);
-  const std::pair<const at::Tensor*, const char*> vectors[] = {
-      {&weight, "weight"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}};
-  for (const auto& [t, name] : vectors) {
-    check_operand(kOp, *t, name, 1, "(C,)");
-    check_shape(kOp, *t, name, {C}, "(C,), C of x ", x.sizes());
-  }
+  check_channel_vectors(
+      kOp, {{&weight, "weight"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}}, x);
   TORCH_CHECK(x.size(0) > 0, kOp, ": x has shape ", x.sizes(), ": no rows");
 
   at::Tensor grad_x = at::empty(x.sizes(), x.options());

@@ -38,9 +38,9 @@
 
 namespace {
 
+using lightnets::check_channel_vectors;
 using lightnets::check_dense;
-using lightnets::check_operand;
-using lightnets::check_shape;
+using lightnets::check_like_rows;
 using lightnets::load;
 using lightnets::prelu;
 using lightnets::row_blocks;
@@ -201,23 +201,9 @@ void check_rows(const char* op, const at::Tensor& x, const char* name) {
               ": BatchNorm's training statistics need more than one value per channel");
 }
 
-void check_vectors(const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>>
-                                       vectors,
-                   const at::Tensor& x) {
-  for (const auto& [t, name] : vectors) {
-    check_operand(op, *t, name, 1, "(C,)");
-    check_shape(op, *t, name, {x.size(1)}, "(C,), C of x ", x.sizes());
-  }
-}
-
 // an optional residual: (R, C) of x's shape and dtype
 void check_residual(const char* op, const std::optional<at::Tensor>& residual, const at::Tensor& x) {
-  if (!residual.has_value()) return;
-  check_dense(op, *residual, "residual", 2, "(R, C)");
-  TORCH_CHECK(residual->sizes().equals(x.sizes()), op, ": residual has shape ", residual->sizes(),
-              ", expected x's shape ", x.sizes());
-  TORCH_CHECK(residual->scalar_type() == x.scalar_type(), op, ": residual must be ",
-              lightnets::dtype_name(x.scalar_type()), " as x, got ", residual->scalar_type());
+  if (residual.has_value()) check_like_rows(op, *residual, "residual", x);
 }
 
 // fn(T{}, std::bool_constant<residual>{}) for x's element type
@@ -239,7 +225,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_prelu_forw
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& slope,
     double eps, const std::optional<at::Tensor>& residual) {
   check_rows(kForward, x, "x");
-  check_vectors(kForward, {{&weight, "weight"}, {&bias, "bias"}, {&slope, "slope"}}, x);
+  check_channel_vectors(kForward, {{&weight, "weight"}, {&bias, "bias"}, {&slope, "slope"}}, x);
   check_residual(kForward, residual, x);
   TORCH_CHECK(eps > 0.0, kForward, ": eps must be positive, got ", eps);
   const int64_t R = x.size(0), C = x.size(1);
@@ -264,12 +250,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
     const at::Tensor& bias, const at::Tensor& slope, const at::Tensor& save_mean,
     const at::Tensor& save_invstd, const std::optional<at::Tensor>& residual) {
   check_rows(kBackward, x, "x");
-  check_dense(kBackward, grad_y, "grad_y", 2, "(R, C)");
-  TORCH_CHECK(grad_y.sizes().equals(x.sizes()), kBackward, ": grad_y has shape ", grad_y.sizes(),
-              ", expected x's shape ", x.sizes());
-  TORCH_CHECK(grad_y.scalar_type() == x.scalar_type(), kBackward, ": grad_y must be ",
-              lightnets::dtype_name(x.scalar_type()), " as x, got ", grad_y.scalar_type());
-  check_vectors(kBackward,
+  check_like_rows(kBackward, grad_y, "grad_y", x);
+  check_channel_vectors(kBackward,
                 {{&weight, "weight"},
                  {&bias, "bias"},
                  {&slope, "slope"},

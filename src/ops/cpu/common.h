@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <utility>
 
 namespace lightnets {
 
@@ -123,6 +124,27 @@ inline void check_shape(const char* op, const at::Tensor& t, const char* name,
                         std::initializer_list<int64_t> expected, const Origin&... origin) {
   TORCH_CHECK(t.sizes().equals(expected), op, ": ", name, " has shape ", t.sizes(), ", expected ",
               at::IntArrayRef(expected), " = ", origin...);
+}
+
+// A tensor that goes with the (R, C) rows x: dense, 2-D, of x's shape and dtype (an output
+// gradient, a residual).
+inline void check_like_rows(const char* op, const at::Tensor& t, const char* name,
+                            const at::Tensor& x) {
+  check_dense(op, t, name, 2, "(R, C)");
+  TORCH_CHECK(t.sizes().equals(x.sizes()), op, ": ", name, " has shape ", t.sizes(),
+              ", expected x's shape ", x.sizes());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " must be ",
+              dtype_name(x.scalar_type()), " as x, got ", t.scalar_type());
+}
+
+// Per-channel float32 (C,) vectors of the (R, C) rows x (BN's weight and statistics, a slope).
+inline void check_channel_vectors(
+    const char* op, std::initializer_list<std::pair<const at::Tensor*, const char*>> vectors,
+    const at::Tensor& x) {
+  for (const auto& [t, name] : vectors) {
+    check_operand(op, *t, name, 1, "(C,)");
+    check_shape(op, *t, name, {x.size(1)}, "(C,), C of x ", x.sizes());
+  }
 }
 
 // Past this reach of a kernel tap (far beyond any feature map), the sizes of the padded planes
