@@ -39,6 +39,19 @@ from src.ops.triton import (
     size_bucket,
 )
 
+# The grouped GEMM's launch configuration, read at every launch. On a GPU (a CUDA tensor, or
+# launches recorded for one):
+BLOCK_R_GPU = 64  # output rows of one program (tokens; the weight gradient's input features)
+WARPS_GPU = 4  # warps of one program: Triton's default
+STAGES_GPU = 3  # software-pipelining stages of the reduction loop: Triton's default
+SPLIT_K_PROGRAMS_PER_SM = 4  # programs of a split-K weight gradient, per SM
+# in the interpreter:
+BLOCK_R_INTERPRETER = 32
+SPLIT_K_PROGRAMS_INTERPRETER = 16  # a fixed count, so that the tests split too
+# both, as powers of two from 16 up to these:
+BLOCK_T_MAX = 32  # the reduction's block (tokens, or input features per group)
+BLOCK_C_MAX = 64  # output columns of one program (output features per group)
+
 
 @triton.jit
 def _grouped_gemm_kernel(
@@ -184,6 +197,7 @@ def _grouped_gemm(
         HAS_A1=a1 is not None, HAS_BIAS=bias is not None, COLSUM=colsum is not None, IEEE=ieee,
         WIDEN=widen,
         BLOCK_R=block_r, BLOCK_T=block_t, BLOCK_C=block_c,
+        **({"num_warps": WARPS_GPU, "num_stages": STAGES_GPU} if gpu_launch(a) else {}),
     )  # fmt: skip
     if splits > 1:
         c.copy_(out.sum(0))
@@ -193,7 +207,8 @@ def _grouped_gemm(
 
 def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_T, BLOCK_C) of a launch."""
-    return 64 if gpu_launch(a) else 32, _block(max(red, red1), 16, 32), _block(cols, 16, 64)
+    block_r = BLOCK_R_GPU if gpu_launch(a) else BLOCK_R_INTERPRETER
+    return block_r, _block(max(red, red1), 16, BLOCK_T_MAX), _block(cols, 16, BLOCK_C_MAX)
 
 
 def split_k_splits(a: Tensor, cols: int, *, programs: int) -> int:
@@ -333,10 +348,10 @@ def weight_grad_splitk(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | Non
 
 
 def _split_k_programs(device: torch.device) -> int:
-    """About four programs per SM on a GPU; a fixed 16 in the interpreter, so that tests split
-    too."""
+    """``SPLIT_K_PROGRAMS_PER_SM`` programs per SM on a GPU, ``SPLIT_K_PROGRAMS_INTERPRETER`` in
+    the interpreter."""
     sms = multi_processor_count(device)
-    return 4 * sms if sms else 16
+    return SPLIT_K_PROGRAMS_PER_SM * sms if sms else SPLIT_K_PROGRAMS_INTERPRETER
 
 
 def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:

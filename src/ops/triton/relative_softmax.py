@@ -33,11 +33,14 @@ from src.ops.triton import autocast_off, gpu_launch, opaque_op
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the longest key row one program holds (in registers on a GPU); longer rows take the eager ops
 MAX_KEYS = 8192
+#: keys of a row per GPU thread, read at every launch: the warps of a program are
+#: block / (32 x this), 1 to 16
+ELEMENTS_PER_THREAD = 8
 
 
 def _warps(block: int) -> int:
-    """Warps for a row of ``block`` keys: about 8 elements per thread, 1 to 16 warps."""
-    return max(1, min(16, block // 256))
+    """Warps for a row of ``block`` keys: about ``ELEMENTS_PER_THREAD`` per thread, 1 to 16."""
+    return max(1, min(16, block // (32 * ELEMENTS_PER_THREAD)))
 
 
 @triton.jit

@@ -1,0 +1,489 @@
+"""Training steps of every system beside its baseline: interleaved timings, a ``torch.profiler``
+table per step, and ``torch.compile`` probes.
+
+Each entry is one training step (forward, loss, backward, optimiser step) at the papers' sizes on
+CUDA, bf16 autocast:
+
+====================  ==============================================================================
+``dicenet``            DiCENet s=1.0, 256 images of 224², channels-last (SGD), beside
+``shufflenet``         torchvision ShuffleNetV2 x1.0
+``espnetv2``           ESPNetv2 s=1.0, same batch
+``gt4`` / ``gt2``      Group-Transformer G=4 / G=2 at enwik8 sizes (9 x 256, 22 x 512, memory 512),
+``txl``                beside our Transformer-XL (9, 256, 8) (Adam)
+``delight_mt``         DeLighT MT at IWSLT'14 sizes (d_m 320, 14.0 M), 4,096 source and 4,096 target
+``transformer_mt``     tokens a batch, beside the fairseq-size IWSLT Transformer (39.5 M)
+``awd_pru``            the AWD-PRU of PTB (g=4, M=1400; 20 x 70 tokens), beside
+``awd_lstm``           the AWD-LSTM (cuDNN ``nn.LSTM``; M=1150, the thesis's baseline)
+``ssd``                ESPNetv2-SSD300 (s=2.0), 32 images, its two heads' outputs as the loss
+====================  ==============================================================================
+
+(The LMs, MT and SSD use a stand-in loss where their task's is elaborate: cross-entropy on random
+targets for the language and translation models, the mean of SSD's outputs; the network's kernels
+are what is profiled.) Two commands:
+
+- ``pairs``: each system and its baseline, interleaved round-robin, median of ``--repeats``; one
+  JSON line per entry (ms, units/s, the ratio to the baseline, parameters, peak memory). With
+  ``--profile MD``, then one profiled step of each entry: its top ``--top`` CUDA kernels by time,
+  with input shapes, as JSON and as Markdown tables in MD; ``--trace PATH`` also writes the Chrome
+  trace of the slowest profiled step (gzipped when PATH ends in ``.gz``).
+- ``compile NAME``: ``torch.compile`` of one entry's training step: the first call's seconds (the
+  compile), dynamo's graphs and graph breaks with their reasons, then the compiled step's median
+  ms (``--backend eager``: dynamo alone, no code generation).
+
+On the CPU (``--dry``) every entry shrinks to a few images or tokens, fp32, so that the script
+runs anywhere in seconds and cannot rot between GPU visits.
+
+    python benchmarks/gpu_profile.py pairs [--dry] [--repeats 10] [--only NAME ...]
+        [--profile MD] [--top 15] [--trace PATH] [--json PATH]
+    python benchmarks/gpu_profile.py compile NAME [--dry] [--backend inductor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import Tensor, nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.ops import synchronize  # noqa: E402
+from src.models.dicenet import DiCENet  # noqa: E402
+from src.models.espnetv2 import ESPNetv2  # noqa: E402
+from src.models.group_transformer import GroupTransformer  # noqa: E402
+from src.models.transformer_xl import TransformerXL  # noqa: E402
+
+# entry -> the baseline it is compared with in ``pairs``, in the order they run (what no other
+# benchmark measures first: a window on the GPU may end before the last)
+BASELINES = {
+    "delight_mt": "transformer_mt",
+    "awd_pru": "awd_lstm",
+    "gt4": "txl",
+    "dicenet": "shufflenet",
+    "espnetv2": "shufflenet",
+    "gt2": "txl",
+    "ssd": None,
+}
+NAMES = (
+    "dicenet", "shufflenet", "espnetv2", "gt4", "gt2", "txl", "delight_mt", "transformer_mt",
+    "awd_pru", "awd_lstm", "ssd",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of one run: the papers' on CUDA, tiny with ``--dry``."""
+
+    images: int
+    image_size: int
+    lm_batch: int
+    lm_len: int
+    mt_tokens: int  # source (and target) tokens a batch, in sentences of 32
+    awd_batch: int
+    awd_bptt: int
+    ssd_images: int
+    precision: torch.dtype | None  # autocast dtype, None for fp32
+
+
+FULL = Sizes(256, 224, 22, 512, 4096, 20, 70, 32, torch.bfloat16)
+DRY = Sizes(2, 64, 2, 16, 64, 2, 8, 1, None)
+
+
+@dataclass
+class Entry:
+    """A built training step: ``step()`` runs one; ``units`` (images or tokens) it processes."""
+
+    step: Callable[[], None]
+    units: int
+    unit: str
+    params: int
+    net: nn.Module
+
+
+def count(net: nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters())
+
+
+def compose(overrides: list[str]):
+    """The project's Hydra config for ``overrides`` (only composed: no data is read)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("train", overrides=overrides)
+
+
+def from_config(*overrides: str) -> nn.Module:
+    from hydra.utils import instantiate
+
+    return instantiate(compose(list(overrides)).model)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def training_step(
+    net: nn.Module,
+    forward: Callable[[], Tensor],
+    device: torch.device,
+    dtype: torch.dtype | None,
+    optimizer: torch.optim.Optimizer,
+) -> Callable[[], None]:
+    """One step: ``forward()`` (the scalar loss) under autocast, backward, optimiser step."""
+
+    def step() -> None:
+        with autocast(device, dtype):
+            loss = forward()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def vision_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+    if name == "dicenet":
+        net: nn.Module = DiCENet(scale=1.0, input_size=sz.image_size)
+    elif name == "espnetv2":
+        net = ESPNetv2(scale=1.0)
+    else:
+        net = torchvision.models.shufflenet_v2_x1_0()
+    net = net.to(device, memory_format=torch.channels_last).train()
+    forward = torch.compile(net) if compiled else net
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(sz.images, 3, sz.image_size, sz.image_size, generator=generator)
+    x = x.to(device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(1000, (sz.images,), generator=generator).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    step = training_step(net, lambda: F.cross_entropy(forward(x), labels), device, sz.precision,
+                         optimizer)  # fmt: skip
+    return Entry(step, sz.images, "images", count(net), net)
+
+
+def charlm_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+    vocab, layers, width = 204, 9, 256  # enwik8, Table 2's models
+    size = {"n_token": vocab, "n_layer": layers, "d_model": width, "n_head": 8, "d_inner": 1024,
+            "mem_len": sz.lm_len, "dropout": 0.0}  # fmt: skip
+    if name == "txl":
+        net: nn.Module = TransformerXL(**size, pre_norm=True, tie_weight=False)
+    else:
+        net = GroupTransformer(**size, n_group=int(name[2:]), tgt_len=sz.lm_len)
+    net = net.to(device).train()
+    forward = torch.compile(net) if compiled else net
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(vocab, (sz.lm_batch, sz.lm_len + 1), generator=generator).to(device)
+    memories = [torch.zeros(sz.lm_batch, sz.lm_len, width, device=device)
+                for _ in range(layers + 1)]  # fmt: skip
+
+    def loss() -> Tensor:
+        logits, _ = forward(tokens[:, :-1], memories)  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4)
+    step = training_step(net, loss, device, sz.precision, optimizer)
+    return Entry(step, sz.lm_batch * sz.lm_len, "tokens", count(net), net)
+
+
+def mt_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+    if name == "delight_mt":
+        # 14.0 M: the thesis's IWSLT row, d_m 320 (specs/delight_lm_mt.md)
+        net = from_config("experiment=delight_mt_iwslt_d384", "model.d_model=320")
+    else:
+        net = from_config("data=iwslt14_de_en", "model=transformer_mt")
+    net = net.to(device).train()
+    forward = torch.compile(net) if compiled else net
+    src_vocab, tgt_vocab, length = 8848, 6632, 32
+    sentences = max(1, sz.mt_tokens // length)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    # ids from 4 up: 0-3 are the dictionaries' special symbols (padding among them)
+    src = torch.randint(4, src_vocab, (sentences, length), generator=generator).to(device)
+    tgt = torch.randint(4, tgt_vocab, (sentences, length + 1), generator=generator).to(device)
+
+    def loss() -> Tensor:
+        logits = forward(src, None, tgt[:, :-1])  # (B, T, V_tgt); no padding
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt[:, 1:].reshape(-1))
+
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    step = training_step(net, loss, device, sz.precision, optimizer)
+    return Entry(step, sentences * length, "target tokens", count(net), net)
+
+
+def awd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+    experiment = {"awd_pru": "pru_table4_1_awd_pru_g4_m1400", "awd_lstm": "pru_table4_1_awd_lstm"}
+    net = from_config(f"experiment={experiment[name]}").to(device).train()
+    forward = torch.compile(net) if compiled else net
+    vocab = 10000  # PTB
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(vocab, (sz.awd_batch, sz.awd_bptt + 1), generator=generator).to(device)
+
+    def loss() -> Tensor:
+        logits = forward(tokens[:, :-1]).logits  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+
+    optimizer = torch.optim.SGD(net.parameters(), lr=30.0)
+    step = training_step(net, loss, device, sz.precision, optimizer)
+    return Entry(step, sz.awd_batch * sz.awd_bptt, "tokens", count(net), net)
+
+
+def ssd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+    net = from_config("experiment=ssd_espnetv2_300").to(device, memory_format=torch.channels_last)
+    net = net.train()
+    forward = torch.compile(net) if compiled else net
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(sz.ssd_images, 3, 300, 300, generator=generator).to(device)
+    x = x.contiguous(memory_format=torch.channels_last)
+
+    def loss() -> Tensor:
+        boxes, scores = forward(x)
+        return boxes.float().square().mean() + scores.float().logsumexp(-1).mean()
+
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    step = training_step(net, loss, device, sz.precision, optimizer)
+    return Entry(step, sz.ssd_images, "images", count(net), net)
+
+
+BUILDERS: dict[str, Callable[[str, Sizes, torch.device, bool], Entry]] = {
+    "dicenet": vision_entry, "shufflenet": vision_entry, "espnetv2": vision_entry,
+    "gt4": charlm_entry, "gt2": charlm_entry, "txl": charlm_entry,
+    "delight_mt": mt_entry, "transformer_mt": mt_entry,
+    "awd_pru": awd_entry, "awd_lstm": awd_entry, "ssd": ssd_entry,
+}  # fmt: skip
+
+
+def build(name: str, sz: Sizes, device: torch.device, compiled: bool = False) -> Entry:
+    torch.manual_seed(0)
+    return BUILDERS[name](name, sz, device, compiled)
+
+
+def compile_with(backend: str) -> None:
+    """Make the builders' ``torch.compile`` use ``backend`` ("eager": dynamo alone, no codegen)."""
+    compile_ = torch.compile
+    torch.compile = lambda model, **kw: compile_(model, backend=backend, **kw)
+
+
+def timed(step: Callable[[], None], device: torch.device) -> float:
+    """Seconds of one call, the device synchronised before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def describe(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def emit(row: dict, rows: list[dict]) -> None:
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+class Profiler:
+    """One profiled step per entry: the top kernels as rows and Markdown tables; the Chrome trace
+    of the slowest step kept for ``trace``."""
+
+    def __init__(self, device: torch.device, top: int, trace: Path | None) -> None:
+        self.device, self.top, self.trace = device, top, trace
+        self.tables: list[str] = []
+        self.slowest: tuple[float, str] | None = None
+        self.scratch = Path(tempfile.mkdtemp(prefix="profile_"))
+
+    def __call__(self, name: str, entry: Entry, rows: list[dict]) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        synchronize(self.device)
+        with profile(activities=activities, record_shapes=True) as prof:
+            seconds = timed(entry.step, self.device)
+        # the ops (with their input shapes) by the time of the kernels they launched themselves on
+        # CUDA, by their own CPU time on the CPU; on CUDA also the kernels by name
+        if cuda:
+            def time_of(e) -> float:
+                return e.self_device_time_total
+        else:
+            def time_of(e) -> float:
+                return e.self_cpu_time_total
+        ops = [e for e in prof.key_averages(group_by_input_shape=True)
+               if e.device_type.name == "CPU" and time_of(e) > 0]  # fmt: skip
+        total = sum(time_of(e) for e in ops) or 1.0
+        ops.sort(key=time_of, reverse=True)
+        top_ops = [
+            {"op": e.key[:120], "shapes": str(e.input_shapes)[:200], "calls": e.count,
+             "us": round(time_of(e), 1), "share": round(time_of(e) / total, 4)}
+            for e in ops[: self.top]
+        ]  # fmt: skip
+        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        kernel_total = sum(e.device_time_total for e in kernels)
+        kernels.sort(key=lambda e: e.device_time_total, reverse=True)
+        top_kernels = [
+            {"kernel": e.key[:160], "calls": e.count, "us": round(e.device_time_total, 1),
+             "share": round(e.device_time_total / max(kernel_total, 1e-9), 4)}
+            for e in kernels[: self.top]
+        ]  # fmt: skip
+        emit({"part": "profile", "name": name, "step_ms": round(seconds * 1e3, 3),
+              "op_us_total": round(total, 1), "kernel_us_total": round(kernel_total, 1),
+              "kernel_launches": sum(e.count for e in kernels), "top": top_ops,
+              "top_kernels": top_kernels}, rows)  # fmt: skip
+        where = "the CUDA time of its own kernels" if cuda else "its own CPU time"
+        table = [f"#### {name}: step {seconds * 1e3:.1f} ms under the profiler, "
+                 f"{sum(e.count for e in kernels)} kernel launches", "",
+                 f"Top ops by {where} ({total / 1e3:.1f} ms in all):", "",
+                 "| op | input shapes | calls | ms | share |", "|---|---|---|---|---|"]
+        table += [f"| `{r['op'][:60]}` | {r['shapes'][:90]} | {r['calls']} | "
+                  f"{r['us'] / 1e3:.2f} | {r['share']:.1%} |" for r in top_ops]
+        if top_kernels:
+            table += ["", f"Top CUDA kernels ({kernel_total / 1e3:.1f} ms in all):", "",
+                      "| kernel | calls | ms | share |", "|---|---|---|---|"]
+            table += [f"| `{r['kernel'][:100]}` | {r['calls']} | {r['us'] / 1e3:.2f} | "
+                      f"{r['share']:.1%} |" for r in top_kernels]
+        self.tables.append("\n".join(table))
+        if self.trace is not None and (self.slowest is None or seconds > self.slowest[0]):
+            prof.export_chrome_trace(str(self.scratch / "slowest.json"))
+            self.slowest = (seconds, name)
+
+    def finish(self, rows: list[dict]) -> None:
+        """Write the slowest step's trace (gzipped when its name ends in .gz)."""
+        if self.trace is not None and self.slowest is not None:
+            self.trace.parent.mkdir(parents=True, exist_ok=True)
+            opener = gzip.open if self.trace.suffix == ".gz" else open
+            with open(self.scratch / "slowest.json", "rb") as source, opener(self.trace, "wb") as out:
+                shutil.copyfileobj(source, out)
+            emit({"part": "profile", "trace": str(self.trace), "trace_of": self.slowest[1]}, rows)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def pairs(
+    names: list[str], sz: Sizes, device: torch.device, repeats: int, rows: list[dict],
+    profiler: Profiler | None = None,
+) -> None:
+    """Each system beside its baseline, interleaved, one row per entry; then, with a profiler,
+    one profiled step of each (a baseline shared by two systems once)."""
+    groups = [[name] + ([base] if base else []) for name, base in BASELINES.items()
+              if name in names]  # fmt: skip
+    profiled: set[str] = set()
+    for group in groups:
+        entries: dict[str, Entry] = {}
+        for name in group:
+            try:
+                entries[name] = build(name, sz, device)
+                for _ in range(3):  # warm-up: autotuning, the kernels' first-use timing, cuDNN
+                    entries[name].step()
+            except Exception as error:
+                emit({"part": "pairs", "name": name, "error": describe(error)}, rows)
+                entries.pop(name, None)
+        samples: dict[str, list[float]] = {name: [] for name in entries}
+        for _ in range(repeats):
+            for name, entry in entries.items():
+                samples[name].append(timed(entry.step, device))
+        ms = {name: 1e3 * statistics.median(s) for name, s in samples.items()}
+        base = BASELINES[group[0]]
+        for name, entry in entries.items():
+            speedup = ms[base] / ms[name] if base in ms and name != base else None
+            emit({
+                "part": "pairs", "name": name, "baseline": base if name != base else None,
+                "ms": round(ms[name], 3), "per_s": round(entry.units / ms[name] * 1e3, 1),
+                "unit": entry.unit, "params": entry.params,
+                "speedup": None if speedup is None else round(speedup, 3),
+                "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+                if device.type == "cuda" else None,
+            }, rows)  # fmt: skip
+        if profiler is not None:
+            for name, entry in entries.items():
+                if name not in profiled:
+                    profiled.add(name)
+                    try:
+                        profiler(name, entry, rows)
+                    except Exception as error:
+                        emit({"part": "profile", "name": name, "error": describe(error)}, rows)
+        del entries
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+
+def compile_probe(name: str, sz: Sizes, device: torch.device, repeats: int, rows: list[dict]) -> None:
+    """Compile one entry's training step: first call (the compile), graphs, breaks, median ms."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    started = time.perf_counter()
+    try:
+        entry = build(name, sz, device, compiled=True)
+        first = timed(entry.step, device)
+        graphs = int(counters["stats"]["unique_graphs"])
+        breaks = {str(reason)[:200]: n for reason, n in counters["graph_break"].items()}
+        for _ in range(3):
+            entry.step()
+        ms = 1e3 * statistics.median(timed(entry.step, device) for _ in range(repeats))
+    except Exception as error:
+        emit({"part": "compile", "name": name, "error": describe(error),
+              "seconds_before_error": round(time.perf_counter() - started, 1)}, rows)
+        return
+    emit({"part": "compile", "name": name, "compile_s": round(first, 2), "graphs": graphs,
+          "graph_breaks": sum(breaks.values()), "break_reasons": breaks,
+          "compiled_ms": round(ms, 3), "per_s": round(entry.units / ms * 1e3, 1),
+          "unit": entry.unit}, rows)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("pairs", "compile"))
+    parser.add_argument("name", nargs="?", choices=NAMES, help="the entry to compile")
+    parser.add_argument("--dry", action="store_true", help="CPU, tiny sizes, fp32")
+    parser.add_argument("--only", nargs="+", choices=NAMES, help="these entries only")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--profile", type=Path, metavar="MD",
+                        help="pairs: also profile one step of each entry; tables to this file")
+    parser.add_argument("--trace", type=Path, help="Chrome trace of the slowest profiled step")
+    parser.add_argument("--json", type=Path, help="also write the rows (JSON lines) here")
+    parser.add_argument("--backend", default="inductor", help="compile: torch.compile's backend")
+    args = parser.parse_args(argv)
+    if args.command == "compile" and args.name is None:
+        parser.error("compile needs the NAME of an entry")
+    if not args.dry and not torch.cuda.is_available():
+        parser.error("no CUDA device: run with --dry on the CPU")
+    device = torch.device("cpu" if args.dry else "cuda")
+    sz = DRY if args.dry else FULL
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    names = list(args.only or NAMES)
+    rows: list[dict] = []
+    if args.command == "pairs":
+        profiler = Profiler(device, args.top, args.trace) if args.profile else None
+        pairs(names, sz, device, args.repeats, rows, profiler)
+        if profiler is not None:
+            profiler.finish(rows)
+            args.profile.write_text("\n\n".join(profiler.tables) + "\n")
+    else:
+        compile_with(args.backend)
+        compile_probe(args.name, sz, device, args.repeats, rows)
+    if args.json:
+        with open(args.json, "a") as file:
+            for row in rows:
+                file.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,542 @@
+"""Everything worth measuring on a GPU, in one command that fits a short window on the machine.
+
+GPU time comes in short windows, so one prepared command gathers all that the work without a GPU
+needs afterwards. It runs in two phases, each part a child process with its own deadline (stopped
+with SIGINT, then killed; what it printed until then is kept):
+
+1. Together, none of them timing anything (they share the GPU):
+   - ``pytest``: the GPU-relevant tests on CUDA (kernels compiled for real, autocast bf16/fp16,
+     models on CUDA, resume on CUDA), pytest-xdist over the machine's cores;
+   - ``compile``: ``torch.compile`` of a training step of DiCENet, ESPNetv2, Group-Transformer
+     (G=4, G=2), Transformer-XL and DeLighT MT (``gpu_profile.py compile``): compile seconds,
+     graphs, graph breaks with their reasons, then the compiled step. These share the CPU with the
+     other parts of this phase: the compile seconds are upper bounds;
+   - ``train``: short ``trainer=gpu`` (bf16-mixed) runs of the default job, ``charlm_demo``,
+     ``delight_mt_demo``, ``pru_demo``, ``sentiment_delight`` and ``ssd_demo``: first and last
+     training loss from their CSV logs.
+2. One at a time, each alone on the GPU:
+   - ``bench``: ``benchmarks/gpu.py``, every part (DExTra, character LMs, vision, DiCE units, GLT
+     weight gradients, mixed precision), and ``benchmarks/pru_lm.py`` (PRU layer vs ``nn.LSTM``);
+   - ``pairs``: ``gpu_profile.py pairs``, each system's training step beside its baseline, then
+     the top CUDA kernels of one profiled step of each, and the Chrome trace of the slowest;
+   - ``side_by_side``: the official yardsticks, when ``--side-by-side`` names the script;
+   - ``tune``: ``benchmarks/gpu_tune.py``, every fused kernel's launch-configuration sweep.
+
+It writes, refreshed after every part (so a run cut short still leaves its results):
+``summary.md`` (every table), ``results.json`` (every row, by part), ``logs.tar.gz`` (each part's
+full output) and ``trace.json.gz``. ``--dry`` runs every part on the CPU at toy sizes (about a
+minute on 2 cores; the tests run it), so that the command cannot rot between visits.
+
+    python benchmarks/gpu_visit.py --out DIR [--dry] [--budget 480] [--parts ...]
+        [--side-by-side PATH/side_by_side.py] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+# the tests whose CUDA cases matter: kernels, autocast, models and resume on CUDA
+GPU_TESTS = (
+    "tests/ops/test_group_linear.py", "tests/ops/test_dextra.py", "tests/ops/test_dim_conv.py",
+    "tests/ops/test_dice.py", "tests/ops/test_dim_fuse_kernel.py", "tests/ops/test_eesp_kernel.py",
+    "tests/ops/test_batch_norm_prelu_kernel.py", "tests/ops/test_grouped_norm.py",
+    "tests/ops/test_relative_softmax_kernel.py", "tests/ops/test_relative_attention.py",
+    "tests/ops/test_kernel_autocast.py", "tests/ops/test_gpu_configured_kernels.py",
+    "tests/ops/test_awd_dropout.py", "tests/ops/test_autocast.py", "tests/ops/test_compile.py",
+    "tests/models/test_autocast.py", "tests/tasks/test_mixed_precision_training.py",
+    "tests/tasks/test_memory_format.py", "tests/test_gpu_ready_devices.py", "tests/test_train.py",
+)  # fmt: skip
+DRY_TESTS = ("tests/test_gpu_ready_devices.py",)
+
+# experiment (None: the default job) -> its short runs' overrides besides trainer=gpu
+TRAIN_RUNS = {
+    "default": (),
+    "charlm_demo": ("experiment=charlm_demo",),
+    "pru_demo": ("experiment=pru_demo",),
+    "delight_mt_demo": ("experiment=delight_mt_demo",),
+    "sentiment_delight": ("experiment=sentiment_delight",),
+    "ssd_demo": ("experiment=ssd_demo",),
+}
+COMPILED = ("dicenet", "espnetv2", "gt4", "txl", "gt2", "delight_mt")
+
+PARTS = ("pytest", "compile", "train", "bench", "pairs", "side_by_side", "tune")
+SECTIONS = ("env", *PARTS[:5], "profile", *PARTS[5:])
+CONCURRENT = ("pytest", "compile", "train")
+
+
+@dataclass
+class Budget:
+    """Seconds each part may take (phase 1's parts share one window)."""
+
+    phase1: float
+    bench: float
+    pairs: float
+    side_by_side: float
+    tune: float
+
+
+FULL_BUDGET = Budget(phase1=140, bench=120, pairs=80, side_by_side=55, tune=85)
+DRY_BUDGET = Budget(phase1=240, bench=120, pairs=120, side_by_side=120, tune=120)
+
+
+@dataclass
+class Run:
+    """One child process's outcome."""
+
+    name: str
+    command: list[str]
+    seconds: float = 0.0
+    returncode: int | None = None
+    stopped: bool = False  # reached its deadline
+    output: str = ""
+
+
+@dataclass
+class Visit:
+    out: Path
+    dry: bool
+    # what the parts write besides the results (run folders, tables read back)
+    scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpu_visit_")))
+    started: float = field(default_factory=time.monotonic)
+    runs: list[Run] = field(default_factory=list)
+    rows: dict[str, list[dict]] = field(default_factory=dict)
+    sections: dict[str, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, name: str, command: Sequence[str], deadline: float, env: dict | None = None) -> Run:
+        """Run ``command`` from the project root until it exits or ``deadline`` (monotonic) passes:
+        then SIGINT to its process group, and SIGKILL 10 s later."""
+        run = Run(name, [str(c) for c in command])
+        budget = deadline - time.monotonic()
+        if budget <= 1:
+            run.stopped, run.output = True, "not started: no time left\n"
+            return self.keep(run)
+        started = time.monotonic()
+        # a parent pytest-xdist worker's variables would make a child pytest share its folders
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        child = subprocess.Popen(
+            run.command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True,
+        )  # fmt: skip
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.extend(child.stdout), daemon=True)
+        reader.start()
+        try:
+            child.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            run.stopped = True
+            stop(child)
+        reader.join(5)
+        run.seconds = time.monotonic() - started
+        run.returncode = child.returncode
+        run.output = "".join(chunks)
+        print(f"[{time.monotonic() - self.started:6.0f} s] {name}: exit {run.returncode}"
+              f"{' (deadline)' if run.stopped else ''} after {run.seconds:.0f} s", flush=True)
+        return self.keep(run)
+
+    def keep(self, run: Run) -> Run:
+        with self.lock:
+            self.runs.append(run)
+        return run
+
+    def add_rows(self, part: str, rows: list[dict]) -> None:
+        with self.lock:
+            self.rows.setdefault(part, []).extend(rows)
+
+    def write(self) -> None:
+        """summary.md, results.json and logs.tar.gz, rewritten whole (each write is atomic)."""
+        with self.lock:
+            rows = {part: list(r) for part, r in self.rows.items()}
+            sections = dict(self.sections)
+            runs = list(self.runs)
+        summary = "\n\n".join(sections[p] for p in SECTIONS if p in sections) + "\n"
+        atomic_write(self.out / "summary.md", summary.encode())
+        atomic_write(self.out / "results.json", json.dumps(rows, indent=1).encode())
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for i, run in enumerate(runs):
+                head = f"$ {' '.join(run.command)}\n# exit {run.returncode}, {run.seconds:.1f} s"
+                head += ", stopped at its deadline\n" if run.stopped else "\n"
+                data = (head + run.output).encode()
+                info = tarfile.TarInfo(f"logs/{i:02d}_{safe(run.name)}.log")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        atomic_write(self.out / "logs.tar.gz", buffer.getvalue())
+
+
+def stop(child: subprocess.Popen) -> None:
+    """SIGINT to the child's process group (pytest then prints its summary), SIGKILL 10 s later."""
+    for sig, grace in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(child.pid, sig)
+        except OSError:
+            return
+        try:
+            child.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def json_rows(text: str) -> list[dict]:
+    """The JSON objects printed one per line in ``text``."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def status(run: Run) -> str:
+    if run.stopped:
+        return f"stopped at its deadline after {run.seconds:.0f} s"
+    return f"exit {run.returncode}, {run.seconds:.0f} s"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def tail(text: str, lines: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+# --- the parts ----------------------------------------------------------------------------------
+
+
+def env_part(visit: Visit) -> None:
+    import torch
+
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "cpus": os.cpu_count(), "dry": visit.dry,
+    }  # fmt: skip
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        info["gpu"] = gpu.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["gpu"] = None
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True)  # fmt: skip
+    info["commit"] = commit.stdout.strip() or None
+    visit.add_rows("env", [info])
+    visit.sections["env"] = "## Machine\n\n" + markdown_table(
+        ("key", "value"), [(k, v) for k, v in info.items()]
+    )
+
+
+def pytest_part(visit: Visit, deadline: float, workers: int) -> None:
+    tests = DRY_TESTS if visit.dry else GPU_TESTS
+    run = visit.run("pytest", [PYTHON, "-m", "pytest", "-n", str(workers), "-q", "-rfE",
+                               "--tb=short", "-p", "no:cacheprovider", *tests], deadline)
+    lines = run.output.rstrip().splitlines()
+    summary = next((ln for ln in reversed(lines) if re.search(r"\b(passed|failed|error)", ln)), "")
+    failed = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    visit.add_rows("pytest", [{"summary": summary.strip("= "), "failed": failed,
+                               "status": status(run)}])  # fmt: skip
+    text = [f"## pytest on {'the CPU (dry)' if visit.dry else 'CUDA'}", "",
+            f"{len(tests)} files, {status(run)}: **{summary.strip('= ')}**"]
+    if failed:
+        text += ["", "Failures:", "", *[f"- `{ln}`" for ln in failed[:60]]]
+        tracebacks = run.output.split("= FAILURES =", 1)
+        if len(tracebacks) > 1:
+            text += ["", "```", tail(tracebacks[1].split("short test summary")[0], 150), "```"]
+    visit.sections["pytest"] = "\n".join(text)
+
+
+def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
+    names = ("gt4",) if visit.dry else COMPILED
+    extra = ["--dry", "--backend", "eager"] if visit.dry else []
+    queue = list(names)
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                name = queue.pop(0)
+            run = visit.run(f"compile_{name}", [PYTHON, "benchmarks/gpu_profile.py", "compile",
+                                                name, "--repeats", "5", *extra], deadline)
+            rows = json_rows(run.output) or [{"part": "compile", "name": name,
+                                              "error": status(run) + ": " + tail(run.output, 1)}]
+            visit.add_rows("compile", rows)
+
+    threads = [threading.Thread(target=lane) for _ in range(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = sorted(visit.rows.get("compile", []), key=lambda r: names.index(r.get("name", names[0])))
+    table = markdown_table(
+        ("model", "compile s", "graphs", "graph breaks", "compiled step ms", "per s", "error"),
+        [(r.get("name"), r.get("compile_s"), r.get("graphs"), r.get("graph_breaks"),
+          r.get("compiled_ms"), r.get("per_s"), r.get("error")) for r in rows],
+    )  # fmt: skip
+    reasons = [f"- {r['name']}: {reason} (x{n})" for r in rows
+               for reason, n in (r.get("break_reasons") or {}).items()]  # fmt: skip
+    visit.sections["compile"] = "\n".join(
+        ["## torch.compile of a training step (phase 1: the CPU shared with pytest and the runs)",
+         "", table] + (["", "Graph breaks:", "", *reasons] if reasons else [])
+    )
+
+
+def read_losses(run_dir: Path) -> tuple[int, float | None, float | None]:
+    """(logged training steps, first loss, last loss) from the run's CSV log."""
+    losses: list[float] = []
+    for path in sorted(run_dir.rglob("metrics.csv")):
+        with open(path, newline="") as file:
+            for record in csv.DictReader(file):
+                key = next((k for k in record if "loss" in k and "train" in k and record[k]), None)
+                if key is None:
+                    key = next((k for k in record if k.endswith("loss") and record[k]), None)
+                if key is not None:
+                    losses.append(float(record[key]))
+    return len(losses), (losses[0] if losses else None), (losses[-1] if losses else None)
+
+
+def train_part(visit: Visit, deadline: float, lanes: int, steps: int) -> None:
+    runs_dir = visit.scratch / "runs"
+    queue = list(TRAIN_RUNS.items())[:1] if visit.dry else list(TRAIN_RUNS.items())
+    trainer = "trainer=cpu" if visit.dry else "trainer=gpu"
+    per_run = 80.0
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                name, overrides = queue.pop(0)
+            run_dir = runs_dir / name
+            command = [PYTHON, "train.py", trainer, *overrides, f"trainer.max_steps={steps}",
+                       "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
+                       "test=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+            run = visit.run(f"train_{name}", command, min(deadline, time.monotonic() + per_run))
+            logged, first, last = read_losses(run_dir)
+            error = None
+            if run.returncode != 0:
+                error = tail(run.output, 1)[:200]
+            visit.add_rows("train", [{"run": name, "status": status(run), "logged_steps": logged,
+                                      "loss_first": first, "loss_last": last, "error": error}])
+
+    threads = [threading.Thread(target=lane) for _ in range(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    order = list(TRAIN_RUNS)
+    rows = sorted(visit.rows.get("train", []), key=lambda r: order.index(r["run"]))
+    visit.sections["train"] = (
+        f"## Short `{trainer}` runs, `trainer.max_steps={steps}`\n\n" + markdown_table(
+            ("run", "status", "logged steps", "loss first", "loss last", "error"),
+            [(r["run"], r["status"], r["logged_steps"], fmt(r["loss_first"]), fmt(r["loss_last"]),
+              r["error"]) for r in rows],
+        )  # fmt: skip
+    )
+
+
+def fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.4g}"
+
+
+def bench_part(visit: Visit, deadline: float) -> None:
+    if visit.dry:
+        gpu = [PYTHON, "benchmarks/gpu.py", "--device", "cpu", "--parts", "dextra", "wgrad",
+               "--repeats", "1"]  # fmt: skip
+        pru = [PYTHON, "benchmarks/pru_lm.py", "--device", "cpu", "--repeats", "1", "--bptt", "4",
+               "--batch", "2"]  # fmt: skip
+    else:
+        gpu = [PYTHON, "benchmarks/gpu.py", "--device", "cuda", "--no-compile", "--repeats", "11"]
+        pru = [PYTHON, "benchmarks/pru_lm.py", "--device", "cuda", "--repeats", "11"]
+    # the PRU layer first: it takes seconds, gpu.py may take its whole window
+    pru_run = visit.run("pru_lm", pru, min(deadline, time.monotonic() + 40))
+    run = visit.run("gpu.py", gpu, deadline)
+    visit.add_rows("bench", json_rows(run.output))
+    visit.add_rows("pru_lm", json_rows(pru_run.output))
+    summary = run.output.split("== summary", 1)
+    text = [f"## benchmarks/gpu.py ({status(run)})", ""]
+    if len(summary) > 1:
+        text += ["```", "== summary" + "\n".join(
+            ln for ln in summary[1].splitlines() if not ln.startswith("{")), "```"]
+    text += ["", "Tables:", "", "```", "\n".join(
+        ln for ln in summary[0].splitlines() if not ln.startswith("{"))[-12000:], "```"]
+    text += ["", f"### benchmarks/pru_lm.py ({status(pru_run)})", "", "```",
+             tail(pru_run.output, 30), "```"]
+    visit.sections["bench"] = "\n".join(text)
+
+
+def pairs_part(visit: Visit, deadline: float) -> None:
+    """Each system beside its baseline, then one profiled step of each (one process)."""
+    md = visit.scratch / "profile.md"
+    extra = ["--dry", "--repeats", "1", "--only", "gt4"] if visit.dry else []
+    run = visit.run("pairs", [PYTHON, "benchmarks/gpu_profile.py", "pairs", "--profile", md,
+                              "--trace", visit.out / "trace.json.gz", *extra], deadline)
+    rows = json_rows(run.output)
+    pairs = [r for r in rows if r.get("part") == "pairs"]
+    visit.add_rows("pairs", pairs)
+    visit.add_rows("profile", [r for r in rows if r.get("part") == "profile"])
+    visit.sections["pairs"] = f"## Training steps beside their baselines ({status(run)})\n\n" + (
+        markdown_table(
+            ("model", "baseline", "ms", "per s", "unit", "params", "speed-up", "peak MiB", "error"),
+            [(r.get("name"), r.get("baseline"), r.get("ms"), r.get("per_s"), r.get("unit"),
+              r.get("params"), r.get("speedup"), r.get("peak_mib"), r.get("error"))
+             for r in pairs],
+        )  # fmt: skip
+    )
+    tables = md.read_text() if md.exists() else "(none written)"
+    visit.sections["profile"] = f"## Profiles, one training step each\n\n{tables}"
+
+
+def side_by_side_part(visit: Visit, deadline: float, script: Path | None) -> None:
+    if script is None:
+        visit.sections["side_by_side"] = "## Official yardsticks\n\nnot run: no --side-by-side"
+        return
+    extra = ["--device", "cpu", "--parts", "amp"] if visit.dry else ["--device", "cuda"]
+    run = visit.run("side_by_side", [PYTHON, script, "--project", ROOT, *extra], deadline)
+    visit.add_rows("side_by_side", json_rows(run.output))
+    text = "\n".join(ln for ln in run.output.splitlines() if not ln.startswith("{"))
+    visit.sections["side_by_side"] = (
+        f"## Official yardsticks: {script.name} ({status(run)})\n\n```\n{tail(text, 80)}\n```"
+    )
+
+
+def tune_part(visit: Visit, deadline: float) -> None:
+    md, js = visit.scratch / "tune.md", visit.scratch / "tune.json"
+    budget = max(5, int(deadline - time.monotonic() - 15))
+    # bf16 alone on the GPU: the models train under bf16 autocast, and the window is short
+    extra = ["--dry"] if visit.dry else ["--precisions", "bf16"]
+    run = visit.run("tune", [PYTHON, "benchmarks/gpu_tune.py", "--budget", str(budget),
+                             "--md", md, "--json", js, *extra], deadline)
+    if js.exists():
+        visit.add_rows("tune", [json.loads(js.read_text())])
+    else:
+        visit.add_rows("tune", json_rows(run.output))
+    tables = md.read_text() if md.exists() else tail(run.output, 40)
+    visit.sections["tune"] = f"## Launch-configuration sweeps ({status(run)})\n\n{tables}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the results")
+    parser.add_argument("--dry", action="store_true", help="every part on the CPU, toy sizes")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--budget", type=float, help="seconds for the whole visit (default 480)")
+    parser.add_argument("--side-by-side", type=Path, help="the official yardsticks' script")
+    parser.add_argument("--workers", type=int,
+                        help="pytest-xdist workers (default: cores / 2, dry 0: none)")
+    parser.add_argument("--train-steps", type=int, help="steps per short run (default 30, dry 3)")
+    args = parser.parse_args(argv)
+    if not args.dry:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("no CUDA device here: --dry runs every part on the CPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    visit = Visit(args.out.resolve(), args.dry)
+    budget = DRY_BUDGET if args.dry else FULL_BUDGET
+    if args.budget is not None:  # every window scaled to fit
+        planned = sum(vars(budget).values())
+        scale = args.budget / planned
+        budget = Budget(**{k: v * scale for k, v in vars(budget).items()})
+    cores = os.cpu_count() or 2
+    workers = args.workers if args.workers is not None else (
+        0 if args.dry else max(1, min(12, cores // 2)))
+    steps = args.train_steps or (3 if args.dry else 30)
+    env_part(visit)
+    visit.write()
+
+    # phase 1: together
+    phase1_end = time.monotonic() + budget.phase1
+    jobs = {
+        "pytest": lambda: pytest_part(visit, phase1_end, workers),
+        "compile": lambda: compile_part(visit, phase1_end, 1 if args.dry else 3),
+        "train": lambda: train_part(visit, phase1_end, 1 if args.dry else 3, steps),
+    }
+    threads = [threading.Thread(target=guarded(visit, part, job)) for part, job in jobs.items()
+               if part in args.parts]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    visit.write()
+
+    # phase 2: one at a time
+    sequential = {
+        "bench": lambda end: bench_part(visit, end),
+        "pairs": lambda end: pairs_part(visit, end),
+        "side_by_side": lambda end: side_by_side_part(visit, end, args.side_by_side),
+        "tune": lambda end: tune_part(visit, end),
+    }
+    for part, job in sequential.items():
+        if part in args.parts:
+            end = time.monotonic() + getattr(budget, part)
+            guarded(visit, part, lambda job=job, end=end: job(end))()
+            visit.write()
+    shutil.rmtree(visit.scratch, ignore_errors=True)
+    print(f"visit done in {time.monotonic() - visit.started:.0f} s: {visit.out}", flush=True)
+    return 0
+
+
+def guarded(visit: Visit, part: str, job):
+    """``job`` with an exception recorded as the part's section, so the other parts still run."""
+
+    def call() -> None:
+        try:
+            job()
+        except Exception as error:  # reported in the summary; the visit goes on
+            visit.sections[part] = f"## {part}\n\nthe part failed: {type(error).__name__}: {error}"
+            visit.add_rows(part, [{"error": f"{type(error).__name__}: {error}"}])
+
+    return call
+
+
+if __name__ == "__main__":
+    sys.exit(main())
