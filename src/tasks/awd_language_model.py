@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from torch.optim import ASGD, Optimizer
 from torchmetrics import SumMetric
 
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import load_network_weights
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def averaged_sgd(optimizer: Optimizer) -> ASGD:
     return ASGD(groups, t0=0, lambd=0.0)
 
 
-class AWDLanguageModelTask(L.LightningModule):
+class AWDLanguageModelTask(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word cross-entropy with AR/TAR and NT-ASGD (module docstring).
 
     Logs ``train/loss`` (cross-entropy, nats per token), ``train/ppl``, ``train/total_loss``

@@ -11,6 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
 
@@ -18,7 +19,7 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class ImageClassification(L.LightningModule):
+class ImageClassification(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with (label-smoothed) cross-entropy; logs loss and accuracy per stage.
 
     Metrics are torchmetrics objects, so in distributed runs they are reduced over all processes

@@ -18,6 +18,7 @@ from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import batched_nms, box_convert, box_iou
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import freeze_batch_norm_parameters, load_network_weights
 from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
@@ -212,7 +213,7 @@ def coco_metric() -> MeanAveragePrecision:
     return metric
 
 
-class DetectionTask(L.LightningModule):
+class DetectionTask(FusedOptimizerClipping, L.LightningModule):
     """Trains an SSD network with the multibox loss; evaluates VOC07 and COCO mean AP.
 
     The batch's ground truth is matched to ``net.priors`` in each step. Training logs

@@ -18,13 +18,14 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class LanguageModel(L.LightningModule):
+class LanguageModel(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-symbol cross-entropy; logs loss (nats) and bpc = loss / ln 2.
 
     Validation and test report the token-weighted mean over the whole split (``val/bpc``,

@@ -25,6 +25,7 @@ from torchmetrics.classification import (
 )
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import load_network_weights
 from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
@@ -50,7 +51,7 @@ def multilabel_metrics(num_labels: int) -> MetricCollection:
     )
 
 
-class MultiLabelClassification(L.LightningModule):
+class MultiLabelClassification(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with ``BCEWithLogitsLoss`` on multi-hot targets.
 
     Training logs the loss; validation and test log the loss, CP, CR, CF1, OP, OR, OF1 and mAP,

@@ -19,6 +19,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import batch_norms, freeze_batch_norm_parameters, load_network_weights
 from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
@@ -39,7 +40,7 @@ def inverse_log_frequency_weights(pixel_counts: Sequence[float] | Tensor, c: flo
     return (1.0 / torch.log(c + counts / counts.sum())).float()
 
 
-class SemanticSegmentation(L.LightningModule):
+class SemanticSegmentation(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with per-pixel cross-entropy; logs loss, mIoU and pixel accuracy per stage.
 
     Logits smaller than the mask (a decoder that stops at 1/4 resolution) are up-sampled

@@ -9,12 +9,13 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
+from src.tasks.clipping import FusedOptimizerClipping
 
 # the second validation loader of a data module with ``test_each_epoch`` is the test split
 EVAL_STAGES = ("val", "test_epoch")
 
 
-class TextClassification(L.LightningModule):
+class TextClassification(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` on token sequences with cross-entropy; logs loss, accuracy and macro F1.
 
     Metrics are torchmetrics objects (reduced over processes before logging). ``acc`` is the

@@ -35,6 +35,7 @@ from torchmetrics import MeanMetric
 
 from src.tasks.beam_search import beam_search, greedy_search
 from src.tasks.bleu import sacre_bleu, tokenized_bleu
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
@@ -42,7 +43,7 @@ SchedulerFactory = Callable[..., LRScheduler]
 DECODINGS = ("greedy", "beam", "none")
 
 
-class Translation(L.LightningModule):
+class Translation(FusedOptimizerClipping, L.LightningModule):
     """Trains an encoder-decoder ``net`` by teacher forcing; evaluates by translating.
 
     Args:

@@ -21,13 +21,14 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import SumMetric
 
+from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class WordLanguageModel(L.LightningModule):
+class WordLanguageModel(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word NLL; logs ``train/loss`` (nats per token), and for validation
     and test the loss and perplexity over the whole split, token-weighted and reduced over all
     processes (``val/loss``, ``val/ppl``, ``test/loss``, ``test/ppl``).

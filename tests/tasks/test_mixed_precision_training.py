@@ -187,3 +187,29 @@ def test_task_trains_in_mixed_precision(
     assert len(losses) == EPOCHS[task] and all(map(torch.isfinite, torch.tensor(losses)))
     assert losses[-1] < 0.8 * losses[0], f"{task} {precision}: epoch losses {losses}"
     assert summary["metrics"], "the run reported no metrics"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("accelerator", "precision"), runs())
+@pytest.mark.parametrize("task", ["language_model", "awd_language_model"])
+def test_clipping_recipes_train_in_mixed_precision(
+    make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
+) -> None:
+    """The recipes that clip gradients (charlm_demo, pru_demo: 0.25) with their fused optimisers:
+    Lightning's mixed-precision plugin alone refuses to clip for those at the first step."""
+    epochs = 6
+    cfg = make_cfg(
+        *tasks(tmp_path)[task],
+        *OVERFIT,
+        "trainer.gradient_clip_val=0.25",
+        f"trainer.max_epochs={epochs}",
+        f"trainer.check_val_every_n_epoch={epochs}",
+        f"trainer.accelerator={accelerator}",
+        "trainer.devices=1",
+        f"trainer.precision={precision}",
+    )
+    assert cfg.task.optimizer.fused and cfg.trainer.gradient_clip_val == 0.25
+    train(cfg)
+    losses = epoch_losses(Path(cfg.paths.output_dir))
+    assert len(losses) == epochs and all(map(torch.isfinite, torch.tensor(losses)))
+    assert losses[-1] < 0.9 * losses[0], f"{task} {precision}: epoch losses {losses}"
