@@ -17,12 +17,16 @@ gives its singular pair (``msgid``, ``msgstr[0]``); ``msgctxt`` contexts are dro
 from __future__ import annotations
 
 import gettext
+import importlib.util
 import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 CONTEXT_SEPARATOR = "\x04"  # gettext stores "msgctxt\x04msgid" as the key of a message with context
+# the packages the embedded corpus is read from, searched wherever they are importable from too
+# (``pip install --target``, PYTHONPATH, a user site), not only in the environment's site-packages
+CATALOGUE_PACKAGES = ("django", "pycountry")
 
 
 @dataclass(frozen=True)
@@ -54,14 +58,23 @@ def read_catalogue(path: str | Path) -> list[CatalogueEntry]:
     return sorted(entries, key=lambda e: (e.source, e.translation))
 
 
+def default_roots() -> list[Path]:
+    """The environment's ``site-packages`` and the folders of :data:`CATALOGUE_PACKAGES` wherever
+    they are imported from."""
+    roots = {Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
+    for name in CATALOGUE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.update(Path(location) for location in spec.submodule_search_locations)
+    return sorted(roots)
+
+
 def find_catalogues(language: str, roots: Iterable[str | Path] | None = None) -> list[Path]:
-    """Every ``locale*/<language>/LC_MESSAGES/*.mo`` under ``roots`` (the installed packages'
-    ``site-packages`` by default), sorted so the corpus is the same from run to run."""
-    if roots is None:
-        roots = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    """Every ``locale*/<language>/LC_MESSAGES/*.mo`` under ``roots`` (:func:`default_roots` by
+    default), each once, sorted so the corpus is the same from run to run."""
     found: set[Path] = set()
-    for root in roots:
-        found.update(Path(root).glob(f"**/locale*/{language}/LC_MESSAGES/*.mo"))
+    for root in default_roots() if roots is None else roots:
+        found.update(p.resolve() for p in Path(root).glob(f"**/locale*/{language}/LC_MESSAGES/*.mo"))
     return sorted(found)
 
 

@@ -98,11 +98,24 @@ def test_catalogue_keeps_translated_singular_messages(tmp_path) -> None:
     )
     entries = read_catalogue(path)
     assert [(e.source, e.translation) for e in entries] == [("%d file", "%d Datei"), ("Open", "Öffnen"), ("Save", "Sichern")]
-    assert find_catalogues("de", [tmp_path]) == [path]
+    assert find_catalogues("de", [tmp_path]) == [path.resolve()]
     assert find_catalogues("fr", [tmp_path]) == []
     (tmp_path / "broken.mo").write_bytes(b"not a catalogue")
     with pytest.raises(ValueError, match="broken.mo"):
         read_catalogue(tmp_path / "broken.mo")
+
+
+def test_catalogues_of_packages_imported_from_outside_site_packages(tmp_path, monkeypatch) -> None:
+    """A catalogue package installed with ``pip install --target`` (on PYTHONPATH) is found."""
+    from src.datamodules import gettext_catalogs
+
+    path = tmp_path / "target" / "catalogpkg" / "locale" / "de" / "LC_MESSAGES" / "app.mo"
+    write_mo(path, {"Save": "Sichern"})
+    (tmp_path / "target" / "catalogpkg" / "__init__.py").write_text("")
+    assert path.resolve() not in find_catalogues("de")
+    monkeypatch.syspath_prepend(str(tmp_path / "target"))
+    monkeypatch.setattr(gettext_catalogs, "CATALOGUE_PACKAGES", ("catalogpkg",))
+    assert path.resolve() in find_catalogues("de")
 
 
 def test_installed_catalogues_give_a_real_corpus() -> None:
