@@ -302,9 +302,9 @@ class Profiler:
     """One profiled step per entry: the top kernels as rows and Markdown tables; the Chrome trace
     of the slowest step kept for ``trace``."""
 
-    def __init__(self, device: torch.device, top: int, trace: Path | None) -> None:
-        self.device, self.top, self.trace = device, top, trace
-        self.tables: list[str] = []
+    def __init__(self, device: torch.device, top: int, trace: Path | None, md: Path) -> None:
+        self.device, self.top, self.trace, self.md = device, top, trace, md
+        md.write_text("")
         self.slowest: tuple[float, str] | None = None
         self.scratch = Path(tempfile.mkdtemp(prefix="profile_"))
 
@@ -357,7 +357,9 @@ class Profiler:
                       "| kernel | calls | ms | share |", "|---|---|---|---|"]
             table += [f"| `{r['kernel'][:100]}` | {r['calls']} | {r['us'] / 1e3:.2f} | "
                       f"{r['share']:.1%} |" for r in top_kernels]
-        self.tables.append("\n".join(table))
+        # appended as it comes: a run stopped at a deadline keeps the tables it made
+        with open(self.md, "a") as file:
+            file.write("\n".join(table) + "\n\n")
         if self.trace is not None and (self.slowest is None or seconds > self.slowest[0]):
             prof.export_chrome_trace(str(self.scratch / "slowest.json"))
             self.slowest = (seconds, name)
@@ -471,11 +473,10 @@ def main(argv: list[str] | None = None) -> None:
     names = list(args.only or NAMES)
     rows: list[dict] = []
     if args.command == "pairs":
-        profiler = Profiler(device, args.top, args.trace) if args.profile else None
+        profiler = Profiler(device, args.top, args.trace, args.profile) if args.profile else None
         pairs(names, sz, device, args.repeats, rows, profiler)
         if profiler is not None:
             profiler.finish(rows)
-            args.profile.write_text("\n\n".join(profiler.tables) + "\n")
     else:
         compile_with(args.backend)
         compile_probe(args.name, sz, device, args.repeats, rows)

@@ -8,7 +8,7 @@ training step (forward, then backward from a ones gradient) of an op forced onto
 those globals, under bf16 autocast and in fp32. The cases, most important first:
 
 - ``glt``: DExTra(d_m=512, w_m=2, N=8, g_max=16), the unit of ``benchmarks/gpu.py``, on
-  ``--tokens`` tokens (16,384); ``group_linear``'s BLOCK_R_GPU x BLOCK_T_MAX x BLOCK_C_MAX x
+  ``--tokens`` tokens (16,384); ``group_linear``'s BLOCK_R_GPU x BLOCK_T_MAX_GPU x BLOCK_C_MAX x
   WARPS_GPU at the default STAGES_GPU, then STAGES_GPU at the best of those (26 configurations).
 - ``glt_wgrad``: the GLT weight gradient x^T dy (with dy's column sums) alone, per weight shape of
   that unit at those tokens: split-K (``weight_grad_splitk``) at each SPLIT_K_PROGRAMS_PER_SM, then
@@ -157,9 +157,9 @@ class Knob:
 
 
 BLOCK_R = Knob("group_linear.BLOCK_R_GPU", (32, 64, 128), (32, 64), glt_kernels)
-BLOCK_T = Knob("group_linear.BLOCK_T_MAX", (32, 64), (32,), glt_kernels)
+BLOCK_T = Knob("group_linear.BLOCK_T_MAX_GPU", (32, 64), (32,), glt_kernels)
 BLOCK_C = Knob("group_linear.BLOCK_C_MAX", (64, 128), (64,), glt_kernels)
-GLT_WARPS = Knob("group_linear.WARPS_GPU", (4, 8), (4,), glt_kernels)
+GLT_WARPS = Knob("group_linear.WARPS_GPU", (4, 8), (8,), glt_kernels)
 GLT_STAGES = Knob("group_linear.STAGES_GPU", (2, 3, 4), (2, 3), glt_kernels)
 SPLIT_K = Knob("group_linear.SPLIT_K_PROGRAMS_PER_SM", (1, 2, 4, 8, 16), (1, 4), glt_kernels)
 METHODS = tuple(glt_kernels.WEIGHT_GRAD_METHODS)

@@ -2,7 +2,7 @@
 
 GPU time comes in short windows, so one prepared command gathers all that the work without a GPU
 needs afterwards. It runs in two phases, each part a child process with its own deadline (stopped
-with SIGINT, then killed; what it printed until then is kept):
+with SIGINT, then killed 20 s later; what it printed until then is kept):
 
 1. Together, none of them timing anything (they share the GPU):
    - ``pytest``: the GPU-relevant tests on CUDA (kernels compiled for real, autocast bf16/fp16,
@@ -126,7 +126,7 @@ class Visit:
 
     def run(self, name: str, command: Sequence[str], deadline: float, env: dict | None = None) -> Run:
         """Run ``command`` from the project root until it exits or ``deadline`` (monotonic) passes:
-        then SIGINT to its process group, and SIGKILL 10 s later."""
+        then SIGINT to its process group, and SIGKILL 20 s later."""
         run = Run(name, [str(c) for c in command])
         budget = deadline - time.monotonic()
         if budget <= 1:
@@ -186,8 +186,8 @@ class Visit:
 
 
 def stop(child: subprocess.Popen) -> None:
-    """SIGINT to the child's process group (pytest then prints its summary), SIGKILL 10 s later."""
-    for sig, grace in ((signal.SIGINT, 10), (signal.SIGKILL, 5)):
+    """SIGINT to the child's process group (pytest then prints its summary), SIGKILL 20 s later."""
+    for sig, grace in ((signal.SIGINT, 20), (signal.SIGKILL, 5)):
         try:
             os.killpg(child.pid, sig)
         except OSError:
@@ -274,20 +274,29 @@ def env_part(visit: Visit) -> None:
 
 def pytest_part(visit: Visit, deadline: float, workers: int) -> None:
     tests = DRY_TESTS if visit.dry else GPU_TESTS
-    run = visit.run("pytest", [PYTHON, "-m", "pytest", "-n", str(workers), "-q", "-rfE",
-                               "--tb=short", "-p", "no:cacheprovider", *tests], deadline)
+    failures = visit.scratch / "pytest_failures.txt"
+    run = visit.run(
+        "pytest",
+        [PYTHON, "-m", "pytest", "-n", str(workers), "-q", "-rfE", "--tb=short",
+         "-p", "no:cacheprovider", "-p", "benchmarks.pytest_failures", *tests],
+        deadline, env={"PYTEST_FAILURES_FILE": str(failures)},
+    )  # fmt: skip
     lines = run.output.rstrip().splitlines()
-    summary = next((ln for ln in reversed(lines) if re.search(r"\b(passed|failed|error)", ln)), "")
-    failed = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
-    visit.add_rows("pytest", [{"summary": summary.strip("= "), "failed": failed,
-                               "status": status(run)}])  # fmt: skip
+    summary = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed)", ln)), "")
+    summary = summary.strip("= ") or f"no summary ({status(run)})"
+    reports = failures.read_text() if failures.exists() else ""
+    failed = re.findall(r"^FAILED (\S+) \((\w+)\)$", reports, flags=re.M)
+    # progress dots: tests run before a stop, when pytest printed no summary
+    done = sum(ln.count(".") + ln.count("F") + ln.count("s") + ln.count("E")
+               for ln in lines if re.fullmatch(r"[.FsExX]+( *\[ *\d+%\])?", ln.strip()))  # fmt: skip
+    visit.add_rows("pytest", [{"summary": summary, "status": status(run), "tests_reported": done,
+                               "failed": [f"{node} ({when})" for node, when in failed]}])
     text = [f"## pytest on {'the CPU (dry)' if visit.dry else 'CUDA'}", "",
-            f"{len(tests)} files, {status(run)}: **{summary.strip('= ')}**"]
+            f"{len(tests)} files, {status(run)}: **{summary}**"]
     if failed:
-        text += ["", "Failures:", "", *[f"- `{ln}`" for ln in failed[:60]]]
-        tracebacks = run.output.split("= FAILURES =", 1)
-        if len(tracebacks) > 1:
-            text += ["", "```", tail(tracebacks[1].split("short test summary")[0], 150), "```"]
+        text += ["", f"Failures ({len(failed)}):", "",
+                 *[f"- `{node}` ({when})" for node, when in failed[:80]],
+                 "", "```", tail(reports, 400), "```"]  # fmt: skip
     visit.sections["pytest"] = "\n".join(text)
 
 
@@ -387,7 +396,7 @@ def fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def bench_part(visit: Visit, deadline: float) -> None:
+def bench_part(visit: Visit, deadline: float, parts: Sequence[str] | None) -> None:
     if visit.dry:
         gpu = [PYTHON, "benchmarks/gpu.py", "--device", "cpu", "--parts", "dextra", "wgrad",
                "--repeats", "1"]  # fmt: skip
@@ -395,6 +404,7 @@ def bench_part(visit: Visit, deadline: float) -> None:
                "--batch", "2"]  # fmt: skip
     else:
         gpu = [PYTHON, "benchmarks/gpu.py", "--device", "cuda", "--no-compile", "--repeats", "11"]
+        gpu += ["--parts", *parts] if parts else []
         pru = [PYTHON, "benchmarks/pru_lm.py", "--device", "cuda", "--repeats", "11"]
     # the PRU layer first: it takes seconds, gpu.py may take its whole window
     pru_run = visit.run("pru_lm", pru, min(deadline, time.monotonic() + 40))
@@ -473,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int,
                         help="pytest-xdist workers (default: cores / 2, dry 0: none)")
     parser.add_argument("--train-steps", type=int, help="steps per short run (default 30, dry 3)")
+    parser.add_argument("--bench-parts", nargs="+", help="benchmarks/gpu.py's parts (default all)")
     args = parser.parse_args(argv)
     if not args.dry:
         import torch
@@ -482,8 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     visit = Visit(args.out.resolve(), args.dry)
     budget = DRY_BUDGET if args.dry else FULL_BUDGET
-    if args.budget is not None:  # every window scaled to fit
-        planned = sum(vars(budget).values())
+    if args.budget is not None:  # the windows of the parts to run, scaled to fit
+        windows = {"phase1": any(p in args.parts for p in CONCURRENT)}
+        windows |= {p: p in args.parts for p in PARTS if p not in CONCURRENT}
+        planned = sum(v for k, v in vars(budget).items() if windows[k])
         scale = args.budget / planned
         budget = Budget(**{k: v * scale for k, v in vars(budget).items()})
     cores = os.cpu_count() or 2
@@ -510,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # phase 2: one at a time
     sequential = {
-        "bench": lambda end: bench_part(visit, end),
+        "bench": lambda end: bench_part(visit, end, args.bench_parts),
         "pairs": lambda end: pairs_part(visit, end),
         "side_by_side": lambda end: side_by_side_part(visit, end, args.side_by_side),
         "tune": lambda end: tune_part(visit, end),

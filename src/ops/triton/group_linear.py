@@ -40,16 +40,20 @@ from src.ops.triton import (
 )
 
 # The grouped GEMM's launch configuration, read at every launch. On a GPU (a CUDA tensor, or
-# launches recorded for one):
+# launches recorded for one), the fastest of 26 configurations of DExTra(d_m=512, N=8)'s training
+# step at 16,384 tokens under bf16 autocast on an H100 (benchmarks/gpu_tune.py, docs/gpu.md):
+# 10.5 ms against 16.9 ms with Triton's default 4 warps and reduction blocks of 32. fp32 operands
+# take the same configuration, not yet swept.
 BLOCK_R_GPU = 64  # output rows of one program (tokens; the weight gradient's input features)
-WARPS_GPU = 4  # warps of one program: Triton's default
+BLOCK_T_MAX_GPU = 64  # the reduction's block (tokens, or input features per group), at most
+WARPS_GPU = 8  # warps of one program
 STAGES_GPU = 3  # software-pipelining stages of the reduction loop: Triton's default
 SPLIT_K_PROGRAMS_PER_SM = 4  # programs of a split-K weight gradient, per SM
 # in the interpreter:
 BLOCK_R_INTERPRETER = 32
+BLOCK_T_MAX_INTERPRETER = 32
 SPLIT_K_PROGRAMS_INTERPRETER = 16  # a fixed count, so that the tests split too
-# both, as powers of two from 16 up to these:
-BLOCK_T_MAX = 32  # the reduction's block (tokens, or input features per group)
+# both, as powers of two from 16 up to this:
 BLOCK_C_MAX = 64  # output columns of one program (output features per group)
 
 
@@ -207,8 +211,11 @@ def _grouped_gemm(
 
 def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_T, BLOCK_C) of a launch."""
-    block_r = BLOCK_R_GPU if gpu_launch(a) else BLOCK_R_INTERPRETER
-    return block_r, _block(max(red, red1), 16, BLOCK_T_MAX), _block(cols, 16, BLOCK_C_MAX)
+    if gpu_launch(a):
+        block_r, block_t = BLOCK_R_GPU, BLOCK_T_MAX_GPU
+    else:
+        block_r, block_t = BLOCK_R_INTERPRETER, BLOCK_T_MAX_INTERPRETER
+    return block_r, _block(max(red, red1), 16, block_t), _block(cols, 16, BLOCK_C_MAX)
 
 
 def split_k_splits(a: Tensor, cols: int, *, programs: int) -> int:
