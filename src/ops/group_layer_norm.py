@@ -73,5 +73,15 @@ def shared_group_layer_norm(
         raise ValueError(f"cannot cut {d} features into {groups} groups")
     # (..., d) -> (..., g, d/g)
     chunks = x.unflatten(-1, (groups, d // groups))
+    if weight is not None and weight.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        # a 16-bit input with float32 affine outside autocast: normalised in float32 and returned
+        # in the input's dtype on every device (CUDA's layer_norm refuses the mix; the CPU's
+        # computes it so too)
+        out = F.layer_norm(chunks.float(), (d // groups,), weight.float(), _float(bias), eps)
+        return out.to(x.dtype).flatten(-2)
     # (..., g, d/g) -> (..., d)
     return F.layer_norm(chunks, (d // groups,), weight, bias, eps).flatten(-2)
+
+
+def _float(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.float()

@@ -163,13 +163,44 @@ CASES = {
 }
 
 
+def skip_below_float16_range(name: str, make, make_inputs) -> None:
+    """Skip a network whose untrained eval-mode output lies below float16's normal range.
+
+    Freshly built, BatchNorm's running statistics are (0, 1), so eval-mode BN passes activations as
+    they are, and in a deep untrained network they shrink layer by layer: dice_mobilenet's output
+    is about 1e-30, which float16 (smallest normal 6e-5) rounds to zero. That says nothing about
+    mixed precision in a trained network; bfloat16, with float32's range, still tests it.
+    """
+    torch.manual_seed(0)
+    net = straighten_prelus(make()).eval()
+    with torch.no_grad():
+        out = net(*make_inputs())
+    out = out if isinstance(out, Tensor) else next(t for t in out if isinstance(t, Tensor))
+    largest = float(out.float().abs().max())
+    if largest < torch.finfo(torch.float16).tiny:
+        pytest.skip(f"{name}: untrained eval-mode output {largest:.1e}, below float16's range")
+
+
+def rnns_in_training_mode(net: nn.Module) -> nn.Module:
+    """``net`` with its ``nn.LSTM``/``nn.GRU`` modules in training mode: cuDNN's RNN backward
+    refuses eval mode, and one-layer RNNs have no dropout of their own, so nothing else changes."""
+    for module in net.modules():
+        if isinstance(module, nn.RNNBase):
+            assert module.dropout == 0 or module.num_layers == 1
+            module.train()
+    return net
+
+
 @pytest.mark.parametrize(("device", "dtype"), device_dtypes(), ids=str)
 @pytest.mark.parametrize("name", CASES)
 def test_network_under_autocast_matches_float32(name: str, device: str, dtype: torch.dtype) -> None:
     make, make_inputs = CASES[name]
+    if dtype == torch.float16:
+        skip_below_float16_range(name, make, make_inputs)
     errors = autocast_errors(
-        lambda: straighten_prelus(make()).eval(), make_inputs, dtype, device, input_grads=False
-    )
+        lambda: rnns_in_training_mode(straighten_prelus(make()).eval()), make_inputs, dtype, device,
+        input_grads=False,
+    )  # fmt: skip
     assert errors["output"] <= NETWORK_TOLERANCE, f"{name}: output off by {errors['output']:.2e}"
     # Twice that for the parameter gradients together: in a segmentation network the largest are
     # BN-bias gradients, sums over every pixel whose terms cancel (6.5% for dicenet_segmentation)

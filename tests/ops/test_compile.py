@@ -5,8 +5,9 @@ reference's forward as plain PyTorch, its backward and every Triton launch as th
 ``lightnets::*`` (opaque nodes; without CUDA the kernels run in the interpreter inside them).
 ``fullgraph=True`` turns any graph break into an error. The ``aot_eager`` backend traces the
 forward and backward graphs through AOTAutograd and runs them with the very kernels eager mode
-uses, so compiled values and gradients equal the eager ones bitwise on the CPU; on a GPU the
-DimConv kernel sums its weight gradients with float atomics in a run-dependent order.
+uses, so compiled values and gradients equal the eager ones to float32 rounding (AOTAutograd's
+decompositions of a few ops round in their own order); on a GPU the DimConv kernel also sums its
+weight gradients with float atomics in a run-dependent order.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from src.ops.dextra import DExTra
 from src.ops.dim_conv import DimConv
 from src.ops.group_linear import GroupLinear
 from src.ops.grouped_norm import PerGroupLayerNorm
+from tests.helpers import tf32
 
 pytest.importorskip("triton")
 
@@ -33,18 +35,21 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
+    # TF32 off on CUDA: eager and compiled runs may take different paths (a fused Triton pass
+    # eagerly, cuDNN's convolutions under compile), which TF32 would set 1e-3 apart
     torch._dynamo.reset()
-    yield
+    with tf32(False):
+        yield
     torch._dynamo.reset()
 
 
 def assert_same(got: Sequence[Tensor], want: Sequence[Tensor]) -> None:
-    """Bitwise equal on the CPU; on a GPU within float32 atomics' reordering (module docstring)."""
+    """Equal to float32 rounding: on the CPU within 1e-5 relative (AOTAutograd's decompositions of
+    a few ops, e.g. the layer norms' backward, round in another order than eager's kernels on
+    some CPUs: an AMD EPYC put the Group-Transformer's gradients 1e-7 apart), on a GPU also
+    within float32 atomics' reordering (module docstring)."""
     for a, b in zip(got, want, strict=True):
-        if CUDA:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        else:
-            assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 if CUDA else 1e-7)
 
 
 def check_compiles(fn: Callable[..., Tensor], inputs: Sequence[Tensor], module: nn.Module) -> None:

@@ -170,7 +170,7 @@ def test_module_dispatch(kernel_device: torch.device) -> None:
     assert not _ran_triton(layer.cpu()(x.cpu()))
 
 
-def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
+def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.device) -> None:
     """The kernel and the reference compute the same output; the faster (injected timer) is kept
     per input shape."""
     from src.ops import dim_conv
@@ -181,15 +181,15 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch) -> None:
     timer = path_timer(times, outputs)
 
     torch.manual_seed(0)
-    x = torch.randn(2, 4, 5, 6)
-    weights = tuple(_weights(4, 5, 6))
+    x = torch.randn(2, 4, 5, 6, device=kernel_device)
+    weights = tuple(w.to(kernel_device) for w in _weights(4, 5, 6))
     assert auto_path(x, weights, (1, 2, 1), True, timer) == "triton"
     torch.testing.assert_close(outputs["triton"], outputs["reference"], atol=1e-5, rtol=1e-5)
     assert not outputs["reference"].requires_grad
     times["triton"] = 3.0
     assert auto_path(x, weights, (1, 2, 1), True, timer) == "triton"  # kept
     assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"  # another shape
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # another key: the autocast dtype
+    with torch.autocast(kernel_device.type, dtype=torch.bfloat16):  # another key: autocast dtype
         assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"
     assert len(dim_conv._auto_path_choice) == 3
     # deterministic algorithms: nothing timed, cuDNN's convolutions (the kernel adds atomics)

@@ -116,15 +116,15 @@ def test_kernel_is_deterministic(kernel_device: torch.device) -> None:
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_what_the_kernel_covers() -> None:
-    scores = torch.zeros(1, 2, 4, 6)
-    mask = causal_memory_mask(4, 2)
+def test_what_the_kernel_covers(kernel_device: torch.device) -> None:
+    scores = torch.zeros(1, 2, 4, 6, device=kernel_device)
+    mask = causal_memory_mask(4, 2).to(kernel_device)
     assert covers(scores, scores, mask) and covers(scores, scores, None)
     assert not covers(scores.double(), scores.double(), mask)
     assert not covers(scores, scores.half(), mask)
     assert not covers(scores, scores, mask[None, None])  # a broadcast mask
     assert not covers(scores[..., :3], scores[..., :3], None)  # K < T
-    long = torch.zeros(1, 1, 1, MAX_KEYS + 1)
+    long = torch.zeros(1, 1, 1, MAX_KEYS + 1, device=kernel_device)
     assert not covers(long, long, None)
     with pytest.raises(ValueError, match="does not cover"):
         relative_softmax(scores.double(), scores.double(), mask, 0.5, impl="triton")
