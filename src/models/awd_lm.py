@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.awd_dropout import call_with_weight_drop, embedding_dropout, locked_dropout
+from src.ops.lstm import LSTM
 from src.ops.pru import PRU, GroupedContextTransform
 from src.ops.pyramidal import PyramidalTransform
 
@@ -153,7 +154,8 @@ class AWDLanguageModel(nn.Module):
         )
         self.embedding = nn.Embedding(num_embeddings, embedding_dim)
         if rnn == "lstm":
-            layers = [nn.LSTM(n, m, 1, batch_first=True) for n, m in self.layer_sizes]
+            # nn.LSTM that runs in float32 under CPU autocast where the CPU lacks a 16-bit kernel
+            layers = [LSTM(n, m, 1, batch_first=True) for n, m in self.layer_sizes]
         else:
             layers = [
                 PRU(

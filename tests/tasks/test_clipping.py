@@ -92,3 +92,21 @@ def test_lightning_alone_refuses_to_clip_for_a_fused_optimizer() -> None:
     """What the mixin is for: without it, the first step of bf16-mixed training raises."""
     with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
         fit(Regression(), "cpu", "bf16-mixed", "norm")
+
+
+def test_every_task_clips_for_fused_optimisers() -> None:
+    """Every task builds a fused optimiser (conf/task/*.yaml), so each needs the mixin."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import src.tasks
+
+    tasks = {
+        obj
+        for info in pkgutil.iter_modules(src.tasks.__path__)
+        for _, obj in inspect.getmembers(importlib.import_module(f"src.tasks.{info.name}"), inspect.isclass)
+        if issubclass(obj, L.LightningModule) and obj.__module__.startswith("src.tasks.")
+    }
+    assert len(tasks) >= 9
+    assert not [t.__name__ for t in tasks if not issubclass(t, FusedOptimizerClipping)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import logging
 import os
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -28,6 +29,7 @@ IMPLS = ("auto", "reference", "triton")
 F = TypeVar("F", bound=Callable[..., Any])
 # looked up once: find_spec on every call would cost a filesystem probe and break torch.compile
 _TRITON = importlib.util.find_spec("triton") is not None
+log = logging.getLogger(__name__)
 
 
 def triton_available() -> bool:
@@ -202,10 +204,22 @@ def fastest(
     if timer is None and torch.are_deterministic_algorithms_enabled():
         return deterministic
     if key not in cache:
+        if timer is None:
+            _say_first_timing()
         timer = timer or cuda_time
         times = {name: timer(fn) for name, fn in candidates().items()}
         cache[key] = min(times, key=times.__getitem__)
     return cache[key]
+
+
+@functools.cache
+def _say_first_timing() -> None:
+    # the first training steps compile every candidate's kernels for each new shape and time them:
+    # over a minute for DiCENet s=1.0 at batch 256 on an H100 (docs/gpu.md), silent otherwise
+    log.info(
+        "impl='auto': timing the fused Triton paths against PyTorch's on the first call of each "
+        "shape (once per process; the first steps are slow, model.impl=triton|reference skips it)"
+    )
 
 
 def check_same_dtype(op: str, **operands: Tensor | Sequence[Tensor] | None) -> torch.dtype:
