@@ -60,6 +60,8 @@ from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.gpu import describe  # noqa: E402
+from benchmarks.gpu import run_once as timed  # noqa: E402
 from benchmarks.ops import synchronize  # noqa: E402
 from src.models.dicenet import DiCENet  # noqa: E402
 from src.models.espnetv2 import ESPNetv2  # noqa: E402
@@ -277,20 +279,6 @@ def compile_with(backend: str) -> None:
     """Make the builders' ``torch.compile`` use ``backend`` ("eager": dynamo alone, no codegen)."""
     compile_ = torch.compile
     torch.compile = lambda model, **kw: compile_(model, backend=backend, **kw)
-
-
-def timed(step: Callable[[], None], device: torch.device) -> float:
-    """Seconds of one call, the device synchronised before and after."""
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def describe(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def emit(row: dict, rows: list[dict]) -> None:

@@ -301,10 +301,9 @@ def pytest_part(visit: Visit, deadline: float, workers: int) -> None:
     visit.sections["pytest"] = "\n".join(text)
 
 
-def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
-    names = ("gt4",) if visit.dry else COMPILED
-    extra = ["--dry", "--backend", "eager"] if visit.dry else []
-    queue = list(names)
+def in_lanes(items: Sequence, lanes: int, work) -> None:
+    """``work(item)`` for every item, ``lanes`` at a time, in the items' order."""
+    queue = list(items)
     lock = threading.Lock()
 
     def lane() -> None:
@@ -312,18 +311,28 @@ def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
             with lock:
                 if not queue:
                     return
-                name = queue.pop(0)
-            run = visit.run(f"compile_{name}", [PYTHON, "benchmarks/gpu_profile.py", "compile",
-                                                name, "--repeats", "5", *extra], deadline)
-            rows = json_rows(run.output) or [{"part": "compile", "name": name,
-                                              "error": status(run) + ": " + tail(run.output, 1)}]
-            visit.add_rows("compile", rows)
+                item = queue.pop(0)
+            work(item)
 
     threads = [threading.Thread(target=lane) for _ in range(lanes)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
+    names = ("gt4",) if visit.dry else COMPILED
+    extra = ["--dry", "--backend", "eager"] if visit.dry else []
+
+    def probe(name: str) -> None:
+        run = visit.run(f"compile_{name}", [PYTHON, "benchmarks/gpu_profile.py", "compile",
+                                            name, "--repeats", "5", *extra], deadline)
+        rows = json_rows(run.output) or [{"part": "compile", "name": name,
+                                          "error": status(run) + ": " + tail(run.output, 1)}]
+        visit.add_rows("compile", rows)
+
+    in_lanes(names, lanes, probe)
     rows = sorted(visit.rows.get("compile", []), key=lambda r: names.index(r.get("name", names[0])))
     table = markdown_table(
         ("model", "compile s", "graphs", "graph breaks", "compiled step ms", "per s", "error"),
@@ -357,31 +366,20 @@ def train_part(visit: Visit, deadline: float, lanes: int, steps: int) -> None:
     queue = [("default", TRAIN_RUNS["default"])] if visit.dry else list(TRAIN_RUNS.items())
     trainer = "trainer=cpu" if visit.dry else "trainer=gpu"
     per_run = 80.0
-    lock = threading.Lock()
 
-    def lane() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                name, overrides = queue.pop(0)
-            run_dir = runs_dir / name
-            command = [PYTHON, "train.py", trainer, *overrides, f"trainer.max_steps={steps}",
-                       "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
-                       "test=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
-            run = visit.run(f"train_{name}", command, min(deadline, time.monotonic() + per_run))
-            logged, first, last = read_losses(run_dir)
-            error = None
-            if run.returncode != 0:
-                error = tail(run.output, 1)[:200]
-            visit.add_rows("train", [{"run": name, "status": status(run), "logged_steps": logged,
-                                      "loss_first": first, "loss_last": last, "error": error}])
+    def train(item: tuple[str, tuple[str, ...]]) -> None:
+        name, overrides = item
+        run_dir = runs_dir / name
+        command = [PYTHON, "train.py", trainer, *overrides, f"trainer.max_steps={steps}",
+                   "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0",
+                   "test=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
+        run = visit.run(f"train_{name}", command, min(deadline, time.monotonic() + per_run))
+        logged, first, last = read_losses(run_dir)
+        error = tail(run.output, 1)[:200] if run.returncode != 0 else None
+        visit.add_rows("train", [{"run": name, "status": status(run), "logged_steps": logged,
+                                  "loss_first": first, "loss_last": last, "error": error}])
 
-    threads = [threading.Thread(target=lane) for _ in range(lanes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_lanes(queue, lanes, train)
     order = list(TRAIN_RUNS)
     rows = sorted(visit.rows.get("train", []), key=lambda r: order.index(r["run"]))
     visit.sections["train"] = (
