@@ -110,3 +110,26 @@ def test_every_task_clips_for_fused_optimisers() -> None:
     }
     assert len(tasks) >= 9
     assert not [t.__name__ for t in tasks if not issubclass(t, FusedOptimizerClipping)]
+
+
+def _clipping_experiments() -> list[str]:
+    from tests.conftest import CONF
+
+    return sorted(
+        p.stem for p in (CONF / "experiment").glob("*.yaml") if "gradient_clip_val" in p.read_text()
+    )
+
+
+@pytest.mark.parametrize("experiment", _clipping_experiments())
+def test_clipping_experiments_compose_with_a_task_that_clips_fused_optimisers(
+    experiment: str, tmp_path
+) -> None:
+    """Every experiment that clips, in bf16-mixed: its fused optimiser meets a task that clips it."""
+    from hydra.utils import get_class
+
+    from tests.conftest import compose_config
+
+    cfg = compose_config("train", [f"experiment={experiment}", "trainer.precision=bf16-mixed"], tmp_path)
+    assert cfg.trainer.gradient_clip_val and cfg.trainer.gradient_clip_val > 0
+    assert issubclass(get_class(cfg.task._target_), FusedOptimizerClipping)
+    assert cfg.task.optimizer.get("fused") is not False
