@@ -44,6 +44,7 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
+from src.ops.triton.choices import ChoiceCache
 from src.ops.triton.fused_norm import batch_norm_factor
 
 CPU_DTYPES = (torch.float32, torch.bfloat16)
@@ -129,7 +130,7 @@ def _fused_path(
 
 
 # (row bucket, C, dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = {}
+_auto_path_choice: dict[tuple, str] = ChoiceCache("batch_norm_prelu")
 
 
 def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | None = None) -> str:

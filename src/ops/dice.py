@@ -45,6 +45,7 @@ from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU
 from src.ops.shuffle import concat_shuffle
 from src.ops.triton import Timer, fastest, size_bucket, use_triton
+from src.ops.triton.choices import ChoiceCache
 from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
 
@@ -393,7 +394,7 @@ class DiCE(nn.Module):
 
 
 # (batch bucket, C, H, W, dtype, autocast dtype, dilation, training, device) -> "fused" | "unfused"
-_local_fusion_choice: dict[tuple, str] = {}
+_local_fusion_choice: dict[tuple, str] = ChoiceCache("dice.local_fusion")
 
 
 def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:

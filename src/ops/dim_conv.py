@@ -48,6 +48,7 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
+from src.ops.triton.choices import ChoiceCache
 
 
 class DimConv(nn.Module):
@@ -135,7 +136,7 @@ class DimConv(nn.Module):
 
 # (batch bucket, C, H, W, dtype, autocast dtype, dilation, interleave, device)
 #   -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = {}
+_auto_path_choice: dict[tuple, str] = ChoiceCache("dim_conv")
 
 
 def auto_path(

@@ -55,6 +55,7 @@ from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU, prelu
 from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
+from src.ops.triton.choices import ChoiceCache
 from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
 
@@ -361,7 +362,7 @@ def eesp_pyramid_reference(
 
 # (batch bucket, n, H, W, dtype, autocast dtype, dilations, stride, hff, training, device)
 #   -> "fused" | "eager"
-_pyramid_choice: dict[tuple, str] = {}
+_pyramid_choice: dict[tuple, str] = ChoiceCache("eesp.pyramid")
 
 
 def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:

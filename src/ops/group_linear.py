@@ -27,6 +27,7 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
+from src.ops.triton.choices import ChoiceCache
 
 
 class GroupLinear(nn.Module):
@@ -169,7 +170,7 @@ def interleaved_group_linear(
 
 
 # (row bucket, part widths, weight shape, bias, shuffle, dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = {}
+_auto_path_choice: dict[tuple, str] = ChoiceCache("group_linear")
 
 
 def auto_path(

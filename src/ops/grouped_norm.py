@@ -17,6 +17,7 @@ from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import cpu_kernels
 from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
+from src.ops.triton.choices import ChoiceCache
 
 
 class PerGroupLayerNorm(nn.Module):
@@ -226,7 +227,7 @@ def _kernel_covers(x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: fl
 
 
 # (row bucket, D, groups, dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = {}
+_auto_path_choice: dict[tuple, str] = ChoiceCache("grouped_norm")
 
 
 def auto_path(

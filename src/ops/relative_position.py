@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
 from src.ops.triton import Timer, fastest, size_bucket
+from src.ops.triton.choices import ChoiceCache
 
 
 def relative_sinusoid(
@@ -253,7 +254,7 @@ def _sdpa_relative_attention(
 
 # (B bucket, H, T, K, d_head, dtype, autocast dtype, grad, masked, dropout, device)
 #   -> "eager" | "sdpa"
-_attention_choice: dict[tuple, str] = {}
+_attention_choice: dict[tuple, str] = ChoiceCache("relative_attention")
 
 
 def attention_path(

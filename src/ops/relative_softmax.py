@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.triton import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
+from src.ops.triton.choices import ChoiceCache
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -117,7 +118,7 @@ def relative_softmax_reference(
 
 
 # (row bucket, T, K, dtype, grad, masked, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = {}
+_auto_path_choice: dict[tuple, str] = ChoiceCache("relative_softmax")
 
 
 def auto_path(

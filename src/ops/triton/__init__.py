@@ -31,6 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _TRITON = importlib.util.find_spec("triton") is not None
 log = logging.getLogger(__name__)
 
+from src.ops.triton.choices import ChoiceCache  # noqa: E402  (no import back into this module)
+
 
 def triton_available() -> bool:
     """Whether the ``triton`` package can be imported."""
@@ -194,8 +196,10 @@ def fastest(
 ) -> str:
     """The name of the fastest of ``candidates()`` (interchangeable computations of one result,
     built only to be timed) for ``key``: timed on first use (``timer``, default
-    :func:`cuda_time`) and kept in ``cache`` for the process. The measurement synchronises the device once per key: take one eager step
-    before capturing CUDA graphs.
+    :func:`cuda_time`) and kept in ``cache`` for the process; a
+    :class:`~src.ops.triton.choices.ChoiceCache` also keeps what :func:`cuda_time` measured on disk,
+    and takes an earlier process's choice on this machine without timing. The measurement
+    synchronises the device once per key: take one eager step before capturing CUDA graphs.
 
     With ``torch.use_deterministic_algorithms(True)`` nothing is timed and ``deterministic`` is
     the answer: a timed choice may differ between processes (a resumed run would then round
@@ -203,13 +207,23 @@ def fastest(
     """
     if timer is None and torch.are_deterministic_algorithms_enabled():
         return deterministic
-    if key not in cache:
-        if timer is None:
-            _say_first_timing()
-        timer = timer or cuda_time
-        times = {name: timer(fn) for name, fn in candidates().items()}
-        cache[key] = min(times, key=times.__getitem__)
-    return cache[key]
+    if key in cache:
+        return cache[key]
+    # timed on CUDA: a ChoiceCache also keeps the choice on disk for later processes
+    persistent = timer is None and isinstance(cache, ChoiceCache)
+    stored = cache.stored(key) if persistent else None
+    if stored is not None:
+        cache[key] = stored
+        return stored
+    if timer is None:
+        _say_first_timing()
+    times = {name: (timer or cuda_time)(fn) for name, fn in candidates().items()}
+    choice = min(times, key=times.__getitem__)
+    if persistent:
+        cache.remember(key, choice)
+    else:
+        cache[key] = choice
+    return choice
 
 
 @functools.cache
@@ -218,7 +232,8 @@ def _say_first_timing() -> None:
     # over a minute for DiCENet s=1.0 at batch 256 on an H100 (docs/gpu.md), silent otherwise
     log.info(
         "impl='auto': timing the fused Triton paths against PyTorch's on the first call of each "
-        "shape (once per process; the first steps are slow, model.impl=triton|reference skips it)"
+        "shape (once per machine and version; the first steps are slow, model.impl=triton|reference "
+        "skips it)"
     )
 
 

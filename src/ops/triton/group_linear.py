@@ -38,6 +38,7 @@ from src.ops.triton import (
     opaque_op,
     size_bucket,
 )
+from src.ops.triton.choices import ChoiceCache
 
 # The grouped GEMM's launch configuration, read at every launch. On a GPU (a CUDA tensor, or
 # launches recorded for one), the fastest of 26 configurations of DExTra(d_m=512, N=8)'s training
@@ -372,7 +373,7 @@ def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) 
 WEIGHT_GRAD_METHODS = {"splitk": weight_grad_splitk, "bmm": weight_grad_bmm}
 WEIGHT_GRAD_ENV = "LIGHTNETS_GLT_WGRAD"  # auto (default) | splitk | bmm
 # (token bucket, g, k, n, dtype, device) -> the faster method, measured on first use on CUDA
-_weight_grad_choice: dict[tuple, str] = {}
+_weight_grad_choice: dict[tuple, str] = ChoiceCache("group_linear.weight_grad")
 
 
 def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> str:

@@ -1,0 +1,96 @@
+"""``impl="auto"``'s measured choices, kept on disk per GPU, PyTorch, Triton and kernel sources.
+
+On CUDA, the first call of an op with a new shape compiles every candidate's kernels and times
+them (:func:`src.ops.triton.fastest`). For DiCENet s=1.0 at batch 256 that first training step took
+over a minute on an H100 and an H200 (docs/gpu.md), in every process again. A :class:`ChoiceCache`
+keeps each op's choices in memory as before and, for the choices timed on CUDA, also in one JSON
+file (``LIGHTNETS_CHOICES``, default ``~/.cache/lightnets/auto_choices.json``; ``0`` turns it off),
+so a later process on the same machine takes them without timing, and compiles only the kernels
+it runs. Entries are filed under a signature: the GPU's name, the PyTorch and Triton versions and
+a hash of the Triton kernels' sources, so a new card, release or kernel is measured afresh. Writers
+(DDP ranks, parallel jobs) merge under a file lock and replace the file atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Hashable
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+ENV = "LIGHTNETS_CHOICES"
+KERNELS = Path(__file__).parent  # the Triton kernels' sources: a change there re-measures
+
+
+def store_path() -> Path | None:
+    """The choices file, or None when ``LIGHTNETS_CHOICES=0``."""
+    value = os.environ.get(ENV)
+    if value == "0":
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "lightnets" / "auto_choices.json"
+
+
+@functools.cache
+def signature() -> str:
+    """What the choices hold for: this GPU, these PyTorch and Triton versions, these kernels."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    sources = hashlib.sha256()
+    for path in sorted(KERNELS.glob("*.py")):
+        sources.update(path.read_bytes())
+    return f"{gpu} | torch {torch.__version__} | triton {triton_version} | {sources.hexdigest()[:16]}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, or cut short by a crash before the atomic replace
+        return {}
+
+
+class ChoiceCache(dict):
+    """One op's choices (``key -> candidate name``) for the process, as a plain dict, plus the
+    ones an earlier process measured on this machine (module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self._stored: dict[str, str] | None = None
+
+    def stored(self, key: Hashable) -> str | None:
+        """The choice an earlier process measured for ``key``, if any."""
+        if self._stored is None:
+            path = store_path()
+            entries = _read(path).get(signature(), {}) if path is not None else {}
+            self._stored = dict(entries.get(self.name, {}))
+        return self._stored.get(repr(key))
+
+    def remember(self, key: Hashable, choice: str) -> None:
+        """Keep ``choice`` for ``key`` in this process and on disk."""
+        self[key] = choice
+        path = store_path()
+        if path is None:
+            return
+        if self._stored is not None:
+            self._stored[repr(key)] = choice
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(path) + ".lock"):
+                everything = _read(path)
+                entries = everything.setdefault(signature(), {}).setdefault(self.name, {})
+                entries[repr(key)] = choice
+                partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+                partial.write_text(json.dumps(everything, indent=1, sort_keys=True))
+                os.replace(partial, path)
+        except OSError:  # a read-only home, say: the choice still holds for this process
+            pass
