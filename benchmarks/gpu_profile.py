@@ -19,7 +19,7 @@ CUDA, bf16 autocast:
 
 (The LMs, MT and SSD use a stand-in loss where their task's is elaborate: cross-entropy on random
 targets for the language and translation models, the mean of SSD's outputs; the network's kernels
-are what is profiled.) Two commands:
+are what is profiled.) Three commands:
 
 - ``pairs``: each system and its baseline, interleaved round-robin, median of ``--repeats``; one
   JSON line per entry (ms, units/s, the ratio to the baseline, parameters, peak memory). With
@@ -29,6 +29,9 @@ are what is profiled.) Two commands:
 - ``compile NAME``: ``torch.compile`` of one entry's training step: the first call's seconds (the
   compile), dynamo's graphs and graph breaks with their reasons, then the compiled step's median
   ms (``--backend eager``: dynamo alone, no code generation).
+- ``warm``: two training steps and two inference forwards of each entry (``--only``), with their
+  wall seconds: the first ones compile the kernels and make ``impl="auto"``'s choices, which the
+  on-disk caches keep for the processes that time these shapes next.
 
 On the CPU (``--dry``) every entry shrinks to a few images or tokens, fp32, so that the script
 runs anywhere in seconds and cannot rot between GPU visits.
@@ -36,6 +39,7 @@ runs anywhere in seconds and cannot rot between GPU visits.
     python benchmarks/gpu_profile.py pairs [--dry] [--repeats 10] [--only NAME ...]
         [--profile MD] [--top 15] [--trace PATH] [--json PATH]
     python benchmarks/gpu_profile.py compile NAME [--dry] [--backend inductor]
+    python benchmarks/gpu_profile.py warm [--dry] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -106,13 +110,15 @@ DRY = Sizes(2, 64, 2, 16, 64, 2, 8, 1, None)
 
 @dataclass
 class Entry:
-    """A built training step: ``step()`` runs one; ``units`` (images or tokens) it processes."""
+    """A built training step: ``step()`` runs one; ``units`` (images or tokens) it processes;
+    for the image networks also their input, for an inference forward."""
 
     step: Callable[[], None]
     units: int
     unit: str
     params: int
     net: nn.Module
+    forward_input: Tensor | None = None
 
 
 def count(net: nn.Module) -> int:
@@ -177,7 +183,7 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
     step = training_step(net, lambda: F.cross_entropy(forward(x), labels), device, sz.precision,
                          optimizer)  # fmt: skip
-    return Entry(step, sz.images, "images", count(net), net)
+    return Entry(step, sz.images, "images", count(net), net, x)
 
 
 def charlm_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
@@ -259,7 +265,7 @@ def ssd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Ent
 
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
     step = training_step(net, loss, device, sz.precision, optimizer)
-    return Entry(step, sz.ssd_images, "images", count(net), net)
+    return Entry(step, sz.ssd_images, "images", count(net), net, x)
 
 
 BUILDERS: dict[str, Callable[[str, Sizes, torch.device, bool], Entry]] = {
@@ -436,9 +442,35 @@ def compile_probe(name: str, sz: Sizes, device: torch.device, repeats: int, rows
           "unit": entry.unit}, rows)  # fmt: skip
 
 
+def warm(names: list[str], sz: Sizes, device: torch.device, rows: list[dict]) -> None:
+    """Two training steps and two inference forwards of each entry, untimed but for their wall
+    seconds: the first ones compile the kernels and make ``impl="auto"``'s measured choices,
+    which Triton's and :mod:`src.ops.triton.choices`' on-disk caches keep for later processes
+    (the vision benchmarks, the yardsticks) at these shapes."""
+    for name in names:
+        try:
+            entry = build(name, sz, device)
+            train = [timed(entry.step, device) for _ in range(2)]
+            infer = []
+            if entry.forward_input is not None:
+                entry.net.eval()
+                with torch.inference_mode(), autocast(device, sz.precision):
+                    infer = [timed(lambda: entry.net(entry.forward_input), device) for _ in range(2)]
+        except Exception as error:
+            emit({"part": "warm", "name": name, "error": describe(error)}, rows)
+            continue
+        emit({"part": "warm", "name": name, "first_train_step_s": round(train[0], 2),
+              "second_train_step_s": round(train[1], 3),
+              "first_inference_s": round(infer[0], 2) if infer else None,
+              "second_inference_s": round(infer[1], 3) if infer else None}, rows)  # fmt: skip
+        del entry
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("pairs", "compile"))
+    parser.add_argument("command", choices=("pairs", "compile", "warm"))
     parser.add_argument("name", nargs="?", choices=NAMES, help="the entry to compile")
     parser.add_argument("--dry", action="store_true", help="CPU, tiny sizes, fp32")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="these entries only")
@@ -465,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
         pairs(names, sz, device, args.repeats, rows, profiler)
         if profiler is not None:
             profiler.finish(rows)
+    elif args.command == "warm":
+        warm(names, sz, device, rows)
     else:
         compile_with(args.backend)
         compile_probe(args.name, sz, device, args.repeats, rows)

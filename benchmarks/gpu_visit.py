@@ -15,6 +15,10 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
      ``delight_mt_demo``, ``pru_demo``, ``sentiment_delight`` and ``ssd_demo``: first and last
      training loss from their CSV logs.
 2. One at a time, each alone on the GPU:
+   - ``warm``: the first training step and inference of DiCENet, ESPNetv2 and ESPNetv2-SSD at the
+     benchmarks' shapes (``gpu_profile.py warm``): they compile the kernels and time
+     ``impl="auto"``'s candidates, which the on-disk caches (Triton's, ``src/ops/triton/choices.py``)
+     then hand to every later part, and their seconds are the first-step cost;
    - ``bench``: ``benchmarks/gpu.py``, every part (DExTra, character LMs, vision, DiCE units, GLT
      weight gradients, mixed precision), and ``benchmarks/pru_lm.py`` (PRU layer vs ``nn.LSTM``);
    - ``pairs``: ``gpu_profile.py pairs``, each system's training step beside its baseline, then
@@ -81,8 +85,8 @@ TRAIN_RUNS = {
 }
 COMPILED = ("dicenet", "espnetv2", "gt4", "txl", "gt2", "delight_mt")
 
-PARTS = ("pytest", "compile", "train", "bench", "pairs", "side_by_side", "tune")
-SECTIONS = ("env", *PARTS[:5], "profile", *PARTS[5:])
+PARTS = ("pytest", "compile", "train", "warm", "bench", "pairs", "side_by_side", "tune")
+SECTIONS = ("env", *PARTS[:6], "profile", *PARTS[6:])
 CONCURRENT = ("pytest", "compile", "train")
 
 
@@ -91,14 +95,15 @@ class Budget:
     """Seconds each part may take (phase 1's parts share one window)."""
 
     phase1: float
+    warm: float
     bench: float
     pairs: float
     side_by_side: float
     tune: float
 
 
-FULL_BUDGET = Budget(phase1=140, bench=120, pairs=80, side_by_side=55, tune=85)
-DRY_BUDGET = Budget(phase1=240, bench=120, pairs=120, side_by_side=120, tune=120)
+FULL_BUDGET = Budget(phase1=125, warm=80, bench=105, pairs=65, side_by_side=45, tune=60)
+DRY_BUDGET = Budget(phase1=240, warm=120, bench=120, pairs=120, side_by_side=120, tune=120)
 
 
 @dataclass
@@ -395,6 +400,25 @@ def fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
+def warm_part(visit: Visit, deadline: float) -> None:
+    """The vision networks' first steps at the benchmarks' shapes, alone on the GPU: they compile
+    the kernels and time ``impl="auto"``'s candidates once, and the on-disk caches hand both to
+    every later part (``gpu_profile.py warm``)."""
+    names = ["dicenet", "espnetv2", "ssd"]
+    run = visit.run("warm", [PYTHON, "benchmarks/gpu_profile.py", "warm", "--only", *names,
+                             *(["--dry"] if visit.dry else [])], deadline)  # fmt: skip
+    rows = json_rows(run.output)
+    visit.add_rows("warm", rows)
+    visit.sections["warm"] = f"## First steps (compile and `auto` timing; {status(run)})\n\n" + (
+        markdown_table(
+            ("model", "1st train step s", "2nd", "1st inference s", "2nd", "error"),
+            [(r.get("name"), r.get("first_train_step_s"), r.get("second_train_step_s"),
+              r.get("first_inference_s"), r.get("second_inference_s"), r.get("error"))
+             for r in rows],
+        )  # fmt: skip
+    )
+
+
 def bench_part(visit: Visit, deadline: float, parts: Sequence[str] | None) -> None:
     if visit.dry:
         gpu = [PYTHON, "benchmarks/gpu.py", "--device", "cpu", "--parts", "dextra", "wgrad",
@@ -522,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # phase 2: one at a time
     sequential = {
+        "warm": lambda end: warm_part(visit, end),
         "bench": lambda end: bench_part(visit, end, args.bench_parts),
         "pairs": lambda end: pairs_part(visit, end),
         "side_by_side": lambda end: side_by_side_part(visit, end, args.side_by_side),

@@ -36,10 +36,11 @@ def test_every_part_leaves_rows_and_a_section(visit) -> None:
     ]  # fmt: skip
     rows = json.loads((out / "results.json").read_text())
     summary = (out / "summary.md").read_text()
-    for part in ("env", "pytest", "compile", "train", "bench", "pairs", "profile", "tune"):
+    for part in ("env", "pytest", "compile", "train", "warm", "bench", "pairs", "profile", "tune"):
         assert rows.get(part), f"no rows from {part}: {summary}"
         assert not any("error" in r and r["error"] for r in rows[part]), rows[part]
-    for title in ("## Machine", "## pytest", "## torch.compile", "## Short", "## benchmarks/gpu.py",
+    for title in ("## Machine", "## pytest", "## torch.compile", "## Short", "## First steps",
+                  "## benchmarks/gpu.py",
                   "## Training steps", "## Profiles", "## Launch-configuration"):
         assert title in summary
 
@@ -61,6 +62,8 @@ def test_the_parts_measure(visit) -> None:
         assert len(p["top"]) == 15 and 0 < sum(k["share"] for k in p["top"]) <= 1.0 + 1e-6
         assert p["top"][0]["us"] >= p["top"][-1]["us"] > 0
     assert trace["trace_of"] in ("gt4", "txl") and (out / "trace.json.gz").stat().st_size > 1000
+    assert [r["name"] for r in rows["warm"]] == ["dicenet", "espnetv2", "ssd"]
+    assert all(r["first_train_step_s"] > 0 and r["second_inference_s"] > 0 for r in rows["warm"])
     assert any(r.get("part") == "dextra" and r.get("ms") for r in rows["bench"])
     assert any(r.get("layer", "").startswith("PRU") for r in rows["pru_lm"])
     with tarfile.open(out / "logs.tar.gz") as tar:
