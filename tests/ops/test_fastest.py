@@ -10,13 +10,7 @@ import torch
 import src.ops.triton as dispatch
 
 
-def test_fastest_times_once_per_key_and_says_so_once(monkeypatch, caplog) -> None:
-    times = {"kernel": 1.0, "eager": 2.0}
-    timed: list[str] = []
-
-    def fake_cuda_time(fn) -> float:
-        return fn()
-
+def _timed_candidates(times: dict[str, float], timed: list[str]):
     def candidates() -> dict:
         def make(name: str):
             def run() -> float:
@@ -27,7 +21,14 @@ def test_fastest_times_once_per_key_and_says_so_once(monkeypatch, caplog) -> Non
 
         return {name: make(name) for name in times}
 
-    monkeypatch.setattr(dispatch, "cuda_time", fake_cuda_time)
+    return candidates
+
+
+def test_fastest_times_once_per_key_and_says_so_once(monkeypatch, caplog) -> None:
+    times = {"kernel": 1.0, "eager": 2.0}
+    timed: list[str] = []
+    candidates = _timed_candidates(times, timed)
+    monkeypatch.setattr(dispatch, "cuda_time", lambda fn: fn())
     dispatch._say_first_timing.cache_clear()
     cache: dict = {}
     with caplog.at_level(logging.INFO, logger="src.ops.triton"):
@@ -48,20 +49,6 @@ def test_deterministic_mode_times_nothing(monkeypatch) -> None:
         assert dispatch.fastest({}, "a", lambda: {"x": None}, None, deterministic="x") == "x"
     finally:
         torch.use_deterministic_algorithms(deterministic)
-
-
-def _timed_candidates(times: dict[str, float], timed: list[str]):
-    def candidates() -> dict:
-        def make(name: str):
-            def run() -> float:
-                timed.append(name)
-                return times[name]
-
-            return run
-
-        return {name: make(name) for name in times}
-
-    return candidates
 
 
 def test_choices_timed_on_cuda_are_kept_for_later_processes(monkeypatch, tmp_path) -> None:
