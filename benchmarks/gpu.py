@@ -9,7 +9,8 @@ the median of ``--repeats`` runs reported:
   Triton kernel and the reference, measured on first use) against the same weights with
   ``impl="triton"`` (the kernel everywhere, CUDA only) and ``impl="reference"`` (plain PyTorch),
   and a dense GEMM of equal FLOPs (the rate the hardware reaches on this much arithmetic).
-- ``charlm``: a training step (forward with a full memory, cross-entropy, backward, Adam) of the
+- ``charlm``: a training step (forward with a full memory, cross-entropy, backward, fused Adam as
+  the tasks build it) of the
   2- and 4-group Group-Transformers against Transformer-XL (9, 256, 8; pre-norm, untied) at enwik8
   sizes, in tokens/s, fp32 and bf16, eagerly and under ``torch.compile``; on CUDA the eager group
   also runs Transformer-XL and G=4 with their kernels and fused attention off (``*_plain``); a
@@ -416,7 +417,7 @@ def lm_train_step(
     precision: str,
 ) -> Callable[[], None]:
     """Forward over ``tokens[:, :-1]`` with full memories, next-character loss, backward, Adam."""
-    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4)
+    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, fused=True)
 
     def step() -> None:
         with autocast(device, precision):
@@ -504,7 +505,9 @@ def vision_names(s: Settings) -> list[str]:
 def vision_train_step(
     net: nn.Module, forward: Callable[[Tensor], Tensor], x: Tensor, labels: Tensor, s: Settings
 ) -> Callable[[], None]:
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    optimizer = torch.optim.SGD(
+        net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5, fused=True
+    )
 
     def step() -> None:
         with autocast(s.device, s.vision_precision):

@@ -17,7 +17,9 @@ CUDA, bf16 autocast:
 ``ssd``                ESPNetv2-SSD300 (s=2.0), 32 images, its two heads' outputs as the loss
 ====================  ==============================================================================
 
-(The LMs, MT and SSD use a stand-in loss where their task's is elaborate: cross-entropy on random
+Every optimiser is fused (one multi-tensor kernel a step), as every task builds it
+(``conf/task/*.yaml``): DeLighT MT has 883 parameter tensors. (The LMs, MT and SSD use a stand-in
+loss where their task's is elaborate: cross-entropy on random
 targets for the language and translation models, the mean of SSD's outputs; the network's kernels
 are what is profiled.) Three commands:
 
@@ -180,7 +182,9 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
     x = torch.randn(sz.images, 3, sz.image_size, sz.image_size, generator=generator)
     x = x.to(device).contiguous(memory_format=torch.channels_last)
     labels = torch.randint(1000, (sz.images,), generator=generator).to(device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5)
+    optimizer = torch.optim.SGD(
+        net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5, fused=True
+    )
     step = training_step(net, lambda: F.cross_entropy(forward(x), labels), device, sz.precision,
                          optimizer)  # fmt: skip
     return Entry(step, sz.images, "images", count(net), net, x)
@@ -205,7 +209,7 @@ def charlm_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
         logits, _ = forward(tokens[:, :-1], memories)  # (B, T, V)
         return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
 
-    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4)
+    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, fused=True)
     step = training_step(net, loss, device, sz.precision, optimizer)
     return Entry(step, sz.lm_batch * sz.lm_len, "tokens", count(net), net)
 
@@ -229,7 +233,7 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entr
         logits = forward(src, None, tgt[:, :-1])  # (B, T, V_tgt); no padding
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt[:, 1:].reshape(-1))
 
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, fused=True)
     step = training_step(net, loss, device, sz.precision, optimizer)
     return Entry(step, sentences * length, "target tokens", count(net), net)
 
@@ -246,7 +250,7 @@ def awd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Ent
         logits = forward(tokens[:, :-1]).logits  # (B, T, V)
         return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
 
-    optimizer = torch.optim.SGD(net.parameters(), lr=30.0)
+    optimizer = torch.optim.SGD(net.parameters(), lr=30.0, fused=True)
     step = training_step(net, loss, device, sz.precision, optimizer)
     return Entry(step, sz.awd_batch * sz.awd_bptt, "tokens", count(net), net)
 
@@ -263,7 +267,7 @@ def ssd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Ent
         boxes, scores = forward(x)
         return boxes.float().square().mean() + scores.float().logsumexp(-1).mean()
 
-    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, fused=True)
     step = training_step(net, loss, device, sz.precision, optimizer)
     return Entry(step, sz.ssd_images, "images", count(net), net, x)
 

@@ -43,7 +43,9 @@ class LSTM(nn.LSTM):
         as ``nn.LSTM``; under the fallback the output and state are float32
     """
 
-    def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         if (
             isinstance(input, Tensor)
             and input.device.type == "cpu"

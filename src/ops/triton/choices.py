@@ -48,7 +48,8 @@ def signature() -> str:
     sources = hashlib.sha256()
     for path in sorted(KERNELS.glob("*.py")):
         sources.update(path.read_bytes())
-    return f"{gpu} | torch {torch.__version__} | triton {triton_version} | {sources.hexdigest()[:16]}"
+    kernels = sources.hexdigest()[:16]
+    return f"{gpu} | torch {torch.__version__} | triton {triton_version} | {kernels}"
 
 
 def _read(path: Path) -> dict:
