@@ -169,7 +169,7 @@ def training_step(
     return step
 
 
-def vision_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+def vision_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     if name == "dicenet":
         net: nn.Module = DiCENet(scale=1.0, input_size=sz.image_size)
     elif name == "espnetv2":
@@ -177,7 +177,7 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
     else:
         net = torchvision.models.shufflenet_v2_x1_0()
     net = net.to(device, memory_format=torch.channels_last).train()
-    forward = torch.compile(net) if compiled else net
+    forward = torch.compile(net, backend=backend) if backend else net
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(sz.images, 3, sz.image_size, sz.image_size, generator=generator)
     x = x.to(device).contiguous(memory_format=torch.channels_last)
@@ -190,7 +190,7 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
     return Entry(step, sz.images, "images", count(net), net, x)
 
 
-def charlm_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+def charlm_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     vocab, layers, width = 204, 9, 256  # enwik8, Table 2's models
     size = {"n_token": vocab, "n_layer": layers, "d_model": width, "n_head": 8, "d_inner": 1024,
             "mem_len": sz.lm_len, "dropout": 0.0}  # fmt: skip
@@ -199,7 +199,7 @@ def charlm_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
     else:
         net = GroupTransformer(**size, n_group=int(name[2:]), tgt_len=sz.lm_len)
     net = net.to(device).train()
-    forward = torch.compile(net) if compiled else net
+    forward = torch.compile(net, backend=backend) if backend else net
     generator = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(vocab, (sz.lm_batch, sz.lm_len + 1), generator=generator).to(device)
     memories = [torch.zeros(sz.lm_batch, sz.lm_len, width, device=device)
@@ -214,14 +214,14 @@ def charlm_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> 
     return Entry(step, sz.lm_batch * sz.lm_len, "tokens", count(net), net)
 
 
-def mt_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     if name == "delight_mt":
         # 14.0 M: the thesis's IWSLT row, d_m 320 (specs/delight_lm_mt.md)
         net = from_config("experiment=delight_mt_iwslt_d384", "model.d_model=320")
     else:
         net = from_config("data=iwslt14_de_en", "model=transformer_mt")
     net = net.to(device).train()
-    forward = torch.compile(net) if compiled else net
+    forward = torch.compile(net, backend=backend) if backend else net
     src_vocab, tgt_vocab, length = 8848, 6632, 32
     sentences = max(1, sz.mt_tokens // length)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -238,10 +238,10 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entr
     return Entry(step, sentences * length, "target tokens", count(net), net)
 
 
-def awd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     experiment = {"awd_pru": "pru_table4_1_awd_pru_g4_m1400", "awd_lstm": "pru_table4_1_awd_lstm"}
     net = from_config(f"experiment={experiment[name]}").to(device).train()
-    forward = torch.compile(net) if compiled else net
+    forward = torch.compile(net, backend=backend) if backend else net
     vocab = 10000  # PTB
     generator = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(vocab, (sz.awd_batch, sz.awd_bptt + 1), generator=generator).to(device)
@@ -255,10 +255,10 @@ def awd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Ent
     return Entry(step, sz.awd_batch * sz.awd_bptt, "tokens", count(net), net)
 
 
-def ssd_entry(name: str, sz: Sizes, device: torch.device, compiled: bool) -> Entry:
+def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     net = from_config("experiment=ssd_espnetv2_300").to(device, memory_format=torch.channels_last)
     net = net.train()
-    forward = torch.compile(net) if compiled else net
+    forward = torch.compile(net, backend=backend) if backend else net
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(sz.ssd_images, 3, 300, 300, generator=generator).to(device)
     x = x.contiguous(memory_format=torch.channels_last)
@@ -280,15 +280,11 @@ BUILDERS: dict[str, Callable[[str, Sizes, torch.device, bool], Entry]] = {
 }  # fmt: skip
 
 
-def build(name: str, sz: Sizes, device: torch.device, compiled: bool = False) -> Entry:
+def build(name: str, sz: Sizes, device: torch.device, backend: str | None = None) -> Entry:
+    """``name``'s training step, eager, or under ``torch.compile`` with ``backend`` ("eager":
+    dynamo alone, no code generation)."""
     torch.manual_seed(0)
-    return BUILDERS[name](name, sz, device, compiled)
-
-
-def compile_with(backend: str) -> None:
-    """Make the builders' ``torch.compile`` use ``backend`` ("eager": dynamo alone, no codegen)."""
-    compile_ = torch.compile
-    torch.compile = lambda model, **kw: compile_(model, backend=backend, **kw)
+    return BUILDERS[name](name, sz, device, backend)
 
 
 def emit(row: dict, rows: list[dict]) -> None:
@@ -422,14 +418,16 @@ def pairs(
             torch.cuda.reset_peak_memory_stats(device)
 
 
-def compile_probe(name: str, sz: Sizes, device: torch.device, repeats: int, rows: list[dict]) -> None:
+def compile_probe(
+    name: str, sz: Sizes, device: torch.device, repeats: int, backend: str, rows: list[dict]
+) -> None:
     """Compile one entry's training step: first call (the compile), graphs, breaks, median ms."""
     from torch._dynamo.utils import counters
 
     counters.clear()
     started = time.perf_counter()
     try:
-        entry = build(name, sz, device, compiled=True)
+        entry = build(name, sz, device, backend)
         first = timed(entry.step, device)
         graphs = int(counters["stats"]["unique_graphs"])
         breaks = {str(reason)[:200]: n for reason, n in counters["graph_break"].items()}
@@ -504,8 +502,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "warm":
         warm(names, sz, device, rows)
     else:
-        compile_with(args.backend)
-        compile_probe(args.name, sz, device, args.repeats, rows)
+        compile_probe(args.name, sz, device, args.repeats, args.backend, rows)
     if args.json:
         with open(args.json, "a") as file:
             for row in rows:

@@ -58,6 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from src.utils.files import write_json  # noqa: E402
+
 PYTHON = sys.executable
 
 # the tests whose CUDA cases matter: kernels, autocast, models and resume on CUDA
@@ -179,7 +182,7 @@ class Visit:
             runs = list(self.runs)
         summary = "\n\n".join(sections[p] for p in SECTIONS if p in sections) + "\n"
         atomic_write(self.out / "summary.md", summary.encode())
-        atomic_write(self.out / "results.json", json.dumps(rows, indent=1).encode())
+        write_json(self.out / "results.json", rows)
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             for i, run in enumerate(runs):

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from src.utils.files import write_json
+
 ENV = "LIGHTNETS_CHOICES"
 KERNELS = Path(__file__).parent  # the Triton kernels' sources: a change there re-measures
 
@@ -59,6 +61,13 @@ def _read(path: Path) -> dict:
         return {}
 
 
+@functools.cache
+def _machine_choices(path: Path, machine: str) -> dict[str, dict[str, str]]:
+    """{op: {repr(key): choice}} of the store under ``machine``'s signature, read once a process
+    (every op's cache looks there) and kept up to date by :meth:`ChoiceCache.remember`."""
+    return {op: dict(entries) for op, entries in _read(path).get(machine, {}).items()}
+
+
 class ChoiceCache(dict):
     """One op's choices (``key -> candidate name``) for the process, as a plain dict, plus the
     ones an earlier process measured on this machine (module docstring)."""
@@ -66,15 +75,13 @@ class ChoiceCache(dict):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.name = name
-        self._stored: dict[str, str] | None = None
 
     def stored(self, key: Hashable) -> str | None:
         """The choice an earlier process measured for ``key``, if any."""
-        if self._stored is None:
-            path = store_path()
-            entries = _read(path).get(signature(), {}) if path is not None else {}
-            self._stored = dict(entries.get(self.name, {}))
-        return self._stored.get(repr(key))
+        path = store_path()
+        if path is None:
+            return None
+        return _machine_choices(path, signature()).get(self.name, {}).get(repr(key))
 
     def remember(self, key: Hashable, choice: str) -> None:
         """Keep ``choice`` for ``key`` in this process and on disk."""
@@ -82,16 +89,13 @@ class ChoiceCache(dict):
         path = store_path()
         if path is None:
             return
-        if self._stored is not None:
-            self._stored[repr(key)] = choice
+        machine = signature()
+        _machine_choices(path, machine).setdefault(self.name, {})[repr(key)] = choice
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(path) + ".lock"):
+            with FileLock(str(path) + ".lock"):  # merged with what other processes wrote
                 everything = _read(path)
-                entries = everything.setdefault(signature(), {}).setdefault(self.name, {})
-                entries[repr(key)] = choice
-                partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-                partial.write_text(json.dumps(everything, indent=1, sort_keys=True))
-                os.replace(partial, path)
+                everything.setdefault(machine, {}).setdefault(self.name, {})[repr(key)] = choice
+                write_json(path, everything)
         except OSError:  # a read-only home, say: the choice still holds for this process
             pass
