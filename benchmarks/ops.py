@@ -7,6 +7,11 @@ per op and pass: ``{"op", "pass", "shape", "ours_ms", "baseline_ms", "speedup"}`
 against a dense GEMM of equal FLOPs where a case defines one).
 
     python benchmarks/ops.py [--device cpu|cuda] [--threads 2] [--repeats 21] [--only delight]
+
+On the CPU, ``ours`` is what a user gets: with ``LIGHTNETS_CPU_KERNELS`` unset, the ops whose
+faster path depends on the machine time theirs against ATen's on first use (in the warm-up here)
+and run the winner. As an AVX2 CPU on an AVX-512 machine: ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/ops.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import pkgutil
 import statistics
 import sys
@@ -26,6 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import op_cases  # noqa: E402
 from benchmarks.op_cases import OpCase  # noqa: E402
+from src.ops.cpu import cpu_path_mode  # noqa: E402
+from src.ops.triton.choices import cpu_signature  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
@@ -33,29 +41,40 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def one_run(fn: Callable[[], torch.Tensor], backward: bool, device: torch.device) -> float:
-    """Milliseconds of one forward (no grad) or forward+backward call."""
+# A sample is at least this long: the forward of a small op takes ~20 us, where the timer's and
+# the scheduler's jitter alone moved a row of two identical paths to 0.95x
+MIN_SAMPLE_MS = 2.0
+
+
+def one_run(
+    fn: Callable[[], torch.Tensor], backward: bool, device: torch.device, calls: int = 1
+) -> float:
+    """Milliseconds of one forward (no grad) or forward+backward call: the mean of ``calls``
+    back-to-back calls."""
     synchronize(device)
     start = time.perf_counter()
-    if backward:
-        out = fn()
-        out.backward(torch.ones_like(out))
-    else:
-        with torch.no_grad():
-            fn()
+    for _ in range(calls):
+        if backward:
+            out = fn()
+            out.backward(torch.ones_like(out))
+        else:
+            with torch.no_grad():
+                fn()
     synchronize(device)
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - start) * 1e3 / calls
 
 
 def time_interleaved(fns: dict[str, Callable], backward: bool, repeats: int, device: torch.device) -> dict[str, float]:
-    """Median milliseconds of each function, run round-robin so drift affects all alike."""
-    for fn in fns.values():  # warm-up (allocations, kernel compilation)
-        for _ in range(3):
-            one_run(fn, backward, device)
+    """Median milliseconds of each function, run round-robin so drift affects all alike; each
+    sample repeats the call until it lasts :data:`MIN_SAMPLE_MS` (the same count for all)."""
+    warm = {}
+    for name, fn in fns.items():  # warm-up (allocations, kernel compilation, measured choices)
+        warm[name] = min(one_run(fn, backward, device) for _ in range(3))
+    calls = max(1, math.ceil(MIN_SAMPLE_MS / max(min(warm.values()), 1e-3)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            samples[name].append(one_run(fn, backward, device))
+            samples[name].append(one_run(fn, backward, device, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -102,6 +121,9 @@ def main() -> None:
                     row["fraction_of_dense"] = round(ms["dense"] / ms["ours"], 3)
             rows.append(row)
 
+    if device.type == "cpu":
+        # which machine, and which CPU paths ran (LIGHTNETS_CPU_KERNELS: auto measures per shape)
+        print(f"# {cpu_signature()} | {args.threads} threads | CPU paths {cpu_path_mode()}")
     header = f"{'op':<34}{'pass':<9}{'shape':<40}{'ours ms':>10}{'base ms':>10}{'speedup':>9}{'of dense':>10}"
     print(header)
     print("-" * len(header))

@@ -87,8 +87,8 @@ def use_inference_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(DiCE, "_folded_forward", _forbid_in_inference(DiCE._folded_forward))
         monkeypatch.setattr(EESP, "_pyramid", _forbid_in_inference(EESP._pyramid))
     elif path == "eager":
-        monkeypatch.setattr(src.ops.dice, "cpu_kernels", lambda: False)
-        monkeypatch.setattr(src.ops.eesp, "cpu_kernels", lambda: False)
+        monkeypatch.setattr(src.ops.dice, "cpu_kernels_loaded", lambda: False)
+        monkeypatch.setattr(src.ops.eesp, "cpu_kernels_loaded", lambda: False)
     else:
         raise ValueError(f"path must be 'kernel' or 'eager', got {path!r}")
 

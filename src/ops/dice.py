@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.cpu import cpu_kernels
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.dim_conv import DimConv, resize_matrix
 from src.ops.dim_fuse import DimFuse, local_fusion
 from src.ops.inference_folding import (
@@ -130,7 +130,7 @@ class DiCE(nn.Module):
             and x.dim() == 4
             and x.shape[1] == conv.channels
         ):
-            if self._kernel_applies(x) and cpu_kernels():
+            if self._kernel_applies(x) and cpu_kernels_loaded():
                 return self._kernel_forward(x)
             if x.shape[2:] == (conv.height, conv.width):
                 return self._folded_forward(x)

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
-from src.ops.cpu import cpu_kernels
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.depthwise_conv import DepthwiseConv2d
 from src.ops.inference_folding import (
     ConvBNPReLU,
@@ -298,7 +298,7 @@ class EESP(nn.Module):
             self.cpu_kernel
             and reduced.dtype == torch.float32
             and self._depthwise_branches()
-            and cpu_kernels()
+            and cpu_kernels_loaded()
         ):
             return self._pyramid(reduced)
 

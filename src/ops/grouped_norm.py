@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.cpu import cpu_kernels
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
 from src.ops.triton.choices import ChoiceCache
 
@@ -73,7 +73,7 @@ class PerGroupLayerNorm(nn.Module):
             and x.device.type == "cpu"
             and not torch.compiler.is_compiling()  # inductor fuses the PyTorch path's passes
             and _kernel_covers(*args)
-            and cpu_kernels()
+            and cpu_kernels_loaded()
         ):
             return PerGroupLayerNormCpuFunction.apply(*args)
         kernel = use_triton(self.impl, x) and _kernel_covers(*args)

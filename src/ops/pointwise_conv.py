@@ -19,6 +19,10 @@ dilation and larger kernels, float64, without autograd (inference folds BN into 
 convolutions and runs them as matrix products already, :mod:`src.ops.inference_folding`) and
 under a ``TorchDispatchMode`` (``FlopCounterMode`` then counts a convolution). ``torch.compile``
 traces the Function's products. Results are ``torch.mm``'s, oneDNN's up to summation order.
+
+Which of the two wins depends on the machine as well as the shape (on an AMD EPYC natively the
+58-channel split half at 28² ran at 0.82x oneDNN, as an AVX2 CPU at 1.09x), so each training call
+shape takes the faster, measured on its first call (:mod:`src.ops.cpu.choice`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import dispatch_mode_active
+from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.layout import channel_rows, from_channel_rows
+from src.ops.triton import size_bucket
+from src.ops.triton.choices import ChoiceCache
 
 # Fewer input channels keep oneDNN: ESPNetv2's image shortcut, 3 -> 64 channels at 56², took 0.72
 # ms as products (the weight gradient's GEMM is 64 x 3 over 12,544 rows) against 0.44 ms.
@@ -61,9 +68,35 @@ def pointwise_conv(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int =
         x (B, C_in, H, W), weight (C_out, C_in / g, 1, 1), bias (C_out,) or None
         -> (B, C_out, H, W)
     """
-    if not _applies(x, weight, bias, groups):
+    if not _applies(x, weight, bias, groups) or _path(x, weight, bias) == ATEN:
         return F.conv2d(x, weight, bias, groups=groups)
     return PointwiseConvCpuFunction.apply(x, weight, bias)
+
+
+# (batch bucket, C_in, C_out, H, W, pixel step, bias, x / weight need grad, threads)
+#   -> OURS (row products) or ATEN (oneDNN's convolution)
+_path_choice = ChoiceCache("pointwise_conv", device="cpu")
+
+
+def _path(x: Tensor, weight: Tensor, bias: Tensor | None) -> str:
+    """The row products or oneDNN's convolution for a training call: by
+    :func:`src.ops.cpu.choice.cpu_path` (measured per shape on this machine). The pixel step says
+    whether the rows are a whole map's or a channel slice's."""
+    step = x.stride(3) if x.shape[3] > 1 else x.stride(2) if x.shape[2] > 1 else x.stride(0)
+    key = (
+        size_bucket(x.shape[0]), x.shape[1], weight.shape[0], *x.shape[2:], step,
+        bias is not None, x.requires_grad, weight.requires_grad,
+    )  # fmt: skip
+
+    def candidates() -> dict:
+        xs, ws, bs = detached(x, weight, bias)
+        inputs = [t for t in (xs, ws, bs) if t is not None]
+        return {
+            OURS: call_with_backward(lambda: PointwiseConvCpuFunction.apply(xs, ws, bs), inputs),
+            ATEN: call_with_backward(lambda: F.conv2d(xs, ws, bs), inputs),
+        }
+
+    return cpu_path(_path_choice, key, candidates)
 
 
 def row_view(x: Tensor) -> Tensor | None:

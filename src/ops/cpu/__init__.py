@@ -18,7 +18,16 @@ The sources are compiled once per machine and PyTorch version with
 ``lightnets/`` under PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), and rebuilt only when a source or the shared header changes.
 Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their eager
-PyTorch path; set ``LIGHTNETS_CPU_KERNELS=0`` to use that path on purpose (e.g. to time both).
+PyTorch path.
+
+``LIGHTNETS_CPU_KERNELS`` (:func:`cpu_path_mode`) says which CPU paths run:
+
+- ``auto`` (the default): the kernels, except where the winner depends on the machine and the
+  shape (BatchNorm's backward, DimConv, the point-wise convolution's row products): those ops time
+  their path against ATen's on the first call of each shape and keep the faster
+  (:mod:`src.ops.cpu.choice`);
+- ``1``: the project's paths wherever they apply, nothing timed (the same path on every machine);
+- ``0``: ATen's eager paths everywhere, nothing built (e.g. to time both).
 """
 
 from __future__ import annotations
@@ -52,6 +61,20 @@ SOURCES = (
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
+PATH_MODES = ("auto", "1", "0")
+
+
+def cpu_path_mode() -> str:
+    """``LIGHTNETS_CPU_KERNELS``: ``"auto"`` (unset), ``"1"`` or ``"0"`` (module docstring); read
+    on every call, so a process can time both."""
+    mode = os.environ.get(DISABLE_ENV) or "auto"
+    if mode not in PATH_MODES:
+        raise ValueError(
+            f"{DISABLE_ENV}={mode!r} is not a CPU path mode: use auto (the faster of the "
+            f"project's path and ATen's, measured per shape), 1 (the project's paths, nothing "
+            f"timed) or 0 (ATen's paths)"
+        )
+    return mode
 
 
 def _compiler_flags() -> tuple[list[str], list[str], str]:
@@ -107,7 +130,7 @@ def build_directory(name: str) -> Path:
 @functools.cache
 def cpu_kernels() -> bool:
     """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    if cpu_path_mode() == "0":
         return False
     # importing the builder logs where it found CUDA, which a CPU-only build does not use
     builder_log = logging.getLogger("torch.utils.cpp_extension")
@@ -160,5 +183,6 @@ def dispatch_mode_active() -> bool:
 @torch.compiler.assume_constant_result
 def cpu_kernels_loaded() -> bool:
     """:func:`cpu_kernels`, taken by ``torch.compile`` as a constant while tracing: for the ops
-    whose compiled graphs call the kernels (PReLU's and BatchNorm's backward, the relative softmax)."""
-    return cpu_kernels()
+    whose compiled graphs call the kernels (PReLU's and BatchNorm's backward, the relative softmax).
+    False under ``LIGHTNETS_CPU_KERNELS=0`` set after they were built."""
+    return cpu_path_mode() != "0" and cpu_kernels()

@@ -193,13 +193,15 @@ def fastest(
     timer: Timer | None,
     *,
     deterministic: str,
+    measure: Timer | None = None,
 ) -> str:
     """The name of the fastest of ``candidates()`` (interchangeable computations of one result,
-    built only to be timed) for ``key``: timed on first use (``timer``, default
-    :func:`cuda_time`) and kept in ``cache`` for the process; a
-    :class:`~src.ops.triton.choices.ChoiceCache` also keeps what :func:`cuda_time` measured on disk,
-    and takes an earlier process's choice on this machine without timing. The measurement
-    synchronises the device once per key: take one eager step before capturing CUDA graphs.
+    built only to be timed) for ``key``: timed on first use and kept in ``cache`` for the process.
+    ``timer`` is a test's stand-in; without one the device's measurement runs (``measure``, default
+    :func:`cuda_time`; the CPU's is :func:`src.ops.cpu.choice.cpu_time`), and a
+    :class:`~src.ops.triton.choices.ChoiceCache` also keeps what it measured on disk, and takes an
+    earlier process's choice on this machine without timing. The measurement synchronises the
+    device once per key: take one eager step before capturing CUDA graphs.
 
     With ``torch.use_deterministic_algorithms(True)`` nothing is timed and ``deterministic`` is
     the answer: a timed choice may differ between processes (a resumed run would then round
@@ -216,8 +218,8 @@ def fastest(
         cache[key] = stored
         return stored
     if timer is None:
-        _say_first_timing()
-    times = {name: (timer or cuda_time)(fn) for name, fn in candidates().items()}
+        _say_first_timing(measure is None)
+    times = {name: (timer or measure or cuda_time)(fn) for name, fn in candidates().items()}
     choice = min(times, key=times.__getitem__)
     if persistent:
         cache.remember(key, choice)
@@ -227,14 +229,21 @@ def fastest(
 
 
 @functools.cache
-def _say_first_timing() -> None:
+def _say_first_timing(cuda: bool = True) -> None:
     # the first training steps compile every candidate's kernels for each new shape and time them:
     # over a minute for DiCENet s=1.0 at batch 256 on an H100 (docs/gpu.md), silent otherwise
-    log.info(
-        "impl='auto': timing the fused Triton paths against PyTorch's on the first call of each "
-        "shape (once per machine and version; the first steps are slow, model.impl=triton|reference "
-        "skips it)"
-    )
+    if cuda:
+        log.info(
+            "impl='auto': timing the fused Triton paths against PyTorch's on the first call of "
+            "each shape (once per machine and version; the first steps are slow, "
+            "model.impl=triton|reference skips it)"
+        )
+    else:
+        log.info(
+            "timing the project's CPU paths against ATen's on the first call of each shape (once "
+            "per machine, thread count and version; LIGHTNETS_CPU_KERNELS=1 takes the project's "
+            "without timing)"
+        )
 
 
 def check_same_dtype(op: str, **operands: Tensor | Sequence[Tensor] | None) -> torch.dtype:

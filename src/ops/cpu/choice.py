@@ -1,0 +1,99 @@
+"""The project's CPU path of an op or ATen's, whichever this machine runs faster at this shape.
+
+The CPU paths (the C++ kernels of this folder, the point-wise convolution's row products) were
+each written to beat ATen and oneDNN at the paper models' shapes, but for three of them the winner
+depends on the machine as well as the shape. On an AMD EPYC, 2 cores, batch 8 of DiCENet s=1.0
+(``benchmarks/ops.py``), natively (AVX-512) and as an AVX2 CPU (``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
+
+- BatchNorm's two-pass backward: 1.27-1.31x at 24 x 112², 0.84-0.87x at 464 x 7²;
+- DimConv's kernels (channels-last): 1.63-2.12x at 116-464 channels, 0.69-0.71x at 24 x 56²;
+- the point-wise convolution as row products: 1.09x at 58 x 28² (a split half) as AVX2, 0.82x
+  natively; 116 -> 116 at 28²: 0.94x natively, 0.82x as AVX2.
+
+So these ops time both paths on their first call with each shape (forward and backward when
+autograd will need the backward; the best of a few runs, :func:`cpu_time`) and keep the faster for
+the process and, in a :class:`~src.ops.triton.choices.ChoiceCache`, on disk for later processes
+on this machine, as ``impl="auto"`` does on CUDA (:func:`src.ops.triton.fastest`). The key holds
+the thread count: fewer threads favour other paths. ``LIGHTNETS_CPU_KERNELS=1`` takes the
+project's path without timing (the suite does, for numbers that hold on every machine), ``0``
+ATen's; under ``torch.use_deterministic_algorithms(True)`` and while ``torch.compile`` traces, the
+project's path runs, as it always has.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from src.ops.cpu import cpu_path_mode
+from src.ops.triton import Timer, fastest
+from src.ops.triton.choices import ChoiceCache
+
+OURS = "ours"
+ATEN = "aten"
+
+
+def cpu_time(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Seconds of one ``fn()`` on the CPU: the best of ``repeats`` after a warm-up call (the
+    minimum, since other work on the machine only ever adds time)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cpu_path(
+    cache: ChoiceCache,
+    key: tuple,
+    candidates: Callable[[], Mapping[str, Callable[[], object]]],
+    timer: Timer | None = None,
+) -> str:
+    """:data:`OURS` or :data:`ATEN` for an op's call with ``key`` (its shape, dtypes and whether
+    autograd needs the backward; the thread count is added here): by ``LIGHTNETS_CPU_KERNELS``,
+    else measured once (module docstring). ``candidates()`` builds the two paths as zero-argument
+    callables, each a whole call (see :func:`call_with_backward`); ``timer`` is a test's stand-in
+    for :func:`cpu_time`."""
+    if torch.compiler.is_compiling():  # nothing is timed while tracing
+        return ATEN if _aten_only() else OURS
+    mode = cpu_path_mode()
+    if mode == "1":
+        return OURS
+    if mode == "0":
+        return ATEN
+    key = (*key, torch.get_num_threads())
+    return fastest(cache, key, candidates, timer, deterministic=OURS, measure=cpu_time)
+
+
+@torch.compiler.assume_constant_result
+def _aten_only() -> bool:
+    """``LIGHTNETS_CPU_KERNELS=0``, taken by ``torch.compile`` as a constant while tracing."""
+    return cpu_path_mode() == "0"
+
+
+def call_with_backward(fn: Callable[[], Tensor], inputs: Sequence[Tensor]) -> Callable[[], object]:
+    """A call of ``fn`` as the caller makes it: with autograd on (training), the forward and the
+    backward of a gradient of ones into those of ``inputs`` that require grad, without
+    accumulating ``.grad``; with it off (``torch.no_grad``, inference), the forward alone."""
+    wanted = [t for t in inputs if t.requires_grad] if torch.is_grad_enabled() else []
+
+    def call() -> object:
+        with torch.enable_grad() if wanted else torch.no_grad():
+            out = fn()
+            if wanted:
+                torch.autograd.grad(out, wanted, torch.ones_like(out))
+        return out
+
+    return call
+
+
+def detached(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Each tensor detached (same storage and strides), requiring grad as it did: the operands the
+    candidates are timed on, whose graphs never reach the caller's."""
+    return tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in tensors)

@@ -1,0 +1,231 @@
+"""The CPU ops' measured choice between the project's path and ATen's (``src/ops/cpu/choice.py``):
+the modes of ``LIGHTNETS_CPU_KERNELS``, the choice kept per shape, thread count and machine, the
+three ops that measure (BatchNorm's backward, DimConv, the point-wise convolution) running the
+chosen path with ATen's numbers, and timing that leaves the caller's tensors and statistics alone.
+
+Timings are stood in for by fake timers where a test needs a given winner; one test measures for
+real and checks only that the chosen path's numbers are right, whichever wins here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import src.ops.batch_norm
+import src.ops.dim_conv
+import src.ops.pointwise_conv
+from src.ops.batch_norm import BatchNorm2d
+from src.ops.cpu import choice, cpu_kernels_loaded, cpu_path_mode
+from src.ops.dim_conv import DimConv, dim_conv_reference
+from src.ops.pointwise_conv import pointwise_conv
+from src.ops.triton import choices
+from tests.helpers import require_cpu_kernels
+
+ENV = "LIGHTNETS_CPU_KERNELS"
+
+
+CACHES = (
+    src.ops.batch_norm._path_choice,
+    src.ops.dim_conv._cpu_path_choice,
+    src.ops.pointwise_conv._path_choice,
+)
+
+
+@pytest.fixture
+def auto(monkeypatch, tmp_path):
+    """Measured mode with the ops' choices emptied (restored after) and the store in tmp_path;
+    yields the store's path."""
+    monkeypatch.setenv(ENV, "auto")
+    monkeypatch.setenv(choices.ENV, str(tmp_path / "choices.json"))
+    choices._machine_choices.cache_clear()
+    saved = [dict(cache) for cache in CACHES]
+    for cache in CACHES:
+        cache.clear()
+    yield tmp_path / "choices.json"
+    for cache, entries in zip(CACHES, saved):
+        cache.clear()
+        cache.update(entries)
+    choices._machine_choices.cache_clear()
+
+
+def _slow(loser: str):
+    """A stand-in for cpu_time that runs each candidate once and makes ``loser`` the slower. The
+    candidates are timed in the order they are built: OURS, then ATEN."""
+    order = iter([choice.OURS, choice.ATEN] * 100)
+
+    def timer(fn) -> float:
+        fn()
+        return 1.0 if next(order) == loser else 0.5
+
+    return timer
+
+
+def test_modes_and_a_clear_error_for_a_wrong_one(monkeypatch) -> None:
+    candidates = lambda: pytest.fail("timed")
+    monkeypatch.setenv(ENV, "1")
+    assert choice.cpu_path({}, ("k",), candidates) == choice.OURS
+    monkeypatch.setenv(ENV, "0")
+    assert choice.cpu_path({}, ("k",), candidates) == choice.ATEN
+    assert not cpu_kernels_loaded()  # nothing of the project's runs
+    monkeypatch.delenv(ENV)
+    assert cpu_path_mode() == "auto"
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=r"LIGHTNETS_CPU_KERNELS='yes'.*auto.*1.*0"):
+        choice.cpu_path({}, ("k",), candidates)
+
+
+def test_measured_once_per_key_and_thread_count(monkeypatch) -> None:
+    monkeypatch.setenv(ENV, "auto")
+    runs: list[str] = []
+    times = {choice.OURS: 2.0, choice.ATEN: 1.0}
+
+    def candidates() -> dict:
+        return {name: (lambda name=name: runs.append(name) or times[name]) for name in times}
+
+    timer = lambda fn: fn()
+    cache: dict = {}
+    threads = torch.get_num_threads()
+    assert choice.cpu_path(cache, ("a",), candidates, timer) == choice.ATEN
+    times[choice.ATEN] = 3.0  # kept: not timed again
+    assert choice.cpu_path(cache, ("a",), candidates, timer) == choice.ATEN
+    assert runs == [choice.OURS, choice.ATEN] and cache == {("a", threads): choice.ATEN}
+    torch.set_num_threads(threads + 1)
+    try:
+        assert choice.cpu_path(cache, ("a",), candidates, timer) == choice.OURS
+    finally:
+        torch.set_num_threads(threads)
+    assert len(runs) == 4 and cache[("a", threads + 1)] == choice.OURS
+
+
+def test_deterministic_algorithms_take_the_projects_path(monkeypatch) -> None:
+    monkeypatch.setenv(ENV, "auto")
+    monkeypatch.setattr(choice, "cpu_time", lambda fn: pytest.fail("timed"))
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert choice.cpu_path({}, ("k",), dict) == choice.OURS
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def test_cpu_choices_are_kept_under_the_cpus_signature(auto, monkeypatch) -> None:
+    """What cpu_time measured goes to the store under the CPU's signature, apart from the GPU's;
+    a later process takes it without timing."""
+    monkeypatch.setattr(choice, "cpu_time", lambda fn: fn())
+    cache = choices.ChoiceCache("op", device="cpu")
+    candidates = lambda: {choice.OURS: lambda: 2.0, choice.ATEN: lambda: 1.0}
+    assert choice.cpu_path(cache, (8, 24), candidates) == choice.ATEN
+    stored = json.loads(auto.read_text())
+    assert list(stored) == [choices.cpu_signature()]
+    key = repr((8, 24, torch.get_num_threads()))
+    assert stored[choices.cpu_signature()] == {"op": {key: choice.ATEN}}
+
+    monkeypatch.setattr(choice, "cpu_time", lambda fn: pytest.fail("timed again"))
+    later = choices.ChoiceCache("op", device="cpu")
+    assert choice.cpu_path(later, (8, 24), candidates) == choice.ATEN
+    assert choices.ChoiceCache("op").stored(eval(key)) is None  # the GPU's choices are others
+
+
+def test_the_cpu_signature_names_the_instruction_sets_and_versions() -> None:
+    text = choices.cpu_signature()
+    assert choices.cpu_model() in text
+    assert f"ATen {torch.backends.cpu.get_cpu_capability()}" in text and "oneDNN" in text
+    assert f"torch {torch.__version__}" in text
+    assert len(text.rsplit("| ", 1)[-1]) == 16
+
+
+def _pointwise_case():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 32, 6, 5, generator=gen).contiguous(memory_format=torch.channels_last)
+    x = x.requires_grad_()
+    weight = torch.randn(12, 16, 1, 1, generator=gen, requires_grad=True)
+    bias = torch.randn(12, generator=gen, requires_grad=True)
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("winner", [choice.OURS, choice.ATEN])
+def test_pointwise_conv_runs_the_winner(auto, monkeypatch, winner) -> None:
+    monkeypatch.setattr(choice, "cpu_time", _slow(_other(winner)))
+    x, weight, bias = _pointwise_case()
+    y = pointwise_conv(x[:, 16:], weight, bias)  # the rows of a channel slice
+    expected_node = (
+        "PointwiseConvCpuFunctionBackward" if winner == choice.OURS else "ConvolutionBackward0"
+    )
+    assert type(y.grad_fn).__name__ == expected_node
+    assert x.grad is None and weight.grad is None  # timing left the caller's tensors alone
+    expected = F.conv2d(x[:, 16:], weight, bias)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    assert list(src.ops.pointwise_conv._path_choice.values()) == [winner]
+
+
+@pytest.mark.parametrize("winner", [choice.OURS, choice.ATEN])
+def test_batch_norm_runs_the_winner_and_counts_one_batch(auto, monkeypatch, winner) -> None:
+    require_cpu_kernels()
+    monkeypatch.setattr(choice, "cpu_time", _slow(_other(winner)))
+    bn, reference = BatchNorm2d(6), torch.nn.BatchNorm2d(6)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 6, 4, 5, generator=gen).contiguous(memory_format=torch.channels_last)
+    probe = torch.randn(3, 6, 4, 5, generator=gen)
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = bn(x_ours)
+    expected_node = (
+        "BatchNormCpuFunctionBackward" if winner == choice.OURS else "NativeBatchNormBackward0"
+    )
+    assert type(y.grad_fn).__name__ == expected_node
+    # the timed candidates updated no statistics: one batch counted, as nn.BatchNorm2d counts
+    y_ref = reference(x_ref)
+    assert bn.num_batches_tracked.item() == 1
+    torch.testing.assert_close(bn.running_mean, reference.running_mean, rtol=0, atol=0)
+    torch.testing.assert_close(bn.running_var, reference.running_var, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    grads = torch.autograd.grad(y, (x_ours, bn.weight, bn.bias), probe)
+    expected = torch.autograd.grad(y_ref, (x_ref, reference.weight, reference.bias), probe)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("winner", [choice.OURS, choice.ATEN])
+@pytest.mark.parametrize("grad", [True, False])
+def test_dim_conv_runs_the_winner(auto, monkeypatch, winner, grad) -> None:
+    """Training and inference are timed and chosen apart; each equals the eager path's numbers."""
+    require_cpu_kernels()
+    monkeypatch.setattr(choice, "cpu_time", _slow(_other(winner)))
+    calls: list[str] = []
+    kernel = src.ops.dim_conv.dim_conv_cpu
+    monkeypatch.setattr(
+        src.ops.dim_conv, "dim_conv_cpu", lambda *a, **k: calls.append("kernel") or kernel(*a, **k)
+    )
+    dim_conv = DimConv(8, 5, 6)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 8, 5, 6, generator=gen).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        y = dim_conv(x)
+    # the kernels ran once to be timed (the stand-in runs each candidate once), again if chosen
+    assert len(calls) == (2 if winner == choice.OURS else 1)
+    weights = (dim_conv.weight_channel, dim_conv.weight_height, dim_conv.weight_width)
+    with torch.set_grad_enabled(grad):
+        expected = dim_conv_reference(x, *weights, dilation=(1, 1, 1), interleave=True)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    assert list(src.ops.dim_conv._cpu_path_choice) == [
+        (2, 8, 5, 6, torch.float32, None, (1, 1, 1), True, grad, torch.get_num_threads())
+    ]
+    assert list(src.ops.dim_conv._cpu_path_choice.values()) == [winner]
+
+
+def test_a_real_measurement_chooses_a_path_with_the_right_numbers(auto) -> None:
+    """cpu_time itself: whichever path wins on this machine, the call's numbers are ATen's."""
+    x, weight, bias = _pointwise_case()
+    y = pointwise_conv(x[:, 16:], weight, bias)
+    torch.testing.assert_close(y, F.conv2d(x[:, 16:], weight, bias), rtol=1e-5, atol=1e-5)
+    (chosen,) = src.ops.pointwise_conv._path_choice.values()
+    assert chosen in (choice.OURS, choice.ATEN)
+    assert auto.exists()  # and kept for later processes
+
+
+def _other(name: str) -> str:
+    return choice.ATEN if name == choice.OURS else choice.OURS
