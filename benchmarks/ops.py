@@ -65,15 +65,18 @@ def one_run(
 
 
 def time_interleaved(fns: dict[str, Callable], backward: bool, repeats: int, device: torch.device) -> dict[str, float]:
-    """Median milliseconds of each function, run round-robin so drift affects all alike; each
-    sample repeats the call until it lasts :data:`MIN_SAMPLE_MS` (the same count for all)."""
+    """Median milliseconds of each function, run round-robin so drift affects all alike (in
+    alternating order); each sample repeats the call until it lasts :data:`MIN_SAMPLE_MS` (the
+    same count for all)."""
     warm = {}
     for name, fn in fns.items():  # warm-up (allocations, kernel compilation, measured choices)
         warm[name] = min(one_run(fn, backward, device) for _ in range(3))
     calls = max(1, math.ceil(MIN_SAMPLE_MS / max(min(warm.values()), 1e-3)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for round_ in range(repeats):
+        # every other round reversed: none always runs first (or right after another's call)
+        for name, fn in order if round_ % 2 == 0 else order[::-1]:
             samples[name].append(one_run(fn, backward, device, calls))
     return {name: statistics.median(values) for name, values in samples.items()}
 

@@ -91,13 +91,13 @@ def _fused_path(
 ) -> str | None:
     """The path :func:`batch_norm_prelu` takes: "cpu" (the C++ kernels), "triton", or None (the
     two modules)."""
-    if check_impl(impl) == "reference" or not (
-        norm.training
+    if check_impl(impl) == "reference" or not (  # the cheapest tests first
+        torch.is_grad_enabled()
+        and norm.training
         and type(norm) in (BatchNorm2d, nn.BatchNorm2d)
         and norm.weight is not None
         and norm.bias is not None
         and norm.weight.dtype == torch.float32
-        and torch.is_grad_enabled()
         and is_channels_last(x)
         and x.shape[0] * x.shape[2] * x.shape[3] > 1
         and act.weight.dtype == torch.float32
@@ -124,7 +124,7 @@ def _fused_path(
         if torch.compiler.is_compiling():
             return None  # inductor fuses the two modules' ops itself
         return "triton" if auto_path(x, norm, act) == "triton" else None
-    if x.device.type == "cpu" and x.dtype in CPU_DTYPES and cpu_kernels_loaded():
+    if x.is_cpu and x.dtype in CPU_DTYPES and cpu_kernels_loaded():
         return "cpu"
     return None
 

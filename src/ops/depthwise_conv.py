@@ -102,7 +102,7 @@ def _kernel_applies(
     x: Tensor, weight: Tensor, bias: Tensor | None, args: tuple[tuple[int, int], ...]
 ) -> bool:
     return (
-        x.device.type == "cpu"
+        x.is_cpu
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
         and is_channels_last(x)

@@ -34,7 +34,7 @@ def dim_conv_cpu_applies(x: Tensor, weights: tuple[Tensor, Tensor, Tensor]) -> b
     the kernels built. The dtypes are checked by :func:`dim_conv_cpu` after autocast's casts."""
     weight_channel, weight_height, weight_width = weights
     return (
-        x.device.type == "cpu"
+        x.is_cpu
         and is_channels_last(x)
         and x.shape[1] == weight_channel.shape[0]
         and x.shape[2:] == (weight_height.shape[0], weight_width.shape[0])

@@ -70,7 +70,7 @@ class PerGroupLayerNorm(nn.Module):
         args = (x, self.weight, self.bias, self.groups, self.eps)
         if (
             self.impl == "auto"
-            and x.device.type == "cpu"
+            and x.is_cpu
             and not torch.compiler.is_compiling()  # inductor fuses the PyTorch path's passes
             and _kernel_covers(*args)
             and cpu_kernels_loaded()

@@ -36,7 +36,7 @@ def folded_inference(module: nn.Module, x: Tensor) -> bool:
     return (
         not module.training
         and not torch.is_grad_enabled()
-        and x.device.type == "cpu"
+        and x.is_cpu
         and not torch.is_autocast_enabled("cpu")
         and not torch.jit.is_tracing()
         and not torch.compiler.is_compiling()

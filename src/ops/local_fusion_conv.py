@@ -62,7 +62,7 @@ def local_fusion_conv(x: Tensor, weight: Tensor) -> Tensor:
     """
     channels = weight.shape[0]
     if (
-        x.device.type != "cpu"
+        not x.is_cpu
         or dispatch_mode_active()
         or not is_channels_last(x)
         or weight.dim() != 4

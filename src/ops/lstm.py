@@ -48,7 +48,7 @@ class LSTM(nn.LSTM):
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         if (
             isinstance(input, Tensor)
-            and input.device.type == "cpu"
+            and input.is_cpu
             and torch.is_autocast_enabled("cpu")
             and not cpu_has_low_precision_lstm(torch.get_autocast_dtype("cpu"))
         ):

@@ -123,7 +123,7 @@ def row_view(x: Tensor) -> Tensor | None:
 
 def _applies(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> bool:
     return (
-        x.device.type == "cpu"
+        x.is_cpu
         and groups == 1
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)

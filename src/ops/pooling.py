@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 
 def _channels_last_on_cpu(pool: nn.Module, x: Tensor) -> Tensor:
-    if x.device.type != "cpu" or x.dim() != 4 or x.is_contiguous(memory_format=torch.channels_last):
+    if not x.is_cpu or x.dim() != 4 or x.is_contiguous(memory_format=torch.channels_last):
         return pool(x)
     # (B, C, H, W) NCHW -> channels-last copy -> pool -> NCHW copy
     return pool(x.contiguous(memory_format=torch.channels_last)).contiguous()

@@ -54,10 +54,10 @@ def prelu(x: Tensor, weight: Tensor) -> Tensor:
     Shape:
         x (B, C, ...), weight (C,) or (1,) -> x's shape
     """
-    if (
-        x.device.type != "cpu"
-        or not torch.is_grad_enabled()
+    if (  # the cheapest tests first: inference returns at once
+        not torch.is_grad_enabled()
         or not (x.requires_grad or weight.requires_grad)
+        or not x.is_cpu
         or weight.numel() == 1
         or x.dim() < 2
         or _layout(x) is None

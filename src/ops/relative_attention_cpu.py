@@ -44,7 +44,7 @@ def fused_attention_applies(
         as :func:`relative_attention_cpu`
     """
     operands = (query_w, query_r, k, v, rk)
-    if dropout or torch.compiler.is_compiling() or any(t.device.type != "cpu" for t in operands):
+    if dropout or torch.compiler.is_compiling() or any(not t.is_cpu for t in operands):
         return False
     if query_w.dim() != 4 or query_r.shape != query_w.shape or k.dim() != 4 or rk.dim() != 3:
         return False

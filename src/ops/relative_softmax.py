@@ -160,7 +160,7 @@ def _kernel_applies(content: Tensor, position: Tensor, mask: Tensor | None) -> b
     """Whether the CPU kernel computes this call: CPU, a kernel dtype shared by both score
     tensors, 4-D scores of one shape with K >= T, a (T, K) bool mask or none, and the kernels
     built."""
-    if content.device.type != "cpu" or content.dim() != 4:
+    if not content.is_cpu or content.dim() != 4:
         return False
     if content.dtype not in KERNEL_DTYPES or position.dtype != content.dtype:
         return False

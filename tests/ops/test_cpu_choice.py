@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import src.ops.batch_norm
+import src.ops.cpu
 import src.ops.dim_conv
 import src.ops.pointwise_conv
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.cpu import choice, cpu_kernels_loaded, cpu_path_mode
+from src.ops.cpu import choice, cpu_kernels_loaded, cpu_path_mode, use_cpu_paths
 from src.ops.dim_conv import DimConv, dim_conv_reference
 from src.ops.pointwise_conv import pointwise_conv
 from src.ops.triton import choices
@@ -39,7 +40,7 @@ CACHES = (
 def auto(monkeypatch, tmp_path):
     """Measured mode with the ops' choices emptied (restored after) and the store in tmp_path;
     yields the store's path."""
-    monkeypatch.setenv(ENV, "auto")
+    monkeypatch.setattr(src.ops.cpu, "_mode", "auto")
     monkeypatch.setenv(choices.ENV, str(tmp_path / "choices.json"))
     choices._machine_choices.cache_clear()
     saved = [dict(cache) for cache in CACHES]
@@ -53,33 +54,35 @@ def auto(monkeypatch, tmp_path):
 
 
 def _slow(loser: str):
-    """A stand-in for cpu_time that runs each candidate once and makes ``loser`` the slower. The
-    candidates are timed in the order they are built: OURS, then ATEN."""
-    order = iter([choice.OURS, choice.ATEN] * 100)
+    """A stand-in for cpu_times that runs each candidate once and makes ``loser`` the slower."""
 
-    def timer(fn) -> float:
-        fn()
-        return 1.0 if next(order) == loser else 0.5
+    def measure(candidates) -> dict:
+        for fn in candidates.values():
+            fn()
+        return {name: 1.0 if name == loser else 0.5 for name in candidates}
 
-    return timer
+    return measure
 
 
 def test_modes_and_a_clear_error_for_a_wrong_one(monkeypatch) -> None:
     candidates = lambda: pytest.fail("timed")
-    monkeypatch.setenv(ENV, "1")
-    assert choice.cpu_path({}, ("k",), candidates) == choice.OURS
-    monkeypatch.setenv(ENV, "0")
-    assert choice.cpu_path({}, ("k",), candidates) == choice.ATEN
-    assert not cpu_kernels_loaded()  # nothing of the project's runs
-    monkeypatch.delenv(ENV)
+    with use_cpu_paths("1"):
+        assert choice.cpu_path({}, ("k",), candidates) == choice.OURS
+    with use_cpu_paths("0"):
+        assert choice.cpu_path({}, ("k",), candidates) == choice.ATEN
+        assert not cpu_kernels_loaded()  # nothing of the project's runs
+    # the variable, read once a process
+    monkeypatch.setattr(src.ops.cpu, "_mode", None)
+    monkeypatch.delenv(ENV, raising=False)
     assert cpu_path_mode() == "auto"
+    monkeypatch.setattr(src.ops.cpu, "_mode", None)
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(ValueError, match=r"LIGHTNETS_CPU_KERNELS='yes'.*auto.*1.*0"):
         choice.cpu_path({}, ("k",), candidates)
 
 
 def test_measured_once_per_key_and_thread_count(monkeypatch) -> None:
-    monkeypatch.setenv(ENV, "auto")
+    monkeypatch.setattr(src.ops.cpu, "_mode", "auto")
     runs: list[str] = []
     times = {choice.OURS: 2.0, choice.ATEN: 1.0}
 
@@ -102,8 +105,8 @@ def test_measured_once_per_key_and_thread_count(monkeypatch) -> None:
 
 
 def test_deterministic_algorithms_take_the_projects_path(monkeypatch) -> None:
-    monkeypatch.setenv(ENV, "auto")
-    monkeypatch.setattr(choice, "cpu_time", lambda fn: pytest.fail("timed"))
+    monkeypatch.setattr(src.ops.cpu, "_mode", "auto")
+    monkeypatch.setattr(choice, "cpu_times", lambda built: pytest.fail("timed"))
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -113,9 +116,9 @@ def test_deterministic_algorithms_take_the_projects_path(monkeypatch) -> None:
 
 
 def test_cpu_choices_are_kept_under_the_cpus_signature(auto, monkeypatch) -> None:
-    """What cpu_time measured goes to the store under the CPU's signature, apart from the GPU's;
+    """What cpu_times measured goes to the store under the CPU's signature, apart from the GPU's;
     a later process takes it without timing."""
-    monkeypatch.setattr(choice, "cpu_time", lambda fn: fn())
+    monkeypatch.setattr(choice, "cpu_times", lambda built: {k: fn() for k, fn in built.items()})
     cache = choices.ChoiceCache("op", device="cpu")
     candidates = lambda: {choice.OURS: lambda: 2.0, choice.ATEN: lambda: 1.0}
     assert choice.cpu_path(cache, (8, 24), candidates) == choice.ATEN
@@ -124,7 +127,7 @@ def test_cpu_choices_are_kept_under_the_cpus_signature(auto, monkeypatch) -> Non
     key = repr((8, 24, torch.get_num_threads()))
     assert stored[choices.cpu_signature()] == {"op": {key: choice.ATEN}}
 
-    monkeypatch.setattr(choice, "cpu_time", lambda fn: pytest.fail("timed again"))
+    monkeypatch.setattr(choice, "cpu_times", lambda built: pytest.fail("timed again"))
     later = choices.ChoiceCache("op", device="cpu")
     assert choice.cpu_path(later, (8, 24), candidates) == choice.ATEN
     assert choices.ChoiceCache("op").stored(eval(key)) is None  # the GPU's choices are others
@@ -149,7 +152,7 @@ def _pointwise_case():
 
 @pytest.mark.parametrize("winner", [choice.OURS, choice.ATEN])
 def test_pointwise_conv_runs_the_winner(auto, monkeypatch, winner) -> None:
-    monkeypatch.setattr(choice, "cpu_time", _slow(_other(winner)))
+    monkeypatch.setattr(choice, "cpu_times", _slow(_other(winner)))
     x, weight, bias = _pointwise_case()
     y = pointwise_conv(x[:, 16:], weight, bias)  # the rows of a channel slice
     expected_node = (
@@ -165,7 +168,7 @@ def test_pointwise_conv_runs_the_winner(auto, monkeypatch, winner) -> None:
 @pytest.mark.parametrize("winner", [choice.OURS, choice.ATEN])
 def test_batch_norm_runs_the_winner_and_counts_one_batch(auto, monkeypatch, winner) -> None:
     require_cpu_kernels()
-    monkeypatch.setattr(choice, "cpu_time", _slow(_other(winner)))
+    monkeypatch.setattr(choice, "cpu_times", _slow(_other(winner)))
     bn, reference = BatchNorm2d(6), torch.nn.BatchNorm2d(6)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 6, 4, 5, generator=gen).contiguous(memory_format=torch.channels_last)
@@ -193,7 +196,7 @@ def test_batch_norm_runs_the_winner_and_counts_one_batch(auto, monkeypatch, winn
 def test_dim_conv_runs_the_winner(auto, monkeypatch, winner, grad) -> None:
     """Training and inference are timed and chosen apart; each equals the eager path's numbers."""
     require_cpu_kernels()
-    monkeypatch.setattr(choice, "cpu_time", _slow(_other(winner)))
+    monkeypatch.setattr(choice, "cpu_times", _slow(_other(winner)))
     calls: list[str] = []
     kernel = src.ops.dim_conv.dim_conv_cpu
     monkeypatch.setattr(
@@ -218,7 +221,7 @@ def test_dim_conv_runs_the_winner(auto, monkeypatch, winner, grad) -> None:
 
 
 def test_a_real_measurement_chooses_a_path_with_the_right_numbers(auto) -> None:
-    """cpu_time itself: whichever path wins on this machine, the call's numbers are ATen's."""
+    """cpu_times itself: whichever path wins on this machine, the call's numbers are ATen's."""
     x, weight, bias = _pointwise_case()
     y = pointwise_conv(x[:, 16:], weight, bias)
     torch.testing.assert_close(y, F.conv2d(x[:, 16:], weight, bias), rtol=1e-5, atol=1e-5)
@@ -229,3 +232,25 @@ def test_a_real_measurement_chooses_a_path_with_the_right_numbers(auto) -> None:
 
 def _other(name: str) -> str:
     return choice.ATEN if name == choice.OURS else choice.OURS
+
+
+def test_cpu_times_interleaves_and_repeats_short_calls(monkeypatch) -> None:
+    """Each sample lasts about a millisecond: a 0.1 ms call is repeated ~10 times; the rounds
+    alternate their order; the result is each candidate's best per-call time."""
+    clock = [0.0]
+    monkeypatch.setattr(choice.time, "perf_counter", lambda: clock[0])
+    calls: list[str] = []
+
+    def candidate(name: str, seconds: float):
+        def run() -> None:
+            calls.append(name)
+            clock[0] += seconds
+
+        return run
+
+    times = choice.cpu_times({"a": candidate("a", 1e-4), "b": candidate("b", 3e-4)}, rounds=3)
+    assert times == pytest.approx({"a": 1e-4, "b": 3e-4})
+    # warm-up a, b; then 10 calls per sample: a b, b a, a b
+    runs = [name for i, name in enumerate(calls[2:]) if i % 10 == 0]
+    assert calls[:2] == ["a", "b"] and runs == ["a", "b", "b", "a", "a", "b"]
+    assert len(calls) == 2 + 3 * 2 * 10

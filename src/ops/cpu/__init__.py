@@ -32,12 +32,14 @@ PyTorch path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -64,17 +66,37 @@ DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
 PATH_MODES = ("auto", "1", "0")
 
 
+_mode: str | None = None  # LIGHTNETS_CPU_KERNELS, read once: the ops ask on every call
+
+
 def cpu_path_mode() -> str:
-    """``LIGHTNETS_CPU_KERNELS``: ``"auto"`` (unset), ``"1"`` or ``"0"`` (module docstring); read
-    on every call, so a process can time both."""
-    mode = os.environ.get(DISABLE_ENV) or "auto"
+    """``LIGHTNETS_CPU_KERNELS``: ``"auto"`` (unset), ``"1"`` or ``"0"`` (module docstring), read
+    on the first call; :func:`use_cpu_paths` changes it for a while."""
+    global _mode
+    if _mode is None:
+        mode = os.environ.get(DISABLE_ENV) or "auto"
+        if mode not in PATH_MODES:
+            raise ValueError(
+                f"{DISABLE_ENV}={mode!r} is not a CPU path mode: use auto (the faster of the "
+                f"project's path and ATen's, measured per shape), 1 (the project's paths, nothing "
+                f"timed) or 0 (ATen's paths)"
+            )
+        _mode = mode
+    return _mode
+
+
+@contextlib.contextmanager
+def use_cpu_paths(mode: str) -> Iterator[None]:
+    """Within the context, the CPU paths of ``mode`` (as ``LIGHTNETS_CPU_KERNELS``): to time the
+    project's paths against ATen's in one process."""
+    global _mode
     if mode not in PATH_MODES:
-        raise ValueError(
-            f"{DISABLE_ENV}={mode!r} is not a CPU path mode: use auto (the faster of the "
-            f"project's path and ATen's, measured per shape), 1 (the project's paths, nothing "
-            f"timed) or 0 (ATen's paths)"
-        )
-    return mode
+        raise ValueError(f"mode must be one of {PATH_MODES}, got {mode!r}")
+    previous, _mode = _mode, mode
+    try:
+        yield
+    finally:
+        _mode = previous
 
 
 def _compiler_flags() -> tuple[list[str], list[str], str]:
@@ -130,7 +152,7 @@ def build_directory(name: str) -> Path:
 @functools.cache
 def cpu_kernels() -> bool:
     """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
-    if cpu_path_mode() == "0":
+    if os.environ.get(DISABLE_ENV) == "0":  # not built at all
         return False
     # importing the builder logs where it found CUDA, which a CPU-only build does not use
     builder_log = logging.getLogger("torch.utils.cpp_extension")

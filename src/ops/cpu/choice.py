@@ -12,7 +12,7 @@ ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
   natively; 116 -> 116 at 28²: 0.94x natively, 0.82x as AVX2.
 
 So these ops time both paths on their first call with each shape (forward and backward when
-autograd will need the backward; the best of a few runs, :func:`cpu_time`) and keep the faster for
+autograd will need the backward; interleaved samples of a millisecond or more, :func:`cpu_times`) and keep the faster for
 the process and, in a :class:`~src.ops.triton.choices.ChoiceCache`, on disk for later processes
 on this machine, as ``impl="auto"`` does on CUDA (:func:`src.ops.triton.fastest`). The key holds
 the thread count: fewer threads favour other paths. ``LIGHTNETS_CPU_KERNELS=1`` takes the
@@ -23,6 +23,7 @@ project's path runs, as it always has.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,15 +38,30 @@ OURS = "ours"
 ATEN = "aten"
 
 
-def cpu_time(fn: Callable[[], object], repeats: int = 5) -> float:
-    """Seconds of one ``fn()`` on the CPU: the best of ``repeats`` after a warm-up call (the
-    minimum, since other work on the machine only ever adds time)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
+# a sample lasts at least this long (a call repeated), so that the timer's resolution and the
+# scheduler's jitter do not decide between two paths of a ~20 us op
+MIN_SAMPLE_S = 1e-3
+
+
+def cpu_times(candidates: Mapping[str, Callable[[], object]], rounds: int = 7) -> dict[str, float]:
+    """Seconds of one call of each candidate on the CPU: after a warm-up call of each, ``rounds``
+    samples of each, interleaved in alternating order (so none always runs first or after the
+    same neighbour), each sample as many calls as make :data:`MIN_SAMPLE_S` for the fastest; the
+    best sample of each (other work on the machine only ever adds time)."""
+    order = list(candidates.items())
+    warm = {}
+    for name, fn in order:
         start = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - start)
+        warm[name] = time.perf_counter() - start
+    calls = max(1, math.ceil(MIN_SAMPLE_S / max(min(warm.values()), 1e-7)))
+    best = dict.fromkeys(candidates, float("inf"))
+    for round_ in range(rounds):
+        for name, fn in order if round_ % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls)
     return best
 
 
@@ -59,7 +75,7 @@ def cpu_path(
     autograd needs the backward; the thread count is added here): by ``LIGHTNETS_CPU_KERNELS``,
     else measured once (module docstring). ``candidates()`` builds the two paths as zero-argument
     callables, each a whole call (see :func:`call_with_backward`); ``timer`` is a test's stand-in
-    for :func:`cpu_time`."""
+    for :func:`cpu_times` (one candidate at a time)."""
     if torch.compiler.is_compiling():  # nothing is timed while tracing
         return ATEN if _aten_only() else OURS
     mode = cpu_path_mode()
@@ -68,7 +84,7 @@ def cpu_path(
     if mode == "0":
         return ATEN
     key = (*key, torch.get_num_threads())
-    return fastest(cache, key, candidates, timer, deterministic=OURS, measure=cpu_time)
+    return fastest(cache, key, candidates, timer, deterministic=OURS, measure=cpu_times)
 
 
 @torch.compiler.assume_constant_result

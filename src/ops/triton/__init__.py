@@ -193,12 +193,13 @@ def fastest(
     timer: Timer | None,
     *,
     deterministic: str,
-    measure: Timer | None = None,
+    measure: Callable[[Mapping[str, Callable[[], object]]], Mapping[str, float]] | None = None,
 ) -> str:
     """The name of the fastest of ``candidates()`` (interchangeable computations of one result,
     built only to be timed) for ``key``: timed on first use and kept in ``cache`` for the process.
-    ``timer`` is a test's stand-in; without one the device's measurement runs (``measure``, default
-    :func:`cuda_time`; the CPU's is :func:`src.ops.cpu.choice.cpu_time`), and a
+    ``timer`` is a test's stand-in; without one the device's measurement runs (:func:`cuda_time`
+    of each candidate, or ``measure`` of them all: the CPU's
+    :func:`src.ops.cpu.choice.cpu_times`), and a
     :class:`~src.ops.triton.choices.ChoiceCache` also keeps what it measured on disk, and takes an
     earlier process's choice on this machine without timing. The measurement synchronises the
     device once per key: take one eager step before capturing CUDA graphs.
@@ -219,7 +220,11 @@ def fastest(
         return stored
     if timer is None:
         _say_first_timing(measure is None)
-    times = {name: (timer or measure or cuda_time)(fn) for name, fn in candidates().items()}
+    built = candidates()
+    if timer is None and measure is not None:
+        times = measure(built)
+    else:
+        times = {name: (timer or cuda_time)(fn) for name, fn in built.items()}
     choice = min(times, key=times.__getitem__)
     if persistent:
         cache.remember(key, choice)
