@@ -236,7 +236,7 @@ def _other(name: str) -> str:
 
 def test_cpu_times_interleaves_and_repeats_short_calls(monkeypatch) -> None:
     """Each sample lasts about a millisecond: a 0.1 ms call is repeated ~10 times; the rounds
-    alternate their order; the result is each candidate's best per-call time."""
+    alternate their order; the result is each candidate's median per-call time."""
     clock = [0.0]
     monkeypatch.setattr(choice.time, "perf_counter", lambda: clock[0])
     calls: list[str] = []

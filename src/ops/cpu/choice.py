@@ -12,18 +12,21 @@ ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
   natively; 116 -> 116 at 28²: 0.94x natively, 0.82x as AVX2.
 
 So these ops time both paths on their first call with each shape (forward and backward when
-autograd will need the backward; interleaved samples of a millisecond or more, :func:`cpu_times`) and keep the faster for
-the process and, in a :class:`~src.ops.triton.choices.ChoiceCache`, on disk for later processes
-on this machine, as ``impl="auto"`` does on CUDA (:func:`src.ops.triton.fastest`). The key holds
-the thread count: fewer threads favour other paths. ``LIGHTNETS_CPU_KERNELS=1`` takes the
-project's path without timing (the suite does, for numbers that hold on every machine), ``0``
-ATen's; under ``torch.use_deterministic_algorithms(True)`` and while ``torch.compile`` traces, the
-project's path runs, as it always has.
+autograd will need the backward; the median of interleaved samples of a millisecond or more,
+:func:`cpu_times`) and keep the faster for the process and, in a
+:class:`~src.ops.triton.choices.ChoiceCache`, on disk for later processes on this machine, as
+``impl="auto"`` does on CUDA (:func:`src.ops.triton.fastest`). The key holds the thread count:
+fewer threads favour other paths. Where the two paths are within a few percent of each other the
+choice can go either way between machines or runs; it then costs little either way.
+``LIGHTNETS_CPU_KERNELS=1`` takes the project's path without timing (the suite does, for numbers
+that hold on every machine), ``0`` ATen's; under ``torch.use_deterministic_algorithms(True)`` and
+while ``torch.compile`` traces, the project's path runs, as it always has.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -43,11 +46,12 @@ ATEN = "aten"
 MIN_SAMPLE_S = 1e-3
 
 
-def cpu_times(candidates: Mapping[str, Callable[[], object]], rounds: int = 7) -> dict[str, float]:
+def cpu_times(candidates: Mapping[str, Callable[[], object]], rounds: int = 9) -> dict[str, float]:
     """Seconds of one call of each candidate on the CPU: after a warm-up call of each, ``rounds``
     samples of each, interleaved in alternating order (so none always runs first or after the
     same neighbour), each sample as many calls as make :data:`MIN_SAMPLE_S` for the fastest; the
-    best sample of each (other work on the machine only ever adds time)."""
+    median sample of each. (On a shared machine the best sample of two identical paths differed
+    by up to 12%, the medians by 1-3%.)"""
     order = list(candidates.items())
     warm = {}
     for name, fn in order:
@@ -55,14 +59,14 @@ def cpu_times(candidates: Mapping[str, Callable[[], object]], rounds: int = 7) -
         fn()
         warm[name] = time.perf_counter() - start
     calls = max(1, math.ceil(MIN_SAMPLE_S / max(min(warm.values()), 1e-7)))
-    best = dict.fromkeys(candidates, float("inf"))
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
     for round_ in range(rounds):
         for name, fn in order if round_ % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / calls)
-    return best
+            samples[name].append((time.perf_counter() - start) / calls)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def cpu_path(
