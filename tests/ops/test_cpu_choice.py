@@ -254,3 +254,14 @@ def test_cpu_times_interleaves_and_repeats_short_calls(monkeypatch) -> None:
     runs = [name for i, name in enumerate(calls[2:]) if i % 10 == 0]
     assert calls[:2] == ["a", "b"] and runs == ["a", "b", "b", "a", "a", "b"]
     assert len(calls) == 2 + 3 * 2 * 10
+
+
+def test_the_projects_path_must_win_by_the_margin(auto, monkeypatch) -> None:
+    cache = choices.ChoiceCache("op", device="cpu")
+    built = lambda: {choice.OURS: lambda: None, choice.ATEN: lambda: None}
+    slightly = {choice.OURS: 0.98, choice.ATEN: 1.0}  # 2% faster: within the margin
+    monkeypatch.setattr(choice, "cpu_times", lambda candidates: dict(slightly))
+    assert choice.cpu_path(cache, ("close",), built) == choice.ATEN
+    clearly = {choice.OURS: 0.9, choice.ATEN: 1.0}
+    monkeypatch.setattr(choice, "cpu_times", lambda candidates: dict(clearly))
+    assert choice.cpu_path(cache, ("clear",), built) == choice.OURS
