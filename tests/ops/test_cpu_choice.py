@@ -19,6 +19,7 @@ import src.ops.batch_norm
 import src.ops.cpu
 import src.ops.dim_conv
 import src.ops.pointwise_conv
+import src.ops.relative_position
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.cpu import choice, cpu_kernels_loaded, cpu_path_mode, use_cpu_paths
 from src.ops.dim_conv import DimConv, dim_conv_reference
@@ -33,6 +34,7 @@ CACHES = (
     src.ops.batch_norm._path_choice,
     src.ops.dim_conv._cpu_path_choice,
     src.ops.pointwise_conv._path_choice,
+    src.ops.relative_position._cpu_path_choice,
 )
 
 
@@ -265,3 +267,33 @@ def test_the_projects_path_must_win_by_the_margin(auto, monkeypatch) -> None:
     clearly = {choice.OURS: 0.9, choice.ATEN: 1.0}
     monkeypatch.setattr(choice, "cpu_times", lambda candidates: dict(clearly))
     assert choice.cpu_path(cache, ("clear",), built) == choice.OURS
+
+
+@pytest.mark.parametrize("winner", [choice.OURS, choice.ATEN])
+def test_relative_attention_runs_the_winner_with_the_same_numbers(auto, monkeypatch, winner) -> None:
+    """The one-node CPU attention and the eager ops give the same numbers bit for bit; the choice
+    only picks which runs."""
+    require_cpu_kernels()
+    monkeypatch.setattr(choice, "cpu_times", _slow(_other(winner)))
+    ran: list[str] = []
+    fused = src.ops.relative_position.relative_attention_cpu
+    monkeypatch.setattr(
+        src.ops.relative_position,
+        "relative_attention_cpu",
+        lambda *a: ran.append("fused") or fused(*a),
+    )
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 2, 5, 4, generator=gen, requires_grad=True)
+    k, v = (torch.randn(2, 2, 7, 4, generator=gen, requires_grad=True) for _ in range(2))
+    rk = torch.randn(2, 7, 4, generator=gen, requires_grad=True)
+    r_w, r_r = (torch.randn(2, 4, generator=gen, requires_grad=True) for _ in range(2))
+    mask = src.ops.relative_position.causal_memory_mask(5, 2)
+    args = (q, k, v, rk, r_w, r_r)
+    y = src.ops.relative_position.relative_attention(*args, mask=mask)
+    assert len(ran) == (2 if winner == choice.OURS else 1)  # timed once, run again if chosen
+    assert list(src.ops.relative_position._cpu_path_choice.values()) == [winner]
+    scale = 0.5  # 1 / sqrt(d_head 4)
+    expected = src.ops.relative_position.eager_relative_attention(
+        q + r_w.unsqueeze(-2), q + r_r.unsqueeze(-2), k, v, rk, mask, scale
+    )
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)

@@ -23,7 +23,8 @@ PyTorch path.
 ``LIGHTNETS_CPU_KERNELS`` (:func:`cpu_path_mode`) says which CPU paths run:
 
 - ``auto`` (the default): the kernels, except where the winner depends on the machine and the
-  shape (BatchNorm's backward, DimConv, the point-wise convolution's row products): those ops time
+  shape (BatchNorm's backward, DimConv, the point-wise convolution's row products, the one-node
+  relative attention): those ops time
   their path against ATen's on the first call of each shape and keep the faster
   (:mod:`src.ops.cpu.choice`);
 - ``1``: the project's paths wherever they apply, nothing timed (the same path on every machine);
