@@ -44,7 +44,7 @@ from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU
 from src.ops.shuffle import concat_shuffle
-from src.ops.triton import Timer, fastest, size_bucket, use_triton
+from src.ops.triton import Timer, autocast_dtype, fastest, size_bucket, use_triton
 from src.ops.triton.choices import ChoiceCache
 from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
@@ -412,7 +412,7 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
         x (B, C, H_b, W_b)
     """
     device = x.device.type
-    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    autocast = autocast_dtype(device)
     conv = unit.dim_conv
     key = (
         size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, conv.dilation, unit.training,

@@ -43,6 +43,7 @@ from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
 from src.ops.layout import is_channels_last
 from src.ops.triton import (
     Timer,
+    autocast_dtype,
     autocast_operands,
     check_impl,
     fastest,
@@ -160,7 +161,7 @@ def auto_path(
         x (B, C, H, W), weights as :class:`DimConv`'s
     """
     device = x.device.type
-    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    autocast = autocast_dtype(device)
     key = (
         size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, dilation, interleave,
         str(x.device),
@@ -200,7 +201,7 @@ def cpu_path_of(
     Shape:
         x (B, C, H, W) channels-last, weights as :class:`DimConv`'s
     """
-    autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    autocast = autocast_dtype("cpu")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights))
     key = (
         size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, dilation, interleave, needs_grad

@@ -54,7 +54,7 @@ from src.ops.inference_folding import (
 from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU, prelu
-from src.ops.triton import Timer, check_impl, fastest, size_bucket, use_triton
+from src.ops.triton import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
 from src.ops.triton.choices import ChoiceCache
 from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
@@ -377,7 +377,7 @@ def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str
         reduced (B, n, H, W)
     """
     device = reduced.device.type
-    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    autocast = autocast_dtype(device)
     key = (
         size_bucket(reduced.shape[0]), *reduced.shape[1:], reduced.dtype, autocast,
         unit.dilations, unit.stride, unit.hff, unit.training, str(reduced.device),

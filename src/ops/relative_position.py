@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
-from src.ops.triton import Timer, fastest, size_bucket
+from src.ops.triton import Timer, autocast_dtype, fastest, size_bucket
 from src.ops.triton.choices import ChoiceCache
 
 
@@ -195,7 +195,7 @@ def _cpu_path(
     faults of fresh score-sized tensors, which glibc maps afresh only above its mmap threshold:
     2 x 8 x 512 x 1,024 float32 scores (32 MiB each) ran 1.6-2.0x faster, 1 x 8 x 512 x 1,024
     (16 MiB) 0.95-0.98x, on an AMD EPYC natively and as AVX2."""
-    autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    autocast = autocast_dtype("cpu")
     operands = (query_w, query_r, k, v, rk)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in operands)
     key = (
@@ -320,7 +320,7 @@ def attention_path(
     if timer is None and (not q.is_cuda or torch.compiler.is_compiling()):
         return "eager"
     device = q.device.type
-    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    autocast = autocast_dtype(device)
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, rk, r_w_bias, r_r_bias)
     )

@@ -113,6 +113,12 @@ def autocast_known(device_type: str) -> bool:
     return is_autocast_available(device_type)
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` casts to on ``device_type``, None when it is off there: part of
+    the measured choices' keys."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def autocast_operands(device_type: str, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     """The operands of a low-precision op as ``torch.autocast`` would pass them.
 
