@@ -6,9 +6,10 @@ interleaved, and the median of ``--repeats`` samples is reported (the best too, 
 shared 2-core machine the best sample of two identical paths differed by up to 12%, their medians
 by 1-3%). Prints a table, then one JSON line
 per op and pass: ``{"op", "pass", "shape", "ours_ms", "baseline_ms", "speedup"}`` (plus GFLOP/s
-against a dense GEMM of equal FLOPs where a case defines one).
+against a dense GEMM of equal FLOPs where a case defines one). ``--control`` times ours a second
+time in the same rounds and adds the A/A ratio: a row's speedup means little closer to 1 than that.
 
-    python benchmarks/ops.py [--device cpu|cuda] [--threads 2] [--repeats 21] [--only delight]
+    python benchmarks/ops.py [--device cpu|cuda] [--threads 2] [--repeats 21] [--only delight] [--control]
 
 On the CPU, ``ours`` is what a user gets: with ``LIGHTNETS_CPU_KERNELS`` unset, the ops whose
 faster path depends on the machine time theirs against ATen's on first use (in the warm-up here)
@@ -102,6 +103,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (CPU)")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--only", nargs="*", help="family modules to run, e.g. delight dice")
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="also time ours a second time, interleaved with the rest: the A/A ratio of each row "
+        "is how far two identical paths drift apart on this machine in this run",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -112,6 +119,8 @@ def main() -> None:
             fns = {"ours": case.ours, "baseline": case.baseline}
             if case.dense is not None:
                 fns["dense"] = case.dense
+            if args.control:
+                fns["ours_again"] = case.ours
             timings = time_interleaved(fns, backward, args.repeats, device)
             ms = {name: median for name, (_, median) in timings.items()}
             row = {
@@ -125,6 +134,8 @@ def main() -> None:
                 "ours_best_ms": round(timings["ours"][0], 3),
                 "baseline_best_ms": round(timings["baseline"][0], 3),
             }
+            if args.control:
+                row["control"] = round(ms["ours_again"] / ms["ours"], 3)
             if case.flops is not None:
                 flops = case.flops * (3 if backward else 1)  # backward: two GEMMs per forward GEMM
                 row["ours_gflops"] = round(flops / ms["ours"] / 1e6, 2)
@@ -137,6 +148,8 @@ def main() -> None:
         # which machine, and which CPU paths ran (LIGHTNETS_CPU_KERNELS: auto measures per shape)
         print(f"# {cpu_signature()} | {args.threads} threads | CPU paths {cpu_path_mode()}")
     header = f"{'op':<34}{'pass':<9}{'shape':<40}{'ours ms':>10}{'base ms':>10}{'speedup':>9}{'of dense':>10}"
+    if args.control:
+        header += f"{'A/A':>7}"
     print(header)
     print("-" * len(header))
     for row in rows:
@@ -144,6 +157,13 @@ def main() -> None:
         print(
             f"{row['op']:<34}{row['pass']:<9}{row['shape']:<40}{row['ours_ms']:>10.3f}"
             f"{row['baseline_ms']:>10.3f}{row['speedup']:>9.2f}{dense:>10}"
+            + (f"{row['control']:>7.2f}" if args.control else "")
+        )
+    if args.control and rows:
+        spread = [abs(row["control"] - 1) for row in rows]
+        print(
+            f"# A/A: two identical paths differed by up to {max(spread):.1%} "
+            f"(median {statistics.median(spread):.1%}) in this run"
         )
     for row in rows:
         print(json.dumps(row))
