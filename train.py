@@ -235,12 +235,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     def elapsed() -> float:
         return round(previous_time + time.perf_counter() - start, 2)
 
+    fit_start = time.perf_counter()
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
     except (SystemExit, KeyboardInterrupt):
         if interrupt.signum is None:
             raise
         stop_interrupted(trainer, interrupt, output_dir, elapsed())
+    # training and validation, the final test excluded: what comparisons at equal time use (a
+    # resumed run adds the wall time its checkpoint recorded, setup included)
+    fit_time = round(previous_time + time.perf_counter() - fit_start, 2)
     metrics = scalars({k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
 
     checkpoint = trainer.checkpoint_callback
@@ -257,6 +261,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "metrics": metrics,
         **complexity.as_dict(),
         "wall_time_s": elapsed(),
+        "fit_time_s": fit_time,
+        "updates": trainer.global_step,
         "best_checkpoint": best_path or None,
         "output_dir": str(output_dir),
     }
