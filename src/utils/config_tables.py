@@ -28,6 +28,7 @@ GROUPS = {
     "recipe": "the paper's hyper-parameters for one `<data>_<model>` pairing, applied when the file exists",
     "experiment": "named variants (paper rows, ablations); see the table below",
     "debug": "fast_dev_run, overfit a few batches, a few batches for two epochs",
+    "study": "the papers' claims that `python study.py` tests: two models at equal parameters, their learning-rate grids and seeds (not a `train.py` group)",
 }  # fmt: skip
 LONGEST = 160  # characters of a table's description before it is cut at a clause
 BEGIN, END = "<!-- {name}:begin (generated: python -m src.utils.config_tables --write) -->", "<!-- {name}:end -->"

@@ -1,0 +1,563 @@
+"""The papers' claims, tested fairly: two models at equal parameters, each learning rate tuned.
+
+    python study.py                    # every claim of conf/study/, then docs/claims.md
+    python study.py delight_mt pru_lm  # some of them
+    python study.py --report           # only re-write docs/claims.md from the runs there are
+
+Each claim (``conf/study/<name>.yaml``) names two models, each a list of ``train.py`` overrides
+(its experiment: its own recipe, sized to within 1% of the other's parameters). For each model:
+
+1. a learning-rate grid (at least three values a factor of two apart) at seed 1; the value with
+   the lowest validation loss wins, and while the winner sits at an edge of the grid the grid grows
+   by one more factor of two on that side (at most ``--extend`` times);
+2. the winning rate at the other seeds (three seeds in all);
+3. at equal wall time: the model whose training was faster runs again at the three seeds, its
+   run (``length_key``: epochs or updates) lengthened by the ratio of the two models' mean
+   training times, so it gets the slower one's time.
+
+Runs go ``--jobs`` at a time (default 2), each with ``--threads`` PyTorch threads (default 1), as
+``train.py`` processes in ``<out>/<claim>/<model>/<run>/`` (default ``logs/study``). A run whose
+``metrics.json`` says finished is never run again, so an interrupted study resumes where it stopped.
+The report (``docs/claims.md`` and one curve plot per claim) gives per model the parameters, the
+grid, test metric mean ± std over the seeds, validation loss, updates, training time and time per
+update, and a verdict: **holds**, **does not hold** or **within noise** (the difference of the
+means within two standard errors of the difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent
+STUDY_CONF = ROOT / "conf" / "study"
+SELECT_KEY = "val/loss"  # the learning rate is chosen on the validation loss, lower is better
+FIRST_SEED = 1
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One side of a claim: its name in the tables and its ``train.py`` overrides."""
+
+    name: str
+    overrides: tuple[str, ...]
+    lrs: tuple[float, ...]
+    length_key: str  # trainer.max_epochs or trainer.max_steps: what equal time lengthens
+    length: int  # its value in the experiment
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim of the papers and the comparison that tests it (``conf/study/<name>.yaml``)."""
+
+    name: str
+    title: str
+    statement: str
+    source: str
+    metric: str  # the test metric reported, e.g. test/sacrebleu
+    higher_is_better: bool
+    kind: str  # better: A beats B | not_worse: A matches B (or beats it) | report: no direction
+    models: tuple[ModelSpec, ModelSpec]
+    seeds: tuple[int, ...]
+    lr_key: str
+
+    @property
+    def a(self) -> ModelSpec:
+        return self.models[0]
+
+    @property
+    def b(self) -> ModelSpec:
+        return self.models[1]
+
+
+def load_claim(path: Path) -> Claim:
+    """A claim from its YAML; every missing or malformed field is named."""
+    conf = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    missing = [
+        key
+        for key in ("title", "statement", "source", "metric", "higher_is_better", "kind", "models")
+        if key not in conf
+    ]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)}")
+    if conf["kind"] not in ("better", "not_worse", "report"):
+        raise ValueError(f"{path}: kind must be better, not_worse or report, got {conf['kind']!r}")
+    models = []
+    for spec in conf["models"]:
+        lrs = tuple(sorted(float(lr) for lr in spec["lrs"]))
+        if len(lrs) < 3:
+            raise ValueError(f"{path}: model {spec['name']} needs at least 3 learning rates, got {lrs}")
+        models.append(
+            ModelSpec(
+                name=spec["name"],
+                overrides=tuple(spec["overrides"]),
+                lrs=lrs,
+                length_key=spec["length_key"],
+                length=int(spec["length"]),
+            )
+        )
+    if len(models) != 2:
+        raise ValueError(f"{path}: a claim compares two models, got {len(models)}")
+    seeds = tuple(int(s) for s in conf.get("seeds", (1, 2, 3)))
+    if seeds[0] != FIRST_SEED:
+        raise ValueError(f"{path}: the seeds start with {FIRST_SEED} (the grid's), got {seeds}")
+    return Claim(
+        name=path.stem,
+        title=conf["title"],
+        statement=conf["statement"],
+        source=conf["source"],
+        metric=conf["metric"],
+        higher_is_better=bool(conf["higher_is_better"]),
+        kind=conf["kind"],
+        models=(models[0], models[1]),
+        seeds=seeds,
+        lr_key=conf.get("lr_key", "task.optimizer.lr"),
+    )
+
+
+def load_claims(names: Sequence[str] | None = None, folder: Path = STUDY_CONF) -> list[Claim]:
+    paths = sorted(folder.glob("*.yaml"))
+    known = {p.stem: p for p in paths}
+    if names:
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SystemExit(
+                f"unknown claim(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}"
+            )
+        paths = [known[n] for n in names]
+    return [load_claim(p) for p in paths]
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One training run of a claim: a model at a learning rate, seed and length."""
+
+    model: ModelSpec
+    lr: float
+    seed: int
+    length: int
+
+    @property
+    def label(self) -> str:
+        tag = f"lr{self.lr:g}_s{self.seed}"
+        return tag if self.length == self.model.length else f"{tag}_{self.length}"
+
+    def run_dir(self, out: Path, claim: Claim) -> Path:
+        return out / claim.name / self.model.name / self.label
+
+    def command(self, claim: Claim, run_dir: Path) -> list[str]:
+        return [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *self.model.overrides,
+            f"{claim.lr_key}={self.lr:g}",
+            f"seed={self.seed}",
+            f"{self.model.length_key}={self.length}",
+            f"task_name=study_{claim.name}",
+            f"hydra.run.dir={run_dir}",
+        ]
+
+
+@dataclass
+class RunResult:
+    """What the report needs of one finished run."""
+
+    metrics: dict[str, float]
+    params: int
+    fit_time_s: float
+    updates: int
+    curve: dict[int, float] = field(default_factory=dict)  # step -> val/loss
+
+    @property
+    def val_loss(self) -> float:
+        """The best validation loss of the run (the lr criterion)."""
+        values = list(self.curve.values())
+        if SELECT_KEY in self.metrics:
+            values.append(self.metrics[SELECT_KEY])
+        return min(values) if values else math.inf
+
+
+def read_curve(run_dir: Path, key: str = SELECT_KEY) -> dict[int, float]:
+    """``key`` by update count from the run's CSV logs (Lightning logs a validation at the
+    index of the last update, counted from 0)."""
+    curve: dict[int, float] = {}
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        with path.open(newline="") as file:
+            for row in csv.DictReader(file):
+                if row.get(key):
+                    curve[int(row["step"]) + 1] = float(row[key])
+    return curve
+
+
+def read_run(run_dir: Path) -> RunResult | None:
+    """The finished run in ``run_dir``, or None (absent, failed or interrupted)."""
+    path = run_dir / "metrics.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("status") != "finished":
+        return None
+    return RunResult(
+        metrics={k: float(v) for k, v in summary["metrics"].items()},
+        params=int(summary["params"]),
+        fit_time_s=float(summary.get("fit_time_s", summary["wall_time_s"])),
+        updates=int(summary.get("updates", 0)),
+        curve=read_curve(run_dir),
+    )
+
+
+# (claim, run, run directory, extra overrides) -> None; the run's metrics.json is in the directory
+Runner = Callable[[Claim, RunKey, Path, Sequence[str]], None]
+
+
+def subprocess_runner(threads: int) -> Runner:
+    """Runs ``train.py`` for a run with ``threads`` PyTorch threads; its output goes to
+    ``<run_dir>/study.log``; a failed run raises with the log's last lines."""
+
+    def run(claim: Claim, key: RunKey, run_dir: Path, extra: Sequence[str] = ()) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        log_path = run_dir / "study.log"
+        command = [*key.command(claim, run_dir), *extra]
+        with log_path.open("w") as log:
+            log.write(" ".join(command) + "\n")
+            log.flush()
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        if code != 0:
+            tail = "".join(log_path.read_text().splitlines(keepends=True)[-20:])
+            raise RuntimeError(f"{claim.name}/{key.model.name}/{key.label} exited {code}:\n{tail}")
+
+    return run
+
+
+class Study:
+    """Runs (or reuses) the runs of claims and remembers their results."""
+
+    def __init__(self, out: Path, runner: Runner, jobs: int = 2, extend: int = 2) -> None:
+        self.out = out
+        self.runner = runner
+        self.jobs = jobs
+        self.extend = extend
+
+    def result(self, claim: Claim, key: RunKey) -> RunResult | None:
+        return read_run(key.run_dir(self.out, claim))
+
+    def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
+        """Runs those of ``keys`` that have not finished, ``jobs`` at a time."""
+        todo = [k for k in dict.fromkeys(keys) if self.result(claim, k) is None]
+        if not todo:
+            return
+        for key in todo:
+            print(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}", flush=True)
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            futures = [pool.submit(self.runner, claim, k, k.run_dir(self.out, claim), ()) for k in todo]
+            for future in futures:
+                future.result()
+        missing = [k.label for k in todo if self.result(claim, k) is None]
+        if missing:
+            raise RuntimeError(f"{claim.name}: runs finished without metrics.json: {missing}")
+
+    def grid(self, claim: Claim, model: ModelSpec, lrs: Iterable[float]) -> list[RunKey]:
+        return [RunKey(model, lr, FIRST_SEED, model.length) for lr in lrs]
+
+    def chosen_lr(self, claim: Claim, model: ModelSpec, lrs: Sequence[float]) -> float:
+        results = {lr: self.result(claim, RunKey(model, lr, FIRST_SEED, model.length)) for lr in lrs}
+        return min(lrs, key=lambda lr: results[lr].val_loss if results[lr] else math.inf)
+
+    def tune(self, claim: Claim) -> dict[str, list[float]]:
+        """Each model's grid at seed 1, grown while its best value is at an edge: the grids."""
+        grids = {m.name: list(m.lrs) for m in claim.models}
+        self.ensure(claim, [k for m in claim.models for k in self.grid(claim, m, grids[m.name])])
+        for _ in range(self.extend):
+            grown = []
+            for model in claim.models:
+                lrs = sorted(grids[model.name])
+                best = self.chosen_lr(claim, model, lrs)
+                if best == lrs[0]:
+                    lrs.insert(0, lrs[0] / 2)
+                elif best == lrs[-1]:
+                    lrs.append(lrs[-1] * 2)
+                else:
+                    continue
+                grids[model.name] = lrs
+                grown += self.grid(claim, model, lrs)
+            if not grown:
+                break
+            self.ensure(claim, grown)
+        return grids
+
+    def seeds(self, claim: Claim, model: ModelSpec, lr: float, length: int | None = None) -> list[RunKey]:
+        return [RunKey(model, lr, seed, length or model.length) for seed in claim.seeds]
+
+    def equal_time_length(self, claim: Claim, lrs: dict[str, float]) -> tuple[ModelSpec, int] | None:
+        """The faster model and its lengthened run, from the mean training times at the
+        chosen rates; None when their times are within 5% (equal time is the main comparison)."""
+        times = {}
+        for model in claim.models:
+            runs = [self.result(claim, k) for k in self.seeds(claim, model, lrs[model.name])]
+            times[model.name] = statistics.mean(r.fit_time_s for r in runs if r is not None)
+        fast, slow = sorted(claim.models, key=lambda m: times[m.name])
+        ratio = times[slow.name] / times[fast.name]
+        if ratio < 1.05:
+            return None
+        return fast, max(fast.length + 1, round(fast.length * ratio))
+
+    def prepare(self, claim: Claim) -> None:
+        """Prepares each model's data once, alone (one-batch runs), before runs go in parallel:
+        two runs must not write a corpus's caches at the same time."""
+        for model in claim.models:
+            marker = self.out / claim.name / ".prepared" / model.name
+            if marker.is_file():
+                continue
+            key = RunKey(model, model.lrs[0], FIRST_SEED, model.length)
+            self.runner(claim, key, marker.parent / f"{model.name}_run", ("trainer.fast_dev_run=true", "test=false"))
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text("prepared\n")
+
+    def run_claim(self, claim: Claim) -> None:
+        self.prepare(claim)
+        grids = self.tune(claim)
+        lrs = {m.name: self.chosen_lr(claim, m, grids[m.name]) for m in claim.models}
+        self.ensure(claim, [k for m in claim.models for k in self.seeds(claim, m, lrs[m.name])])
+        equal = self.equal_time_length(claim, lrs)
+        if equal is not None:
+            fast, length = equal
+            self.ensure(claim, self.seeds(claim, fast, lrs[fast.name], length))
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def verdict(claim: Claim, a: Sequence[float], b: Sequence[float]) -> tuple[str, float, float]:
+    """(verdict, A - B in the metric's "better" direction, two standard errors of it)."""
+    sign = 1.0 if claim.higher_is_better else -1.0
+    diff = sign * (statistics.mean(a) - statistics.mean(b))
+    var = sum(statistics.variance(v) / len(v) for v in (a, b) if len(v) > 1)
+    noise = 2 * math.sqrt(var)
+    if claim.kind == "report":
+        return ("A better" if diff > noise else "B better" if diff < -noise else "within noise"), diff, noise
+    if abs(diff) <= noise:
+        return ("holds" if claim.kind == "not_worse" else "within noise"), diff, noise
+    return ("holds" if diff > 0 else "does not hold"), diff, noise
+
+
+@dataclass
+class Side:
+    """One model's runs in the report: the grid, the seeds at the chosen rate, and (for the
+    faster one) the seeds at equal time."""
+
+    model: ModelSpec
+    grid: dict[float, RunResult | None]
+    lr: float
+    runs: list[RunResult]
+    equal_time: list[RunResult]
+    equal_length: int | None
+
+
+def collect(study: Study, claim: Claim) -> list[Side] | None:
+    """The finished runs of a claim, None while its seeds are incomplete."""
+    sides = []
+    for model in claim.models:
+        grid_dir = study.out / claim.name / model.name
+        lrs = sorted(
+            {float(p.name.split("_")[0][2:]) for p in grid_dir.glob("lr*_s1")} | set(model.lrs)
+        )
+        grid = {lr: study.result(claim, RunKey(model, lr, FIRST_SEED, model.length)) for lr in lrs}
+        if not any(grid.values()):
+            return None
+        lr = study.chosen_lr(claim, model, lrs)
+        runs = [study.result(claim, k) for k in study.seeds(claim, model, lr)]
+        if any(r is None for r in runs):
+            return None
+        longer = sorted(
+            p for p in grid_dir.glob(f"lr{lr:g}_s*_*") if read_run(p) is not None
+        )
+        equal_length = int(longer[0].name.rsplit("_", 1)[1]) if longer else None
+        equal_time = [
+            r
+            for r in (study.result(claim, k) for k in study.seeds(claim, model, lr, equal_length))
+            if r is not None and equal_length is not None
+        ]
+        sides.append(Side(model, grid, lr, runs, equal_time, equal_length))
+    return sides
+
+
+def fmt(mean: float, std: float, digits: int = 2) -> str:
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[str, str]:
+    """The claim's Markdown section and its row of the summary table."""
+    metric = claim.metric
+    lines = [f"## {claim.title}", "", f"**Claim** ({claim.source}): {claim.statement}", ""]
+    lines.append(
+        f"| model | params | lr grid at seed 1: best {SELECT_KEY} | lr | {metric} (mean ± std, "
+        f"{len(claim.seeds)} seeds) | best {SELECT_KEY} | updates | training time | ms / update |"
+    )
+    lines.append("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for side in sides:
+        grid = ", ".join(
+            f"{lr:g}: {r.val_loss:.3f}" if r else f"{lr:g}: —" for lr, r in sorted(side.grid.items())
+        )
+        rows = [(side.model.name, side.runs)]
+        if side.equal_time:
+            rows.append((f"{side.model.name}, equal time ({side.model.length_key.split('.')[-1]} "
+                         f"{side.equal_length})", side.equal_time))
+        for name, runs in rows:
+            test = mean_std([r.metrics[metric] for r in runs])
+            val = mean_std([r.val_loss for r in runs])
+            updates = statistics.mean(r.updates for r in runs)
+            fit = statistics.mean(r.fit_time_s for r in runs)
+            per = 1e3 * fit / updates if updates else float("nan")
+            lines.append(
+                f"| {name} | {runs[0].params:,} | {grid if runs is side.runs else '(same lr)'} | "
+                f"{side.lr:g} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | {fit:,.0f} s | {per:.0f} |"
+            )
+    a, b = sides
+    found, diff, noise = verdict(claim, [r.metrics[metric] for r in a.runs], [r.metrics[metric] for r in b.runs])
+    params = a.runs[0].params / b.runs[0].params - 1
+    lines += [
+        "",
+        f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {diff:+.2f} {metric} "
+        f"(two standard errors: {noise:.2f}); parameters {params:+.1%}.",
+    ]
+    faster = next((s for s in sides if s.equal_time), None)
+    if faster is not None:
+        other = b if faster is a else a
+        a_runs = a.equal_time if faster is a else a.runs
+        b_runs = b.equal_time if faster is b else b.runs
+        eq_found, eq_diff, eq_noise = verdict(
+            claim, [r.metrics[metric] for r in a_runs], [r.metrics[metric] for r in b_runs]
+        )
+        lines.append(
+            f"At equal training time ({faster.model.name} given {other.model.name}'s): "
+            f"{a.model.name} − {b.model.name} = {eq_diff:+.2f} (two standard errors {eq_noise:.2f}): "
+            f"{eq_found}."
+        )
+    if plot:
+        lines += ["", f"![{claim.title}: {SELECT_KEY} by update]({plot})"]
+    lines.append("")
+    per_update = " vs ".join(
+        f"{1e3 * statistics.mean(r.fit_time_s for r in s.runs) / max(1, statistics.mean(r.updates for r in s.runs)):.0f}"
+        for s in sides
+    )
+    row = (
+        f"| {claim.title} | {claim.statement} | {a.model.name} {fmt(*mean_std([r.metrics[metric] for r in a.runs]))} vs "
+        f"{b.model.name} {fmt(*mean_std([r.metrics[metric] for r in b.runs]))} {metric} | {found} | {per_update} |"
+    )
+    return "\n".join(lines), row
+
+
+def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:
+    """Validation loss by update, mean over the seeds with a ± one standard deviation band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for side in sides:
+        for name, runs in ((side.model.name, side.runs), (f"{side.model.name} (equal time)", side.equal_time)):
+            if not runs:
+                continue
+            steps = sorted(set.intersection(*(set(r.curve) for r in runs)))
+            if not steps:
+                continue
+            stats = [mean_std([r.curve[s] for r in runs]) for s in steps]
+            axes.plot(steps, [m for m, _ in stats], marker=".", label=name)
+            axes.fill_between(steps, [m - s for m, s in stats], [m + s for m, s in stats], alpha=0.2)
+    axes.set_xlabel("update")
+    axes.set_ylabel(SELECT_KEY)
+    axes.set_title(f"{claim.title}: mean ± std over {len(claim.seeds)} seeds")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def report(study: Study, claims: Sequence[Claim], path: Path, command: str) -> str:
+    """``docs/claims.md``: the summary table, then one section per claim with finished runs."""
+    sections, rows, pending = [], [], []
+    for claim in claims:
+        sides = collect(study, claim)
+        if sides is None:
+            pending.append(claim)
+            continue
+        plot = plot_curves(claim, sides, path.parent / f"claims_{claim.name}.png")
+        section, row = claim_section(claim, sides, plot.name)
+        sections.append(section)
+        rows.append(row)
+    text = [
+        "# The papers' claims, tested fairly",
+        "",
+        "Generated by `" + command + "` from the runs under `" + str(study.out) + "` (do not edit by "
+        "hand). Each model runs its own recipe at equal parameters (within 1%); its learning rate is "
+        f"chosen on {SELECT_KEY} at seed 1 from a grid of factors of two (grown while the best is at "
+        "an edge); the chosen rate runs at three seeds; the faster model runs again at equal training "
+        "time. Verdict: the difference of the means against two standard errors of it. Times are "
+        "one PyTorch thread per run, two runs at a time on a 2-core CPU.",
+        "",
+        "| claim | statement | ours (mean ± std) | verdict | ms / update (A vs B, CPU) |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        *sections,
+    ]
+    if pending:
+        text += ["## Not yet measured", ""]
+        text += [f"- {c.title}: `python study.py {c.name}`" for c in pending]
+        text.append("")
+    out = "\n".join(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("claims", nargs="*", help="claim names (conf/study/*.yaml); all when none")
+    parser.add_argument("--out", type=Path, default=ROOT / "logs" / "study")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch threads per run")
+    parser.add_argument("--extend", type=int, default=2, help="grid extensions at most")
+    parser.add_argument("--report", action="store_true", help="only write the report")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "claims.md")
+    args = parser.parse_args(argv)
+    claims = load_claims(args.claims)
+    study = Study(args.out, subprocess_runner(args.threads), jobs=args.jobs, extend=args.extend)
+    if not args.report:
+        for claim in claims:
+            start = time.perf_counter()
+            study.run_claim(claim)
+            print(f"{claim.name}: {(time.perf_counter() - start) / 60:.1f} min", flush=True)
+    report(study, load_claims(), args.doc, "python study.py")
+    print(f"wrote {args.doc}")
+
+
+if __name__ == "__main__":
+    main()

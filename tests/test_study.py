@@ -1,0 +1,219 @@
+"""study.py: the learning-rate grid grows at its edges, the chosen rate runs at three seeds, the
+faster model runs again at equal time, and the report's verdicts follow the numbers.
+
+The runs are simulated (a runner that writes what ``train.py`` writes: ``metrics.json`` and the CSV
+log); one real ``train.py`` run checks the command line the study builds."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import study
+from study import Claim, ModelSpec, RunKey, Study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spec(name: str, lrs=(1e-3, 2e-3, 4e-3), length: int = 10) -> ModelSpec:
+    return ModelSpec(name, (f"experiment={name}",), tuple(lrs), "trainer.max_epochs", length)
+
+
+def claim(kind: str = "better", higher: bool = True, a=None, b=None) -> Claim:
+    return Claim(
+        name="toy",
+        title="A vs B",
+        statement="A beats B",
+        source="test",
+        metric="test/score",
+        higher_is_better=higher,
+        kind=kind,
+        models=(a or spec("A"), b or spec("B")),
+        seeds=(1, 2, 3),
+        lr_key="task.optimizer.lr",
+    )
+
+
+def write_run(run_dir: Path, val_loss: float, score: float, fit_time: float, updates: int) -> None:
+    """What train.py leaves in a finished run directory."""
+    (run_dir / "csv" / "version_0").mkdir(parents=True, exist_ok=True)
+    with (run_dir / "csv" / "version_0" / "metrics.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=["step", "epoch", "val/loss"])
+        writer.writeheader()
+        for step, value in ((updates // 2 - 1, val_loss + 0.5), (updates - 1, val_loss)):
+            writer.writerow({"step": step, "epoch": 0, "val/loss": value})
+    summary = {
+        "status": "finished",
+        "metrics": {"val/loss": val_loss, "test/score": score},
+        "params": 1000,
+        "wall_time_s": fit_time + 5,
+        "fit_time_s": fit_time,
+        "updates": updates,
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(summary))
+
+
+class FakeRunner:
+    """Model A's validation loss is lowest at lr 8e-3 (beyond its first grid), B's at 2e-3; A
+    scores 2 points higher; A takes twice B's time per update."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, int, int]] = []
+        self.prepared: list[str] = []
+
+    def __call__(self, claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
+        if extra:  # the data preparation
+            self.prepared.append(key.model.name)
+            return
+        self.calls.append((key.model.name, key.lr, key.seed, key.length))
+        best = 8e-3 if key.model.name == "A" else 2e-3
+        val = 1.0 + abs(math.log2(key.lr / best)) * 0.1
+        score = (12.0 if key.model.name == "A" else 10.0) + 0.1 * key.seed + 0.01 * key.length
+        per_update = 2.0 if key.model.name == "A" else 1.0
+        write_run(run_dir, val, score, per_update * 10 * key.length, 10 * key.length)
+
+
+def test_the_grid_grows_until_the_best_rate_is_inside(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    toy = claim()
+    grids = Study(tmp_path, runner).tune(toy)
+    # A's best (8e-3) was beyond the edge: the grid grew to 8e-3 and then to 1.6e-2
+    assert grids["A"] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    assert grids["B"] == [1e-3, 2e-3, 4e-3]
+    assert Study(tmp_path, runner).chosen_lr(toy, toy.a, grids["A"]) == 8e-3
+    # only seed 1 in the grid, each run once
+    assert {c[2] for c in runner.calls} == {1}
+    assert len(runner.calls) == len(set(runner.calls)) == 8
+
+
+def test_the_grid_stops_after_its_extensions(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    grids = Study(tmp_path, runner, extend=1).tune(claim())
+    assert grids["A"] == [1e-3, 2e-3, 4e-3, 8e-3]
+
+
+def test_a_claim_runs_seeds_at_the_chosen_rate_and_the_faster_model_at_equal_time(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    toy = claim()
+    Study(tmp_path, runner).run_claim(toy)
+    seeds = {(name, lr, seed) for name, lr, seed, length in runner.calls if length == 10}
+    assert {("A", 8e-3, s) for s in (1, 2, 3)} <= seeds
+    assert {("B", 2e-3, s) for s in (1, 2, 3)} <= seeds
+    # B trains twice as fast per update: it runs again, twice as long, at its rate and every seed
+    longer = sorted((name, lr, seed, length) for name, lr, seed, length in runner.calls if length != 10)
+    assert longer == [("B", 2e-3, 1, 20), ("B", 2e-3, 2, 20), ("B", 2e-3, 3, 20)]
+    # each model's data was prepared once, first; resuming runs nothing again
+    assert runner.prepared == ["A", "B"]
+    before = len(runner.calls)
+    Study(tmp_path, runner).run_claim(toy)
+    assert len(runner.calls) == before and runner.prepared == ["A", "B"]
+
+
+def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    toy = claim()
+    experiment = Study(tmp_path / "runs", runner)
+    experiment.run_claim(toy)
+    sides = study.collect(experiment, toy)
+    assert sides is not None
+    a, b = sides
+    assert (a.lr, b.lr) == (8e-3, 2e-3)
+    assert [r.metrics["test/score"] for r in a.runs] == pytest.approx([12.2, 12.3, 12.4])
+    assert b.equal_length == 20 and len(b.equal_time) == 3
+    section, row = study.claim_section(toy, sides, None)
+    # A - B = 2.0 with a std of 0.1 each: far beyond two standard errors (0.16)
+    assert "**Verdict: holds.** A − B = +2.00 test/score (two standard errors: 0.16)" in section
+    assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
+    # B at equal time scores 0.1 more (10 more epochs x 0.01): A - B = +1.90
+    assert "A − B = +1.90 (two standard errors 0.16): holds." in section
+    assert "| 2000 |" in section and "| 1000 |" in section  # ms per update: A 2 s, B 1 s in the fake
+    assert row.startswith("| A vs B |") and "| holds |" in row
+
+
+@pytest.mark.parametrize(
+    ("kind", "higher", "a", "b", "expected"),
+    [
+        ("better", True, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "within noise"),
+        ("not_worse", True, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "holds"),
+        ("better", True, [9.0, 9.1, 9.2], [10.0, 10.1, 10.2], "does not hold"),
+        ("not_worse", True, [9.0, 9.1, 9.2], [10.0, 10.1, 10.2], "does not hold"),
+        # lower is better (perplexity): A's lower values win
+        ("better", False, [50.0, 50.5, 51.0], [60.0, 60.5, 61.0], "holds"),
+        ("better", False, [60.0, 60.5, 61.0], [50.0, 50.5, 51.0], "does not hold"),
+    ],
+)
+def test_verdict(kind: str, higher: bool, a: list[float], b: list[float], expected: str) -> None:
+    found, diff, noise = study.verdict(claim(kind, higher), a, b)
+    assert found == expected
+    sign = 1 if higher else -1
+    assert diff == pytest.approx(sign * (sum(a) - sum(b)) / 3)
+    assert noise > 0
+
+
+def test_every_claim_config_loads_and_names_two_models_with_three_rates() -> None:
+    claims = study.load_claims()
+    assert claims, "conf/study/ has no claims"
+    for found in claims:
+        assert found.seeds == (1, 2, 3)
+        for model in found.models:
+            assert len(model.lrs) >= 3
+            # a factor of two apart, as the grid grows
+            assert all(b / a == pytest.approx(2.0) for a, b in zip(model.lrs, model.lrs[1:]))
+            assert any(o.startswith("experiment=") for o in model.overrides)
+
+
+def test_a_bad_claim_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\nkind: maybe\nmodels: []\n")
+    with pytest.raises(ValueError, match="kind must be better, not_worse or report"):
+        study.load_claim(path)
+    with pytest.raises(SystemExit, match="unknown claim"):
+        study.load_claims(["no_such_claim"])
+
+
+def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
+    """The study's train.py command runs and its metrics.json has what the report reads."""
+    model = ModelSpec(
+        "charlm",
+        (
+            "experiment=charlm_demo",
+            "trainer.val_check_interval=4",
+            "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2",
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.d_inner=64",
+            "logger=csv",
+        ),
+        (1e-3, 2e-3, 4e-3),
+        "trainer.max_steps",
+        8,
+    )
+    toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, model), (1, 2, 3), "task.optimizer.lr")
+    key = RunKey(model, 2e-3, 1, 8)
+    run_dir = key.run_dir(tmp_path, toy)
+    env_threads = os.environ.get("OMP_NUM_THREADS")
+    study.subprocess_runner(1)(toy, key, run_dir, ())
+    assert os.environ.get("OMP_NUM_THREADS") == env_threads
+    result = study.read_run(run_dir)
+    assert result is not None
+    assert result.updates == 8
+    assert 0 < result.fit_time_s
+    assert set(result.curve) == {4, 8}  # val/loss at steps 4 and 8
+    assert math.isfinite(result.val_loss) and result.metrics["test/bpc"] > 0
+    config = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "lr: 0.002" in config and "seed: 1" in config
+
+
+def test_the_study_help_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "study.py"), "--help"], capture_output=True, text=True, check=True
+    )
+    assert "claims" in out.stdout
