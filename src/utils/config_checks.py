@@ -29,6 +29,7 @@ MODEL_TASKS: dict[str, frozenset[str]] = {
     "group_transformer": frozenset({"language_model"}),
     "transformer_xl": frozenset({"language_model"}),
     "delight_lm": frozenset({"word_language_model"}),
+    "transformer_lm": frozenset({"word_language_model"}),
     "awd_lm": frozenset({"awd_language_model"}),
     "delight_mt": frozenset({"translation"}),
     "transformer_mt": frozenset({"translation"}),
