@@ -174,3 +174,21 @@ def test_the_demo_schedules_build() -> None:
         assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-7)
         assert factory.__name__ in cfg.task.scheduler._target_
         del scheduler
+
+
+def test_the_charlm_demos_have_equal_parameters() -> None:
+    from src.models.group_transformer import GroupTransformer
+    from src.models.transformer_xl import TransformerXL
+
+    vocab = 103  # pydoc_chars' symbols on Python 3.11
+    keys = ("n_layer", "d_model", "n_head", "d_inner", "mem_len", "dropout", "tie_weight")
+    gt = composed("experiment=charlm_demo").model
+    txl = composed("experiment=charlm_demo_txl").model
+    a = count(
+        GroupTransformer(
+            n_token=vocab, tgt_len=64, n_group=gt.n_group, **{k: gt[k] for k in keys}
+        )
+    )
+    b = count(TransformerXL(n_token=vocab, pre_norm=txl.pre_norm, **{k: txl[k] for k in keys}))
+    assert (a, b) == (609_767, 609_485)
+    assert abs(b / a - 1) < 0.01
