@@ -16,7 +16,8 @@ Each claim (``conf/study/<name>.yaml``) names two models, each a list of ``train
    training times, so it gets the slower one's time.
 
 Runs go ``--jobs`` at a time (default 2), each with ``--threads`` PyTorch threads (default 1), as
-``train.py`` processes in ``<out>/<claim>/<model>/<run>/`` (default ``logs/study``). A run whose
+``train.py`` processes in ``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``; claims
+that compare the same model share its runs). A run whose
 ``metrics.json`` says finished is never run again, so an interrupted study resumes where it stopped.
 The report (``docs/claims.md`` and one curve plot per claim) gives per model the parameters, the
 grid, test metric mean ± std over the seeds, validation loss, updates, training time and time per
@@ -31,6 +32,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,6 +59,12 @@ class ModelSpec:
     lrs: tuple[float, ...]
     length_key: str  # trainer.max_epochs or trainer.max_steps: what equal time lengthens
     length: int  # its value in the experiment
+
+    def folder(self, out: Path) -> Path:
+        """Where its runs live: named by its overrides, so claims that share a model share its
+        runs (e.g. one DeLighT classifier against a Transformer and against its ablation)."""
+        slug = re.sub(r"[^A-Za-z0-9_.=+-]", "-", "+".join(self.overrides))
+        return out / "runs" / slug
 
 
 @dataclass(frozen=True)
@@ -159,8 +167,8 @@ class RunKey:
         tag = f"lr{self.lr:g}_s{self.seed}"
         return tag if self.length == self.model.length else f"{tag}_{self.length}"
 
-    def run_dir(self, out: Path, claim: Claim) -> Path:
-        return out / claim.name / self.model.name / self.label
+    def run_dir(self, out: Path) -> Path:
+        return self.model.folder(out) / self.label
 
     def command(self, claim: Claim, run_dir: Path) -> list[str]:
         return [
@@ -170,7 +178,7 @@ class RunKey:
             f"{claim.lr_key}={self.lr:g}",
             f"seed={self.seed}",
             f"{self.model.length_key}={self.length}",
-            f"task_name=study_{claim.name}",
+            f"task_name=study_{self.model.folder(Path()).name}",
             f"hydra.run.dir={run_dir}",
         ]
 
@@ -257,7 +265,7 @@ class Study:
         self.extend = extend
 
     def result(self, claim: Claim, key: RunKey) -> RunResult | None:
-        return read_run(key.run_dir(self.out, claim))
+        return read_run(key.run_dir(self.out))
 
     def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
         """Runs those of ``keys`` that have not finished, ``jobs`` at a time."""
@@ -267,7 +275,7 @@ class Study:
         for key in todo:
             print(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}", flush=True)
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            futures = [pool.submit(self.runner, claim, k, k.run_dir(self.out, claim), ()) for k in todo]
+            futures = [pool.submit(self.runner, claim, k, k.run_dir(self.out), ()) for k in todo]
             for future in futures:
                 future.result()
         missing = [k.label for k in todo if self.result(claim, k) is None]
@@ -323,13 +331,14 @@ class Study:
         """Prepares each model's data once, alone (one-batch runs), before runs go in parallel:
         two runs must not write a corpus's caches at the same time."""
         for model in claim.models:
-            marker = self.out / claim.name / ".prepared" / model.name
+            marker = model.folder(self.out) / "prepared"
             if marker.is_file():
                 continue
             key = RunKey(model, model.lrs[0], FIRST_SEED, model.length)
-            self.runner(claim, key, marker.parent / f"{model.name}_run", ("trainer.fast_dev_run=true", "test=false"))
+            extra = ("trainer.fast_dev_run=true", "test=false")
+            self.runner(claim, key, model.folder(self.out) / "prepare", extra)
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text("prepared\n")
+            marker.write_text("the data is prepared\n")
 
     def run_claim(self, claim: Claim) -> None:
         self.prepare(claim)
@@ -378,11 +387,11 @@ class Side:
 
 def collect(study: Study, claim: Claim) -> list[Side] | None:
     """The finished runs of a claim, None while its seeds are incomplete."""
-    sides = []
+    found = {}
     for model in claim.models:
-        grid_dir = study.out / claim.name / model.name
         lrs = sorted(
-            {float(p.name.split("_")[0][2:]) for p in grid_dir.glob("lr*_s1")} | set(model.lrs)
+            {float(p.name.split("_")[0][2:]) for p in model.folder(study.out).glob("lr*_s1")}
+            | set(model.lrs)
         )
         grid = {lr: study.result(claim, RunKey(model, lr, FIRST_SEED, model.length)) for lr in lrs}
         if not any(grid.values()):
@@ -391,15 +400,16 @@ def collect(study: Study, claim: Claim) -> list[Side] | None:
         runs = [study.result(claim, k) for k in study.seeds(claim, model, lr)]
         if any(r is None for r in runs):
             return None
-        longer = sorted(
-            p for p in grid_dir.glob(f"lr{lr:g}_s*_*") if read_run(p) is not None
-        )
-        equal_length = int(longer[0].name.rsplit("_", 1)[1]) if longer else None
-        equal_time = [
-            r
-            for r in (study.result(claim, k) for k in study.seeds(claim, model, lr, equal_length))
-            if r is not None and equal_length is not None
-        ]
+        found[model.name] = (grid, lr, runs)
+    equal = study.equal_time_length(claim, {name: lr for name, (_, lr, _) in found.items()})
+    sides = []
+    for model in claim.models:
+        grid, lr, runs = found[model.name]
+        equal_time, equal_length = [], None
+        if equal is not None and equal[0] == model:
+            equal_length = equal[1]
+            longer = [study.result(claim, k) for k in study.seeds(claim, model, lr, equal_length)]
+            equal_time = [r for r in longer if r is not None]
         sides.append(Side(model, grid, lr, runs, equal_time, equal_length))
     return sides
 

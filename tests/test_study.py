@@ -198,7 +198,7 @@ def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
     )
     toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, model), (1, 2, 3), "task.optimizer.lr")
     key = RunKey(model, 2e-3, 1, 8)
-    run_dir = key.run_dir(tmp_path, toy)
+    run_dir = key.run_dir(tmp_path)
     env_threads = os.environ.get("OMP_NUM_THREADS")
     study.subprocess_runner(1)(toy, key, run_dir, ())
     assert os.environ.get("OMP_NUM_THREADS") == env_threads
@@ -217,3 +217,17 @@ def test_the_study_help_runs() -> None:
         [sys.executable, str(ROOT / "study.py"), "--help"], capture_output=True, text=True, check=True
     )
     assert "claims" in out.stdout
+
+
+def test_claims_that_compare_the_same_model_share_its_runs(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    experiment = Study(tmp_path, runner)
+    experiment.run_claim(claim())
+    a_runs = [c for c in runner.calls if c[0] == "A"]
+    first = len(runner.calls)
+    other = Claim("toy2", "A vs C", "s", "test", "test/score", True, "better", (spec("A"), spec("C")), (1, 2, 3), "task.optimizer.lr")
+    experiment.run_claim(other)
+    # A's grid and seeds ran once; only C's runs (and C's equal-time runs) are new
+    assert [c for c in runner.calls if c[0] == "A"] == a_runs
+    assert {c[0] for c in runner.calls[first:]} == {"C"}
+    assert study.collect(experiment, other) is not None
