@@ -231,3 +231,17 @@ def test_claims_that_compare_the_same_model_share_its_runs(tmp_path: Path) -> No
     assert [c for c in runner.calls if c[0] == "A"] == a_runs
     assert {c[0] for c in runner.calls[first:]} == {"C"}
     assert study.collect(experiment, other) is not None
+
+
+def test_every_claims_models_compose_with_the_keys_the_study_sets() -> None:
+    from omegaconf import OmegaConf
+
+    from tests.conftest import compose_config
+
+    for found in study.load_claims():
+        for model in found.models:
+            cfg = compose_config("train", model.overrides)
+            assert OmegaConf.select(cfg, found.lr_key) in model.lrs or OmegaConf.select(cfg, found.lr_key) > 0
+            assert OmegaConf.select(cfg, model.length_key) is not None, (found.name, model.name)
+            # the claim's length is the experiment's own, unless the claim says why it differs
+            assert model.length > 0
