@@ -433,8 +433,8 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
         )
         rows = [(side.model.name, side.runs)]
         if side.equal_time:
-            rows.append((f"{side.model.name}, equal time ({side.model.length_key.split('.')[-1]} "
-                         f"{side.equal_length})", side.equal_time))
+            unit = side.model.length_key.split(".")[-1]
+            rows.append((f"{side.model.name}, equal time ({unit} {side.equal_length})", side.equal_time))
         for name, runs in rows:
             test = mean_std([r.metrics[metric] for r in runs])
             val = mean_std([r.val_loss for r in runs])
@@ -450,8 +450,10 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
     params = a.runs[0].params / b.runs[0].params - 1
     lines += [
         "",
-        f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {diff:+.2f} {metric} "
-        f"(two standard errors: {noise:.2f}); parameters {params:+.1%}.",
+        (
+            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {diff:+.2f} {metric} "
+            f"(two standard errors: {noise:.2f}); parameters {params:+.1%}."
+        ),
     ]
     faster = next((s for s in sides if s.equal_time), None)
     if faster is not None:

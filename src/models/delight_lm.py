@@ -47,6 +47,43 @@ def wikitext103_lr(d_model: int) -> float:
     return min(round(1024 / d_model * 0.002, 3), 0.01)
 
 
+def tied_output_nll(
+    lookup: nn.Module, hidden: Tensor, targets: Tensor, padding_idx: int, reduction: str
+) -> Tensor:
+    """NLL (nats) of ``targets`` scored by the input lookup tied to the output: the adaptive
+    softmax of an :class:`AdaptiveInputSoftmax`, or logits against an ``nn.Embedding``'s table.
+    Pads in ``targets`` are not scored; ``reduction``: ``"sum"``, ``"mean"`` over scored positions,
+    or ``"none"``.
+
+    Shape:
+        hidden (B, T, embedding_dim), targets (B, T) int64 -> scalar, or (B, T) for "none"
+    """
+    if isinstance(lookup, AdaptiveInputSoftmax):
+        return lookup.loss(hidden, targets, reduction=reduction)
+    logits = F.linear(hidden, lookup.weight).float()  # (B, T, V)
+    nll = F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=padding_idx, reduction="none"
+    ).view(targets.shape)
+    if reduction == "none":
+        return nll
+    if reduction == "sum":
+        return nll.sum()
+    if reduction == "mean":
+        return nll.sum() / targets.ne(padding_idx).sum().clamp_min(1)
+    raise ValueError(f"reduction must be sum, mean or none, got {reduction!r}")
+
+
+def tied_output_log_prob(lookup: nn.Module, hidden: Tensor) -> Tensor:
+    """Log-probabilities over the vocabulary from the tied lookup (see :func:`tied_output_nll`).
+
+    Shape:
+        hidden (B, T, embedding_dim) -> (B, T, V) float32
+    """
+    if isinstance(lookup, AdaptiveInputSoftmax):
+        return lookup.log_prob(hidden)
+    return F.linear(hidden, lookup.weight).float().log_softmax(-1)
+
+
 class DeLighTLMEmbedding(nn.Module):
     """lookup -> per-sequence dropout -> embedding DExTra -> + positions -> per-sequence dropout.
 
@@ -291,21 +328,7 @@ class DeLighTLanguageModel(nn.Module):
         Shape:
             tokens (B, T), targets (B, T) int64 -> scalar, or (B, T) for "none"
         """
-        hidden = self(tokens)  # (B, T, 128)
-        lookup = self.embedding.lookup
-        if isinstance(lookup, AdaptiveInputSoftmax):
-            return lookup.loss(hidden, targets, reduction=reduction)
-        logits = F.linear(hidden, lookup.weight).float()  # (B, T, V)
-        nll = F.cross_entropy(
-            logits.flatten(0, 1), targets.flatten(), ignore_index=self.padding_idx, reduction="none"
-        ).view(targets.shape)
-        if reduction == "none":
-            return nll
-        if reduction == "sum":
-            return nll.sum()
-        if reduction == "mean":
-            return nll.sum() / targets.ne(self.padding_idx).sum().clamp_min(1)
-        raise ValueError(f"reduction must be sum, mean or none, got {reduction!r}")
+        return tied_output_nll(self.lookup, self(tokens), targets, self.padding_idx, reduction)
 
     def log_prob(self, tokens: Tensor) -> Tensor:
         """Next-token log-probabilities over the whole vocabulary.
@@ -313,11 +336,7 @@ class DeLighTLanguageModel(nn.Module):
         Shape:
             tokens (B, T) int64 -> (B, T, V) float32
         """
-        hidden = self(tokens)
-        lookup = self.embedding.lookup
-        if isinstance(lookup, AdaptiveInputSoftmax):
-            return lookup.log_prob(hidden)
-        return F.linear(hidden, lookup.weight).float().log_softmax(-1)
+        return tied_output_log_prob(self.lookup, self(tokens))
 
     def extra_repr(self) -> str:
         return (

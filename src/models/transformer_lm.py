@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.delight import EMBEDDING_DIM, PADDING_IDX, sinusoidal_positions
+from src.models.delight_lm import tied_output_log_prob, tied_output_nll
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 
 
@@ -191,20 +192,7 @@ class TransformerLanguageModel(nn.Module):
         Shape:
             tokens (B, T), targets (B, T) int64 -> scalar, or (B, T) for "none"
         """
-        hidden = self(tokens)
-        if isinstance(self.lookup, AdaptiveInputSoftmax):
-            return self.lookup.loss(hidden, targets, reduction=reduction)
-        logits = F.linear(hidden, self.lookup.weight).float()  # (B, T, V)
-        nll = F.cross_entropy(
-            logits.flatten(0, 1), targets.flatten(), ignore_index=self.padding_idx, reduction="none"
-        ).view(targets.shape)
-        if reduction == "none":
-            return nll
-        if reduction == "sum":
-            return nll.sum()
-        if reduction == "mean":
-            return nll.sum() / targets.ne(self.padding_idx).sum().clamp_min(1)
-        raise ValueError(f"reduction must be sum, mean or none, got {reduction!r}")
+        return tied_output_nll(self.lookup, self(tokens), targets, self.padding_idx, reduction)
 
     def log_prob(self, tokens: Tensor) -> Tensor:
         """Next-token log-probabilities over the whole vocabulary.
@@ -212,10 +200,7 @@ class TransformerLanguageModel(nn.Module):
         Shape:
             tokens (B, T) int64 -> (B, T, V) float32
         """
-        hidden = self(tokens)
-        if isinstance(self.lookup, AdaptiveInputSoftmax):
-            return self.lookup.log_prob(hidden)
-        return F.linear(hidden, self.lookup.weight).float().log_softmax(-1)
+        return tied_output_log_prob(self.lookup, self(tokens))
 
     def extra_repr(self) -> str:
         return (
