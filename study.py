@@ -63,7 +63,8 @@ class ModelSpec:
     def folder(self, out: Path) -> Path:
         """Where its runs live: named by its overrides, so claims that share a model share its
         runs (e.g. one DeLighT classifier against a Transformer and against its ablation)."""
-        slug = re.sub(r"[^A-Za-z0-9_.=+-]", "-", "+".join(self.overrides))
+        # a path Hydra's override grammar accepts ('=', '+' and ',' are its syntax)
+        slug = re.sub(r"[^A-Za-z0-9_.-]", "_", "__".join(o.replace("=", "-") for o in self.overrides))
         return out / "runs" / slug
 
 
