@@ -432,6 +432,9 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
         grid = ", ".join(
             f"{lr:g}: {r.val_loss:.3f}" if r else f"{lr:g}: —" for lr, r in sorted(side.grid.items())
         )
+        # the best rate still at an edge after the grid's extensions: a better one may lie beyond
+        tried = [lr for lr, r in side.grid.items() if r is not None]
+        edge = " (grid edge)" if side.lr in (min(tried), max(tried)) else ""
         rows = [(side.model.name, side.runs)]
         if side.equal_time:
             unit = side.model.length_key.split(".")[-1]
@@ -444,7 +447,7 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
             per = 1e3 * fit / updates if updates else float("nan")
             lines.append(
                 f"| {name} | {runs[0].params:,} | {grid if runs is side.runs else '(same lr)'} | "
-                f"{side.lr:g} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | {fit:,.0f} s | {per:.0f} |"
+                f"{side.lr:g}{edge} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | {fit:,.0f} s | {per:.0f} |"
             )
     a, b = sides
     found, diff, noise = verdict(claim, [r.metrics[metric] for r in a.runs], [r.metrics[metric] for r in b.runs])

@@ -133,6 +133,8 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
     # B at equal time scores 0.1 more (10 more epochs x 0.01): A - B = +1.90
     assert "A − B = +1.90 (two standard errors 0.16): holds." in section
+    assert "| 0.008 |" in section and "| 0.002 |" in section  # both inside their grids
+    assert "grid edge" not in section
     assert "| 2000 |" in section and "| 1000 |" in section  # ms per update: A 2 s, B 1 s in the fake
     assert row.startswith("| A vs B |") and "| holds |" in row
 
@@ -245,3 +247,13 @@ def test_every_claims_models_compose_with_the_keys_the_study_sets() -> None:
             assert OmegaConf.select(cfg, model.length_key) is not None, (found.name, model.name)
             # the claim's length is the experiment's own, unless the claim says why it differs
             assert model.length > 0
+
+
+def test_a_rate_still_at_the_grids_edge_is_flagged(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    toy = claim()
+    experiment = Study(tmp_path, runner, extend=1)  # A's grid stops at 8e-3, its best
+    experiment.run_claim(toy)
+    section, _ = study.claim_section(toy, study.collect(experiment, toy), None)
+    assert "| 0.008 (grid edge) |" in section
+    assert "| 0.002 |" in section
