@@ -451,11 +451,13 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
             )
     a, b = sides
     found, diff, noise = verdict(claim, [r.metrics[metric] for r in a.runs], [r.metrics[metric] for r in b.runs])
+    # the differences as measured (verdict() turns them to the "better" direction)
+    sign, better = (1, "higher is better") if claim.higher_is_better else (-1, "lower is better")
     params = a.runs[0].params / b.runs[0].params - 1
     lines += [
         "",
         (
-            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {diff:+.2f} {metric} "
+            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {sign * diff:+.2f} {metric}, {better} "
             f"(two standard errors: {noise:.2f}); parameters {params:+.1%}."
         ),
     ]
@@ -469,7 +471,7 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
         )
         lines.append(
             f"At equal training time ({faster.model.name} given {other.model.name}'s): "
-            f"{a.model.name} − {b.model.name} = {eq_diff:+.2f} (two standard errors {eq_noise:.2f}): "
+            f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.2f} (two standard errors {eq_noise:.2f}): "
             f"{eq_found}."
         )
     if plot:

@@ -129,7 +129,7 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert b.equal_length == 20 and len(b.equal_time) == 3
     section, row = study.claim_section(toy, sides, None)
     # A - B = 2.0 with a std of 0.1 each: far beyond two standard errors (0.16)
-    assert "**Verdict: holds.** A − B = +2.00 test/score (two standard errors: 0.16)" in section
+    assert "**Verdict: holds.** A − B = +2.00 test/score, higher is better (two standard errors: 0.16)" in section
     assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
     # B at equal time scores 0.1 more (10 more epochs x 0.01): A - B = +1.90
     assert "A − B = +1.90 (two standard errors 0.16): holds." in section
