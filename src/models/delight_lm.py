@@ -84,6 +84,32 @@ def tied_output_log_prob(lookup: nn.Module, hidden: Tensor) -> Tensor:
     return F.linear(hidden, lookup.weight).float().log_softmax(-1)
 
 
+class TiedOutputLanguageModel(nn.Module):
+    """A language model whose output is scored by its input lookup (adaptive softmax tied to the
+    adaptive input, or logits against the embedding table). Subclasses provide ``lookup``,
+    ``padding_idx`` and ``forward``: tokens (B, T) -> hidden states (B, T, embedding_dim)."""
+
+    lookup: nn.Module
+    padding_idx: int
+
+    def loss(self, tokens: Tensor, targets: Tensor, *, reduction: str = "sum") -> Tensor:
+        """Negative log-likelihood (nats) of ``targets`` given ``tokens``; pads in ``targets``
+        are not scored. ``reduction``: ``"sum"``, ``"mean"`` over scored positions, or ``"none"``.
+
+        Shape:
+            tokens (B, T), targets (B, T) int64 -> scalar, or (B, T) for "none"
+        """
+        return tied_output_nll(self.lookup, self(tokens), targets, self.padding_idx, reduction)
+
+    def log_prob(self, tokens: Tensor) -> Tensor:
+        """Next-token log-probabilities over the whole vocabulary.
+
+        Shape:
+            tokens (B, T) int64 -> (B, T, V) float32
+        """
+        return tied_output_log_prob(self.lookup, self(tokens))
+
+
 class DeLighTLMEmbedding(nn.Module):
     """lookup -> per-sequence dropout -> embedding DExTra -> + positions -> per-sequence dropout.
 
@@ -163,7 +189,7 @@ class DeLighTLMEmbedding(nn.Module):
         )
 
 
-class DeLighTLanguageModel(nn.Module):
+class DeLighTLanguageModel(TiedOutputLanguageModel):
     """The DeLighT decoder-only language model with tied adaptive input and softmax.
 
     Args:
@@ -320,23 +346,6 @@ class DeLighTLanguageModel(nn.Module):
             x, _ = block(x, self_attn_padding_mask=key_padding_mask)  # (T, B, d_m), causal
         x = x.transpose(0, 1)  # (B, T, d_m)
         return x if self.project_out is None else self.project_out(x)
-
-    def loss(self, tokens: Tensor, targets: Tensor, *, reduction: str = "sum") -> Tensor:
-        """Negative log-likelihood (nats) of ``targets`` given ``tokens``; pads in ``targets``
-        are not scored. ``reduction``: ``"sum"``, ``"mean"`` over scored positions, or ``"none"``.
-
-        Shape:
-            tokens (B, T), targets (B, T) int64 -> scalar, or (B, T) for "none"
-        """
-        return tied_output_nll(self.lookup, self(tokens), targets, self.padding_idx, reduction)
-
-    def log_prob(self, tokens: Tensor) -> Tensor:
-        """Next-token log-probabilities over the whole vocabulary.
-
-        Shape:
-            tokens (B, T) int64 -> (B, T, V) float32
-        """
-        return tied_output_log_prob(self.lookup, self(tokens))
 
     def extra_repr(self) -> str:
         return (

@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.delight import EMBEDDING_DIM, PADDING_IDX, sinusoidal_positions
-from src.models.delight_lm import tied_output_log_prob, tied_output_nll
+from src.models.delight_lm import TiedOutputLanguageModel
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 
 
-class TransformerLanguageModel(nn.Module):
+class TransformerLanguageModel(TiedOutputLanguageModel):
     """A pre-norm causal Transformer with tied adaptive input and softmax.
 
     Args:
@@ -184,23 +184,6 @@ class TransformerLanguageModel(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         return x if self.project_out is None else self.project_out(x)
-
-    def loss(self, tokens: Tensor, targets: Tensor, *, reduction: str = "sum") -> Tensor:
-        """Negative log-likelihood (nats) of ``targets`` given ``tokens``; pads in ``targets``
-        are not scored. ``reduction``: ``"sum"``, ``"mean"`` over scored positions, or ``"none"``.
-
-        Shape:
-            tokens (B, T), targets (B, T) int64 -> scalar, or (B, T) for "none"
-        """
-        return tied_output_nll(self.lookup, self(tokens), targets, self.padding_idx, reduction)
-
-    def log_prob(self, tokens: Tensor) -> Tensor:
-        """Next-token log-probabilities over the whole vocabulary.
-
-        Shape:
-            tokens (B, T) int64 -> (B, T, V) float32
-        """
-        return tied_output_log_prob(self.lookup, self(tokens))
 
     def extra_repr(self) -> str:
         return (
