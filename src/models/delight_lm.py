@@ -47,41 +47,30 @@ def wikitext103_lr(d_model: int) -> float:
     return min(round(1024 / d_model * 0.002, 3), 0.01)
 
 
-def tied_output_nll(
-    lookup: nn.Module, hidden: Tensor, targets: Tensor, padding_idx: int, reduction: str
-) -> Tensor:
-    """NLL (nats) of ``targets`` scored by the input lookup tied to the output: the adaptive
-    softmax of an :class:`AdaptiveInputSoftmax`, or logits against an ``nn.Embedding``'s table.
-    Pads in ``targets`` are not scored; ``reduction``: ``"sum"``, ``"mean"`` over scored positions,
-    or ``"none"``.
-
-    Shape:
-        hidden (B, T, embedding_dim), targets (B, T) int64 -> scalar, or (B, T) for "none"
-    """
-    if isinstance(lookup, AdaptiveInputSoftmax):
-        return lookup.loss(hidden, targets, reduction=reduction)
-    logits = F.linear(hidden, lookup.weight).float()  # (B, T, V)
-    nll = F.cross_entropy(
-        logits.flatten(0, 1), targets.flatten(), ignore_index=padding_idx, reduction="none"
-    ).view(targets.shape)
-    if reduction == "none":
-        return nll
-    if reduction == "sum":
-        return nll.sum()
-    if reduction == "mean":
-        return nll.sum() / targets.ne(padding_idx).sum().clamp_min(1)
-    raise ValueError(f"reduction must be sum, mean or none, got {reduction!r}")
-
-
-def tied_output_log_prob(lookup: nn.Module, hidden: Tensor) -> Tensor:
-    """Log-probabilities over the vocabulary from the tied lookup (see :func:`tied_output_nll`).
-
-    Shape:
-        hidden (B, T, embedding_dim) -> (B, T, V) float32
-    """
-    if isinstance(lookup, AdaptiveInputSoftmax):
-        return lookup.log_prob(hidden)
-    return F.linear(hidden, lookup.weight).float().log_softmax(-1)
+def tied_lookup(
+    vocab_size: int,
+    embedding_dim: int,
+    padding_idx: int,
+    adaptive_input: bool,
+    cutoffs: Sequence[int],
+    adaptive_factor: float,
+    adaptive_softmax_dropout: float,
+) -> tuple[nn.Module, float]:
+    """The lookup a :class:`TiedOutputLanguageModel` scores its output with, and the factor on
+    its vectors: the adaptive input / softmax (each band scaled by sqrt(its width) inside, so 1.0)
+    or one ``embedding_dim``-wide table (scaled by sqrt(embedding_dim))."""
+    if adaptive_input:
+        lookup = AdaptiveInputSoftmax(
+            vocab_size,
+            cutoffs,
+            initial_dim=embedding_dim,
+            output_dim=embedding_dim,
+            factor=adaptive_factor,
+            padding_idx=padding_idx,
+            dropout=adaptive_softmax_dropout,
+        )
+        return lookup, 1.0
+    return nn.Embedding(vocab_size, embedding_dim, padding_idx=padding_idx), math.sqrt(embedding_dim)
 
 
 class TiedOutputLanguageModel(nn.Module):
@@ -99,7 +88,20 @@ class TiedOutputLanguageModel(nn.Module):
         Shape:
             tokens (B, T), targets (B, T) int64 -> scalar, or (B, T) for "none"
         """
-        return tied_output_nll(self.lookup, self(tokens), targets, self.padding_idx, reduction)
+        hidden = self(tokens)  # (B, T, embedding_dim)
+        if isinstance(self.lookup, AdaptiveInputSoftmax):
+            return self.lookup.loss(hidden, targets, reduction=reduction)
+        logits = F.linear(hidden, self.lookup.weight).float()  # (B, T, V)
+        nll = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=self.padding_idx, reduction="none"
+        ).view(targets.shape)
+        if reduction == "none":
+            return nll
+        if reduction == "sum":
+            return nll.sum()
+        if reduction == "mean":
+            return nll.sum() / targets.ne(self.padding_idx).sum().clamp_min(1)
+        raise ValueError(f"reduction must be sum, mean or none, got {reduction!r}")
 
     def log_prob(self, tokens: Tensor) -> Tensor:
         """Next-token log-probabilities over the whole vocabulary.
@@ -107,7 +109,10 @@ class TiedOutputLanguageModel(nn.Module):
         Shape:
             tokens (B, T) int64 -> (B, T, V) float32
         """
-        return tied_output_log_prob(self.lookup, self(tokens))
+        hidden = self(tokens)
+        if isinstance(self.lookup, AdaptiveInputSoftmax):
+            return self.lookup.log_prob(hidden)
+        return F.linear(hidden, self.lookup.weight).float().log_softmax(-1)
 
 
 class DeLighTLMEmbedding(nn.Module):
@@ -269,20 +274,10 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
         ffn_dropout = rule if ffn_dropout is None else ffn_dropout
         dextra_dropout = rule if dextra_dropout is None else dextra_dropout
         self.dropout = dropout
-        if adaptive_input:
-            lookup: nn.Module = AdaptiveInputSoftmax(
-                vocab_size,
-                cutoffs,
-                initial_dim=embedding_dim,
-                output_dim=embedding_dim,
-                factor=adaptive_factor,
-                padding_idx=padding_idx,
-                dropout=adaptive_softmax_dropout,
-            )
-            embed_scale = 1.0  # each band is scaled by sqrt(d_i) inside the adaptive input
-        else:
-            lookup = nn.Embedding(vocab_size, embedding_dim, padding_idx=padding_idx)
-            embed_scale = math.sqrt(embedding_dim)
+        lookup, embed_scale = tied_lookup(
+            vocab_size, embedding_dim, padding_idx, adaptive_input, cutoffs, adaptive_factor,
+            adaptive_softmax_dropout,
+        )
         self.embedding = DeLighTLMEmbedding(
             lookup,
             embedding_dim,

@@ -29,7 +29,6 @@ Shape:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.delight import EMBEDDING_DIM, PADDING_IDX, sinusoidal_positions
-from src.models.delight_lm import TiedOutputLanguageModel
+from src.models.delight_lm import TiedOutputLanguageModel, tied_lookup
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 
 
@@ -104,20 +103,10 @@ class TransformerLanguageModel(TiedOutputLanguageModel):
         self.padding_idx = padding_idx
         self.adaptive_input = adaptive_input
         self.dropout = dropout
-        if adaptive_input:
-            self.lookup: nn.Module = AdaptiveInputSoftmax(
-                vocab_size,
-                cutoffs,
-                initial_dim=embedding_dim,
-                output_dim=embedding_dim,
-                factor=adaptive_factor,
-                padding_idx=padding_idx,
-                dropout=adaptive_softmax_dropout,
-            )
-            self.embed_scale = 1.0  # the adaptive input scales each band by sqrt(its width)
-        else:
-            self.lookup = nn.Embedding(vocab_size, embedding_dim, padding_idx=padding_idx)
-            self.embed_scale = math.sqrt(embedding_dim)
+        self.lookup, self.embed_scale = tied_lookup(
+            vocab_size, embedding_dim, padding_idx, adaptive_input, cutoffs, adaptive_factor,
+            adaptive_softmax_dropout,
+        )
         self.project_in = (
             nn.Linear(embedding_dim, d_model, bias=False) if d_model != embedding_dim else None
         )
