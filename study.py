@@ -193,6 +193,7 @@ class RunResult:
     fit_time_s: float
     updates: int
     curve: dict[int, float] = field(default_factory=dict)  # step -> val/loss
+    wall_time_s: float = 0.0  # the whole train.py command: data, training, test
 
     @property
     def val_loss(self) -> float:
@@ -229,6 +230,7 @@ def read_run(run_dir: Path) -> RunResult | None:
         fit_time_s=float(summary.get("fit_time_s", summary["wall_time_s"])),
         updates=int(summary.get("updates", 0)),
         curve=read_curve(run_dir),
+        wall_time_s=float(summary["wall_time_s"]),
     )
 
 
@@ -259,21 +261,28 @@ def subprocess_runner(threads: int) -> Runner:
 class Study:
     """Runs (or reuses) the runs of claims and remembers their results."""
 
-    def __init__(self, out: Path, runner: Runner, jobs: int = 2, extend: int = 2) -> None:
+    def __init__(
+        self, out: Path, runner: Runner, jobs: int = 2, extend: int = 2, verbose: bool = True
+    ) -> None:
         self.out = out
+        self.verbose = verbose
         self.runner = runner
         self.jobs = jobs
         self.extend = extend
+        self.used: dict[str, list[RunKey]] = {}  # claim -> the runs its decisions needed
 
     def result(self, claim: Claim, key: RunKey) -> RunResult | None:
         return read_run(key.run_dir(self.out))
 
     def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
         """Runs those of ``keys`` that have not finished, ``jobs`` at a time."""
-        todo = [k for k in dict.fromkeys(keys) if self.result(claim, k) is None]
+        keys = list(dict.fromkeys(keys))
+        used = self.used.setdefault(claim.name, [])
+        used += [k for k in keys if k not in used]
+        todo = [k for k in keys if self.result(claim, k) is None]
         if not todo:
             return
-        for key in todo:
+        for key in todo if self.verbose else ():
             print(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}", flush=True)
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
             futures = [pool.submit(self.runner, claim, k, k.run_dir(self.out), ()) for k in todo]
@@ -352,6 +361,40 @@ class Study:
             self.ensure(claim, self.seeds(claim, fast, lrs[fast.name], length))
 
 
+class _Missing(LookupError):
+    pass
+
+
+def _refuse(claim: Claim, key: RunKey, run_dir: Path, extra: Sequence[str] = ()) -> None:
+    raise _Missing(f"{claim.name}: {key.model.name} {key.label} has not run")
+
+
+def claim_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey] | None:
+    """The runs that ``python study.py <claim>`` needs from scratch with the claim's grids as
+    configured (its decisions replayed on the finished runs), None while one of them is missing."""
+    replay = Study(out, _refuse, extend=extend, verbose=False)
+    try:
+        replay.run_claim(claim)
+    except _Missing:
+        return None
+    return replay.used.get(claim.name, [])
+
+
+def compute_minutes(out: Path, keys: Iterable[RunKey]) -> tuple[int, float]:
+    """(runs, their summed wall time in minutes): the train.py commands, one thread each;
+    a run that two claims share counts once."""
+    folders = dict.fromkeys(k.run_dir(out) for k in keys)
+    results = [read_run(folder) for folder in folders]
+    return len(folders), sum(r.wall_time_s for r in results if r is not None) / 60
+
+
+def cost_line(runs: int, minutes: float, jobs: int) -> str:
+    return (
+        f"{runs} runs, {minutes:.0f} CPU-thread minutes: about {minutes / jobs:.0f} min "
+        f"at {jobs} runs at a time"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # report
 
@@ -419,8 +462,9 @@ def fmt(mean: float, std: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[str, str]:
-    """The claim's Markdown section and its row of the summary table."""
+def claim_section(claim: Claim, sides: list[Side], plot: str | None, cost: str | None = None) -> tuple[str, str]:
+    """The claim's Markdown section and its row of the summary table; ``cost`` is what the
+    claim's runs take from scratch."""
     metric = claim.metric
     lines = [f"## {claim.title}", "", f"**Claim** ({claim.source}): {claim.statement}", ""]
     lines.append(
@@ -474,6 +518,8 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None) -> tuple[st
             f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.2f} (two standard errors {eq_noise:.2f}): "
             f"{eq_found}."
         )
+    if cost:
+        lines += ["", f"Cost from scratch (`python study.py {claim.name}`): {cost}."]
     if plot:
         lines += ["", f"![{claim.title}: {SELECT_KEY} by update]({plot})"]
     lines.append("")
@@ -528,16 +574,22 @@ def shown(path: Path) -> str:
 
 def report(study: Study, claims: Sequence[Claim], path: Path, command: str) -> str:
     """``docs/claims.md``: the summary table, then one section per claim with finished runs."""
-    sections, rows, pending = [], [], []
+    sections, rows, pending, everything = [], [], [], []
     for claim in claims:
         sides = collect(study, claim)
         if sides is None:
             pending.append(claim)
             continue
+        keys = claim_runs(study.out, claim, study.extend)
+        cost = None
+        if keys is not None:
+            everything += keys
+            cost = cost_line(*compute_minutes(study.out, keys), study.jobs)
         plot = plot_curves(claim, sides, path.parent / f"claims_{claim.name}.png")
-        section, row = claim_section(claim, sides, plot.name)
+        section, row = claim_section(claim, sides, plot.name, cost)
         sections.append(section)
         rows.append(row)
+    total = f" All of it from scratch: {cost_line(*compute_minutes(study.out, everything), study.jobs)}." if everything else ""
     text = [
         "# The papers' claims, tested fairly",
         "",
@@ -546,7 +598,7 @@ def report(study: Study, claims: Sequence[Claim], path: Path, command: str) -> s
         f"chosen on {SELECT_KEY} at seed 1 from a grid of factors of two (grown while the best is at "
         "an edge); the chosen rate runs at three seeds; the faster model runs again at equal training "
         "time. Verdict: the difference of the means against two standard errors of it. Times are "
-        "one PyTorch thread per run, two runs at a time on a 2-core CPU.",
+        "one PyTorch thread per run, two runs at a time on a 2-core CPU." + total,
         "",
         "| claim | statement | ours (mean ± std) | verdict | ms / update (A vs B, CPU) |",
         "|---|---|---|---|---|",

@@ -257,3 +257,24 @@ def test_a_rate_still_at_the_grids_edge_is_flagged(tmp_path: Path) -> None:
     section, _ = study.claim_section(toy, study.collect(experiment, toy), None)
     assert "| 0.008 (grid edge) |" in section
     assert "| 0.002 |" in section
+
+
+def test_the_cost_from_scratch_replays_the_claims_decisions(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    toy = claim()
+    study.Study(tmp_path, runner).run_claim(toy)
+    # a run outside the claim's decisions (an earlier, wider grid) is not counted
+    write_run(RunKey(toy.b, 6.4e-2, 1, 10).run_dir(tmp_path), 9.0, 0.0, 1000.0, 100)
+    keys = study.claim_runs(tmp_path, toy)
+    assert keys is not None
+    ran = {(n, lr, seed, length) for n, lr, seed, length in runner.calls}
+    assert {(k.model.name, k.lr, k.seed, k.length) for k in keys} == ran
+    runs, minutes = study.compute_minutes(tmp_path, keys)
+    # A: 5 grid rates + 2 seeds, 200 s + 5 each; B: 3 rates + 2 seeds at 100 s, 3 at equal time 200 s
+    assert runs == len(ran) == 7 + 5 + 3
+    assert minutes == pytest.approx((7 * 205 + 5 * 105 + 3 * 205) / 60)
+    assert "15 runs" in study.cost_line(runs, minutes, 2)
+    # a missing run: no cost yet, and nothing is run to find it
+    (RunKey(toy.a, 8e-3, 2, 10).run_dir(tmp_path) / "metrics.json").unlink()
+    assert study.claim_runs(tmp_path, toy) is None
+    assert len(runner.calls) == len(ran)
