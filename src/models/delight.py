@@ -413,12 +413,10 @@ class DeLighTEncoderDecoder(nn.Module):
         """
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
         x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask).transpose(0, 1)
-        # like fairseq, the self-attention masks padded keys only when the batch has any
-        self_attn_padding_mask = tgt_padding_mask if tgt_padding_mask.any() else None
+        # as the official decoder, only the causal mask: with right padding a real position never
+        # sees a pad, and pad positions are outside the loss (fairseq's own decoder masks them too)
         for block in self.decoder_blocks:
-            x, _ = block(  # (T, B, d_m)
-                x, encoder_out, src_padding_mask, self_attn_padding_mask=self_attn_padding_mask
-            )
+            x, _ = block(x, encoder_out, src_padding_mask)  # (T, B, d_m)
         return self._output(x)
 
     def decode_step(
