@@ -82,6 +82,7 @@ class Claim:
     models: tuple[ModelSpec, ModelSpec]
     seeds: tuple[int, ...]
     lr_key: str
+    notes: str = ""  # Markdown under the verdict: e.g. what rules out an implementation error
 
     @property
     def a(self) -> ModelSpec:
@@ -134,6 +135,7 @@ def load_claim(path: Path) -> Claim:
         models=(models[0], models[1]),
         seeds=seeds,
         lr_key=conf.get("lr_key", "task.optimizer.lr"),
+        notes=str(conf.get("notes", "")).strip(),
     )
 
 
@@ -518,6 +520,8 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None, cost: str |
             f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.2f} (two standard errors {eq_noise:.2f}): "
             f"{eq_found}."
         )
+    if claim.notes:
+        lines += ["", claim.notes]
     if cost:
         lines += ["", f"Cost from scratch (`python study.py {claim.name}`): {cost}."]
     if plot:

@@ -7,6 +7,7 @@ log); one real ``train.py`` run checks the command line the study builds."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -137,6 +138,9 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert "grid edge" not in section
     assert "| 2000 |" in section and "| 1000 |" in section  # ms per update: A 2 s, B 1 s in the fake
     assert row.startswith("| A vs B |") and "| holds |" in row
+    noted, _ = study.claim_section(dataclasses.replace(toy, notes="**Checked.** Parity."), sides, None)
+    assert "**Checked.** Parity." in noted
+    assert "**Checked.** Parity." not in section
 
 
 @pytest.mark.parametrize(
