@@ -36,11 +36,13 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -268,6 +270,8 @@ class Study:
     ) -> None:
         self.out = out
         self.verbose = verbose
+        # the runs of both models' chains share the slots: at most ``jobs`` at a time in all
+        self.slots = threading.Semaphore(jobs)
         self.runner = runner
         self.jobs = jobs
         self.extend = extend
@@ -275,6 +279,12 @@ class Study:
 
     def result(self, claim: Claim, key: RunKey) -> RunResult | None:
         return read_run(key.run_dir(self.out))
+
+    def _run(self, claim: Claim, key: RunKey) -> None:
+        with self.slots:
+            if self.verbose:
+                print(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}", flush=True)
+            self.runner(claim, key, key.run_dir(self.out), ())
 
     def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
         """Runs those of ``keys`` that have not finished, ``jobs`` at a time."""
@@ -284,10 +294,8 @@ class Study:
         todo = [k for k in keys if self.result(claim, k) is None]
         if not todo:
             return
-        for key in todo if self.verbose else ():
-            print(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}", flush=True)
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            futures = [pool.submit(self.runner, claim, k, k.run_dir(self.out), ()) for k in todo]
+            futures = [pool.submit(self._run, claim, k) for k in todo]
             for future in futures:
                 future.result()
         missing = [k.label for k in todo if self.result(claim, k) is None]
@@ -301,27 +309,31 @@ class Study:
         results = {lr: self.result(claim, RunKey(model, lr, FIRST_SEED, model.length)) for lr in lrs}
         return min(lrs, key=lambda lr: results[lr].val_loss if results[lr] else math.inf)
 
-    def tune(self, claim: Claim) -> dict[str, list[float]]:
-        """Each model's grid at seed 1, grown while its best value is at an edge: the grids."""
-        grids = {m.name: list(m.lrs) for m in claim.models}
-        self.ensure(claim, [k for m in claim.models for k in self.grid(claim, m, grids[m.name])])
+    def tune_model(self, claim: Claim, model: ModelSpec) -> list[float]:
+        """The model's grid at seed 1, grown while its best value is at an edge."""
+        lrs = sorted(model.lrs)
+        self.ensure(claim, self.grid(claim, model, lrs))
         for _ in range(self.extend):
-            grown = []
-            for model in claim.models:
-                lrs = sorted(grids[model.name])
-                best = self.chosen_lr(claim, model, lrs)
-                if best == lrs[0]:
-                    lrs.insert(0, lrs[0] / 2)
-                elif best == lrs[-1]:
-                    lrs.append(lrs[-1] * 2)
-                else:
-                    continue
-                grids[model.name] = lrs
-                grown += self.grid(claim, model, lrs)
-            if not grown:
+            best = self.chosen_lr(claim, model, lrs)
+            if best == lrs[0]:
+                lrs.insert(0, lrs[0] / 2)
+            elif best == lrs[-1]:
+                lrs.append(lrs[-1] * 2)
+            else:
                 break
-            self.ensure(claim, grown)
-        return grids
+            self.ensure(claim, self.grid(claim, model, lrs))
+        return lrs
+
+    def each_model(self, claim: Claim, work: Callable[[Claim, ModelSpec], Any]) -> dict[str, Any]:
+        """``work`` for both models at once, so that one model's grid extension runs beside the
+        other's seeds instead of leaving a core idle."""
+        with ThreadPoolExecutor(max_workers=len(claim.models)) as chains:
+            found = list(chains.map(lambda model: work(claim, model), claim.models))
+        return {model.name: value for model, value in zip(claim.models, found)}
+
+    def tune(self, claim: Claim) -> dict[str, list[float]]:
+        """Each model's grid: the rates tried at seed 1."""
+        return self.each_model(claim, self.tune_model)
 
     def seeds(self, claim: Claim, model: ModelSpec, lr: float, length: int | None = None) -> list[RunKey]:
         return [RunKey(model, lr, seed, length or model.length) for seed in claim.seeds]
@@ -352,11 +364,15 @@ class Study:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("the data is prepared\n")
 
+    def tune_and_seed(self, claim: Claim, model: ModelSpec) -> float:
+        """The chosen rate, after its runs at every seed."""
+        lr = self.chosen_lr(claim, model, self.tune_model(claim, model))
+        self.ensure(claim, self.seeds(claim, model, lr))
+        return lr
+
     def run_claim(self, claim: Claim) -> None:
         self.prepare(claim)
-        grids = self.tune(claim)
-        lrs = {m.name: self.chosen_lr(claim, m, grids[m.name]) for m in claim.models}
-        self.ensure(claim, [k for m in claim.models for k in self.seeds(claim, m, lrs[m.name])])
+        lrs = self.each_model(claim, self.tune_and_seed)
         equal = self.equal_time_length(claim, lrs)
         if equal is not None:
             fast, length = equal

@@ -282,3 +282,27 @@ def test_the_cost_from_scratch_replays_the_claims_decisions(tmp_path: Path) -> N
     (RunKey(toy.a, 8e-3, 2, 10).run_dir(tmp_path) / "metrics.json").unlink()
     assert study.claim_runs(tmp_path, toy) is None
     assert len(runner.calls) == len(ran)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> None:
+    """A's grid extensions run beside B's seeds, never more than ``jobs`` runs at once."""
+    import threading
+    import time
+
+    fake = FakeRunner()
+    lock, active, most = threading.Lock(), [0], [0]
+
+    def runner(claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.01)
+        fake(claim, key, run_dir, extra)
+        with lock:
+            active[0] -= 1
+
+    Study(tmp_path, runner, jobs=jobs).run_claim(claim())
+    assert most[0] == jobs
+    # A: 5 rates + 2 seeds; B: 3 rates + 2 seeds + 3 at equal time, each once
+    assert len(fake.calls) == len(set(fake.calls)) == 15
