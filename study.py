@@ -282,8 +282,9 @@ class Study:
 
     def _run(self, claim: Claim, key: RunKey) -> None:
         with self.slots:
-            if self.verbose:
-                print(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}", flush=True)
+            if self.verbose:  # one write per line: the two chains print at once
+                sys.stdout.write(f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}\n")
+                sys.stdout.flush()
             self.runner(claim, key, key.run_dir(self.out), ())
 
     def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
