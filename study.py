@@ -477,7 +477,13 @@ def collect(study: Study, claim: Claim) -> list[Side] | None:
     return sides
 
 
-def fmt(mean: float, std: float, digits: int = 2) -> str:
+def digits_for(value: float) -> int:
+    """Decimals that show a metric's differences: 3 below 10 (bpc, accuracy), else 2 (BLEU, ppl)."""
+    return 3 if abs(value) < 10 else 2
+
+
+def fmt(mean: float, std: float, digits: int | None = None) -> str:
+    digits = digits_for(mean) if digits is None else digits
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
@@ -513,6 +519,7 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None, cost: str |
                 f"{side.lr:g}{edge} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | {fit:,.0f} s | {per:.0f} |"
             )
     a, b = sides
+    d = digits_for(statistics.mean(r.metrics[metric] for r in a.runs))
     found, diff, noise = verdict(claim, [r.metrics[metric] for r in a.runs], [r.metrics[metric] for r in b.runs])
     # the differences as measured (verdict() turns them to the "better" direction)
     sign, better = (1, "higher is better") if claim.higher_is_better else (-1, "lower is better")
@@ -520,8 +527,8 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None, cost: str |
     lines += [
         "",
         (
-            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {sign * diff:+.2f} {metric}, {better} "
-            f"(two standard errors: {noise:.2f}); parameters {params:+.1%}."
+            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {sign * diff:+.{d}f} {metric}, {better} "
+            f"(two standard errors: {noise:.{d}f}); parameters {params:+.1%}."
         ),
     ]
     faster = next((s for s in sides if s.equal_time), None)
@@ -534,7 +541,7 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None, cost: str |
         )
         lines.append(
             f"At equal training time ({faster.model.name} given {other.model.name}'s): "
-            f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.2f} (two standard errors {eq_noise:.2f}): "
+            f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.{d}f} (two standard errors {eq_noise:.{d}f}): "
             f"{eq_found}."
         )
     if claim.notes:

@@ -132,6 +132,8 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     # A - B = 2.0 with a std of 0.1 each: far beyond two standard errors (0.16)
     assert "**Verdict: holds.** A − B = +2.00 test/score, higher is better (two standard errors: 0.16)" in section
     assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
+    # small metrics (bpc, accuracy) keep a third decimal: their differences are hundredths
+    assert study.fmt(1.6789, 0.0123) == "1.679 ± 0.012" and study.fmt(87.704, 1.13) == "87.70 ± 1.13"
     # B at equal time scores 0.1 more (10 more epochs x 0.01): A - B = +1.90
     assert "A − B = +1.90 (two standard errors 0.16): holds." in section
     assert "| 0.008 |" in section and "| 0.002 |" in section  # both inside their grids
