@@ -562,6 +562,16 @@ def claim_section(claim: Claim, sides: list[Side], plot: str | None, cost: str |
     return "\n".join(lines), row
 
 
+def mean_curve(runs: Sequence[RunResult]) -> tuple[list[float], list[tuple[float, float]]]:
+    """The seeds' validation curves averaged point by point: (mean update, (mean, std)) of the
+    k-th validation of every seed, whose update counts can differ (variable BPTT windows give
+    each seed its own number of updates per epoch)."""
+    curves = [sorted(r.curve.items()) for r in runs]
+    count = min((len(c) for c in curves), default=0)
+    steps = [statistics.mean(c[k][0] for c in curves) for k in range(count)]
+    return steps, [mean_std([c[k][1] for c in curves]) for k in range(count)]
+
+
 def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:
     """Validation loss by update, mean over the seeds with a ± one standard deviation band."""
     import matplotlib
@@ -571,18 +581,21 @@ def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     for side in sides:
-        for name, runs in ((side.model.name, side.runs), (f"{side.model.name} (equal time)", side.equal_time)):
+        for name, runs, style in (
+            (side.model.name, side.runs, "-"),
+            # dashed: it follows the shorter run's curve until that one ends
+            (f"{side.model.name} (equal time)", side.equal_time, "--"),
+        ):
             if not runs:
                 continue
-            steps = sorted(set.intersection(*(set(r.curve) for r in runs)))
+            steps, stats = mean_curve(runs)
             if not steps:
                 continue
-            stats = [mean_std([r.curve[s] for r in runs]) for s in steps]
-            axes.plot(steps, [m for m, _ in stats], marker=".", label=name)
+            axes.plot(steps, [m for m, _ in stats], style, marker=".", label=name)
             axes.fill_between(steps, [m - s for m, s in stats], [m + s for m, s in stats], alpha=0.2)
     axes.set_xlabel("update")
     axes.set_ylabel(SELECT_KEY)
-    axes.set_title(f"{claim.title}: mean ± std over {len(claim.seeds)} seeds")
+    axes.set_title(f"{claim.title}\nmean ± std over {len(claim.seeds)} seeds", fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()

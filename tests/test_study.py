@@ -308,3 +308,15 @@ def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> N
     assert most[0] == jobs
     # A: 5 rates + 2 seeds; B: 3 rates + 2 seeds + 3 at equal time, each once
     assert len(fake.calls) == len(set(fake.calls)) == 15
+
+
+def test_seeds_curves_average_by_validation_index() -> None:
+    """Seeds with different update counts (AWD's variable windows) still give one curve."""
+    runs = [
+        study.RunResult({}, 1, 1.0, 100, curve={50: 3.0, 100: 2.0}),
+        study.RunResult({}, 1, 1.0, 104, curve={52: 3.2, 104: 2.2, 150: 1.0}),
+    ]
+    steps, stats = study.mean_curve(runs)
+    assert steps == [51, 102]
+    assert [m for m, _ in stats] == pytest.approx([3.1, 2.1])
+    assert stats[0][1] == pytest.approx(0.1414, abs=1e-4)
