@@ -3,6 +3,7 @@
     python study.py                    # every claim of conf/study/, then docs/claims.md
     python study.py delight_mt pru_lm  # some of them
     python study.py --report           # only re-write docs/claims.md from the runs there are
+    python study.py pru_lm --multirun  # print the Hydra multirun commands of the runs due next
 
 Each claim (``conf/study/<name>.yaml``) names two models, each a list of ``train.py`` overrides
 (its experiment: its own recipe, sized to within 1% of the other's parameters). For each model:
@@ -23,6 +24,10 @@ The report (``docs/claims.md`` and one curve plot per claim) gives per model the
 grid, test metric mean ± std over the seeds, validation loss, updates, training time and time per
 update, and a verdict: **holds**, **does not hold** or **within noise** (the difference of the
 means within two standard errors of the difference).
+
+On a cluster, ``--multirun`` prints instead the ``python train.py -m`` commands of the runs that the
+claim's next decision waits for (the grid, then the seeds, then the equal-time runs), writing into
+the same folders; add a launcher (``hydra/launcher=submitit_slurm``), run them, and ask again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -371,8 +377,9 @@ class Study:
         self.ensure(claim, self.seeds(claim, model, lr))
         return lr
 
-    def run_claim(self, claim: Claim) -> None:
-        self.prepare(claim)
+    def run_claim(self, claim: Claim, prepare: bool = True) -> None:
+        if prepare:
+            self.prepare(claim)
         lrs = self.each_model(claim, self.tune_and_seed)
         equal = self.equal_time_length(claim, lrs)
         if equal is not None:
@@ -393,10 +400,58 @@ def claim_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey] | None:
     configured (its decisions replayed on the finished runs), None while one of them is missing."""
     replay = Study(out, _refuse, extend=extend, verbose=False)
     try:
-        replay.run_claim(claim)
+        replay.run_claim(claim, prepare=False)
     except _Missing:
         return None
     return replay.used.get(claim.name, [])
+
+
+def due_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey]:
+    """The unfinished runs that the claim's next decisions wait for; [] when it is complete."""
+    due: list[RunKey] = []
+
+    def record(claim: Claim, key: RunKey, run_dir: Path, extra: Sequence[str] = ()) -> None:
+        due.append(key)
+        raise _Missing(key.label)
+
+    try:
+        Study(out, record, extend=extend, verbose=False).run_claim(claim, prepare=False)
+    except _Missing:
+        pass
+    return list(dict.fromkeys(due))
+
+
+def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[str]:
+    """``python train.py -m`` commands that run ``keys`` into the folders the study reads: one
+    per model, length and seed, sweeping the rates (or per rate, sweeping the seeds)."""
+    groups: dict[tuple[ModelSpec, int], list[RunKey]] = {}
+    for key in keys:
+        groups.setdefault((key.model, key.length), []).append(key)
+    commands = []
+    for model in dict.fromkeys(k.model for k in keys):
+        if not (model.folder(out) / "prepared").is_file():
+            # the data caches are written once, before runs go in parallel
+            args = ["python", "train.py", *model.overrides, "trainer.fast_dev_run=true", "test=false",
+                    f"hydra.run.dir={shown(model.folder(out) / 'prepare')}"]  # fmt: skip
+            commands.append(" ".join(shlex.quote(a) for a in args))
+    for (model, length), group in groups.items():
+        by_lr = len({k.lr for k in group}) == 1
+        sweeps: dict[object, list[RunKey]] = {}
+        for key in group:
+            sweeps.setdefault(key.lr if by_lr else key.seed, []).append(key)
+        for runs in sweeps.values():
+            lrs = ",".join(dict.fromkeys(f"{k.lr:g}" for k in runs))
+            seeds = ",".join(dict.fromkeys(str(k.seed) for k in runs))
+            # the sub-folder names RunKey.label gives: lr<lr>_s<seed>[_<length>]
+            subdir = f"lr${{{claim.lr_key}}}_s${{seed}}" + ("" if length == model.length else f"_{length}")
+            args = [
+                "python", "train.py", "-m", *model.overrides,
+                f"{claim.lr_key}={lrs}", f"seed={seeds}", f"{model.length_key}={length}",
+                f"task_name=study_{model.folder(Path()).name}",
+                f"hydra.sweep.dir={shown(model.folder(out))}", f"hydra.sweep.subdir={subdir}",
+            ]  # fmt: skip
+            commands.append(" ".join(shlex.quote(a) for a in args))
+    return commands
 
 
 def compute_minutes(out: Path, keys: Iterable[RunKey]) -> tuple[int, float]:
@@ -665,10 +720,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="PyTorch threads per run")
     parser.add_argument("--extend", type=int, default=2, help="grid extensions at most")
     parser.add_argument("--report", action="store_true", help="only write the report")
+    parser.add_argument(
+        "--multirun", action="store_true", help="print the Hydra multirun commands of the runs due next"
+    )
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "claims.md")
     args = parser.parse_args(argv)
     claims = load_claims(args.claims)
     study = Study(args.out, subprocess_runner(args.threads), jobs=args.jobs, extend=args.extend)
+    if args.multirun:
+        for claim in claims:
+            due = due_runs(args.out, claim, args.extend)
+            print(f"# {claim.name}: " + (f"{len(due)} runs due" if due else "complete (python study.py --report)"))
+            for command in multirun_commands(args.out, claim, due):
+                print(command)
+        return
     if not args.report:
         for claim in claims:
             start = time.perf_counter()

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -320,3 +321,44 @@ def test_seeds_curves_average_by_validation_index() -> None:
     assert steps == [51, 102]
     assert [m for m, _ in stats] == pytest.approx([3.1, 2.1])
     assert stats[0][1] == pytest.approx(0.1414, abs=1e-4)
+
+
+def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp_path: Path) -> None:
+    """--multirun: the grid first, then the seeds; a real multirun lands in the study's folders."""
+    model = ModelSpec(
+        "charlm",
+        (
+            "experiment=charlm_demo",
+            "trainer.val_check_interval=4",
+            "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2",
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.d_inner=64",
+            "logger=csv",
+        ),
+        (1e-3, 2e-3, 4e-3),
+        "trainer.max_steps",
+        8,
+    )
+    other = dataclasses.replace(model, name="other", overrides=(*model.overrides, "model.n_head=2"))
+    toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, other), (1, 2, 3), "task.optimizer.lr")
+    due = study.due_runs(tmp_path, toy)
+    assert sorted((k.model.name, k.lr, k.seed) for k in due) == sorted(
+        (m, lr, 1) for m in ("charlm", "other") for lr in (1e-3, 2e-3, 4e-3)
+    )
+    commands = study.multirun_commands(tmp_path, toy, due)
+    # two data preparations, then one sweep over the three rates per model
+    assert len(commands) == 4 and all("fast_dev_run=true" in c for c in commands[:2])
+    sweep = commands[2]
+    assert "task.optimizer.lr=0.001,0.002,0.004 seed=1 trainer.max_steps=8" in sweep
+    assert "'hydra.sweep.subdir=lr${task.optimizer.lr}_s${seed}'" in sweep
+    # run the first model's sweep for two of the rates: they land where the study looks
+    args = shlex.split(sweep.replace("0.001,0.002,0.004", "0.001,0.002"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=env, check=True, capture_output=True)
+    for lr in (1e-3, 2e-3):
+        result = study.read_run(RunKey(model, lr, 1, 8).run_dir(tmp_path))
+        assert result is not None and result.updates == 8
+    left = study.due_runs(tmp_path, toy)
+    assert sorted((k.model.name, k.lr) for k in left) == [("charlm", 4e-3)] + [("other", lr) for lr in (1e-3, 2e-3, 4e-3)]
