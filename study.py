@@ -635,7 +635,8 @@ def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
-    for side in sides:
+    for number, side in enumerate(sides):
+        color = f"C{number}"  # a model's curves share its colour
         for name, runs, style in (
             (side.model.name, side.runs, "-"),
             # dashed: it follows the shorter run's curve until that one ends
@@ -646,8 +647,10 @@ def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:
             steps, stats = mean_curve(runs)
             if not steps:
                 continue
-            axes.plot(steps, [m for m, _ in stats], style, marker=".", label=name)
-            axes.fill_between(steps, [m - s for m, s in stats], [m + s for m, s in stats], alpha=0.2)
+            axes.plot(steps, [m for m, _ in stats], style, color=color, marker=".", label=name)
+            axes.fill_between(
+                steps, [m - s for m, s in stats], [m + s for m, s in stats], color=color, alpha=0.2
+            )
     axes.set_xlabel("update")
     axes.set_ylabel(SELECT_KEY)
     axes.set_title(f"{claim.title}\nmean ± std over {len(claim.seeds)} seeds", fontsize=10)
