@@ -62,6 +62,26 @@ def write_run(run_dir: Path, val_loss: float, score: float, fit_time: float, upd
     (run_dir / "metrics.json").write_text(json.dumps(summary))
 
 
+def tiny_charlm() -> ModelSpec:
+    """A one-layer character LM of 8 updates, validated at steps 4 and 8: real runs in seconds."""
+    return ModelSpec(
+        "charlm",
+        (
+            "experiment=charlm_demo",
+            "trainer.val_check_interval=4",
+            "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2",
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.d_inner=64",
+            "logger=csv",
+        ),
+        (1e-3, 2e-3, 4e-3),
+        "trainer.max_steps",
+        8,
+    )
+
+
 class FakeRunner:
     """Model A's validation loss is lowest at lr 8e-3 (beyond its first grid), B's at 2e-3; A
     scores 2 points higher; A takes twice B's time per update."""
@@ -189,22 +209,7 @@ def test_a_bad_claim_is_named(tmp_path: Path) -> None:
 
 def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
     """The study's train.py command runs and its metrics.json has what the report reads."""
-    model = ModelSpec(
-        "charlm",
-        (
-            "experiment=charlm_demo",
-            "trainer.val_check_interval=4",
-            "trainer.limit_val_batches=2",
-            "trainer.limit_test_batches=2",
-            "model.n_layer=1",
-            "model.d_model=32",
-            "model.d_inner=64",
-            "logger=csv",
-        ),
-        (1e-3, 2e-3, 4e-3),
-        "trainer.max_steps",
-        8,
-    )
+    model = tiny_charlm()
     toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, model), (1, 2, 3), "task.optimizer.lr")
     key = RunKey(model, 2e-3, 1, 8)
     run_dir = key.run_dir(tmp_path)
@@ -325,22 +330,7 @@ def test_seeds_curves_average_by_validation_index() -> None:
 
 def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp_path: Path) -> None:
     """--multirun: the grid first, then the seeds; a real multirun lands in the study's folders."""
-    model = ModelSpec(
-        "charlm",
-        (
-            "experiment=charlm_demo",
-            "trainer.val_check_interval=4",
-            "trainer.limit_val_batches=2",
-            "trainer.limit_test_batches=2",
-            "model.n_layer=1",
-            "model.d_model=32",
-            "model.d_inner=64",
-            "logger=csv",
-        ),
-        (1e-3, 2e-3, 4e-3),
-        "trainer.max_steps",
-        8,
-    )
+    model = tiny_charlm()
     other = dataclasses.replace(model, name="other", overrides=(*model.overrides, "model.n_head=2"))
     toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, other), (1, 2, 3), "task.optimizer.lr")
     due = study.due_runs(tmp_path, toy)
