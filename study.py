@@ -391,34 +391,33 @@ class _Missing(LookupError):
     pass
 
 
-def _refuse(claim: Claim, key: RunKey, run_dir: Path, extra: Sequence[str] = ()) -> None:
-    raise _Missing(f"{claim.name}: {key.model.name} {key.label} has not run")
-
-
-def claim_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey] | None:
-    """The runs that ``python study.py <claim>`` needs from scratch with the claim's grids as
-    configured (its decisions replayed on the finished runs), None while one of them is missing."""
-    replay = Study(out, _refuse, extend=extend, verbose=False)
-    try:
-        replay.run_claim(claim, prepare=False)
-    except _Missing:
-        return None
-    return replay.used.get(claim.name, [])
-
-
-def due_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey]:
-    """The unfinished runs that the claim's next decisions wait for; [] when it is complete."""
+def replay(out: Path, claim: Claim, extend: int = 2) -> tuple[list[RunKey], list[RunKey]]:
+    """The claim's decisions replayed on its finished runs, running nothing: (the runs they
+    used, the unfinished runs the next decisions wait for, [] when the claim is complete)."""
     due: list[RunKey] = []
 
     def record(claim: Claim, key: RunKey, run_dir: Path, extra: Sequence[str] = ()) -> None:
         due.append(key)
         raise _Missing(key.label)
 
+    study = Study(out, record, extend=extend, verbose=False)
     try:
-        Study(out, record, extend=extend, verbose=False).run_claim(claim, prepare=False)
+        study.run_claim(claim, prepare=False)
     except _Missing:
         pass
-    return list(dict.fromkeys(due))
+    return study.used.get(claim.name, []), list(dict.fromkeys(due))
+
+
+def claim_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey] | None:
+    """The runs that ``python study.py <claim>`` needs from scratch with the claim's grids as
+    configured, None while one of them is missing."""
+    used, due = replay(out, claim, extend)
+    return None if due else used
+
+
+def due_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey]:
+    """The unfinished runs that the claim's next decisions wait for; [] when it is complete."""
+    return replay(out, claim, extend)[1]
 
 
 def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[str]:
