@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -335,8 +335,11 @@ class Study:
         """``work`` for both models at once, so that one model's grid extension runs beside the
         other's seeds instead of leaving a core idle."""
         with ThreadPoolExecutor(max_workers=len(claim.models)) as chains:
-            found = list(chains.map(lambda model: work(claim, model), claim.models))
-        return {model.name: value for model, value in zip(claim.models, found)}
+            futures = [chains.submit(work, claim, model) for model in claim.models]
+            # every chain goes as far as it can before a failure is raised: ``map`` would cancel
+            # a chain not yet started when the other fails first (a replay's missing run)
+            wait(futures)
+        return {model.name: future.result() for model, future in zip(claim.models, futures)}
 
     def tune(self, claim: Claim) -> dict[str, list[float]]:
         """Each model's grid: the rates tried at seed 1."""

@@ -316,6 +316,25 @@ def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> N
     assert len(fake.calls) == len(set(fake.calls)) == 15
 
 
+def test_one_chains_failure_lets_the_other_chain_finish(tmp_path: Path) -> None:
+    """A replay stops a chain at its first missing run; the other chain must still be replayed
+    (not cancelled before it starts), so the runs due are both models' on any machine."""
+    import time
+
+    done = []
+
+    def work(claim: Claim, model: ModelSpec) -> str:
+        if model.name == "A":
+            raise LookupError("A's run is missing")
+        time.sleep(0.05)
+        done.append(model.name)
+        return model.name
+
+    with pytest.raises(LookupError, match="A's run"):
+        Study(tmp_path, FakeRunner()).each_model(claim(), work)
+    assert done == ["B"]
+
+
 def test_seeds_curves_average_by_validation_index() -> None:
     """Seeds with different update counts (AWD's variable windows) still give one curve."""
     runs = [
