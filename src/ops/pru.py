@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.group_linear import GroupLinear
+from src.ops.pru_recurrence import pru_recurrence
 from src.ops.pyramidal import GATES, PyramidalTransform
+from src.ops.triton import check_impl
 
 
 def lstm_update(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,6 +122,8 @@ class PRUCell(nn.Module):
         bias: learn the biases of both transforms.
         split: the pyramid's output split, ``"official"`` or ``"paper"``.
         residual: the pyramid's residual; None (official) when N == M.
+        impl: the recurrence's path over a sequence (:func:`src.ops.pru_recurrence.pru_recurrence`):
+            "auto", "reference" or "triton".
 
     Shape:
         x (B, N) or (N,); hx = (h, c) each (B, M) or (M,), zeros when omitted -> (h, c) each (B, M)
@@ -137,10 +141,12 @@ class PRUCell(nn.Module):
         bias: bool = True,
         split: str = "official",
         residual: bool | None = None,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         self.input_size = input_size
         self.hidden_size = hidden_size
+        self.impl = check_impl(impl)
         self.pyramid = PyramidalTransform(
             input_size,
             hidden_size,
@@ -168,26 +174,18 @@ class PRUCell(nn.Module):
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """All steps of a time-major sequence.
 
-        The pyramidal transformation does not depend on h, so it runs once over all steps; the loop
-        only computes the context GLT and the cell equations. The GLT output is added in its
-        group-major memory layout through a strided view, so no step copies it.
+        The pyramidal transformation does not depend on h, so it runs once over all steps, as one
+        large product; the steps' context GLTs and cell equations are
+        :func:`src.ops.pru_recurrence.pru_recurrence` (one C++ call each way on the CPU).
 
         Shape:
             x (T, B, N), hx = (h_0, c_0) each (B, M) -> output (T, B, M), (h_T, c_T) each (B, M)
         """
-        batch = x.shape[1]
-        groups, width = self.context.groups, self.hidden_size // self.context.groups
-        # (T, B, 4, M) -> (T, B, 4, g, M/g), matching GroupedContextTransform.gate_view
-        inputs = self.pyramid(x).unflatten(-1, (groups, width))
-        h, c = hx
-        outputs = []
-        # one unbind, not an index per step: each index's backward would write a zero-filled
-        # gradient of all T steps (quadratic in T; 60% of a PTB-sized step)
-        for step in inputs.unbind(0):
-            gates = step + self.context.gate_view(h)  # (B, 4, g, M/g), contiguous
-            h, c = lstm_update(gates.view(batch, GATES, self.hidden_size), c)
-            outputs.append(h)
-        return torch.stack(outputs), (h, c)
+        # (T, B, N) -> (T, B, 4, M)
+        inputs = self.pyramid(x)
+        glt = self.context.glt
+        output, h, c = pru_recurrence(inputs, glt.weight, glt.bias, *hx, impl=self.impl)
+        return output, (h, c)
 
     def extra_repr(self) -> str:
         return f"input_size={self.input_size}, hidden_size={self.hidden_size}"
@@ -213,6 +211,7 @@ class PRU(nn.Module):
         dropout: probability of dropping the outputs of each layer but the last.
         split: the pyramids' output split, ``"official"`` or ``"paper"``.
         residual: the pyramids' residual; None (official) where N == M.
+        impl: each layer's recurrence path (:class:`PRUCell`).
 
     Shape:
         x (T, B, N) (or (B, T, N) when ``batch_first``, or unbatched (T, N)); hx = (h_0, c_0) each
@@ -234,6 +233,7 @@ class PRU(nn.Module):
         dropout: float = 0.0,
         split: str = "official",
         residual: bool | None = None,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         if num_layers < 1:
@@ -255,6 +255,7 @@ class PRU(nn.Module):
                 bias=bias,
                 split=split,
                 residual=residual,
+                impl=impl,
             )
             for layer in range(num_layers)
         )

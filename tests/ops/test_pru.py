@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from src.ops.pru import PRU, GroupedContextTransform, PRUCell
-from tests.helpers import autograd_node_names
+from tests.helpers import autograd_node_names, require_cpu_kernels
 from tests.parity.reference import reference_dir
 
 PARAMS_JSON = reference_dir() / "pru" / "params.json"
@@ -62,11 +62,18 @@ def test_cell_and_layer_agree() -> None:
 def test_layer_gathers_the_step_gradients_once() -> None:
     """The pyramid output's per-step gradients are gathered by one node over all T steps: an index
     per step would each write a zero-filled gradient of all T steps (quadratic in T)."""
-    layer = PRU(6, 8, groups=2)
+    layer = PRU(6, 8, groups=2, impl="reference")
     out, _ = layer(torch.randn(5, 3, 6, requires_grad=True))
     kinds = autograd_node_names(out)
     assert "SelectBackward0" not in kinds
     assert kinds.count("UnbindBackward0") == 5 + 1  # each step's gate split, and the steps
+
+
+def test_layer_runs_the_recurrence_in_one_node_on_the_cpu() -> None:
+    require_cpu_kernels()
+    out, _ = PRU(6, 8, groups=2)(torch.randn(5, 3, 6, requires_grad=True))
+    kinds = autograd_node_names(out)
+    assert kinds.count("PRURecurrenceCpuBackward") == 1 and "UnbindBackward0" not in kinds
 
 
 def test_layer_shapes_and_state() -> None:

@@ -61,6 +61,7 @@ SOURCES = (
     HERE / "local_fusion_convolution.cpp",
     HERE / "dim_conv.cpp",
     HERE / "depthwise_conv.cpp",
+    HERE / "pru_recurrence.cpp",
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"

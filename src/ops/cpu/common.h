@@ -7,6 +7,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -56,6 +57,28 @@ void dispatch_float(at::ScalarType dtype, Fn&& fn) {
     default:
       fn(c10::Half{});
   }
+}
+
+// exp(x) for x <= 0 (a score minus its row's maximum; -|x| in a sigmoid), branch-free so that
+// loops over it vectorise: Cephes' single-precision range reduction and polynomial (about 1 ulp).
+// Below -87.3 (where exp is below float32's normal range) it gives 0, as for -inf; NaN stays NaN.
+__attribute__((always_inline)) inline float exp_nonpositive(float x) {
+  const float clamped = std::max(x, -87.3f);  // NaN passes (std::max keeps its first operand)
+  float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  n = n == n ? n : 0.f;  // an integer for the exponent bits, even for NaN
+  float r = clamped - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.3f ? 0.f : y * two_n;
 }
 
 // acc[c] += a[c] b[c], c < n, in float32: the loops along the channels of the convolution kernels.

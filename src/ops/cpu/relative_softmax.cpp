@@ -48,6 +48,7 @@ namespace {
 
 using lightnets::check_dense;
 using lightnets::dtype_name;
+using lightnets::exp_nonpositive;
 using lightnets::load;
 using lightnets::store;
 
@@ -59,28 +60,6 @@ inline float narrow(float v) {
   T t;
   store(&t, 0, v);
   return load(&t, 0);
-}
-
-// exp(x) for x <= 0 (a score minus its row's maximum), branch-free so that the loop vectorises:
-// Cephes' single-precision range reduction and polynomial (about 1 ulp). Below -87.3 (where
-// exp is below float32's normal range) it gives 0, as for -inf; NaN stays NaN.
-inline float exp_nonpositive(float x) {
-  const float clamped = std::max(x, -87.3f);  // NaN passes (std::max keeps its first operand)
-  float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
-  n = n == n ? n : 0.f;  // an integer for the exponent bits, even for NaN
-  float r = clamped - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return x < -87.3f ? 0.f : y * two_n;
 }
 
 // v where the mask byte is 0, else fill, in integer operations: written as a select on a bool,

@@ -1,0 +1,224 @@
+"""The PRU's recurrence over a whole sequence: the grouped context product and the cell equations
+of every step, given the pyramid's output for all steps.
+
+The pyramidal transformation of the inputs has no time dependence, so :class:`src.ops.pru.PRUCell`
+runs it once, as one large GEMM over all T·B rows. What is left per step is sequential:
+
+    a_t = P_t + GLT(h_{t-1})                    (B, 4, M), gates (f, g, i, o)
+    c_t = sigmoid(a_f) * c_{t-1} + sigmoid(a_i) * tanh(a_g)
+    h_t = sigmoid(a_o) * tanh(c_t)
+
+where the GLT cuts h into g chunks of w = M / g and chunk j gives the 4w outputs
+``h_j @ W_j + b_j``, gate q's block being columns ``q w .. (q + 1) w`` (see
+:class:`src.ops.pru.GroupedContextTransform`).
+
+Eagerly each step is a batched product and about fifteen element-wise ATen calls, each recorded by
+autograd, and its backward as many again: at PTB sizes two thirds of a step is per-call cost. The
+paths here:
+
+- :func:`pru_recurrence_reference`: that loop in PyTorch, the oracle of the others;
+- on the CPU, ``lightnets_cpu::pru_recurrence_forward`` / ``_backward``
+  (``src/ops/cpu/pru_recurrence.cpp``): one call each way over the whole sequence. Per step, one
+  grouped product (``at::bmm`` into a preallocated buffer) and one vectorised pass of the cell
+  equations; backward through time in the same call, keeping only the activated gates and the
+  cells; the weight and bias gradients as one product over all T·B rows after the loop;
+- on CUDA, the Triton cell kernels between cuBLAS products (:mod:`src.ops.triton.pru_recurrence`).
+
+Every path is deterministic, and its gradients do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from src.ops.cpu import cpu_kernels_loaded, cpu_path_mode, dispatch_mode_active
+from src.ops.triton import use_triton
+
+GATES = 4  # f, g, i, o
+
+
+def check_recurrence_operands(
+    inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
+) -> tuple[int, int, int, int, int]:
+    """(T, B, M, g, w) of the operands, after checking that their shapes agree."""
+    if inputs.dim() != 4 or inputs.shape[2] != GATES:
+        raise ValueError(f"inputs must be (T, B, 4, M), got shape {tuple(inputs.shape)}")
+    steps, batch, _, hidden = inputs.shape
+    if weight.dim() != 3 or weight.shape[0] * weight.shape[1] != hidden:
+        raise ValueError(
+            f"weight must be (g, M/g, 4M/g) with M = {hidden}, got shape {tuple(weight.shape)}"
+        )
+    groups, width = weight.shape[0], weight.shape[1]
+    if weight.shape[2] != GATES * width:
+        raise ValueError(
+            f"weight must be (g, M/g, 4M/g) = {(groups, width, GATES * width)}, "
+            f"got shape {tuple(weight.shape)}"
+        )
+    if bias is not None and bias.shape != (groups, GATES * width):
+        raise ValueError(
+            f"bias must be (g, 4M/g) = {(groups, GATES * width)}, got shape {tuple(bias.shape)}"
+        )
+    for name, state in (("h0", h0), ("c0", c0)):
+        if state.shape != (batch, hidden):
+            raise ValueError(f"{name} must be (B, M) = {(batch, hidden)}, got {tuple(state.shape)}")
+    return steps, batch, hidden, groups, width
+
+
+def context_product(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The GLT of h in its group-major layout, bias added.
+
+    Shape:
+        h (B, M), weight (g, w, 4w), bias (g, 4w) -> (g, B, 4w)
+    """
+    groups, width = weight.shape[0], weight.shape[1]
+    chunks = h.reshape(-1, groups, width).transpose(0, 1)  # (g, B, w)
+    if bias is None:
+        return torch.bmm(chunks, weight)
+    return torch.baddbmm(bias.unsqueeze(1), chunks, weight)
+
+
+def cell_update(pre: Tensor, context: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """One step's cell equations: the pyramid's pre-activations plus the GLT's, then (h_t, c_t).
+
+    Shape:
+        pre (B, 4, M), context (g, B, 4w), c (B, M) -> h (B, M), c (B, M)
+    """
+    groups, batch, _ = context.shape
+    width = c.shape[-1] // groups
+    # (g, B, 4w) -> (B, 4, g, w): a strided view, added without a copy
+    gates = pre.unflatten(-1, (groups, width)) + context.unflatten(-1, (GATES, width)).permute(
+        1, 2, 0, 3
+    )
+    forget, content, update, output = gates.view(batch, GATES, -1).unbind(1)
+    c = torch.sigmoid(forget) * c + torch.sigmoid(update) * torch.tanh(content)
+    return torch.sigmoid(output) * torch.tanh(c), c
+
+
+def pru_recurrence_reference(
+    inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """All steps of the recurrence in PyTorch ops, differentiable in every operand.
+
+    Args:
+        inputs: P, the pyramid's output for every step (its bias included), gates (f, g, i, o).
+        weight: the context GLT's ``W``, group j's (w, 4w) matrix in ``weight[j]``.
+        bias: the context GLT's bias, or None.
+        h0, c0: the state before the first step.
+
+    Shape:
+        inputs (T, B, 4, M), weight (g, w, 4w) with M = g w, bias (g, 4w), h0 and c0 (B, M)
+        -> output (T, B, M), h_T (B, M), c_T (B, M)
+    """
+    check_recurrence_operands(inputs, weight, bias, h0, c0)
+    h, c = h0, c0
+    outputs = []
+    # one unbind, not an index per step: each index's backward would write a zero-filled gradient
+    # of all T steps (quadratic in T)
+    for pre in inputs.unbind(0):
+        h, c = cell_update(pre, context_product(h, weight, bias), c)
+        outputs.append(h)
+    if not outputs:
+        return inputs.new_empty(0, *h0.shape), h0, c0
+    return torch.stack(outputs), h, c
+
+
+@functools.cache
+def _cpu_kernel_available() -> bool:
+    return cpu_kernels_loaded() and torch.ops.lightnets_cpu.pru_recurrence_available()
+
+
+def cpu_kernel_applies(*operands: Tensor | None) -> bool:
+    """Whether the C++ recurrence runs these operands: float32 CPU tensors, outside autocast,
+    ``torch.compile`` (which fuses the reference's loop body itself) and dispatch modes (a flop
+    counter would count nothing inside the kernel), with the kernels built."""
+    tensors = [t for t in operands if t is not None]
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled("cpu")
+        and not dispatch_mode_active()
+        and cpu_path_mode() != "0"
+        and _cpu_kernel_available()
+    )
+
+
+class PRURecurrenceCpu(torch.autograd.Function):
+    """:func:`pru_recurrence_reference` by ``lightnets_cpu::pru_recurrence_forward`` /
+    ``_backward``; the backward reads the activated gates and the cells, nothing else."""
+
+    @staticmethod
+    def forward(ctx, inputs, weight, bias, h0, c0):  # type: ignore[override]
+        save = any(ctx.needs_input_grad)
+        output, c_last, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
+            inputs.contiguous(),
+            weight.contiguous(),
+            None if bias is None else bias.contiguous(),
+            h0.contiguous(),
+            c0.contiguous(),
+            save,
+        )
+        if save:
+            ctx.save_for_backward(gates, cells, output, weight, h0, c0)
+        ctx.set_materialize_grads(False)  # an output without gradient reaches the kernel as None
+        ctx.has_bias = bias is not None
+        h_last = output[-1].clone() if output.shape[0] else h0.clone()
+        return output, h_last, c_last
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output, grad_h, grad_c):  # type: ignore[override]
+        gates, cells, output, weight, h0, c0 = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_inputs, grad_weight, grad_bias, grad_h0, grad_c0 = (
+            torch.ops.lightnets_cpu.pru_recurrence_backward(
+                *(None if g is None else g.contiguous() for g in (grad_output, grad_h, grad_c)),
+                gates,
+                cells,
+                output,
+                weight.contiguous(),
+                h0.contiguous(),
+                c0.contiguous(),
+                needs[1],
+                needs[2] and ctx.has_bias,
+            )
+        )
+        return (
+            grad_inputs if needs[0] else None,
+            grad_weight if needs[1] else None,
+            grad_bias if needs[2] and ctx.has_bias else None,
+            grad_h0 if needs[3] else None,
+            grad_c0 if needs[4] else None,
+        )
+
+
+def pru_recurrence(
+    inputs: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    h0: Tensor,
+    c0: Tensor,
+    impl: str = "auto",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`pru_recurrence_reference` on the fastest path that applies (module docstring).
+
+    Args:
+        impl: "auto": the C++ kernel on float32 CPU tensors (:func:`cpu_kernel_applies`), the
+            Triton kernels on CUDA, the reference elsewhere (float64, autocast on the CPU,
+            ``torch.compile``); "triton" or "reference" to fix it.
+
+    Shape:
+        inputs (T, B, 4, M), weight (g, w, 4w), bias (g, 4w), h0 and c0 (B, M)
+        -> output (T, B, M), h_T (B, M), c_T (B, M)
+    """
+    check_recurrence_operands(inputs, weight, bias, h0, c0)
+    if use_triton(impl, inputs) and inputs.dtype != torch.float64:
+        from src.ops.triton.pru_recurrence import pru_recurrence_triton
+
+        return pru_recurrence_triton(inputs, weight, bias, h0, c0)
+    if impl == "auto" and cpu_kernel_applies(inputs, weight, bias, h0, c0):
+        return PRURecurrenceCpu.apply(inputs, weight, bias, h0, c0)
+    return pru_recurrence_reference(inputs, weight, bias, h0, c0)

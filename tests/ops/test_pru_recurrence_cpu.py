@@ -1,0 +1,164 @@
+"""The PRU recurrence's C++ kernels (``PRURecurrenceCpu``, the CPU path of
+:func:`src.ops.pru_recurrence.pru_recurrence`) against the float64 oracle: float32 outputs and
+gradients as close to it as the float32 PyTorch loop is, in every operand and for every mix of
+output gradients; gradients independent of the thread count; the whole sequence in one autograd
+node; every faulty operand rejected before memory is read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from src.ops.pru_recurrence import PRURecurrenceCpu, pru_recurrence, pru_recurrence_reference
+from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+
+
+@pytest.fixture(autouse=True)
+def kernels() -> None:
+    require_cpu_kernels()
+    if not torch.ops.lightnets_cpu.pru_recurrence_available():
+        pytest.skip("PyTorch is built without MKL: the recurrence takes the PyTorch loop")
+
+
+def operands(steps: int, batch: int, groups: int, width: int, bias: bool) -> list[Tensor | None]:
+    """float64 (P, W, b, h0, c0) at the scales of a trained PRU: unit pre-activations."""
+    hidden = groups * width
+    return [
+        torch.randn(steps, batch, 4, hidden, dtype=torch.float64),
+        torch.randn(groups, width, 4 * width, dtype=torch.float64) / width**0.5,
+        torch.randn(groups, 4 * width, dtype=torch.float64) if bias else None,
+        torch.randn(batch, hidden, dtype=torch.float64),
+        torch.randn(batch, hidden, dtype=torch.float64),
+    ]
+
+
+def run(fn, leaves: list[Tensor | None], probes: list[Tensor | None], dtype) -> list[Tensor]:
+    """(output, h_T, c_T) and the leaves' gradients of sum(probe * output) over the probed
+    outputs, the leaves and probes cast to ``dtype``."""
+    leaves = [None if t is None else t.to(dtype, copy=True).requires_grad_() for t in leaves]
+    outputs = fn(*leaves)
+    loss = sum((o * p.to(dtype)).sum() for o, p in zip(outputs, probes) if p is not None)
+    loss.backward()
+    return [*outputs, *(t.grad for t in leaves if t is not None)]
+
+
+# PTB's (g = 4, w = 350) at a small batch; one and several k-chunks a group, a partial last one
+CASES = [(1, 1, 1, 8, True), (7, 3, 2, 70, True), (5, 5, 4, 100, False), (4, 2, 1, 130, True),
+         (3, 4, 4, 350, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("steps,batch,groups,width,bias", CASES)
+@pytest.mark.parametrize("probed", ["all", "output", "state"])
+def test_float32_is_as_close_to_the_float64_oracle_as_the_pytorch_loop(
+    steps: int, batch: int, groups: int, width: int, bias: bool, probed: str
+) -> None:
+    torch.manual_seed(steps * 100 + width)
+    leaves = operands(steps, batch, groups, width, bias)
+    hidden, double = groups * width, torch.float64
+    probes = [torch.randn(steps, batch, hidden, dtype=double)] + [
+        torch.randn(batch, hidden, dtype=double) for _ in range(2)
+    ]
+    if probed == "output":
+        probes[1:] = [None, None]
+    elif probed == "state":
+        probes[0] = None
+    oracle = run(pru_recurrence_reference, leaves, probes, double)
+    got = run(PRURecurrenceCpu.apply, leaves, probes, torch.float32)
+    eager = run(pru_recurrence_reference, leaves, probes, torch.float32)
+    assert len(got) == len(oracle) == len(eager)
+    for g, e, o in zip(got, eager, oracle, strict=True):
+        assert g.shape == o.shape and g.dtype == torch.float32
+        error = (g.double() - o).abs().max().item()
+        eager_error = (e.double() - o).abs().max().item()
+        scale = float(o.detach().abs().max()) + 1
+        # float32's rounding, not a wrong term: a wrong term is off by O(scale)
+        assert error <= 4 * eager_error + 1e-6 * scale, (error, eager_error)
+
+
+def test_gradients_do_not_depend_on_the_thread_count() -> None:
+    torch.manual_seed(0)
+    leaves = operands(6, 5, 2, 150, True)
+    probes = [torch.randn(6, 5, 300), torch.randn(5, 300), torch.randn(5, 300)]
+    threads, runs = torch.get_num_threads(), []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            runs.append(run(PRURecurrenceCpu.apply, leaves, probes, torch.float32))
+    finally:
+        torch.set_num_threads(threads)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_inference_equals_training_and_saves_nothing() -> None:
+    torch.manual_seed(0)
+    inputs, weight, bias, h0, c0 = (t.float() for t in operands(5, 3, 2, 70, True))
+    trained = PRURecurrenceCpu.apply(inputs, weight.requires_grad_(), bias, h0, c0)
+    saved: list[Tensor] = []
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t)
+    with hooks, torch.no_grad():
+        inferred = pru_recurrence(inputs, weight, bias, h0, c0)
+    assert not saved
+    for a, b in zip(trained, inferred, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_no_steps_passes_the_state_through() -> None:
+    inputs, weight, bias, h0, c0 = (t.float() for t in operands(0, 3, 2, 8, True))
+    h0.requires_grad_()
+    c0.requires_grad_()
+    output, h, c = PRURecurrenceCpu.apply(inputs, weight, bias, h0, c0)
+    assert output.shape == (0, 3, 16) and torch.equal(h, h0) and torch.equal(c, c0)
+    (h.sum() + 2 * c.sum()).backward()
+    assert torch.equal(h0.grad, torch.ones(3, 16)) and torch.equal(c0.grad, torch.full((3, 16), 2.0))
+
+
+def test_auto_takes_the_kernel_for_float32_and_the_loop_otherwise() -> None:
+    inputs, weight, bias, h0, c0 = (t.float().requires_grad_() for t in operands(3, 2, 2, 8, True))
+    output, _, _ = pru_recurrence(inputs, weight, bias, h0, c0)
+    assert type(output.grad_fn).__name__ == "PRURecurrenceCpuBackward"
+    output, _, _ = pru_recurrence(inputs, weight, bias, h0, c0, impl="reference")
+    assert type(output.grad_fn).__name__ == "StackBackward0"
+    output, _, _ = pru_recurrence(*(t.double() for t in (inputs, weight, bias, h0, c0)))
+    assert type(output.grad_fn).__name__ == "StackBackward0"
+
+
+def _forward_arguments() -> list:
+    torch.manual_seed(0)
+    inputs, weight, bias, h0, c0 = (t.float() for t in operands(3, 2, 2, 8, True))
+    return [inputs, weight, bias, h0, c0, True]
+
+
+def _backward_arguments() -> list:
+    inputs, weight, bias, h0, c0, _ = _forward_arguments()
+    output, _, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
+        inputs, weight, bias, h0, c0, True
+    )
+    grads = [torch.randn_like(output), torch.randn_like(h0), torch.randn_like(c0)]
+    return [*grads, gates, cells, output, weight, h0, c0, True, True]
+
+
+# operand -> (position, the dimensions the others fix)
+FORWARD_OPERANDS = {"inputs": (0, (2, 3)), "weight": (1, (1, 2)), "bias": (2, (0, 1)),
+                    "h0": (3, (0, 1)), "c0": (4, (0, 1))}  # fmt: skip
+BACKWARD_OPERANDS = {"grad_output": (0, (0, 1, 2)), "grad_h_last": (1, (0, 1)),
+                     "grad_c_last": (2, (0, 1)), "gates": (3, (2, 3)), "cells": (4, (0, 1, 2)),
+                     "output": (5, (0, 1, 2)), "weight": (6, (1, 2)), "h0": (7, (0, 1)),
+                     "c0": (8, (0, 1))}  # fmt: skip
+
+
+FAULTS = (*SHAPE_FAULTS, *KIND_FAULTS)
+
+
+@pytest.mark.parametrize("name,fault", [(n, f) for n in FORWARD_OPERANDS for f in FAULTS])
+def test_forward_rejects_a_faulty_operand(name: str, fault: str) -> None:
+    position, fixed = FORWARD_OPERANDS[name]
+    assert_rejected("pru_recurrence_forward", _forward_arguments(), name, position, fault, fixed)
+
+
+@pytest.mark.parametrize("name,fault", [(n, f) for n in BACKWARD_OPERANDS for f in FAULTS])
+def test_backward_rejects_a_faulty_operand(name: str, fault: str) -> None:
+    position, fixed = BACKWARD_OPERANDS[name]
+    assert_rejected("pru_recurrence_backward", _backward_arguments(), name, position, fault, fixed)
