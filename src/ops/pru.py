@@ -181,10 +181,10 @@ class PRUCell(nn.Module):
         Shape:
             x (T, B, N), hx = (h_0, c_0) each (B, M) -> output (T, B, M), (h_T, c_T) each (B, M)
         """
-        # (T, B, N) -> (T, B, 4, M)
-        inputs = self.pyramid(x)
+        # (T, B, N) -> [(T, B, 4, m_k)], the levels' shares of the units
+        levels = self.pyramid.level_outputs(x)
         glt = self.context.glt
-        output, h, c = pru_recurrence(inputs, glt.weight, glt.bias, *hx, impl=self.impl)
+        output, h, c = pru_recurrence(levels, glt.weight, glt.bias, *hx, impl=self.impl)
         return output, (h, c)
 
     def extra_repr(self) -> str:

@@ -30,6 +30,7 @@ Every path is deterministic, and its gradients do not depend on the thread count
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -41,13 +42,24 @@ from src.ops.triton import use_triton
 GATES = 4  # f, g, i, o
 
 
+def concatenated_shape(levels: Sequence[Tensor]) -> torch.Size:
+    """The shape of the levels' concatenation along the units, after checking that they are
+    (T, B, 4, m_l) each, with one T and B."""
+    shapes = [tuple(level.shape) for level in levels]
+    if not shapes or any(len(s) != 4 or s[:3] != shapes[0][:3] or s[2] != GATES for s in shapes):
+        raise ValueError(f"the levels must be (T, B, 4, m_l) with one T and B, got {shapes}")
+    return torch.Size((*shapes[0][:3], sum(s[3] for s in shapes)))
+
+
 def check_recurrence_operands(
-    inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
+    inputs: Tensor | torch.Size, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
 ) -> tuple[int, int, int, int, int]:
-    """(T, B, M, g, w) of the operands, after checking that their shapes agree."""
-    if inputs.dim() != 4 or inputs.shape[2] != GATES:
-        raise ValueError(f"inputs must be (T, B, 4, M), got shape {tuple(inputs.shape)}")
-    steps, batch, _, hidden = inputs.shape
+    """(T, B, M, g, w) of the operands (``inputs`` or its shape), after checking that their
+    shapes agree."""
+    shape = inputs if isinstance(inputs, torch.Size) else inputs.shape
+    if len(shape) != 4 or shape[2] != GATES:
+        raise ValueError(f"inputs must be (T, B, 4, M), got shape {tuple(shape)}")
+    steps, batch, _, hidden = shape
     if weight.dim() != 3 or weight.shape[0] * weight.shape[1] != hidden:
         raise ValueError(
             f"weight must be (g, M/g, 4M/g) with M = {hidden}, got shape {tuple(weight.shape)}"
@@ -148,13 +160,14 @@ def cpu_kernel_applies(*operands: Tensor | None) -> bool:
 
 class PRURecurrenceCpu(torch.autograd.Function):
     """:func:`pru_recurrence_reference` by ``lightnets_cpu::pru_recurrence_forward`` /
-    ``_backward``; the backward reads the activated gates and the cells, nothing else."""
+    ``_backward``, on the pyramid's levels as they are (not concatenated); the backward reads the
+    activated gates and the cells, nothing else."""
 
     @staticmethod
-    def forward(ctx, inputs, weight, bias, h0, c0):  # type: ignore[override]
+    def forward(ctx, weight, bias, h0, c0, *levels):  # type: ignore[override]
         save = any(ctx.needs_input_grad)
         output, c_last, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
-            inputs.contiguous(),
+            [level.contiguous() for level in levels],
             weight.contiguous(),
             None if bias is None else bias.contiguous(),
             h0.contiguous(),
@@ -165,6 +178,7 @@ class PRURecurrenceCpu(torch.autograd.Function):
             ctx.save_for_backward(gates, cells, output, weight, h0, c0)
         ctx.set_materialize_grads(False)  # an output without gradient reaches the kernel as None
         ctx.has_bias = bias is not None
+        ctx.widths = [level.shape[-1] for level in levels]
         h_last = output[-1].clone() if output.shape[0] else h0.clone()
         return output, h_last, c_last
 
@@ -173,7 +187,7 @@ class PRURecurrenceCpu(torch.autograd.Function):
     def backward(ctx, grad_output, grad_h, grad_c):  # type: ignore[override]
         gates, cells, output, weight, h0, c0 = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grad_inputs, grad_weight, grad_bias, grad_h0, grad_c0 = (
+        grad_levels, grad_weight, grad_bias, grad_h0, grad_c0 = (
             torch.ops.lightnets_cpu.pru_recurrence_backward(
                 *(None if g is None else g.contiguous() for g in (grad_output, grad_h, grad_c)),
                 gates,
@@ -182,21 +196,22 @@ class PRURecurrenceCpu(torch.autograd.Function):
                 weight.contiguous(),
                 h0.contiguous(),
                 c0.contiguous(),
-                needs[1],
-                needs[2] and ctx.has_bias,
+                ctx.widths,
+                needs[0],
+                needs[1] and ctx.has_bias,
             )
         )
         return (
-            grad_inputs if needs[0] else None,
-            grad_weight if needs[1] else None,
-            grad_bias if needs[2] and ctx.has_bias else None,
-            grad_h0 if needs[3] else None,
-            grad_c0 if needs[4] else None,
+            grad_weight if needs[0] else None,
+            grad_bias if needs[1] and ctx.has_bias else None,
+            grad_h0 if needs[2] else None,
+            grad_c0 if needs[3] else None,
+            *(grad if need else None for grad, need in zip(grad_levels, needs[4:], strict=True)),
         )
 
 
 def pru_recurrence(
-    inputs: Tensor,
+    inputs: Tensor | Sequence[Tensor],
     weight: Tensor,
     bias: Tensor | None,
     h0: Tensor,
@@ -206,19 +221,24 @@ def pru_recurrence(
     """:func:`pru_recurrence_reference` on the fastest path that applies (module docstring).
 
     Args:
+        inputs: P, or the pyramid's levels (:meth:`src.ops.pyramidal.PyramidalTransform.
+            level_outputs`), P being their concatenation along the units: the C++ kernel reads
+            them in place, the other paths concatenate them.
         impl: "auto": the C++ kernel on float32 CPU tensors (:func:`cpu_kernel_applies`), the
             Triton kernels on CUDA, the reference elsewhere (float64, autocast on the CPU,
             ``torch.compile``); "triton" or "reference" to fix it.
 
     Shape:
-        inputs (T, B, 4, M), weight (g, w, 4w), bias (g, 4w), h0 and c0 (B, M)
-        -> output (T, B, M), h_T (B, M), c_T (B, M)
+        inputs (T, B, 4, M) or [(T, B, 4, m_l)] with sum m_l = M, weight (g, w, 4w), bias (g, 4w),
+        h0 and c0 (B, M) -> output (T, B, M), h_T (B, M), c_T (B, M)
     """
-    check_recurrence_operands(inputs, weight, bias, h0, c0)
+    levels = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    check_recurrence_operands(concatenated_shape(levels), weight, bias, h0, c0)
+    if impl == "auto" and cpu_kernel_applies(*levels, weight, bias, h0, c0):
+        return PRURecurrenceCpu.apply(weight, bias, h0, c0, *levels)
+    inputs = levels[0] if len(levels) == 1 else torch.cat(levels, dim=-1)
     if use_triton(impl, inputs) and inputs.dtype != torch.float64:
         from src.ops.triton.pru_recurrence import pru_recurrence_triton
 
         return pru_recurrence_triton(inputs, weight, bias, h0, c0)
-    if impl == "auto" and cpu_kernel_applies(inputs, weight, bias, h0, c0):
-        return PRURecurrenceCpu.apply(inputs, weight, bias, h0, c0)
     return pru_recurrence_reference(inputs, weight, bias, h0, c0)

@@ -158,24 +158,37 @@ class PyramidalTransform(nn.Module):
         # (R, 1, ceil(n / 2)) -> (..., ceil(n / 2))
         return pooled.reshape(*x.shape[:-1], pooled.shape[-1])
 
-    def forward(self, x: Tensor) -> Tensor:
+    def level_outputs(self, x: Tensor) -> list[Tensor]:
+        """Each level's share of the gate pre-activations, residual included, not concatenated:
+        the PRU's recurrence reads them in place (at PTB sizes the concatenation and the slicing of
+        its gradient copy 2 x 31 MB a window).
+
+        Shape:
+            (..., N) -> [(..., 4, m_k) for each level k], sum m_k = M
+        """
         if x.shape[-1] != self.in_features:
             raise ValueError(
                 f"expected {self.in_features} input features, got shape {tuple(x.shape)}"
             )
         chunks = []
-        level = x
+        level, offset = x, 0
         for k, transform in enumerate(self.transforms):
             if k:
                 level = self.subsample(level, k)
             # (..., n_k) -> (..., 4 * m_k) -> (..., 4, m_k)
-            chunks.append(transform(level).unflatten(-1, (GATES, -1)))
-        gates = torch.cat(chunks, dim=-1)  # (..., 4, M)
-        if self.residual:
-            # in place on the fresh concatenation (neither op's backward needs it): saves a
-            # (..., 4, M) allocation; (..., 1, N) broadcast over the 4 gates
-            gates = gates.add_(x.unsqueeze(-2))
-        return gates
+            chunk = transform(level).unflatten(-1, (GATES, -1))
+            if self.residual:
+                # in place on the fresh product (its backward does not need it); (..., 1, m_k)
+                # broadcast over the 4 gates
+                width = chunk.shape[-1]
+                chunk = chunk.add_(x[..., offset : offset + width].unsqueeze(-2))
+                offset += width
+            chunks.append(chunk)
+        return chunks
+
+    def forward(self, x: Tensor) -> Tensor:
+        chunks = self.level_outputs(x)
+        return torch.cat(chunks, dim=-1) if len(chunks) > 1 else chunks[0]  # (..., 4, M)
 
     def extra_repr(self) -> str:
         return (

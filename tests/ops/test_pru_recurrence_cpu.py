@@ -11,7 +11,13 @@ import torch
 from torch import Tensor
 
 from src.ops.pru_recurrence import PRURecurrenceCpu, pru_recurrence, pru_recurrence_reference
-from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
+from tests.helpers import (
+    KIND_FAULTS,
+    SHAPE_FAULTS,
+    assert_rejected,
+    faulty_copies,
+    require_cpu_kernels,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +39,18 @@ def operands(steps: int, batch: int, groups: int, width: int, bias: bool) -> lis
     ]
 
 
+def split_kernel(widths=None):
+    """``PRURecurrenceCpu`` on P cut into levels of ``widths`` (default: the PTB pyramid's split,
+    3/4 and 1/4 of the units, whose boundary falls inside a task's chunk)."""
+
+    def kernel(inputs, weight, bias, h0, c0):
+        hidden = inputs.shape[-1]
+        sizes = widths or ([hidden] if hidden < 4 else [3 * hidden // 4, hidden - 3 * hidden // 4])
+        return PRURecurrenceCpu.apply(weight, bias, h0, c0, *inputs.split(sizes, dim=-1))
+
+    return kernel
+
+
 def run(fn, leaves: list[Tensor | None], probes: list[Tensor | None], dtype) -> list[Tensor]:
     """(output, h_T, c_T) and the leaves' gradients of sum(probe * output) over the probed
     outputs, the leaves and probes cast to ``dtype``."""
@@ -46,12 +64,24 @@ def run(fn, leaves: list[Tensor | None], probes: list[Tensor | None], dtype) -> 
 # PTB's (g = 4, w = 350) at a small batch; one and several k-chunks a group, a partial last one
 CASES = [(1, 1, 1, 8, True), (7, 3, 2, 70, True), (5, 5, 4, 100, False), (4, 2, 1, 130, True),
          (3, 4, 4, 350, True)]  # fmt: skip
+# the pyramid's levels: one (K = 1), the official K = 2 and K = 3 splits, the paper's K = 3
+SPLITS = {"one": None, "K2": "default", "K3": (0.5, 0.25, 0.25), "K3_paper": (1 / 3, 1 / 3, 1 / 3)}
+
+
+def widths_of(split: str, hidden: int) -> list[int] | None:
+    if split == "K2":
+        return None
+    if split == "one":
+        return [hidden]
+    parts = [int(hidden * f) for f in SPLITS[split][1:]]
+    return [hidden - sum(parts), *parts]
 
 
 @pytest.mark.parametrize("steps,batch,groups,width,bias", CASES)
 @pytest.mark.parametrize("probed", ["all", "output", "state"])
+@pytest.mark.parametrize("split", list(SPLITS))
 def test_float32_is_as_close_to_the_float64_oracle_as_the_pytorch_loop(
-    steps: int, batch: int, groups: int, width: int, bias: bool, probed: str
+    steps: int, batch: int, groups: int, width: int, bias: bool, probed: str, split: str
 ) -> None:
     torch.manual_seed(steps * 100 + width)
     leaves = operands(steps, batch, groups, width, bias)
@@ -64,7 +94,7 @@ def test_float32_is_as_close_to_the_float64_oracle_as_the_pytorch_loop(
     elif probed == "state":
         probes[0] = None
     oracle = run(pru_recurrence_reference, leaves, probes, double)
-    got = run(PRURecurrenceCpu.apply, leaves, probes, torch.float32)
+    got = run(split_kernel(widths_of(split, hidden)), leaves, probes, torch.float32)
     eager = run(pru_recurrence_reference, leaves, probes, torch.float32)
     assert len(got) == len(oracle) == len(eager)
     for g, e, o in zip(got, eager, oracle, strict=True):
@@ -84,7 +114,7 @@ def test_gradients_do_not_depend_on_the_thread_count() -> None:
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
-            runs.append(run(PRURecurrenceCpu.apply, leaves, probes, torch.float32))
+            runs.append(run(split_kernel(), leaves, probes, torch.float32))
     finally:
         torch.set_num_threads(threads)
     for other in runs[1:]:
@@ -95,7 +125,7 @@ def test_gradients_do_not_depend_on_the_thread_count() -> None:
 def test_inference_equals_training_and_saves_nothing() -> None:
     torch.manual_seed(0)
     inputs, weight, bias, h0, c0 = (t.float() for t in operands(5, 3, 2, 70, True))
-    trained = PRURecurrenceCpu.apply(inputs, weight.requires_grad_(), bias, h0, c0)
+    trained = split_kernel()(inputs, weight.requires_grad_(), bias, h0, c0)
     saved: list[Tensor] = []
     hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t)
     with hooks, torch.no_grad():
@@ -109,15 +139,19 @@ def test_no_steps_passes_the_state_through() -> None:
     inputs, weight, bias, h0, c0 = (t.float() for t in operands(0, 3, 2, 8, True))
     h0.requires_grad_()
     c0.requires_grad_()
-    output, h, c = PRURecurrenceCpu.apply(inputs, weight, bias, h0, c0)
+    output, h, c = split_kernel()(inputs, weight, bias, h0, c0)
     assert output.shape == (0, 3, 16) and torch.equal(h, h0) and torch.equal(c, c0)
     (h.sum() + 2 * c.sum()).backward()
-    assert torch.equal(h0.grad, torch.ones(3, 16)) and torch.equal(c0.grad, torch.full((3, 16), 2.0))
+    assert torch.equal(h0.grad, torch.ones(3, 16)) and torch.equal(
+        c0.grad, torch.full((3, 16), 2.0)
+    )
 
 
 def test_auto_takes_the_kernel_for_float32_and_the_loop_otherwise() -> None:
     inputs, weight, bias, h0, c0 = (t.float().requires_grad_() for t in operands(3, 2, 2, 8, True))
     output, _, _ = pru_recurrence(inputs, weight, bias, h0, c0)
+    assert type(output.grad_fn).__name__ == "PRURecurrenceCpuBackward"
+    output, _, _ = pru_recurrence(inputs.split([12, 4], -1), weight, bias, h0, c0)
     assert type(output.grad_fn).__name__ == "PRURecurrenceCpuBackward"
     output, _, _ = pru_recurrence(inputs, weight, bias, h0, c0, impl="reference")
     assert type(output.grad_fn).__name__ == "StackBackward0"
@@ -128,27 +162,32 @@ def test_auto_takes_the_kernel_for_float32_and_the_loop_otherwise() -> None:
 def _forward_arguments() -> list:
     torch.manual_seed(0)
     inputs, weight, bias, h0, c0 = (t.float() for t in operands(3, 2, 2, 8, True))
-    return [inputs, weight, bias, h0, c0, True]
+    return [
+        [level.contiguous() for level in inputs.split([12, 4], dim=-1)],
+        weight,
+        bias,
+        h0,
+        c0,
+        True,
+    ]
 
 
 def _backward_arguments() -> list:
-    inputs, weight, bias, h0, c0, _ = _forward_arguments()
+    levels, weight, bias, h0, c0, _ = _forward_arguments()
     output, _, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
-        inputs, weight, bias, h0, c0, True
+        levels, weight, bias, h0, c0, True
     )
     grads = [torch.randn_like(output), torch.randn_like(h0), torch.randn_like(c0)]
-    return [*grads, gates, cells, output, weight, h0, c0, True, True]
+    return [*grads, gates, cells, output, weight, h0, c0, [12, 4], True, True]
 
 
 # operand -> (position, the dimensions the others fix)
-FORWARD_OPERANDS = {"inputs": (0, (2, 3)), "weight": (1, (1, 2)), "bias": (2, (0, 1)),
-                    "h0": (3, (0, 1)), "c0": (4, (0, 1))}  # fmt: skip
+FORWARD_OPERANDS = {"weight": (1, (1, 2)), "bias": (2, (0, 1)), "h0": (3, (0, 1)),
+                    "c0": (4, (0, 1))}  # fmt: skip
 BACKWARD_OPERANDS = {"grad_output": (0, (0, 1, 2)), "grad_h_last": (1, (0, 1)),
                      "grad_c_last": (2, (0, 1)), "gates": (3, (2, 3)), "cells": (4, (0, 1, 2)),
                      "output": (5, (0, 1, 2)), "weight": (6, (1, 2)), "h0": (7, (0, 1)),
                      "c0": (8, (0, 1))}  # fmt: skip
-
-
 FAULTS = (*SHAPE_FAULTS, *KIND_FAULTS)
 
 
@@ -158,7 +197,34 @@ def test_forward_rejects_a_faulty_operand(name: str, fault: str) -> None:
     assert_rejected("pru_recurrence_forward", _forward_arguments(), name, position, fault, fixed)
 
 
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("which", [0, 1])
+def test_forward_rejects_a_faulty_level(fault: str, which: int) -> None:
+    args = _forward_arguments()
+    kernel = torch.ops.lightnets_cpu.pru_recurrence_forward
+    for bad in faulty_copies(args[0][which], fault, (2, 3)):
+        levels = list(args[0])
+        levels[which] = bad
+        with torch.set_grad_enabled(fault == "requires_grad"), pytest.raises(RuntimeError) as error:
+            kernel(levels, *args[1:])
+        message = str(error.value)
+        assert message.startswith("pru_recurrence_forward: levels "), message
+        if fault in SHAPE_FAULTS:
+            assert str(list(bad.shape)) in message, message
+        else:
+            assert KIND_FAULTS[fault] in message, message
+
+
 @pytest.mark.parametrize("name,fault", [(n, f) for n in BACKWARD_OPERANDS for f in FAULTS])
 def test_backward_rejects_a_faulty_operand(name: str, fault: str) -> None:
     position, fixed = BACKWARD_OPERANDS[name]
     assert_rejected("pru_recurrence_backward", _backward_arguments(), name, position, fault, fixed)
+
+
+@pytest.mark.parametrize("widths", [[12], [12, 5], [16, 0], [20, -4]])
+def test_backward_rejects_widths_that_do_not_sum_to_the_units(widths: list[int]) -> None:
+    args = _backward_arguments()
+    args[9] = widths
+    with pytest.raises(RuntimeError, match=r"pru_recurrence_backward: widths .* must be positive "
+                                           r"and sum to M = 16"):  # fmt: skip
+        torch.ops.lightnets_cpu.pru_recurrence_backward(*args)

@@ -31,7 +31,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -64,10 +66,12 @@ using lightnets::exp_nonpositive;
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
 constexpr int64_t kGates = 4;
-// a task's share of a group's k: 64 keeps a task's four gate rows of B in the L1 cache at B = 80
-constexpr int64_t kChunk = 64;
+// A task's share of a group's k, forward and backward: measured at PTB sizes (B = 20, g = 4,
+// w = 350) on 2 threads, the forward products ran at 78 GMAC/s with 64 (59 with whole groups), the
+// backward ones (k of 4w, n of the chunk) at 69 with 128 and 55 with 64
+constexpr int64_t kForwardChunk = 64, kBackwardChunk = 128;
 // columns of a weight-gradient task: large enough for MKL's blocking, small enough for balance
-constexpr int64_t kGradChunk = 128;
+constexpr int64_t kGradChunk = 512;
 
 bool mkl_available() {
   return cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr &&
@@ -109,44 +113,50 @@ __attribute__((always_inline)) inline float tanh_(float x) {
   return std::copysign(r, x);
 }
 
-// The cell equations along n consecutive units of one row: pre (gate q at pre + q M), the
-// product (gate q at cx + q n), the bias (gate q at bias + q w); the activated gates saved for
-// the backward when Save.
+// The cell equations along n consecutive units of one row: gate q's pre-activations at
+// pre + q pre_stride, its products at cx + q cx_stride, its biases at bias + q bias_stride; the
+// activated gates saved (gate q at saved + q saved_stride) for the backward when Save.
 template <bool Save>
 __attribute__((always_inline)) inline void cell_forward(
-    const float* __restrict__ pre, const float* __restrict__ cx, const float* __restrict__ bias,
+    const float* __restrict__ pre, int64_t pre_stride, const float* __restrict__ cx,
+    int64_t cx_stride, const float* __restrict__ bias, int64_t bias_stride,
     const float* __restrict__ c_prev, float* __restrict__ c_next, float* __restrict__ h,
-    float* __restrict__ saved, int64_t n, int64_t M, int64_t w) {
+    float* __restrict__ saved, int64_t saved_stride, int64_t n) {
 #pragma omp simd
   for (int64_t k = 0; k < n; ++k) {
     const float f = sigmoid(pre[k] + cx[k] + bias[k]);
-    const float gg = tanh_(pre[M + k] + cx[n + k] + bias[w + k]);
-    const float i = sigmoid(pre[2 * M + k] + cx[2 * n + k] + bias[2 * w + k]);
-    const float o = sigmoid(pre[3 * M + k] + cx[3 * n + k] + bias[3 * w + k]);
+    const float gg = tanh_(pre[pre_stride + k] + cx[cx_stride + k] + bias[bias_stride + k]);
+    const float i =
+        sigmoid(pre[2 * pre_stride + k] + cx[2 * cx_stride + k] + bias[2 * bias_stride + k]);
+    const float o =
+        sigmoid(pre[3 * pre_stride + k] + cx[3 * cx_stride + k] + bias[3 * bias_stride + k]);
     const float c = f * c_prev[k] + i * gg;
     c_next[k] = c;
     h[k] = o * tanh_(c);
     if constexpr (Save) {
       saved[k] = f;
-      saved[M + k] = gg;
-      saved[2 * M + k] = i;
-      saved[3 * M + k] = o;
+      saved[saved_stride + k] = gg;
+      saved[2 * saved_stride + k] = i;
+      saved[3 * saved_stride + k] = o;
     }
   }
 }
 
 // The cell's gradient along n consecutive units of one row, from dL/dh_t (the sum of dh_out,
 // dh_rec and dh_last) and the carried dL/dc_t (updated in place to dL/dc_{t-1}): the gate
-// pre-activations' gradients into dp (gate q at dp + q M) and dg (gate q at dg + q w).
+// pre-activations' gradients into dp (gate q at dp + q dp_stride) and dg (at dg + q dg_stride);
+// the activated gates at gates + q gates_stride.
 __attribute__((always_inline)) inline void cell_backward(
     const float* __restrict__ dh_out, const float* __restrict__ dh_rec,
-    const float* __restrict__ dh_last, const float* __restrict__ gates,
+    const float* __restrict__ dh_last, const float* __restrict__ gates, int64_t gates_stride,
     const float* __restrict__ c, const float* __restrict__ c_prev, float* __restrict__ dc,
-    float* __restrict__ dp, float* __restrict__ dg, int64_t n, int64_t M, int64_t w) {
+    float* __restrict__ dp, int64_t dp_stride, float* __restrict__ dg, int64_t dg_stride,
+    int64_t n) {
 #pragma omp simd
   for (int64_t k = 0; k < n; ++k) {
     const float dh = dh_out[k] + dh_rec[k] + dh_last[k];
-    const float f = gates[k], gg = gates[M + k], i = gates[2 * M + k], o = gates[3 * M + k];
+    const float f = gates[k], gg = gates[gates_stride + k];
+    const float i = gates[2 * gates_stride + k], o = gates[3 * gates_stride + k];
     const float tc = tanh_(c[k]);
     const float dct = dc[k] + dh * o * (1.f - tc * tc);
     const float d_f = dct * c_prev[k] * f * (1.f - f);
@@ -155,63 +165,130 @@ __attribute__((always_inline)) inline void cell_backward(
     const float d_o = dh * tc * o * (1.f - o);
     dc[k] = dct * f;
     dp[k] = d_f;
-    dp[M + k] = d_g;
-    dp[2 * M + k] = d_i;
-    dp[3 * M + k] = d_o;
+    dp[dp_stride + k] = d_g;
+    dp[2 * dp_stride + k] = d_i;
+    dp[3 * dp_stride + k] = d_o;
     dg[k] = d_f;
-    dg[w + k] = d_g;
-    dg[2 * w + k] = d_i;
-    dg[3 * w + k] = d_o;
+    dg[dg_stride + k] = d_g;
+    dg[2 * dg_stride + k] = d_i;
+    dg[3 * dg_stride + k] = d_o;
   }
 }
 
-struct Sizes {
-  int64_t T, B, M, g, w, chunks;
-  int64_t tasks() const { return g * chunks; }
-  int64_t k0(int64_t task) const { return (task % chunks) * kChunk; }
-  int64_t n(int64_t task) const { return std::min(kChunk, w - k0(task)); }
+// The pyramid's levels as the recurrence reads them: level l holds the pre-activations of the
+// hidden units offset .. offset + width, as a (T, B, 4, width) array (its own gate stride)
+struct Level {
+  float* data;
+  int64_t offset, width;
 };
 
-// g and w of the (g, w, 4w) weight, checked with the (., ., 4, M) tensor `gates` it goes with
-std::pair<int64_t, int64_t> check_weight(const char* op, const at::Tensor& weight,
-                                         const at::Tensor& gates, const char* gates_name) {
+// fn(level, first unit, units) for each level's share of the units a .. a + n
+template <typename Fn>
+inline void for_segments(const std::vector<Level>& levels, int64_t a, int64_t n, Fn&& fn) {
+  for (const Level& level : levels) {
+    const int64_t lo = std::max(a, level.offset);
+    const int64_t hi = std::min(a + n, level.offset + level.width);
+    if (lo < hi) fn(level, lo, hi - lo);
+  }
+}
+
+// The sizes, and the tasks (j, k-chunk) of chunks `chunk` wide (the last one may be narrower)
+struct Sizes {
+  int64_t T, B, M, g, w, chunk = 1, chunks = 1;
+  Sizes split(int64_t width) const {
+    Sizes s = *this;
+    s.chunk = std::max<int64_t>(1, std::min(width, w));
+    s.chunks = (w + s.chunk - 1) / s.chunk;
+    return s;
+  }
+  int64_t tasks() const { return g * chunks; }
+  int64_t k0(int64_t task) const { return (task % chunks) * chunk; }
+  int64_t n(int64_t task) const { return std::min(chunk, w - k0(task)); }
+};
+
+// g and w of the (g, w, 4w) weight
+std::pair<int64_t, int64_t> check_weight(const char* op, const at::Tensor& weight) {
   TORCH_CHECK(mkl_available(), op, ": needs PyTorch built with MKL");
   lightnets::check_operand(op, weight, "weight", 3, "(g, w, 4w)");
   const int64_t g = weight.size(0), w = weight.size(1);
-  TORCH_CHECK(g > 0 && w > 0 && weight.size(2) == kGates * w && gates.size(2) == kGates &&
-                  gates.size(3) == g * w,
-              op, ": ", gates_name, " has shape ", gates.sizes(), " and weight ", weight.sizes(),
-              ", expected ", gates_name, " (T, B, 4, M) and weight (g, M/g, 4M/g)");
-  // MKL's LP64 interface takes int sizes
-  TORCH_CHECK(gates.numel() < std::numeric_limits<int>::max(), op, ": ", gates_name,
-              " of shape ", gates.sizes(), " is too large for MKL's 32-bit sizes");
+  TORCH_CHECK(g > 0 && w > 0 && weight.size(2) == kGates * w, op, ": weight has shape ",
+              weight.sizes(), ", expected (g, w, 4w) with g, w > 0");
   return {g, w};
 }
 
-// the sizes of the (T, B, 4, M) tensor `inputs` (the pre-activations or, backward, their
-// activated values, named `name`) and of the operands that go with it
-Sizes check_operands(const char* op, const at::Tensor& inputs, const char* name,
-                     const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                     const at::Tensor& h0, const at::Tensor& c0) {
-  lightnets::check_operand(op, inputs, name, 4, "(T, B, 4, M)");
-  const auto [g, w] = check_weight(op, weight, inputs, name);
-  const int64_t T = inputs.size(0), B = inputs.size(1), M = g * w;
+// the bias (g, 4w) and the state h0, c0 (B, M) that go with the sizes in `s`; `origin` names the
+// operand that gave B
+void check_bias_and_state(const char* op, const std::optional<at::Tensor>& bias,
+                          const at::Tensor& h0, const at::Tensor& c0, const Sizes& s,
+                          const at::Tensor& weight, const char* origin, at::IntArrayRef sizes) {
   if (bias) {
     lightnets::check_operand(op, *bias, "bias", 2, "(g, 4w)");
-    lightnets::check_shape(op, *bias, "bias", {g, kGates * w}, "(g, 4w) of weight ",
+    lightnets::check_shape(op, *bias, "bias", {s.g, kGates * s.w}, "(g, 4w) of weight ",
                            weight.sizes());
   }
   for (const auto& [t, name] : {std::pair{&h0, "h0"}, std::pair{&c0, "c0"}}) {
     lightnets::check_operand(op, *t, name, 2, "(B, M)");
-    lightnets::check_shape(op, *t, name, {B, M}, "(B, M) of ", inputs.sizes());
+    lightnets::check_shape(op, *t, name, {s.B, s.M}, "(B, M) of ", origin, " ", sizes,
+                           " and weight ", weight.sizes());
   }
-  return {T, B, M, g, w, (w + kChunk - 1) / kChunk};
+  // MKL's LP64 interface takes int sizes
+  TORCH_CHECK(s.T * s.B * kGates * s.M < std::numeric_limits<int>::max(), op, ": ", origin,
+              " of shape ", sizes, " is too large for MKL's 32-bit sizes");
 }
+
+// The sizes of the (T, B, 4, M) tensor `gates` (the activated gates, backward) and of the
+// operands that go with it
+Sizes check_operands(const char* op, const at::Tensor& gates, const at::Tensor& weight,
+                     const at::Tensor& h0, const at::Tensor& c0) {
+  lightnets::check_operand(op, gates, "gates", 4, "(T, B, 4, M)");
+  const auto [g, w] = check_weight(op, weight);
+  TORCH_CHECK(gates.size(2) == kGates && gates.size(3) == g * w, op, ": gates has shape ",
+              gates.sizes(), " and weight ", weight.sizes(),
+              ", expected gates (T, B, 4, M) and weight (g, M/g, 4M/g)");
+  const Sizes s{gates.size(0), gates.size(1), g * w, g, w};
+  check_bias_and_state(op, std::nullopt, h0, c0, s, weight, "gates", gates.sizes());
+  return s;
+}
+
+// The levels of the forward's pre-activations, each (T, B, 4, m_l) with sum m_l = M, and the
+// sizes of the operands that go with them
+std::pair<Sizes, std::vector<Level>> check_levels(const char* op, at::TensorList levels,
+                                                  const at::Tensor& weight,
+                                                  const std::optional<at::Tensor>& bias,
+                                                  const at::Tensor& h0, const at::Tensor& c0) {
+  TORCH_CHECK(!levels.empty(), op, ": levels must hold at least one (T, B, 4, m) tensor");
+  const auto [g, w] = check_weight(op, weight);
+  std::vector<Level> out;
+  std::string shapes;
+  int64_t width = 0;
+  for (const at::Tensor& level : levels) {
+    lightnets::check_operand(op, level, "levels", 4, "(T, B, 4, m)");
+    shapes += c10::str(shapes.empty() ? "" : ", ", level.sizes());
+    out.push_back({level.data_ptr<float>(), width, level.size(3)});
+    width += level.size(3);
+  }
+  const int64_t T = levels[0].size(0), B = levels[0].size(1);
+  bool same = true;
+  for (const at::Tensor& level : levels)
+    same = same && level.size(0) == T && level.size(1) == B && level.size(2) == kGates;
+  TORCH_CHECK(same && width == g * w, op, ": levels have shapes ", shapes, " and weight ",
+              weight.sizes(), ", expected levels (T, B, 4, m_l) with sum m_l = M and weight ",
+              "(g, M/g, 4M/g)");
+  const Sizes s{T, B, g * w, g, w};
+  check_bias_and_state(op, bias, h0, c0, s, weight, "levels", levels[0].sizes());
+  return {s, out};
+}
+
+// A packed matrix. MKL asks for at least 5.8 MB a matrix, however small, of which packing writes
+// the matrix's size: the buffer is left uninitialised, so that the rest is never touched (a large
+// allocation is mapped lazily); zeroing it would cost more than the whole recurrence.
+using Packed = std::unique_ptr<float[]>;
 
 // One packed matrix per task: forward W_j's columns {q w + k0 .. q w + k0 + n : q < 4}
 // gathered into a (w, 4n) matrix; backward W_j^T's columns k0 .. k0 + n, (4w, n).
-std::vector<std::vector<float>> pack_weights(const float* W, const Sizes& s, bool backward) {
-  std::vector<std::vector<float>> packs(s.tasks());
+std::vector<Packed> pack_weights(const float* W, const Sizes& s, bool backward) {
+  std::vector<Packed> packs(s.tasks());
+  auto allocate = [](size_t bytes) { return Packed(new float[bytes / sizeof(float) + 1]); };
   const int64_t w = s.w, four_w = kGates * w;
   at::parallel_for(0, s.tasks(), 1, [&](int64_t begin, int64_t end) {
     OneMklThread one;
@@ -220,19 +297,18 @@ std::vector<std::vector<float>> pack_weights(const float* W, const Sizes& s, boo
       const int64_t j = task / s.chunks, k0 = s.k0(task), n = s.n(task);
       const float* Wj = W + j * w * four_w;
       if (backward) {
-        packs[task].resize(cblas_sgemm_pack_get_size(kBMatrix, s.B, n, four_w) / sizeof(float) + 1);
+        packs[task] = allocate(cblas_sgemm_pack_get_size(kBMatrix, s.B, n, four_w));
         // B = (rows k0 .. k0 + n of W_j)^T
         cblas_sgemm_pack(kRowMajor, kBMatrix, kTrans, s.B, n, four_w, 1.f, Wj + k0 * four_w,
-                         four_w, packs[task].data());
+                         four_w, packs[task].get());
       } else {
         gathered.resize(w * kGates * n);
         for (int64_t r = 0; r < w; ++r)
           for (int64_t q = 0; q < kGates; ++q)
             std::copy_n(Wj + r * four_w + q * w + k0, n, gathered.data() + (r * kGates + q) * n);
-        packs[task].resize(cblas_sgemm_pack_get_size(kBMatrix, s.B, kGates * n, w) / sizeof(float) +
-                           1);
+        packs[task] = allocate(cblas_sgemm_pack_get_size(kBMatrix, s.B, kGates * n, w));
         cblas_sgemm_pack(kRowMajor, kBMatrix, kNoTrans, s.B, kGates * n, w, 1.f, gathered.data(),
-                         kGates * n, packs[task].data());
+                         kGates * n, packs[task].get());
       }
     }
   });
@@ -242,27 +318,27 @@ std::vector<std::vector<float>> pack_weights(const float* W, const Sizes& s, boo
 // Forward. Returns (output (T, B, M), c_T (B, M), gates (T, B, 4, M), cells (T, B, M)); the last
 // two, the activated gates and the cells that the backward reads, are empty unless `save`.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_forward(
-    const at::Tensor& inputs, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::TensorList levels, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& h0, const at::Tensor& c0, bool save) {
-  const Sizes s =
-      check_operands("pru_recurrence_forward", inputs, "inputs", weight, bias, h0, c0);
+  const auto checked = check_levels("pru_recurrence_forward", levels, weight, bias, h0, c0);
+  const Sizes s = checked.first.split(kForwardChunk);
+  const std::vector<Level>& level_list = checked.second;
   const int64_t T = s.T, B = s.B, M = s.M, w = s.w;
-  auto options = inputs.options();
+  auto options = h0.options();
   at::Tensor output = at::empty({T, B, M}, options);
   at::Tensor gates = save ? at::empty({T, B, kGates, M}, options) : at::empty({0}, options);
   at::Tensor cells = save ? at::empty({T, B, M}, options) : at::empty({0}, options);
   at::Tensor c_last = c0.clone();
   if (T == 0 || B == 0) return {output, c_last, gates, cells};
   const auto packs = pack_weights(weight.data_ptr<float>(), s, false);
-  const float* P = inputs.data_ptr<float>();
   const std::vector<float> no_bias(bias ? 0 : s.g * kGates * w, 0.f);
   const float* bias_p = bias ? bias->data_ptr<float>() : no_bias.data();
   float* out = output.data_ptr<float>();
   float* gates_p = save ? gates.data_ptr<float>() : nullptr;
   // without saving, the cells ping-pong between c_last and a second buffer
   std::vector<float> ring(save ? 0 : B * M);
-  // each task's (B, 4n) product, at task * B * 4 kChunk
-  std::vector<float> context(s.tasks() * B * kGates * kChunk);
+  // each task's (B, 4n) product, at task * B * 4 chunk
+  std::vector<float> context(s.tasks() * B * kGates * s.chunk);
   for (int64_t t = 0; t < T; ++t) {
     const float* h_prev = t ? out + (t - 1) * B * M : h0.data_ptr<float>();
     const float* c_prev;
@@ -281,22 +357,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_forwar
       OneMklThread one;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t j = task / s.chunks, k0 = s.k0(task), n = s.n(task);
-        float* ctx = context.data() + task * B * kGates * kChunk;
+        float* ctx = context.data() + task * B * kGates * s.chunk;
         cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, B, kGates * n, w, h_prev + j * w, M,
-                            packs[task].data(), kGates * n, 0.f, ctx, kGates * n);
+                            packs[task].get(), kGates * n, 0.f, ctx, kGates * n);
         const int64_t m0 = j * w + k0;
-        const float* bq = bias_p + j * kGates * w + k0;
         for (int64_t b = 0; b < B; ++b) {
           const int64_t row = t * B + b;
-          const float* pre = P + row * kGates * M + m0;
-          const float* cx = ctx + b * kGates * n;
-          float* h = out + row * M + m0;
-          if (save)
-            cell_forward<true>(pre, cx, bq, c_prev + b * M + m0, c_next + b * M + m0, h,
-                               gates_p + row * kGates * M + m0, n, M, w);
-          else
-            cell_forward<false>(pre, cx, bq, c_prev + b * M + m0, c_next + b * M + m0, h,
-                                nullptr, n, M, w);
+          for_segments(level_list, m0, n, [&](const Level& level, int64_t u, int64_t len) {
+            const float* pre = level.data + row * kGates * level.width + (u - level.offset);
+            const float* cx = ctx + b * kGates * n + (u - m0);
+            const float* bq = bias_p + j * kGates * w + (u - j * w);
+            const int64_t at = b * M + u;
+            if (save)
+              cell_forward<true>(pre, level.width, cx, n, bq, w, c_prev + at, c_next + at,
+                                 out + row * M + u, gates_p + row * kGates * M + u, M, len);
+            else
+              cell_forward<false>(pre, level.width, cx, n, bq, w, c_prev + at, c_next + at,
+                                  out + row * M + u, nullptr, M, len);
+          });
         }
       }
     });
@@ -305,16 +383,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_forwar
   return {output, c_last, gates, cells};
 }
 
-// Backward. grad_output (T, B, M), grad_h_last and grad_c_last (B, M) may be undefined (zero).
-// Returns (grad_inputs (T, B, 4, M), grad_weight (g, w, 4w), grad_bias (g, 4w), grad_h0 (B, M),
-// grad_c0 (B, M)); grad_weight and grad_bias are empty unless asked for.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_backward(
-    const std::optional<at::Tensor>& grad_output, const std::optional<at::Tensor>& grad_h_last,
-    const std::optional<at::Tensor>& grad_c_last, const at::Tensor& gates,
-    const at::Tensor& cells, const at::Tensor& output, const at::Tensor& weight,
-    const at::Tensor& h0, const at::Tensor& c0, bool weight_grad, bool bias_grad) {
+// Backward. grad_output (T, B, M), grad_h_last and grad_c_last (B, M) may be undefined (zero);
+// `widths` are the forward's level widths m_l. Returns (the levels' gradients, each
+// (T, B, 4, m_l), grad_weight (g, w, 4w), grad_bias (g, 4w), grad_h0 (B, M), grad_c0 (B, M));
+// grad_weight and grad_bias are empty unless asked for.
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+pru_recurrence_backward(const std::optional<at::Tensor>& grad_output,
+                        const std::optional<at::Tensor>& grad_h_last,
+                        const std::optional<at::Tensor>& grad_c_last, const at::Tensor& gates,
+                        const at::Tensor& cells, const at::Tensor& output,
+                        const at::Tensor& weight, const at::Tensor& h0, const at::Tensor& c0,
+                        at::IntArrayRef widths, bool weight_grad, bool bias_grad) {
   const char* op = "pru_recurrence_backward";
-  const Sizes s = check_operands(op, gates, "gates", weight, std::nullopt, h0, c0);
+  const Sizes s = check_operands(op, gates, weight, h0, c0).split(kBackwardChunk);
   const int64_t T = s.T, B = s.B, M = s.M, w = s.w, g = s.g, four_w = kGates * w;
   for (const auto& [t, name] : {std::pair{&cells, "cells"}, std::pair{&output, "output"}}) {
     lightnets::check_operand(op, *t, name, 3, "(T, B, M)");
@@ -331,13 +412,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recur
     lightnets::check_operand(op, **t, name, 2, "(B, M)");
     lightnets::check_shape(op, **t, name, {B, M}, "(B, M) of gates ", gates.sizes());
   }
+  int64_t width_sum = 0;
+  for (int64_t m : widths) width_sum += m > 0 ? m : M + 1;
+  TORCH_CHECK(!widths.empty() && width_sum == M, op, ": widths ", widths,
+              " must be positive and sum to M = ", M, " of gates ", gates.sizes());
   auto options = h0.options();
-  at::Tensor grad_inputs = at::empty({T, B, kGates, M}, options);
+  std::vector<at::Tensor> grad_levels;
+  std::vector<Level> levels;
+  for (int64_t m : widths) {
+    grad_levels.push_back(at::empty({T, B, kGates, m}, options));
+    const int64_t offset = levels.empty() ? 0 : levels.back().offset + levels.back().width;
+    levels.push_back({grad_levels.back().data_ptr<float>(), offset, m});
+  }
   at::Tensor grad_h0 = at::empty({B, M}, options);
   at::Tensor grad_c0 = grad_c_last ? grad_c_last->clone() : at::zeros({B, M}, options);
   if (T == 0 || B == 0) {
     grad_h0 = grad_h_last ? grad_h_last->clone() : at::zeros({B, M}, options);
-    return {grad_inputs, at::zeros_like(weight), at::zeros({g, four_w}, options), grad_h0,
+    return {grad_levels, at::zeros_like(weight), at::zeros({g, four_w}, options), grad_h0,
             grad_c0};
   }
   const auto packs = pack_weights(weight.data_ptr<float>(), s, true);
@@ -345,18 +436,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recur
   const float* gh_last = grad_h_last ? grad_h_last->data_ptr<float>() : nullptr;
   const float* G = gates.data_ptr<float>();
   const float* C = cells.data_ptr<float>();
-  float* dP = grad_inputs.data_ptr<float>();
   float* dc_carry = grad_c0.data_ptr<float>();  // dL/dc_t, carried down to dL/dc_0
   // dG of steps t and t + 1 in the group-major layout the recurrent products read: (g, B, 4w)
   std::vector<float> dG[2] = {std::vector<float>(g * B * four_w),
                              std::vector<float>(g * B * four_w)};
-  std::vector<float> recurrent(s.tasks() * B * kChunk);  // each task's (B, n) recurrent gradient
-  const std::vector<float> zeros(kChunk, 0.f);  // an absent gradient's row
+  // each task's (B, n) recurrent gradient
+  std::vector<float> recurrent(s.tasks() * B * s.chunk);
+  const std::vector<float> zeros(s.chunk, 0.f);  // an absent gradient's row
   // task (j, chunk): dG_next_j (B, 4w) @ W_j^T[:, chunk] into dst (B, n), row stride ld
   auto recurrent_product = [&](int64_t task, const float* dG_next, float* dst, int64_t ld) {
     const int64_t j = task / s.chunks, n = s.n(task);
     cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, B, n, four_w, dG_next + j * B * four_w,
-                        four_w, packs[task].data(), n, 0.f, dst, ld);
+                        four_w, packs[task].get(), n, 0.f, dst, ld);
   };
   for (int64_t t = T - 1; t >= 0; --t) {
     const float* dG_next = dG[(t + 1) % 2].data();
@@ -366,16 +457,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recur
       OneMklThread one;
       for (int64_t task = begin; task < end; ++task) {
         const int64_t j = task / s.chunks, k0 = s.k0(task), n = s.n(task), m0 = j * w + k0;
-        float* rec = recurrent.data() + task * B * kChunk;
+        float* rec = recurrent.data() + task * B * s.chunk;
         if (t < T - 1) recurrent_product(task, dG_next, rec, n);
         for (int64_t b = 0; b < B; ++b) {
           const int64_t row = t * B + b;
-          cell_backward(gout ? gout + row * M + m0 : zeros.data(),
-                        t < T - 1 ? rec + b * n : zeros.data(),
-                        t == T - 1 && gh_last ? gh_last + b * M + m0 : zeros.data(),
-                        G + row * kGates * M + m0, C + row * M + m0, c_prev_all + b * M + m0,
-                        dc_carry + b * M + m0, dP + row * kGates * M + m0,
-                        dG_cur + (j * B + b) * four_w + k0, n, M, w);
+          for_segments(levels, m0, n, [&](const Level& level, int64_t u, int64_t len) {
+            const int64_t at = b * M + u;
+            cell_backward(gout ? gout + row * M + u : zeros.data(),
+                          t < T - 1 ? rec + b * n + (u - m0) : zeros.data(),
+                          t == T - 1 && gh_last ? gh_last + at : zeros.data(),
+                          G + row * kGates * M + u, M, C + row * M + u, c_prev_all + at,
+                          dc_carry + at,
+                          level.data + row * kGates * level.width + (u - level.offset),
+                          level.width, dG_cur + (j * B + b) * four_w + (u - j * w), w, len);
+          });
         }
       }
     });
@@ -391,7 +486,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recur
   });
   at::Tensor grad_weight = at::empty({0}, options), grad_bias = at::empty({0}, options);
   if (weight_grad) {
-    // dW_j[:, q w + cols] = h0_j^T dP[0, :, q, j w + cols] + out[:-1]_j^T dP[1:, :, q, j w + cols]
+    // dW_j[:, q w + cols] = h0_j^T dP[0, :, q, cols] + out[:-1]_j^T dP[1:, :, q, cols], the
+    // columns' pre-activation gradients read from the level that holds them
     grad_weight = at::empty({g, w, four_w}, options);
     float* dW = grad_weight.data_ptr<float>();
     const float* H0 = h0.data_ptr<float>();
@@ -402,38 +498,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recur
       for (int64_t task = begin; task < end; ++task) {
         const int64_t j = task / (kGates * parts), q = task / parts % kGates;
         const int64_t k0 = task % parts * kGradChunk, n = std::min(kGradChunk, w - k0);
-        float* dst = dW + j * w * four_w + q * w + k0;
-        const float* src = dP + q * M + j * w + k0;
-        gemm(true, false, w, n, B, 1.f, H0 + j * w, M, src, kGates * M, 0.f, dst, four_w);
-        if (T > 1)
-          gemm(true, false, w, n, (T - 1) * B, 1.f, H + j * w, M, src + B * kGates * M,
-               kGates * M, 1.f, dst, four_w);
+        for_segments(levels, j * w + k0, n, [&](const Level& level, int64_t u, int64_t len) {
+          float* dst = dW + j * w * four_w + q * w + (u - j * w);
+          const int64_t ld = kGates * level.width;
+          const float* src = level.data + q * level.width + (u - level.offset);
+          gemm(true, false, w, len, B, 1.f, H0 + j * w, M, src, ld, 0.f, dst, four_w);
+          if (T > 1)
+            gemm(true, false, w, len, (T - 1) * B, 1.f, H + j * w, M, src + B * ld, ld, 1.f,
+                 dst, four_w);
+        });
       }
     });
   }
   if (bias_grad) {
-    // column sums of dP over the T B rows, each column's in row order
+    // column sums of each level's gradient over the T B rows, each column's in row order
     grad_bias = at::empty({g, four_w}, options);
     float* db = grad_bias.data_ptr<float>();
-    const int64_t columns = kGates * M, rows = T * B;
-    at::parallel_for(0, (columns + 255) / 256, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> acc(256);
+    const int64_t rows = T * B, block = 256;
+    std::vector<std::pair<const Level*, int64_t>> parts;  // (level, first column)
+    for (const Level& level : levels)
+      for (int64_t c = 0; c < kGates * level.width; c += block) parts.push_back({&level, c});
+    at::parallel_for(0, parts.size(), 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(block);
       for (int64_t part = begin; part < end; ++part) {
-        const int64_t c0 = part * 256, n = std::min<int64_t>(256, columns - c0);
+        const Level& level = *parts[part].first;
+        const int64_t columns = kGates * level.width, c0 = parts[part].second;
+        const int64_t n = std::min(block, columns - c0);
         std::fill_n(acc.data(), n, 0.f);
         for (int64_t r = 0; r < rows; ++r) {
-          const float* src = dP + r * columns + c0;
+          const float* src = level.data + r * columns + c0;
 #pragma omp simd
           for (int64_t k = 0; k < n; ++k) acc[k] += src[k];
         }
-        for (int64_t k = 0; k < n; ++k) {  // column q M + m -> bias[m / w, q w + m % w]
-          const int64_t q = (c0 + k) / M, m = (c0 + k) % M;
+        for (int64_t k = 0; k < n; ++k) {  // level column q m_l + u -> bias[m / w, q w + m % w]
+          const int64_t q = (c0 + k) / level.width, m = level.offset + (c0 + k) % level.width;
           db[(m / w) * four_w + q * w + m % w] = acc[k];
         }
       }
     });
   }
-  return {grad_inputs, grad_weight, grad_bias, grad_h0, grad_c0};
+  return {grad_levels, grad_weight, grad_bias, grad_h0, grad_c0};
 }
 
 bool pru_recurrence_available() { return mkl_available(); }
@@ -442,13 +546,14 @@ bool pru_recurrence_available() { return mkl_available(); }
 
 TORCH_LIBRARY_FRAGMENT(lightnets_cpu, m) {
   m.def(
-      "pru_recurrence_forward(Tensor inputs, Tensor weight, Tensor? bias, Tensor h0, Tensor c0, "
-      "bool save) -> (Tensor, Tensor, Tensor, Tensor)",
+      "pru_recurrence_forward(Tensor[] levels, Tensor weight, Tensor? bias, Tensor h0, "
+      "Tensor c0, bool save) -> (Tensor, Tensor, Tensor, Tensor)",
       &pru_recurrence_forward);
   m.def(
       "pru_recurrence_backward(Tensor? grad_output, Tensor? grad_h_last, Tensor? grad_c_last, "
       "Tensor gates, Tensor cells, Tensor output, Tensor weight, Tensor h0, Tensor c0, "
-      "bool weight_grad, bool bias_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "int[] widths, bool weight_grad, bool bias_grad) -> (Tensor[], Tensor, Tensor, Tensor, "
+      "Tensor)",
       &pru_recurrence_backward);
   m.def("pru_recurrence_available() -> bool", &pru_recurrence_available);
 }
