@@ -18,9 +18,8 @@ sublayer but the two attentions acts on each position alone, so only the attenti
 
 from __future__ import annotations
 
-from typing import Any
-
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.dextra import DExTra
+from src.ops.dropout import dropout
 from src.ops.single_head_attention import (
     KeyValueCache,
     SingleHeadAttention,
@@ -187,7 +187,7 @@ class _DeLighTBlock(nn.Module):
         )
 
     def _residual(self, residual: Tensor, branch: Tensor, norm: nn.LayerNorm, p: float) -> Tensor:
-        x = residual + F.dropout(branch, p, self.training)
+        x = residual + dropout(branch, p, self.training)
         return x if self.normalize_before else norm(x)
 
     def _pre(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
@@ -202,7 +202,7 @@ class _DeLighTBlock(nn.Module):
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         h = F.silu(self.fc1(self._pre(x, self.final_norm)))  # (T, B, d_m / r)
-        h = self.fc2(F.dropout(h, self.activation_dropout, self.training))
+        h = self.fc2(dropout(h, self.activation_dropout, self.training))
         return self._residual(x, h, self.final_norm, self.ffn_dropout)
 
 

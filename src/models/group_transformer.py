@@ -16,7 +16,6 @@ sublayers); ``inter_group=False`` drops the inter-group maps of both group subla
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.transformer_xl import (
@@ -27,6 +26,7 @@ from src.models.transformer_xl import (
     check_memories,
     update_memories,
 )
+from src.ops.dropout import dropout
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
@@ -192,7 +192,7 @@ class GroupTransformer(nn.Module):
     def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
         batch, qlen = tokens.shape
         mlen = check_memories(memories, self.n_layer + 1, batch)
-        h = F.dropout(self.embedding(tokens), p=self.dropout, training=self.training)  # (B, T, D)
+        h = dropout(self.embedding(tokens), p=self.dropout, training=self.training)  # (B, T, D)
         if self.pos_table is not None:
             if mlen + qlen > self.pos_table.max_len:
                 raise ValueError(
@@ -209,7 +209,7 @@ class GroupTransformer(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, r, self.r_w_bias, self.r_r_bias, None if memories is None else memories[i])
             hiddens.append(h)
-        h = F.dropout(self.out_norm(h), p=self.dropout, training=self.training)
+        h = dropout(self.out_norm(h), p=self.dropout, training=self.training)
         logits = self.output(self.out_trans(h))  # (B, T, n_token)
         return logits, update_memories(hiddens, memories, self.mem_len)
 

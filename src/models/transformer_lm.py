@@ -32,12 +32,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.delight import EMBEDDING_DIM, PADDING_IDX, sinusoidal_positions
 from src.models.delight_lm import TiedOutputLanguageModel, tied_lookup
 from src.ops.adaptive_io import AdaptiveInputSoftmax
+from src.ops.dropout import dropout
 
 
 class TransformerLanguageModel(TiedOutputLanguageModel):
@@ -162,7 +162,7 @@ class TransformerLanguageModel(TiedOutputLanguageModel):
         if self.project_in is not None:
             x = self.project_in(x)  # (B, T, d_model)
         x = x + sinusoidal_positions(padding_mask, self.d_model, self.padding_idx).to(x.dtype)
-        x = F.dropout(x, self.dropout, self.training)
+        x = dropout(x, self.dropout, self.training)
         causal = nn.Transformer.generate_square_subsequent_mask(
             tokens.shape[1], device=tokens.device, dtype=x.dtype
         )

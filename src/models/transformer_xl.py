@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dropout import dropout
 from src.ops.relative_position import (
     ATTENTION_PATHS,
     causal_memory_mask,
     relative_attention,
     relative_sinusoid,
 )
-
 
 # Per-position attention cost (x d_model MACs per token) of the paper's FLOP convention; the
 # reference params.json fits it to the published numbers (any value in 654..658 works).
@@ -122,7 +122,7 @@ class RelativeMultiHeadAttention(nn.Module):
             impl=self.impl,
         )  # (B, H, T, d_head)
         o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)
-        out = h + F.dropout(o, p=self.dropout, training=self.training)
+        out = h + dropout(o, p=self.dropout, training=self.training)
         return out if self.pre_norm else self.norm(out)
 
     def extra_repr(self) -> str:
@@ -164,8 +164,8 @@ class PositionwiseFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.norm(x) if self.pre_norm else x
-        y = F.dropout(torch.relu(self.linear_1(y)), p=self.dropout, training=self.training)
-        out = x + F.dropout(self.linear_2(y), p=self.dropout, training=self.training)
+        y = dropout(torch.relu(self.linear_1(y)), p=self.dropout, training=self.training)
+        out = x + dropout(self.linear_2(y), p=self.dropout, training=self.training)
         return out if self.pre_norm else self.norm(out)
 
     def extra_repr(self) -> str:
@@ -329,14 +329,14 @@ class TransformerXL(nn.Module):
     def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
         batch, qlen = tokens.shape
         mlen = check_memories(memories, self.n_layer + 1, batch)
-        h = F.dropout(self.embedding(tokens) * math.sqrt(self.d_model), p=self.dropout, training=self.training)
+        h = dropout(self.embedding(tokens) * math.sqrt(self.d_model), p=self.dropout, training=self.training)
         r = relative_sinusoid(mlen + qlen, self.d_model, dtype=h.dtype, device=h.device)  # (K, D)
-        r = F.dropout(r, p=self.dropout, training=self.training)
+        r = dropout(r, p=self.dropout, training=self.training)
         hiddens = [h]
         for i, layer in enumerate(self.layers):
             h = layer(h, r, self.r_w_bias, self.r_r_bias, None if memories is None else memories[i])
             hiddens.append(h)
-        logits = self.output(F.dropout(h, p=self.dropout, training=self.training))  # (B, T, n_token)
+        logits = self.output(dropout(h, p=self.dropout, training=self.training))  # (B, T, n_token)
         return logits, update_memories(hiddens, memories, self.mem_len)
 
     def extra_repr(self) -> str:

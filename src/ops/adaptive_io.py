@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dropout import dropout
+
 REDUCTIONS = ("sum", "mean", "none")
 
 
@@ -164,7 +166,7 @@ class AdaptiveInputSoftmax(nn.Module):
         """Log-probabilities inside tail cluster i (band i + 1). (n, d) -> (n, band size)."""
         band = i + 1
         h = F.linear(hidden, self.projections[band].weight.t())  # (n, d_band): the tied P^T
-        h = F.dropout(h, self.dropout, self.training)
+        h = dropout(h, self.dropout, self.training)
         return F.linear(h, self.embeddings[band].weight).float().log_softmax(-1)
 
     def loss(self, hidden: Tensor, targets: Tensor, *, reduction: str = "sum") -> Tensor:
@@ -188,7 +190,7 @@ class AdaptiveInputSoftmax(nn.Module):
             raise ValueError(
                 f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree"
             )
-        h = F.dropout(hidden.reshape(-1, self.output_dim), self.dropout, self.training)  # (N, d)
+        h = dropout(hidden.reshape(-1, self.output_dim), self.dropout, self.training)  # (N, d)
         flat = targets.reshape(-1)  # (N,)
         scored = flat != self.padding_idx
         band = self.band_of(flat)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dropout import dropout
 from src.ops.group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.triton import check_impl
@@ -210,7 +211,7 @@ class DExTra(nn.Module):
 
     def _swish(self, x: Tensor) -> Tensor:
         x = F.silu(x)
-        return F.dropout(x, self.dropout, self.training) if self.dropout > 0 else x
+        return dropout(x, self.dropout, self.training) if self.dropout > 0 else x
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]

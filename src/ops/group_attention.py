@@ -13,9 +13,9 @@ differently), and the output is added to the un-normalised input.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear
 from src.ops.grouped_norm import PerGroupLayerNorm
 from src.ops.relative_position import causal_memory_mask, relative_attention
@@ -140,7 +140,7 @@ class GroupAttention(nn.Module):
         o = self.o_net(ov)
         if self.inter_o_net is not None:
             o = self._add_inter(o, self.inter_o_net(ov))
-        return h + F.dropout(o, p=self.dropout, training=self.training)
+        return h + dropout(o, p=self.dropout, training=self.training)
 
     def extra_repr(self) -> str:
         return (

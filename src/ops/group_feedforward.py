@@ -14,9 +14,9 @@ and the second linear (``hidden_norm``); none of these norms appears in the pape
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear
 from src.ops.grouped_norm import PerGroupLayerNorm
 
@@ -97,7 +97,7 @@ class GroupFeedForward(nn.Module):
             z = torch.cat([x.unflatten(-1, per_group), t.unflatten(-1, per_group)], -1).flatten(-2)
         y = torch.relu_(self.intra_linear_1(self.input_norm(z)))  # (..., d_inner)
         y = self.intra_linear_2(self.hidden_norm(y))  # (..., D)
-        return x + F.dropout(y, p=self.dropout, training=self.training)
+        return x + dropout(y, p=self.dropout, training=self.training)
 
     def extra_repr(self) -> str:
         return (

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.ops.dropout import dropout
 from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
 from src.ops.triton import Timer, autocast_dtype, fastest, size_bucket
@@ -251,7 +252,7 @@ def eager_relative_attention(
     # 16-bit scores are normalised in float32 (autocast's rule on CUDA, made explicit so that
     # CPU bf16 runs do it too); on the CPU, one kernel pass each way
     prob = relative_softmax(content, position, mask, scale, impl=impl).to(v.dtype)
-    prob = F.dropout(prob, p=dropatt, training=training)
+    prob = dropout(prob, p=dropatt, training=training)
     return torch.matmul(prob, v)
 
 

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dropout import dropout
+
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -266,7 +268,7 @@ class SingleHeadAttention(nn.Module):
         # 16-bit scores overflow and lose the small probabilities: softmax in float32 as officially
         softmax_dtype = torch.float32 if scores.dtype in _HALF else scores.dtype
         probs = F.softmax(scores.to(softmax_dtype), dim=-1)
-        dropped = F.dropout(probs, p, training=True) if p > 0 else probs
+        dropped = dropout(probs, p, training=True) if p > 0 else probs
         return torch.bmm(dropped.to(v.dtype), v), probs
 
     def extra_repr(self) -> str:

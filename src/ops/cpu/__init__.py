@@ -62,6 +62,7 @@ SOURCES = (
     HERE / "dim_conv.cpp",
     HERE / "depthwise_conv.cpp",
     HERE / "pru_recurrence.cpp",
+    HERE / "dropout.cpp",
 )
 HEADERS = (HERE / "common.h",)
 DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
