@@ -29,9 +29,14 @@ The thesis's "Transformer (our impl.)" rows are these base models: 62 M on WMT'1
 tied ``transformer_iwslt_de_en`` on fairseq's dictionaries (39.47 M); the same model with an
 untied output layer has 42,864,640.
 
-Generation: torch's layers keep no key/value cache, so :meth:`TransformerEncoderDecoder.decode_step`
-stores the target prefix (:class:`PrefixState`) and runs the decoder over all of it at every step,
-O(T^2) layer work for T steps instead of O(T) with a cache.
+Generation: torch's layers keep no key/value cache, so
+:meth:`TransformerEncoderDecoder.decode_step` runs each decoder layer's own parameters on the new
+positions only (:func:`_decoder_layer_step`, the math of ``nn.TransformerDecoderLayer.forward``)
+and keeps a :class:`KeyValueState`: per layer the self-attention keys/values of every target
+position so far and the cross-attention keys/values of the encoder output, projected at the first
+step and reused. A step costs O(t) attention and O(1) projection/FFN work at target position t
+(O(T^2) over T steps only in the attention, as in fairseq), instead of a decoder pass over the
+whole prefix. The logits equal :meth:`TransformerEncoderDecoder.decode`'s on the whole prefix.
 """
 
 from __future__ import annotations
@@ -47,26 +52,177 @@ from src.models.delight import PADDING_IDX, sinusoidal_positions
 
 
 @dataclass(frozen=True)
-class PrefixState:
-    """The target tokens the decoder has read so far; each step recomputes the decoder over them.
+class LayerCache:
+    """One decoder layer's attention keys and values, heads split, batch first.
 
     Shape:
-        tokens (B, length) int64, no pads
+        self_keys, self_values (B, H, length, d_model / H): the target positions so far;
+        encoder_keys, encoder_values (B, H, S, d_model / H): the encoder output's
     """
 
-    tokens: Tensor
+    self_keys: Tensor
+    self_values: Tensor
+    encoder_keys: Tensor
+    encoder_values: Tensor
 
-    @property
-    def length(self) -> int:
-        return self.tokens.shape[1]
-
-    def reorder(self, order: Tensor) -> PrefixState:
-        """The state of the sequences ``order`` picks (e.g. the surviving beams).
+    def reorder(self, order: Tensor) -> LayerCache:
+        """The self-attention keys/values of the sequences ``order`` picks; the encoder's as
+        they are (see :meth:`KeyValueState.reorder`).
 
         Shape:
-            order (B',) int64 indices into B -> tokens (B', length)
+            order (B,) int64 indices into B -> the same shapes
         """
-        return PrefixState(self.tokens.index_select(0, order))
+        return LayerCache(
+            self.self_keys.index_select(0, order),
+            self.self_values.index_select(0, order),
+            self.encoder_keys,
+            self.encoder_values,
+        )
+
+
+@dataclass(frozen=True)
+class KeyValueState:
+    """The decoder's incremental state after ``length`` target positions.
+
+    Shape:
+        layers: one :class:`LayerCache` per decoder layer
+    """
+
+    length: int
+    layers: tuple[LayerCache, ...]
+
+    def reorder(self, order: Tensor) -> KeyValueState:
+        """The state of the sequences ``order`` picks, e.g. the surviving beams.
+
+        Row r of the encoder keys/values stays row r: they belong to the ``encoder_out`` rows
+        that every step passes unchanged (the prefix-recomputing decoder, and
+        :func:`src.tasks.beam_search.beam_search`, which moves beams only among the rows of one
+        source, all sharing its encoder output). So ``order`` must keep the batch size.
+
+        Shape:
+            order (B,) int64 indices into B -> caches over B
+        """
+        return KeyValueState(self.length, tuple(layer.reorder(order) for layer in self.layers))
+
+
+def _split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Shape: (T, B, d) -> (B, H, T, d / H)"""
+    length, batch, _ = x.shape
+    return x.view(length, batch, num_heads, -1).permute(1, 2, 0, 3)  # (B, H, T, d_h)
+
+
+def _attention(
+    attn: nn.MultiheadAttention,
+    query: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    mask: Tensor | None,
+    training: bool,
+) -> Tensor:
+    """``attn``'s output projection of the attention of projected queries over keys/values.
+
+    The queries come in unprojected; ``mask`` is True where a query may read a key.
+
+    Shape:
+        query (T, B, d); keys, values (B, H, K, d / H); mask broadcasting to (B, H, T, K) or
+        None -> (T, B, d)
+    """
+    d = query.shape[-1]
+    q = _split_heads(
+        F.linear(query, attn.in_proj_weight[:d], attn.in_proj_bias[:d]), attn.num_heads
+    )  # (B, H, T, d_h)
+    x = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, dropout_p=attn.dropout if training else 0.0
+    )  # (B, H, T, d_h)
+    x = x.permute(2, 0, 1, 3).flatten(2)  # (T, B, d)
+    return attn.out_proj(x)
+
+
+def _keys_values(attn: nn.MultiheadAttention, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``attn``'s keys and values of ``x``.
+
+    Shape:
+        x (T, B, d) -> keys, values (B, H, T, d / H)
+    """
+    d = x.shape[-1]
+    kv = F.linear(x, attn.in_proj_weight[d:], attn.in_proj_bias[d:])  # (T, B, 2d)
+    keys, values = kv.chunk(2, dim=-1)  # (T, B, d) each
+    return _split_heads(keys, attn.num_heads), _split_heads(values, attn.num_heads)
+
+
+def _check_decoder_layer(layer: nn.TransformerDecoderLayer) -> None:
+    """Raise unless :func:`_decoder_layer_step` computes ``layer``'s forward exactly."""
+    if not isinstance(layer, nn.TransformerDecoderLayer):
+        raise TypeError(f"incremental decoding needs nn.TransformerDecoderLayer, got {type(layer)}")
+    if layer.self_attn.batch_first or layer.multihead_attn.batch_first:
+        raise ValueError("incremental decoding supports time-major layers, got batch_first=True")
+    for name in ("self_attn", "multihead_attn"):
+        attn = getattr(layer, name)
+        if (
+            attn.in_proj_weight is None
+            or attn.in_proj_bias is None
+            or attn.bias_k is not None
+            or attn.add_zero_attn
+        ):
+            raise ValueError(
+                f"incremental decoding supports packed q/k/v projections with biases and no "
+                f"added key/value or zero attention, got {name}={attn}"
+            )
+
+
+def _decoder_layer_step(
+    layer: nn.TransformerDecoderLayer,
+    x: Tensor,
+    cache: LayerCache | None,
+    encoder_out: Tensor,
+    encoder_mask: Tensor | None,
+    causal: Tensor | None,
+) -> tuple[Tensor, LayerCache]:
+    """``layer``'s forward on new target positions, reading the cached earlier ones.
+
+    The branches of ``nn.TransformerDecoderLayer.forward`` (pre- or post-norm): causal
+    self-attention over the cached and new positions, attention over the encoder output (its
+    keys/values projected when ``cache`` is None, then reused), the FFN.
+
+    Shape:
+        x (T, B, d), the new positions; encoder_out (S, B, d); encoder_mask (B, 1, 1, S) bool,
+        True = read, or None; causal (T, length + T) bool, True = read, or None (T = 1) ->
+        (T, B, d) and the cache after ``length + T`` positions
+    """
+    training = layer.training
+
+    def self_attention(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        keys, values = _keys_values(layer.self_attn, h)  # (B, H, T, d_h)
+        if cache is not None:
+            keys = torch.cat((cache.self_keys, keys), dim=2)  # (B, H, length + T, d_h)
+            values = torch.cat((cache.self_values, values), dim=2)
+        out = _attention(layer.self_attn, h, keys, values, causal, training)
+        return layer.dropout1(out), keys, values
+
+    def encoder_attention(h: Tensor) -> Tensor:
+        out = _attention(
+            layer.multihead_attn, h, encoder_keys, encoder_values, encoder_mask, training
+        )
+        return layer.dropout2(out)
+
+    def feed_forward(h: Tensor) -> Tensor:
+        return layer.dropout3(layer.linear2(layer.dropout(layer.activation(layer.linear1(h)))))
+
+    if cache is None:
+        encoder_keys, encoder_values = _keys_values(layer.multihead_attn, encoder_out)
+    else:
+        encoder_keys, encoder_values = cache.encoder_keys, cache.encoder_values
+    if layer.norm_first:
+        branch, keys, values = self_attention(layer.norm1(x))
+        x = x + branch
+        x = x + encoder_attention(layer.norm2(x))
+        x = x + feed_forward(layer.norm3(x))
+    else:
+        branch, keys, values = self_attention(x)
+        x = layer.norm1(x + branch)
+        x = layer.norm2(x + encoder_attention(x))
+        x = layer.norm3(x + feed_forward(x))
+    return x, LayerCache(keys, values, encoder_keys, encoder_values)
 
 
 def _check_dropout(**values: float) -> None:
@@ -242,14 +398,19 @@ class TransformerEncoderDecoder(nn.Module):
         if self.output is not None:
             nn.init.normal_(self.output.weight, std=d**-0.5)
 
-    def _embed(self, table: nn.Embedding, tokens: Tensor, padding_mask: Tensor) -> Tensor:
-        """Scaled token embeddings plus sinusoidal positions, dropout, time-major.
+    def _embed(
+        self, table: nn.Embedding, tokens: Tensor, padding_mask: Tensor, *, offset: int = 0
+    ) -> Tensor:
+        """Scaled token embeddings plus sinusoidal positions, dropout, time-major; ``offset``
+        unpadded tokens precede ``tokens`` (incremental decoding).
 
         Shape:
             tokens (B, T); padding_mask (B, T) bool -> (T, B, d_model)
         """
         x = table(tokens) * self.embed_scale  # (B, T, d)
-        positions = sinusoidal_positions(padding_mask, self.d_model, self.padding_idx)
+        positions = sinusoidal_positions(
+            padding_mask, self.d_model, self.padding_idx, offset=offset
+        )
         x = self.dropout(x + positions.to(x.dtype))
         return x.transpose(0, 1)  # (T, B, d)
 
@@ -296,23 +457,21 @@ class TransformerEncoderDecoder(nn.Module):
             )
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        x = x.transpose(0, 1)  # (B, T, d)
-        if self.output is not None:
-            return self.output(x)
-        return F.linear(x, self.decoder_embedding.weight)  # (B, T, V_tgt)
+        return self._output(x)
 
     def decode_step(
         self,
         prev_output_tokens: Tensor,
         encoder_out: Tensor,
         src_padding_mask: Tensor | None,
-        state: PrefixState | None,
-    ) -> tuple[Tensor, PrefixState]:
-        """Logits of the next target tokens for new decoder inputs, given the earlier ones.
+        state: KeyValueState | None,
+    ) -> tuple[Tensor, KeyValueState]:
+        """Logits of the next target tokens for new decoder inputs, given the earlier ones' state.
 
-        Recomputes the decoder over the stored prefix and the new tokens (no key/value cache in
-        torch's layers): step t costs a decoder pass over t positions. The logits equal
-        :meth:`decode`'s on the whole prefix at the new positions.
+        ``prev_output_tokens`` continues the unpadded prefix ``state`` has seen (None before the
+        first step), so the logits equal :meth:`decode`'s on the whole prefix at these positions.
+        Each layer runs on the new positions only; the first step projects the encoder output's
+        keys/values, later ones reuse them, so pass the same ``encoder_out`` every step.
 
         Shape:
             prev_output_tokens (B, T) int64, the new positions (usually T = 1), no pads;
@@ -324,13 +483,56 @@ class TransformerEncoderDecoder(nn.Module):
                 f"incremental decoding takes unpadded prefixes, got padding_idx={self.padding_idx} "
                 "among prev_output_tokens"
             )
-        tokens = (
-            prev_output_tokens
-            if state is None
-            else torch.cat((state.tokens, prev_output_tokens), dim=1)
-        )  # (B, length + T)
-        logits = self.decode(tokens, encoder_out, src_padding_mask)  # (B, length + T, V)
-        return logits[:, -prev_output_tokens.shape[1] :], PrefixState(tokens)
+        if state is None:
+            for layer in self.decoder_layers:
+                _check_decoder_layer(layer)
+        else:
+            cached = state.layers[0].encoder_keys  # (B, H, S, d_h)
+            if (cached.shape[0], cached.shape[2]) != (encoder_out.shape[1], encoder_out.shape[0]):
+                raise ValueError(
+                    f"the state's encoder keys/values are over (B, S) = ({cached.shape[0]}, "
+                    f"{cached.shape[2]}), got encoder_out of (S, B) = "
+                    f"{tuple(encoder_out.shape[:2])}"
+                )
+        past = 0 if state is None else state.length
+        new = prev_output_tokens.shape[1]
+        no_pad = torch.zeros_like(prev_output_tokens, dtype=torch.bool)  # (B, T)
+        # (T, B, d)
+        x = self._embed(self.decoder_embedding, prev_output_tokens, no_pad, offset=past)
+        # new position i reads the cached ones and the new ones up to itself
+        causal = (
+            None
+            if new == 1
+            else torch.ones(new, past + new, dtype=torch.bool, device=x.device).tril(past)
+        )  # (T, length + T)
+        encoder_mask = (
+            None if src_padding_mask is None else ~src_padding_mask[:, None, None, :]
+        )  # (B, 1, 1, S)
+        caches = []
+        for i, layer in enumerate(self.decoder_layers):
+            x, cache = _decoder_layer_step(
+                layer,
+                x,
+                None if state is None else state.layers[i],
+                encoder_out,
+                encoder_mask,
+                causal,
+            )
+            caches.append(cache)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self._output(x), KeyValueState(past + new, tuple(caches))
+
+    def _output(self, x: Tensor) -> Tensor:
+        """The decoder's last hidden states scored against the target vocabulary.
+
+        Shape:
+            (T, B, d_model) -> (B, T, V_tgt)
+        """
+        x = x.transpose(0, 1)  # (B, T, d)
+        if self.output is not None:
+            return self.output(x)
+        return F.linear(x, self.decoder_embedding.weight)  # (B, T, V_tgt)
 
     def forward(
         self,

@@ -1,5 +1,5 @@
 """The Transformer baseline for translation: fairseq's parameter counts, shapes, incremental
-decoding, beam search, source padding, mixed precision and initialisation.
+decoding with a key/value cache, beam search, source padding, mixed precision and initialisation.
 
 The counts are fairseq's (per layer ``4(d^2 + d)`` per attention, ``2 d f + f + d`` per FFN,
 ``2 d`` per LayerNorm, ``V d`` per table) for the architectures the DeLighT thesis compares with;
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.models.transformer_mt import PrefixState, TransformerEncoderDecoder
+from src.models.transformer_mt import KeyValueState, TransformerEncoderDecoder
 from src.tasks.beam_search import beam_search, greedy_search
 from tests.amp import NETWORK_TOLERANCE, autocast_errors
 
@@ -158,32 +158,121 @@ def _sources() -> torch.Tensor:
     return torch.tensor([[4, 5, 6, 7, EOS], [6, 4, EOS, PAD, PAD]])
 
 
+@pytest.mark.parametrize("normalize_before", [False, True])
 @torch.no_grad()
-def test_decode_step_equals_teacher_forcing() -> None:
-    model = _tiny()
+def test_decode_step_equals_teacher_forcing(normalize_before: bool) -> None:
+    model = _tiny(normalize_before=normalize_before)
     src = _sources()
     mask = src.eq(PAD)
     encoder_out = model.encode(src, mask)
     prev = torch.tensor([[EOS, 4, 5, 3, 7, 6], [EOS, 7, 7, 0, 4, 2]])
     full = model.decode(prev, encoder_out, mask)  # (B, T, V)
     state = None
+    heads, d_h = TINY["num_heads"], TINY["d_model"] // TINY["num_heads"]
     for t in range(prev.shape[1]):
         logits, state = model.decode_step(prev[:, t : t + 1], encoder_out, mask, state)
         assert state.length == t + 1 and logits.shape == (2, 1, VOCAB)
+        assert len(state.layers) == TINY["num_layers"]
+        for cache in state.layers:
+            assert cache.self_keys.shape == cache.self_values.shape == (2, heads, t + 1, d_h)
+            assert cache.encoder_keys.shape == cache.encoder_values.shape == (2, heads, 5, d_h)
         torch.testing.assert_close(logits[:, 0], full[:, t], atol=1e-10, rtol=0)
-    # several new positions at once after a stored prefix
-    _, state = model.decode_step(prev[:, :2], encoder_out, mask, None)
-    logits, _ = model.decode_step(prev[:, 2:], encoder_out, mask, state)
-    torch.testing.assert_close(logits, full[:, 2:], atol=1e-10, rtol=0)
+    # several new positions at once, first and after a cached prefix
+    logits, state = model.decode_step(prev[:, :2], encoder_out, mask, None)
+    torch.testing.assert_close(logits, full[:, :2], atol=1e-10, rtol=0)
+    logits, state = model.decode_step(prev[:, 2:5], encoder_out, mask, state)
+    torch.testing.assert_close(logits, full[:, 2:5], atol=1e-10, rtol=0)
+    logits, _ = model.decode_step(prev[:, 5:], encoder_out, mask, state)
+    torch.testing.assert_close(logits, full[:, 5:], atol=1e-10, rtol=0)
     with pytest.raises(ValueError, match="unpadded"):
         model.decode_step(torch.tensor([[EOS], [PAD]]), encoder_out, mask, None)
 
 
-def test_reorder_picks_prefixes() -> None:
-    state = PrefixState(torch.tensor([[2, 4, 5], [2, 6, 6], [2, 7, 3]]))
-    reordered = state.reorder(torch.tensor([2, 2, 0]))
-    assert reordered.length == 3
-    assert reordered.tokens.tolist() == [[2, 7, 3], [2, 7, 3], [2, 4, 5]]
+@pytest.mark.parametrize("normalize_before", [False, True])
+@torch.no_grad()
+def test_decode_step_follows_beam_reordering(normalize_before: bool) -> None:
+    """Beams move among the rows of their source between steps, as in beam search; every step
+    equals the full decoder over each row's reordered prefix."""
+    model = _tiny(normalize_before=normalize_before, share_decoder_input_output_embed=False)
+    src, k = _sources(), 3
+    rows = torch.arange(2).repeat_interleave(k)  # (B K,), source of each row
+    mask = src.eq(PAD).index_select(0, rows)  # (B K, S)
+    encoder_out = model.encode(src, src.eq(PAD)).index_select(1, rows)  # (S, B K, d)
+    torch.manual_seed(1)
+    tokens = torch.full((2 * k, 1), EOS)  # (B K, t)
+    state = None
+    for _ in range(5):
+        logits, state = model.decode_step(tokens[:, -1:], encoder_out, mask, state)
+        full = model.decode(tokens, encoder_out, mask)[:, -1:]  # (B K, 1, V)
+        torch.testing.assert_close(logits, full, atol=1e-10, rtol=0)
+        # each row continues a random beam of its own source
+        order = rows * k + torch.randint(0, k, (2 * k,))
+        state = state.reorder(order)
+        tokens = torch.cat((tokens.index_select(0, order), _tokens(2 * k, 1)), dim=1)
+
+
+def test_reorder_picks_self_attention_keys_and_keeps_encoders() -> None:
+    model = _tiny()
+    src = _sources()
+    with torch.no_grad():
+        encoder_out = model.encode(src)
+        _, state = model.decode_step(_tokens(2, 3), encoder_out, src.eq(PAD), None)
+    order = torch.tensor([1, 1])
+    reordered = state.reorder(order)
+    assert isinstance(reordered, KeyValueState) and reordered.length == 3
+    for before, after in zip(state.layers, reordered.layers, strict=True):
+        assert torch.equal(after.self_keys, before.self_keys[order])
+        assert torch.equal(after.self_values, before.self_values[order])
+        # all beams of a source share its encoder output: row r keeps row r's keys/values
+        assert after.encoder_keys is before.encoder_keys
+        assert after.encoder_values is before.encoder_values
+
+
+@torch.no_grad()
+def test_decode_step_computes_only_the_new_positions() -> None:
+    """A step's layer work does not grow with the prefix: every decoder layer's FFN and
+    attention output projections see the B new rows only, and the encoder's keys/values are
+    projected at the first step only."""
+    model = _tiny()
+    src = _sources()
+    mask = src.eq(PAD)
+    encoder_out = model.encode(src, mask)
+    rows: list[int] = []
+
+    def count(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        rows.append(inputs[0].shape[:-1].numel())
+
+    hooks = [
+        module.register_forward_hook(count)
+        for layer in model.decoder_layers
+        for module in (layer.linear1, layer.self_attn.out_proj, layer.multihead_attn.out_proj)
+    ]
+    state = None
+    for t in range(6):
+        rows.clear()
+        _, new_state = model.decode_step(_tokens(2, 1), encoder_out, mask, state)
+        assert rows == [2] * 3 * TINY["num_layers"], (t, rows)
+        if state is not None:
+            for before, after in zip(state.layers, new_state.layers, strict=True):
+                assert after.encoder_keys is before.encoder_keys
+        state = new_state
+    for hook in hooks:
+        hook.remove()
+
+
+@torch.no_grad()
+def test_decode_step_rejects_what_it_cannot_cache() -> None:
+    model = _tiny()
+    src = _sources()
+    encoder_out = model.encode(src)
+    _, state = model.decode_step(_tokens(2, 1), encoder_out, src.eq(PAD), None)
+    with pytest.raises(ValueError, match="encoder keys/values"):
+        model.decode_step(_tokens(1, 1), encoder_out[:, :1], src[:1].eq(PAD), state)
+    model.decoder_layers[1] = nn.TransformerDecoderLayer(
+        TINY["d_model"], TINY["num_heads"], TINY["ffn_dim"], batch_first=True
+    )
+    with pytest.raises(ValueError, match="batch_first"):
+        model.decode_step(_tokens(2, 1), encoder_out, src.eq(PAD), None)
 
 
 @pytest.mark.parametrize("left_pad", [False, True])
@@ -238,6 +327,58 @@ def test_beam_search_runs_and_scores_by_teacher_forcing() -> None:
     for (beam,), best in zip(single, greedy, strict=True):
         assert torch.equal(beam.tokens, best.tokens)
         assert beam.score == pytest.approx(best.score, abs=1e-9)
+
+
+class _Prefix:
+    """The prefix-recomputing decoder's state: the target tokens so far."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+
+    def reorder(self, order: torch.Tensor) -> _Prefix:
+        return _Prefix(self.tokens.index_select(0, order))
+
+
+class _PrefixDecoder:
+    """``model`` for the searches without the cache: each step runs the full decoder over the
+    whole prefix."""
+
+    def __init__(self, model: TransformerEncoderDecoder) -> None:
+        self.model = model
+
+    def encode(
+        self, src_tokens: torch.Tensor, src_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.model.encode(src_tokens, src_padding_mask)
+
+    def decode_step(
+        self,
+        prev_output_tokens: torch.Tensor,
+        encoder_out: torch.Tensor,
+        src_padding_mask: torch.Tensor | None,
+        state: _Prefix | None,
+    ) -> tuple[torch.Tensor, _Prefix]:
+        tokens = (
+            prev_output_tokens
+            if state is None
+            else torch.cat((state.tokens, prev_output_tokens), 1)
+        )
+        logits = self.model.decode(tokens, encoder_out, src_padding_mask)
+        return logits[:, -prev_output_tokens.shape[1] :], _Prefix(tokens)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_beam_search_with_the_cache_equals_the_prefix_decoder(normalize_before: bool) -> None:
+    model = _tiny(normalize_before=normalize_before)
+    src = torch.cat((_sources(), _tokens(2, 5)))  # two padded, two full sources
+    common = {"max_len_a": 1.0, "max_len_b": 4, "eos": EOS, "pad": PAD, "length_penalty": 1.0}
+    cached = beam_search(model, src, beam_size=4, **common)
+    prefix = beam_search(_PrefixDecoder(model), src, beam_size=4, **common)
+    assert [len(hyps) for hyps in cached] == [len(hyps) for hyps in prefix]
+    for hyps, expected in zip(cached, prefix, strict=True):
+        for hyp, want in zip(hyps, expected, strict=True):
+            assert torch.equal(hyp.tokens, want.tokens)
+            assert hyp.score == pytest.approx(want.score, abs=1e-10)
 
 
 def test_bf16_autocast_forward_backward_keeps_float32() -> None:
