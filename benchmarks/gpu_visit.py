@@ -20,7 +20,8 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
      ``impl="auto"``'s candidates, which the on-disk caches (Triton's, ``src/ops/triton/choices.py``)
      then hand to every later part, and their seconds are the first-step cost;
    - ``bench``: ``benchmarks/gpu.py``, every part (DExTra, character LMs, vision, DiCE units, GLT
-     weight gradients, mixed precision), and ``benchmarks/pru_lm.py`` (PRU layer vs ``nn.LSTM``);
+     weight gradients, mixed precision), and ``benchmarks/text.py`` (every text system beside its
+     baseline, the PRU layers first; ``pru_lm.py`` in ``--dry``);
    - ``pairs``: ``gpu_profile.py pairs``, each system's training step beside its baseline, then
      the top CUDA kernels of one profiled step of each, and the Chrome trace of the slowest;
    - ``side_by_side``: the official yardsticks, when ``--side-by-side`` names the script;
@@ -106,7 +107,7 @@ class Budget:
 
 
 # phase 1 holds the CUDA tests: about 500 on a GPU, 399 of them in 120 s on an H200 (docs/gpu.md)
-FULL_BUDGET = Budget(phase1=150, warm=75, bench=100, pairs=60, side_by_side=45, tune=50)
+FULL_BUDGET = Budget(phase1=150, warm=75, bench=120, pairs=50, side_by_side=45, tune=40)
 DRY_BUDGET = Budget(phase1=240, warm=120, bench=120, pairs=120, side_by_side=120, tune=120)
 
 
@@ -432,9 +433,12 @@ def bench_part(visit: Visit, deadline: float, parts: Sequence[str] | None) -> No
     else:
         gpu = [PYTHON, "benchmarks/gpu.py", "--device", "cuda", "--no-compile", "--repeats", "11"]
         gpu += ["--parts", *parts] if parts else []
-        pru = [PYTHON, "benchmarks/pru_lm.py", "--device", "cuda", "--repeats", "11"]
-    # the PRU layer first: it takes seconds, gpu.py may take its whole window
-    pru_run = visit.run("pru_lm", pru, min(deadline, time.monotonic() + 40))
+        # every text system beside its baseline (PRU layers first); each group's JSON lines
+        # print as it ends, so a stop at the deadline keeps the groups done
+        pru = [PYTHON, "benchmarks/text.py", "--device", "cuda", "--repeats", "7",
+               "--dyn-segments", "5"]  # fmt: skip
+    # the text pairs first (the PRU layers take seconds), gpu.py may take its whole window
+    pru_run = visit.run("text", pru, min(deadline, time.monotonic() + (40 if visit.dry else 60)))
     run = visit.run("gpu.py", gpu, deadline)
     visit.add_rows("bench", json_rows(run.output))
     visit.add_rows("pru_lm", json_rows(pru_run.output))
@@ -445,7 +449,8 @@ def bench_part(visit: Visit, deadline: float, parts: Sequence[str] | None) -> No
             ln for ln in summary[1].splitlines() if not ln.startswith("{")), "```"]
     text += ["", "Tables:", "", "```", "\n".join(
         ln for ln in summary[0].splitlines() if not ln.startswith("{"))[-12000:], "```"]
-    text += ["", f"### benchmarks/pru_lm.py ({status(pru_run)})", "", "```",
+    script = "pru_lm.py" if visit.dry else "text.py"
+    text += ["", f"### benchmarks/{script} ({status(pru_run)})", "", "```",
              tail(pru_run.output, 30), "```"]
     visit.sections["bench"] = "\n".join(text)
 
