@@ -205,15 +205,38 @@ class DecoderState:
 
     length: int
     blocks: tuple[DecoderBlockCache, ...]
+    # (B,) int64: rows with one id hold the same encoder keys and values (a source's beams)
+    sources: Tensor | None = None
 
     def reorder(self, order: Tensor) -> DecoderState:
         """The state of the sequences ``order`` picks, e.g. the surviving beams; later steps'
         ``src_padding_mask`` must be reordered alike (beams of one source share it).
 
+        Where every row keeps its source (beams moving among one source's rows, as in a beam
+        search), the encoder keys and values are left as they are: they are the same for the rows
+        exchanged. At IWSLT size their 18 index copies were 16% of a beam search.
+
         Shape:
             order (B',) int64 indices into B -> caches over B'
         """
-        return DecoderState(self.length, tuple(block.reorder(order) for block in self.blocks))
+        sources = None if self.sources is None else self.sources.index_select(0, order)
+        same = sources is not None and sources.shape == self.sources.shape
+        same = same and torch.equal(sources, self.sources)
+        blocks = tuple(block.reorder(order, encoder=not same) for block in self.blocks)
+        return DecoderState(self.length, blocks, self.sources if same else sources)
+
+
+def source_ids(encoder_out: Tensor, src_padding_mask: Tensor | None) -> Tensor:
+    """An id per row, equal for rows whose encoder output and padding are equal (the widened
+    copies of one source in a beam search).
+
+    Shape:
+        encoder_out (S, B, d), src_padding_mask (B, S) -> (B,) int64
+    """
+    rows = encoder_out.transpose(0, 1).reshape(encoder_out.shape[1], -1)
+    if src_padding_mask is not None:
+        rows = torch.cat((rows, src_padding_mask.to(rows.dtype)), dim=1)
+    return torch.unique(rows, dim=0, return_inverse=True)[1]
 
 
 def init_official(root: nn.Module, skip: nn.Module | None = None) -> None:
@@ -456,7 +479,8 @@ class DeLighTEncoderDecoder(nn.Module):
                 None if state is None else state.blocks[b],
             )
             caches.append(cache)
-        state = DecoderState(past + prev_output_tokens.shape[1], tuple(caches))
+        sources = source_ids(encoder_out, src_padding_mask) if state is None else state.sources
+        state = DecoderState(past + prev_output_tokens.shape[1], tuple(caches), sources)
         return self._output(x), state
 
     def _output(self, x: Tensor) -> Tensor:

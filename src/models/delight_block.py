@@ -96,16 +96,18 @@ class DecoderBlockCache:
     self_attn: KeyValueCache
     encoder_attn: KeyValueCache | None
 
-    def reorder(self, order: Tensor) -> DecoderBlockCache:
+    def reorder(self, order: Tensor, encoder: bool = True) -> DecoderBlockCache:
         """The cache of the sequences ``order`` picks; later steps' encoder padding mask must
-        be reordered alike.
+        be reordered alike. ``encoder=False`` keeps the encoder keys and values as they are
+        (the caller knows the picked rows hold the same ones).
 
         Shape:
             order (B',) int64 indices into B -> caches over B'
         """
+        keep = self.encoder_attn is None or not encoder
         return DecoderBlockCache(
             self.self_attn.reorder(order),
-            None if self.encoder_attn is None else self.encoder_attn.reorder(order),
+            self.encoder_attn if keep else self.encoder_attn.reorder(order),
         )
 
 

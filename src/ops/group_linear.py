@@ -166,6 +166,10 @@ def interleaved_group_linear(
         from src.ops.triton.group_linear import interleaved_group_linear_triton
 
         return interleaved_group_linear_triton(parts, weight, bias, shuffle)
+    if not torch.is_grad_enabled() or not any(
+        t is not None and t.requires_grad for t in (weight, bias, *parts)
+    ):
+        return interleaved_group_linear_forward(weight, bias, shuffle, parts)
     return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
 
 
@@ -209,6 +213,36 @@ def auto_path(
     return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
 
 
+def interleaved_group_linear_forward(
+    weight: Tensor, bias: Tensor | None, shuffle: bool, parts: Sequence[Tensor]
+) -> Tensor:
+    """The forward of :class:`InterleavedGroupLinearFunction`; called directly where no gradient
+    is wanted (a beam search's steps), which skips the Function's per-call cost.
+
+    Shape:
+        parts (N, d_j) -> (N, g*n)
+    """
+    groups = weight.shape[0]
+    rows = parts[0].shape[0]
+    # functional ops only (no out=), so that torch.export can trace the forward
+    with autocast_off(weight.device.type):
+        offset, y = 0, None
+        for part in parts:
+            width = part.shape[1] // groups
+            xg = part.unflatten(1, (groups, width)).transpose(0, 1)  # (g, N, d_j/g), a view
+            w = weight[:, offset : offset + width]  # (g, d_j/g, n)
+            if y is not None:
+                y = y.baddbmm_(xg, w)
+            elif bias is not None:
+                y = torch.baddbmm(bias.unsqueeze(1), xg, w)
+            else:
+                y = torch.bmm(xg, w)
+            offset += width
+    # shuffle: (g, N, n) -> (N, n, g); plain: -> (N, g, n); one copy either way
+    y = y.permute(1, 2, 0) if shuffle else y.transpose(0, 1)
+    return y.reshape(rows, -1)
+
+
 class InterleavedGroupLinearFunction(torch.autograd.Function):
     """PyTorch reference of :func:`interleaved_group_linear`, with a backward that copies least.
 
@@ -237,28 +271,10 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
         ctx, weight: Tensor, bias: Tensor | None, shuffle: bool, *parts: Tensor
     ) -> Tensor:
         """parts (N, d_j) -> (N, g*n)."""
-        groups = weight.shape[0]
-        rows = parts[0].shape[0]
-        # functional ops only (no out=), so that torch.export can trace the forward
-        with autocast_off(weight.device.type):
-            offset, y = 0, None
-            for part in parts:
-                width = part.shape[1] // groups
-                xg = part.unflatten(1, (groups, width)).transpose(0, 1)  # (g, N, d_j/g), a view
-                w = weight[:, offset : offset + width]  # (g, d_j/g, n)
-                if y is not None:
-                    y = y.baddbmm_(xg, w)
-                elif bias is not None:
-                    y = torch.baddbmm(bias.unsqueeze(1), xg, w)
-                else:
-                    y = torch.bmm(xg, w)
-                offset += width
         ctx.save_for_backward(weight, *parts)
         ctx.shuffle = shuffle
         ctx.has_bias = bias is not None
-        # shuffle: (g, N, n) -> (N, n, g); plain: -> (N, g, n); one copy either way
-        y = y.permute(1, 2, 0) if shuffle else y.transpose(0, 1)
-        return y.reshape(rows, -1)
+        return interleaved_group_linear_forward(weight, bias, shuffle, parts)
 
     @staticmethod
     @once_differentiable

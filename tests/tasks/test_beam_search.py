@@ -78,6 +78,30 @@ def test_reordered_cache_equals_reordered_prefixes(model: DeLighTEncoderDecoder)
     torch.testing.assert_close(logits[:, 0], full[:, -1], atol=1e-10, rtol=0)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("order", [[1, 1, 3, 2], [2, 0, 1, 3]], ids=["within", "across"])
+def test_encoder_keys_move_only_when_a_row_changes_source(
+    model: DeLighTEncoderDecoder, order: list[int]
+) -> None:
+    """Beams exchanged within their source keep the encoder cache as it is (the same keys and
+    values); an order that moves rows across sources reorders it, and both stay exact."""
+    src = _sources()[[0, 0, 1, 1]]
+    mask = src.eq(PAD)
+    encoder_out = model.encode(src, mask)
+    prev = torch.tensor([[EOS, 4, 5], [EOS, 6, 6], [EOS, 7, 3], [EOS, 5, 4]])
+    _, state = model.decode_step(prev, encoder_out, mask, None)
+    assert state.sources.tolist() == [1, 1, 0, 0] or state.sources.tolist() == [0, 0, 1, 1]
+    picked = state.reorder(torch.tensor(order))
+    kept = picked.blocks[0].encoder_attn is state.blocks[0].encoder_attn
+    assert kept == (order == [1, 1, 3, 2])
+    index = torch.tensor(order)
+    nxt = torch.tensor([[4], [5], [6], [7]])
+    # across sources the rows' encoder outputs and masks move with them, as a caller must pass
+    logits, _ = model.decode_step(nxt, encoder_out[:, index], mask[index], picked)
+    full = model.decode(torch.cat((prev[index], nxt), dim=1), encoder_out[:, index], mask[index])
+    torch.testing.assert_close(logits[:, 0], full[:, -1], atol=1e-10, rtol=0)
+
+
 def _exhaustive_best(
     model: DeLighTEncoderDecoder, src: torch.Tensor, max_len: int, length_penalty: float
 ) -> tuple[list[int], float]:
