@@ -210,6 +210,22 @@ class PRURecurrenceCpu(torch.autograd.Function):
         )
 
 
+def recurrence_without_grad(
+    weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor, levels: Sequence[Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:class:`PRURecurrenceCpu`'s forward for inference: nothing kept for a backward."""
+    output, c_last, _, _ = torch.ops.lightnets_cpu.pru_recurrence_forward(
+        [level.contiguous() for level in levels],
+        weight.contiguous(),
+        None if bias is None else bias.contiguous(),
+        h0.contiguous(),
+        c0.contiguous(),
+        False,
+    )
+    h_last = output[-1].clone() if output.shape[0] else h0.clone()
+    return output, h_last, c_last
+
+
 def pru_recurrence(
     inputs: Tensor | Sequence[Tensor],
     weight: Tensor,
@@ -235,7 +251,12 @@ def pru_recurrence(
     levels = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
     check_recurrence_operands(concatenated_shape(levels), weight, bias, h0, c0)
     if impl == "auto" and cpu_kernel_applies(*levels, weight, bias, h0, c0):
-        return PRURecurrenceCpu.apply(weight, bias, h0, c0, *levels)
+        operands = (weight, bias, h0, c0, *levels)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
+            return PRURecurrenceCpu.apply(weight, bias, h0, c0, *levels)
+        # no gradient to come: the kernel keeps no gates or cells (the Function, even under
+        # no_grad, sees its parameters' requires_grad and would)
+        return recurrence_without_grad(weight, bias, h0, c0, levels)
     inputs = levels[0] if len(levels) == 1 else torch.cat(levels, dim=-1)
     if use_triton(impl, inputs) and inputs.dtype != torch.float64:
         from src.ops.triton.pru_recurrence import pru_recurrence_triton
