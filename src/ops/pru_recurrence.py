@@ -166,20 +166,12 @@ class PRURecurrenceCpu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, bias, h0, c0, *levels):  # type: ignore[override]
         save = any(ctx.needs_input_grad)
-        output, c_last, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
-            [level.contiguous() for level in levels],
-            weight.contiguous(),
-            None if bias is None else bias.contiguous(),
-            h0.contiguous(),
-            c0.contiguous(),
-            save,
-        )
+        output, h_last, c_last, gates, cells = kernel_forward(weight, bias, h0, c0, levels, save)
         if save:
             ctx.save_for_backward(gates, cells, output, weight, h0, c0)
         ctx.set_materialize_grads(False)  # an output without gradient reaches the kernel as None
         ctx.has_bias = bias is not None
         ctx.widths = [level.shape[-1] for level in levels]
-        h_last = output[-1].clone() if output.shape[0] else h0.clone()
         return output, h_last, c_last
 
     @staticmethod
@@ -210,20 +202,26 @@ class PRURecurrenceCpu(torch.autograd.Function):
         )
 
 
-def recurrence_without_grad(
-    weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor, levels: Sequence[Tensor]
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:class:`PRURecurrenceCpu`'s forward for inference: nothing kept for a backward."""
-    output, c_last, _, _ = torch.ops.lightnets_cpu.pru_recurrence_forward(
+def kernel_forward(
+    weight: Tensor,
+    bias: Tensor | None,
+    h0: Tensor,
+    c0: Tensor,
+    levels: Sequence[Tensor],
+    save: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``lightnets_cpu::pru_recurrence_forward``: (output, h_T, c_T, gates, cells), the last two
+    empty unless ``save``."""
+    output, c_last, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
         [level.contiguous() for level in levels],
         weight.contiguous(),
         None if bias is None else bias.contiguous(),
         h0.contiguous(),
         c0.contiguous(),
-        False,
+        save,
     )
     h_last = output[-1].clone() if output.shape[0] else h0.clone()
-    return output, h_last, c_last
+    return output, h_last, c_last, gates, cells
 
 
 def pru_recurrence(
@@ -256,7 +254,7 @@ def pru_recurrence(
             return PRURecurrenceCpu.apply(weight, bias, h0, c0, *levels)
         # no gradient to come: the kernel keeps no gates or cells (the Function, even under
         # no_grad, sees its parameters' requires_grad and would)
-        return recurrence_without_grad(weight, bias, h0, c0, levels)
+        return kernel_forward(weight, bias, h0, c0, levels, save=False)[:3]
     inputs = levels[0] if len(levels) == 1 else torch.cat(levels, dim=-1)
     if use_triton(impl, inputs) and inputs.dtype != torch.float64:
         from src.ops.triton.pru_recurrence import pru_recurrence_triton
