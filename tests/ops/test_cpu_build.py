@@ -17,8 +17,8 @@ def fake_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.delenv(cpu.DISABLE_ENV, raising=False)
     calls: dict = {}
 
-    def load(name: str, *, build_directory: str, **kwargs) -> None:
-        calls.update(name=name, directory=Path(build_directory))
+    def load(name: str, *, build_directory: str, sources: list[str], **kwargs) -> None:
+        calls.update(name=name, directory=Path(build_directory), sources=sources)
         calls["marker_present"] = (Path(build_directory) / "lock").exists()
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
@@ -32,6 +32,33 @@ def test_build_goes_to_a_folder_per_torch_version(fake_load: dict, tmp_path: Pat
     # e.g. "2.14.1+cu130" appears as "2_14_1_cu130"
     assert torch.__version__.replace(".", "_").replace("+", "_") in name
     assert fake_load["directory"] == tmp_path / "lightnets" / name
+
+
+def test_two_checkouts_of_the_same_sources_share_one_build(
+    fake_load: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build compiles copies in its own folder: the same command from every checkout."""
+    builds = []
+    for checkout in ("clone_a", "clone_b"):
+        folder = tmp_path / checkout / "src" / "ops" / "cpu"
+        folder.mkdir(parents=True)
+        for path in cpu.SOURCES + cpu.HEADERS:
+            (folder / path.name).write_bytes(path.read_bytes())
+        monkeypatch.setattr(cpu, "SOURCES", tuple(folder / p.name for p in cpu.SOURCES))
+        monkeypatch.setattr(cpu, "HEADERS", tuple(folder / p.name for p in cpu.HEADERS))
+        assert cpu.cpu_kernels.__wrapped__() is True
+        builds.append(dict(fake_load))
+    first, second = builds
+    assert first["name"] == second["name"] and first["directory"] == second["directory"]
+    assert first["sources"] == second["sources"]
+    staged = [Path(s) for s in first["sources"]]
+    assert all(s.parent == first["directory"] / "src" for s in staged)
+    assert (first["directory"] / "src" / "common.h").read_bytes() == cpu.HEADERS[0].read_bytes()
+    # a changed source is a new build folder, not a rebuild of this one
+    changed = tmp_path / "clone_b" / "src" / "ops" / "cpu" / "dice.cpp"
+    changed.write_bytes(changed.read_bytes() + b"\n// changed\n")
+    assert cpu.cpu_kernels.__wrapped__() is True
+    assert fake_load["directory"] != first["directory"]
 
 
 def test_stale_build_marker_is_removed_before_building(fake_load: dict) -> None:
