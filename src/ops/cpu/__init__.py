@@ -14,7 +14,7 @@ is the attention probabilities of relative-position attention, forward and backw
 each (see :mod:`src.ops.relative_softmax`).
 
 The sources are compiled once per machine and PyTorch version with
-``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 10 s) into
+``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 50 s) into
 ``lightnets/`` under PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), and rebuilt only when a source or the shared header changes. The
 build compiles copies of the sources kept in its folder (:func:`stage_sources`), so every checkout
