@@ -80,6 +80,16 @@ def _preactivation(pre_row, ctx_row, bias_row, q, M, W, inside, HAS_BIAS: tl.con
 
 
 @triton.jit
+def _store_gates(row, stride, f, g, i, o, inside):
+    """The four gates' values (f, g, i, o) at row, row + stride, ..., in row's element type."""
+    ty = row.dtype.element_ty
+    tl.store(row, f.to(ty), mask=inside)
+    tl.store(row + stride, g.to(ty), mask=inside)
+    tl.store(row + 2 * stride, i.to(ty), mask=inside)
+    tl.store(row + 3 * stride, o.to(ty), mask=inside)
+
+
+@triton.jit
 def _pru_cell_fwd_kernel(
     pre_ptr, ctx_ptr, bias_ptr, c_prev_ptr, h_ptr, c_ptr, gates_ptr,
     B, M, W,
@@ -106,12 +116,7 @@ def _pru_cell_fwd_kernel(
     tl.store(h_ptr + n, h.to(h_ptr.dtype.element_ty), mask=inside)
     tl.store(c_ptr + n, c.to(c_ptr.dtype.element_ty), mask=inside)
     if SAVE:
-        gates_row = gates_ptr + b * (4 * M) + m
-        out_ty = gates_ptr.dtype.element_ty
-        tl.store(gates_row, f.to(out_ty), mask=inside)
-        tl.store(gates_row + M, g.to(out_ty), mask=inside)
-        tl.store(gates_row + 2 * M, i.to(out_ty), mask=inside)
-        tl.store(gates_row + 3 * M, o.to(out_ty), mask=inside)
+        _store_gates(gates_ptr + b * (4 * M) + m, M, f, g, i, o, inside)
 
 
 @triton.jit
@@ -149,18 +154,9 @@ def _pru_cell_bwd_kernel(
     d_o = dh * tanh_c * o * (1.0 - o)
     tl.store(grad_c_ptr + n, dc * f, mask=inside)
     if WRITE_PRE:
-        pre_row = grad_pre_ptr + b * (4 * M) + m
-        pre_ty = grad_pre_ptr.dtype.element_ty
-        tl.store(pre_row, d_f.to(pre_ty), mask=inside)
-        tl.store(pre_row + M, d_g.to(pre_ty), mask=inside)
-        tl.store(pre_row + 2 * M, d_i.to(pre_ty), mask=inside)
-        tl.store(pre_row + 3 * M, d_o.to(pre_ty), mask=inside)
+        _store_gates(grad_pre_ptr + b * (4 * M) + m, M, d_f, d_g, d_i, d_o, inside)
     ctx_row = grad_ctx_ptr + j * ctx_group_stride + b * (4 * W) + k
-    ctx_ty = grad_ctx_ptr.dtype.element_ty
-    tl.store(ctx_row, d_f.to(ctx_ty), mask=inside)
-    tl.store(ctx_row + W, d_g.to(ctx_ty), mask=inside)
-    tl.store(ctx_row + 2 * W, d_i.to(ctx_ty), mask=inside)
-    tl.store(ctx_row + 3 * W, d_o.to(ctx_ty), mask=inside)
+    _store_gates(ctx_row, W, d_f, d_g, d_i, d_o, inside)
 
 
 def _launch(elements: int, on_gpu: bool) -> tuple[tuple[int], dict]:
