@@ -12,7 +12,9 @@ weight gradients with float atomics in a run-dependent order.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from unittest import mock
 
 import pytest
 import torch
@@ -154,10 +156,18 @@ def _dicenet_training_step_compiles(
     compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
     params = list(model.parameters())
     got = compiled(*inputs)
-    want = loss_fn(*inputs)
-    assert_same(
-        [got, *torch.autograd.grad(got, params)], [want, *torch.autograd.grad(want, params)]
-    )
+    got = [got, *torch.autograd.grad(got, params)]
+    # On a GPU eager DiCE units take the fused Triton pass when it timed faster and compiled ones
+    # the unfused ops, and a whole network of batch-2 training-mode BNs over 2 x 2 maps amplifies
+    # that float32 difference (on an H200 to 4e-3): the eager run takes the compiled paths
+    with (
+        mock.patch.object(torch.compiler, "is_compiling", return_value=True)
+        if CUDA
+        else (contextlib.nullcontext())
+    ):
+        want = loss_fn(*inputs)
+        want = [want, *torch.autograd.grad(want, params)]
+    assert_same(got, want)
 
 
 def test_dicenet_stage_training_step_compiles() -> None:

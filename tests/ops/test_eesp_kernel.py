@@ -19,8 +19,8 @@ from src.ops.eesp import EESP, EESPDownsampler, eesp_pyramid_reference, pyramid_
 
 pytest.importorskip("triton")
 
-from src.ops.triton.eesp import eesp_pyramid_triton  # noqa: E402
-from tests.helpers import own_running_statistics, randomise_norms, saved_bytes, tf32  # noqa: E402
+from src.ops.triton.eesp import eesp_pyramid_triton
+from tests.helpers import own_running_statistics, randomise_norms, saved_bytes, tf32
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -197,8 +197,6 @@ def test_auto_path_times_both_and_touches_no_state(
     assert all(p.grad is None for p in unit.parameters())
 
 
-
-
 def test_fused_training_keeps_two_fewer_pyramid_outputs(kernel_device: torch.device) -> None:
     """The eager pyramid keeps BN's input and PReLU's input (K n channels each) for the backward;
     the fused one recomputes them from the reduced input, which both keep."""
@@ -225,6 +223,9 @@ def test_fused_eesp_compiles_in_one_graph() -> None:
         grads = [torch.autograd.grad(o.sum(), [x, *m.parameters()]) for o, m in
                  zip(outs, (unit, ref), strict=True)]  # fmt: skip
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    # the gradients are sums over the batch's pixels, which cuDNN's backward and the fused one's
+    # float32 atomics add in other orders: on an H200 1.4e-5 apart at 0.085
+    tolerance = 1e-4 if x.is_cuda else 1e-5
     for a, e in zip(*grads, strict=True):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, e, rtol=tolerance, atol=tolerance)
     torch._dynamo.reset()
