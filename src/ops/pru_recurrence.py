@@ -19,9 +19,11 @@ paths here:
 - :func:`pru_recurrence_reference`: that loop in PyTorch, the oracle of the others;
 - on the CPU, ``lightnets_cpu::pru_recurrence_forward`` / ``_backward``
   (``src/ops/cpu/pru_recurrence.cpp``): one call each way over the whole sequence. Per step, one
-  grouped product (``at::bmm`` into a preallocated buffer) and one vectorised pass of the cell
-  equations; backward through time in the same call, keeping only the activated gates and the
-  cells; the weight and bias gradients as one product over all T·B rows after the loop;
+  parallel region whose tasks each multiply h_{t-1}'s group by its share of the weight (sgemm,
+  or MKL's packed GEMM; a once-per-machine check picks one that runs: :func:`probed_gemm_mode`)
+  and run the cell equations on the result while it is in cache;
+  backward through time in the same call, keeping only the activated gates and the cells; the
+  weight and bias gradients as one product over all T·B rows after the loop;
 - on CUDA, the Triton cell kernels between cuBLAS products (:mod:`src.ops.triton.pru_recurrence`).
 
 Every path is deterministic, and its gradients do not depend on the thread count.
@@ -29,15 +31,35 @@ Every path is deterministic, and its gradients do not depend on the thread count
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import functools
-from collections.abc import Sequence
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
+from filelock import FileLock
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.ops.cpu import cpu_kernels_loaded, cpu_path_mode, dispatch_mode_active
+from src.ops.cpu import (
+    cpu_kernels_loaded,
+    cpu_path_mode,
+    current_build_directory,
+    dispatch_mode_active,
+)
 from src.ops.triton import use_triton
+from src.ops.triton.choices import cpu_model
+from src.utils.files import write_json
+
+log = logging.getLogger(__name__)
 
 GATES = 4  # f, g, i, o
 
@@ -138,9 +160,131 @@ def pru_recurrence_reference(
     return torch.stack(outputs), h, c
 
 
+GEMM_MODES = ("plain", "packed")  # in the order checked: plain is as fast (pru_recurrence.cpp)
+GEMM_ENV = "LIGHTNETS_PRU_GEMM"  # "packed" or "plain": this mode, unchecked; "0": the PyTorch loop
+PROBE_FILE = "pru_recurrence_check.json"
+# the checked shapes (T, B, g, w, level widths): a tiny one and PTB's (g = 4, w = 350, K = 2)
+PROBE_SHAPES = ((3, 2, 2, 4, (8,)), (3, 20, 4, 350, (1050, 350)))
+_forced_mode: str | None = None
+
+
+def check_gemm_mode(mode: str, threads: int) -> str | None:
+    """Run the C++ recurrence with ``packed`` (MKL's packed GEMM) or ``plain`` (sgemm) products,
+    forward and backward at :data:`PROBE_SHAPES` on ``threads`` threads, in this process, against
+    the PyTorch loop in float64. Returns None when it agrees, else what went wrong."""
+    torch.set_num_threads(threads)
+    generator = torch.Generator().manual_seed(0)
+    for steps, batch, groups, width, widths in PROBE_SHAPES:
+        hidden = groups * width
+        operands = [
+            torch.randn(steps, batch, GATES, hidden, generator=generator),
+            torch.randn(groups, width, GATES * width, generator=generator) / width**0.5,
+            torch.randn(groups, GATES * width, generator=generator),
+            torch.randn(batch, hidden, generator=generator),
+            torch.randn(batch, hidden, generator=generator),
+        ]
+        results = []
+        for kernel in (True, False):
+            leaves = [(t.clone() if kernel else t.double()).requires_grad_() for t in operands]
+            inputs, weight, bias, h0, c0 = leaves
+            if kernel:
+                out = PRURecurrenceCpu.apply(
+                    weight, bias, h0, c0, mode == "packed", *inputs.split(list(widths), -1)
+                )
+            else:
+                out = pru_recurrence_reference(inputs, weight, bias, h0, c0)
+            sum(o.sum() for o in out).backward()
+            results.append([*out, *(t.grad for t in leaves)])
+        for got, want in zip(*results, strict=True):
+            got, want = got.detach().double(), want.detach()
+            error = float((got - want).abs().max() / want.abs().max().clamp_min(1))
+            if not error < 1e-4:  # float32 rounding over a few steps is ~1e-6
+                shape = (steps, batch, groups, width)
+                return f"{mode} products off by {error:.1e} at (T, B, g, w) = {shape}"
+    return None
+
+
+def _run_check(mode: str) -> str | None:
+    """:func:`check_gemm_mode` in a child process, which a faulting MKL routine cannot take down
+    with this one. Returns None when it agrees, else what went wrong."""
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "src.ops.pru_recurrence", "--check", mode,
+               "--threads", str(torch.get_num_threads())]  # fmt: skip
+    env = {**os.environ, GEMM_ENV: mode}
+    try:
+        child = subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"{mode} products: the check did not end in 300 s"
+    if child.returncode < 0:
+        return f"{mode} products: the check died of {signal.Signals(-child.returncode).name}"
+    if child.returncode:
+        lines = (child.stdout + child.stderr).strip().splitlines()
+        return f"{mode} products: {lines[-1] if lines else f'exit {child.returncode}'}"
+    return None
+
+
 @functools.cache
-def _cpu_kernel_available() -> bool:
-    return cpu_kernels_loaded() and torch.ops.lightnets_cpu.pru_recurrence_available()
+def probed_gemm_mode() -> str | None:
+    """The recurrent products' mode on this machine: "packed", "plain", or None for the PyTorch
+    loop (no kernels, no MKL, or neither mode passed).
+
+    The kernel calls MKL as linked into PyTorch, through symbols PyTorch does not document: on
+    an Intel Xeon (PyTorch 2.11) the packed-GEMM kernel died of SIGSEGV where an AMD EPYC runs
+    it. So each mode is checked once per machine and build, in a child process that a fault
+    cannot take this one down with, against the PyTorch loop (:func:`check_gemm_mode`); the first
+    that passes is kept, and the verdict is cached in the build's folder (with the processor it
+    was reached on). ``LIGHTNETS_PRU_GEMM`` names a mode and skips the check."""
+    if not (cpu_kernels_loaded() and torch.ops.lightnets_cpu.pru_recurrence_available()):
+        return None
+    forced = os.environ.get(GEMM_ENV)
+    if forced:
+        if forced not in (*GEMM_MODES, "0"):
+            raise ValueError(f"{GEMM_ENV} must be one of {(*GEMM_MODES, '0')}, got {forced!r}")
+        return None if forced == "0" else forced
+    record = current_build_directory() / PROBE_FILE
+    processor = cpu_model()
+    with FileLock(record.with_suffix(".lock")):
+        try:
+            verdict = json.loads(record.read_text())
+            if verdict.get("processor") == processor:
+                return verdict["mode"]
+        except (OSError, ValueError, KeyError):
+            pass  # none yet, or unreadable: check again
+        log.info("checking the PRU recurrence's GEMM modes on this machine (once)")
+        mode, failures = None, []
+        for candidate in GEMM_MODES:
+            failure = _run_check(candidate)
+            if failure is None:
+                mode = candidate
+                break
+            failures.append(failure)
+        if failures:
+            fallback = (f"the recurrence uses {mode} products (slower)" if mode else
+                        "the recurrence takes the PyTorch loop")  # fmt: skip
+            warnings.warn(f"the fused PRU recurrence failed its check: {'; '.join(failures)}; "
+                          f"{fallback}", RuntimeWarning, stacklevel=2)  # fmt: skip
+        write_json(record, {"processor": processor, "mode": mode, "failures": failures})
+    return mode
+
+
+def gemm_mode() -> str | None:
+    """The mode :func:`use_gemm_mode` set, else :func:`probed_gemm_mode`."""
+    return _forced_mode or probed_gemm_mode()
+
+
+@contextlib.contextmanager
+def use_gemm_mode(mode: str) -> Iterator[None]:
+    """Run the C++ recurrence with ``mode``'s products inside the block (the tests of both)."""
+    global _forced_mode
+    if mode not in GEMM_MODES:
+        raise ValueError(f"mode must be one of {GEMM_MODES}, got {mode!r}")
+    previous, _forced_mode = _forced_mode, mode
+    try:
+        yield
+    finally:
+        _forced_mode = previous
 
 
 def cpu_kernel_applies(*operands: Tensor | None) -> bool:
@@ -154,7 +298,7 @@ def cpu_kernel_applies(*operands: Tensor | None) -> bool:
         and not torch.is_autocast_enabled("cpu")
         and not dispatch_mode_active()
         and cpu_path_mode() != "0"
-        and _cpu_kernel_available()
+        and gemm_mode() is not None
     )
 
 
@@ -164,14 +308,17 @@ class PRURecurrenceCpu(torch.autograd.Function):
     activated gates and the cells, nothing else."""
 
     @staticmethod
-    def forward(ctx, weight, bias, h0, c0, *levels):  # type: ignore[override]
+    def forward(ctx, weight, bias, h0, c0, packed, *levels):  # type: ignore[override]
         save = any(ctx.needs_input_grad)
-        output, h_last, c_last, gates, cells = kernel_forward(weight, bias, h0, c0, levels, save)
+        output, h_last, c_last, gates, cells = kernel_forward(
+            weight, bias, h0, c0, levels, save, packed
+        )
         if save:
             ctx.save_for_backward(gates, cells, output, weight, h0, c0)
         ctx.set_materialize_grads(False)  # an output without gradient reaches the kernel as None
         ctx.has_bias = bias is not None
         ctx.widths = [level.shape[-1] for level in levels]
+        ctx.packed = packed
         return output, h_last, c_last
 
     @staticmethod
@@ -191,6 +338,7 @@ class PRURecurrenceCpu(torch.autograd.Function):
                 ctx.widths,
                 needs[0],
                 needs[1] and ctx.has_bias,
+                ctx.packed,
             )
         )
         return (
@@ -198,7 +346,8 @@ class PRURecurrenceCpu(torch.autograd.Function):
             grad_bias if needs[1] and ctx.has_bias else None,
             grad_h0 if needs[2] else None,
             grad_c0 if needs[3] else None,
-            *(grad if need else None for grad, need in zip(grad_levels, needs[4:], strict=True)),
+            None,
+            *(grad if need else None for grad, need in zip(grad_levels, needs[5:], strict=True)),
         )
 
 
@@ -209,9 +358,10 @@ def kernel_forward(
     c0: Tensor,
     levels: Sequence[Tensor],
     save: bool,
+    packed: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``lightnets_cpu::pru_recurrence_forward``: (output, h_T, c_T, gates, cells), the last two
-    empty unless ``save``."""
+    empty unless ``save``; ``packed``: MKL's packed products, else sgemm's."""
     output, c_last, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
         [level.contiguous() for level in levels],
         weight.contiguous(),
@@ -219,6 +369,7 @@ def kernel_forward(
         h0.contiguous(),
         c0.contiguous(),
         save,
+        packed,
     )
     h_last = output[-1].clone() if output.shape[0] else h0.clone()
     return output, h_last, c_last, gates, cells
@@ -250,14 +401,32 @@ def pru_recurrence(
     check_recurrence_operands(concatenated_shape(levels), weight, bias, h0, c0)
     if impl == "auto" and cpu_kernel_applies(*levels, weight, bias, h0, c0):
         operands = (weight, bias, h0, c0, *levels)
+        packed = gemm_mode() == "packed"
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
-            return PRURecurrenceCpu.apply(weight, bias, h0, c0, *levels)
+            return PRURecurrenceCpu.apply(weight, bias, h0, c0, packed, *levels)
         # no gradient to come: the kernel keeps no gates or cells (the Function, even under
         # no_grad, sees its parameters' requires_grad and would)
-        return kernel_forward(weight, bias, h0, c0, levels, save=False)[:3]
+        return kernel_forward(weight, bias, h0, c0, levels, False, packed)[:3]
     inputs = levels[0] if len(levels) == 1 else torch.cat(levels, dim=-1)
     if use_triton(impl, inputs) and inputs.dtype != torch.float64:
         from src.ops.triton.pru_recurrence import pru_recurrence_triton
 
         return pru_recurrence_triton(inputs, weight, bias, h0, c0)
     return pru_recurrence_reference(inputs, weight, bias, h0, c0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="check the C++ recurrence's GEMM mode here")
+    parser.add_argument("--check", choices=GEMM_MODES, required=True)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    if not (cpu_kernels_loaded() and torch.ops.lightnets_cpu.pru_recurrence_available()):
+        sys.exit("the CPU kernels are not built, or PyTorch has no MKL")
+    failure = check_gemm_mode(args.check, args.threads)
+    if failure:
+        sys.exit(failure)
+    print(f"{args.check} products agree with the PyTorch loop")
+
+
+if __name__ == "__main__":
+    main()

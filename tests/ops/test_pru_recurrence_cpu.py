@@ -1,16 +1,29 @@
 """The PRU recurrence's C++ kernels (``PRURecurrenceCpu``, the CPU path of
-:func:`src.ops.pru_recurrence.pru_recurrence`) against the float64 oracle: float32 outputs and
-gradients as close to it as the float32 PyTorch loop is, in every operand and for every mix of
-output gradients; gradients independent of the thread count; the whole sequence in one autograd
-node; every faulty operand rejected before memory is read."""
+:func:`src.ops.pru_recurrence.pru_recurrence`) against the float64 oracle, with MKL's packed
+products and with plain sgemm: float32 outputs and gradients as close to it as the float32 PyTorch
+loop is, in every operand and for every mix of output gradients; gradients independent of the
+thread count; the whole sequence in one autograd node; every faulty operand rejected before memory
+is read; the once-per-machine check of the two modes keeps the first that passes."""
 
 from __future__ import annotations
+
+import json
+import signal
+import subprocess
 
 import pytest
 import torch
 from torch import Tensor
 
-from src.ops.pru_recurrence import PRURecurrenceCpu, pru_recurrence, pru_recurrence_reference
+import src.ops.pru_recurrence as recurrence
+from src.ops.pru_recurrence import (
+    GEMM_ENV,
+    GEMM_MODES,
+    PRURecurrenceCpu,
+    gemm_mode,
+    pru_recurrence,
+    pru_recurrence_reference,
+)
 from tests.helpers import (
     KIND_FAULTS,
     SHAPE_FAULTS,
@@ -39,14 +52,16 @@ def operands(steps: int, batch: int, groups: int, width: int, bias: bool) -> lis
     ]
 
 
-def split_kernel(widths=None):
-    """``PRURecurrenceCpu`` on P cut into levels of ``widths`` (default: the PTB pyramid's split,
-    3/4 and 1/4 of the units, whose boundary falls inside a task's chunk)."""
+def split_kernel(widths=None, mode: str | None = None):
+    """``PRURecurrenceCpu`` with ``mode``'s products (default: this machine's) on P cut into
+    levels of ``widths`` (default: the PTB pyramid's split, 3/4 and 1/4 of the units, whose
+    boundary falls inside a task's chunk)."""
+    packed = (mode or gemm_mode()) == "packed"
 
     def kernel(inputs, weight, bias, h0, c0):
         hidden = inputs.shape[-1]
         sizes = widths or ([hidden] if hidden < 4 else [3 * hidden // 4, hidden - 3 * hidden // 4])
-        return PRURecurrenceCpu.apply(weight, bias, h0, c0, *inputs.split(sizes, dim=-1))
+        return PRURecurrenceCpu.apply(weight, bias, h0, c0, packed, *inputs.split(sizes, dim=-1))
 
     return kernel
 
@@ -77,11 +92,12 @@ def widths_of(split: str, hidden: int) -> list[int] | None:
     return [hidden - sum(parts), *parts]
 
 
+@pytest.mark.parametrize("mode", GEMM_MODES)
 @pytest.mark.parametrize("steps,batch,groups,width,bias", CASES)
 @pytest.mark.parametrize("probed", ["all", "output", "state"])
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_float32_is_as_close_to_the_float64_oracle_as_the_pytorch_loop(
-    steps: int, batch: int, groups: int, width: int, bias: bool, probed: str, split: str
+    steps: int, batch: int, groups: int, width: int, bias: bool, probed: str, split: str, mode: str
 ) -> None:
     torch.manual_seed(steps * 100 + width)
     leaves = operands(steps, batch, groups, width, bias)
@@ -94,7 +110,7 @@ def test_float32_is_as_close_to_the_float64_oracle_as_the_pytorch_loop(
     elif probed == "state":
         probes[0] = None
     oracle = run(pru_recurrence_reference, leaves, probes, double)
-    got = run(split_kernel(widths_of(split, hidden)), leaves, probes, torch.float32)
+    got = run(split_kernel(widths_of(split, hidden), mode), leaves, probes, torch.float32)
     eager = run(pru_recurrence_reference, leaves, probes, torch.float32)
     assert len(got) == len(oracle) == len(eager)
     for g, e, o in zip(got, eager, oracle, strict=True):
@@ -106,7 +122,8 @@ def test_float32_is_as_close_to_the_float64_oracle_as_the_pytorch_loop(
         assert error <= 4 * eager_error + 1e-6 * scale, (error, eager_error)
 
 
-def test_gradients_do_not_depend_on_the_thread_count() -> None:
+@pytest.mark.parametrize("mode", GEMM_MODES)
+def test_gradients_do_not_depend_on_the_thread_count(mode: str) -> None:
     torch.manual_seed(0)
     leaves = operands(6, 5, 2, 150, True)
     probes = [torch.randn(6, 5, 300), torch.randn(5, 300), torch.randn(5, 300)]
@@ -114,7 +131,7 @@ def test_gradients_do_not_depend_on_the_thread_count() -> None:
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
-            runs.append(run(split_kernel(), leaves, probes, torch.float32))
+            runs.append(run(split_kernel(mode=mode), leaves, probes, torch.float32))
     finally:
         torch.set_num_threads(threads)
     for other in runs[1:]:
@@ -169,16 +186,17 @@ def _forward_arguments() -> list:
         h0,
         c0,
         True,
+        gemm_mode() == "packed",
     ]
 
 
 def _backward_arguments() -> list:
-    levels, weight, bias, h0, c0, _ = _forward_arguments()
+    levels, weight, bias, h0, c0, _, packed = _forward_arguments()
     output, _, gates, cells = torch.ops.lightnets_cpu.pru_recurrence_forward(
-        levels, weight, bias, h0, c0, True
+        levels, weight, bias, h0, c0, True, packed
     )
     grads = [torch.randn_like(output), torch.randn_like(h0), torch.randn_like(c0)]
-    return [*grads, gates, cells, output, weight, h0, c0, [12, 4], True, True]
+    return [*grads, gates, cells, output, weight, h0, c0, [12, 4], True, True, packed]
 
 
 # operand -> (position, the dimensions the others fix)
@@ -228,3 +246,81 @@ def test_backward_rejects_widths_that_do_not_sum_to_the_units(widths: list[int])
     with pytest.raises(RuntimeError, match=r"pru_recurrence_backward: widths .* must be positive "
                                            r"and sum to M = 16"):  # fmt: skip
         torch.ops.lightnets_cpu.pru_recurrence_backward(*args)
+
+
+@pytest.fixture
+def fresh_probe(monkeypatch, tmp_path):
+    """The probe with no verdict yet: its record in ``tmp_path``, no mode named in the
+    environment; the process's verdict restored afterwards."""
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    monkeypatch.setattr(recurrence, "current_build_directory", lambda: tmp_path)
+    recurrence.probed_gemm_mode.cache_clear()
+    yield tmp_path
+    recurrence.probed_gemm_mode.cache_clear()
+
+
+def test_the_probe_keeps_the_first_mode_that_passes_and_remembers_it(fresh_probe, monkeypatch):
+    checked = []
+
+    def check(mode: str) -> str | None:
+        checked.append(mode)
+        return f"{mode} products: the check died of SIGSEGV" if mode == GEMM_MODES[0] else None
+
+    monkeypatch.setattr(recurrence, "_run_check", check)
+    second = GEMM_MODES[1]
+    with pytest.warns(RuntimeWarning, match=rf"died of SIGSEGV; the recurrence uses {second}"):
+        assert recurrence.probed_gemm_mode() == second
+    assert checked == list(GEMM_MODES)
+    record = json.loads((fresh_probe / recurrence.PROBE_FILE).read_text())
+    assert record["mode"] == second and record["processor"] == recurrence.cpu_model()
+    # the next process reads the verdict instead of checking again
+    recurrence.probed_gemm_mode.cache_clear()
+    monkeypatch.setattr(recurrence, "_run_check", lambda mode: pytest.fail("checked again"))
+    assert recurrence.probed_gemm_mode() == second
+
+
+def test_a_machine_where_both_modes_fail_takes_the_pytorch_loop(fresh_probe, monkeypatch):
+    monkeypatch.setattr(recurrence, "_run_check", lambda mode: f"{mode} products: off by 1e+00")
+    with pytest.warns(RuntimeWarning, match=r"the recurrence takes the PyTorch loop"):
+        assert recurrence.probed_gemm_mode() is None
+    inputs, weight, bias, h0, c0 = (t.float().requires_grad_() for t in operands(3, 2, 2, 8, True))
+    output, _, _ = pru_recurrence(inputs, weight, bias, h0, c0)
+    assert type(output.grad_fn).__name__ == "StackBackward0"
+
+
+def test_a_mode_named_in_the_environment_is_taken_unchecked(fresh_probe, monkeypatch):
+    monkeypatch.setattr(recurrence, "_run_check", lambda mode: pytest.fail("checked"))
+    monkeypatch.setenv(GEMM_ENV, "plain")
+    assert recurrence.probed_gemm_mode() == "plain"
+    recurrence.probed_gemm_mode.cache_clear()
+    monkeypatch.setenv(GEMM_ENV, "fast")
+    with pytest.raises(ValueError, match=r"LIGHTNETS_PRU_GEMM must be one of"):
+        recurrence.probed_gemm_mode()
+
+
+def test_the_check_catches_a_wrong_product(monkeypatch):
+    apply = PRURecurrenceCpu.apply
+
+    def off(weight, bias, h0, c0, packed, *levels):
+        output, h, c = apply(weight, bias, h0, c0, packed, *levels)
+        return output * (1 + 1e-3), h, c
+
+    monkeypatch.setattr(PRURecurrenceCpu, "apply", off)
+    threads = torch.get_num_threads()
+    try:
+        failure = recurrence.check_gemm_mode("plain", 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert failure is not None and failure.startswith("plain products off by ")
+
+
+def test_a_child_that_dies_is_reported_by_its_signal(monkeypatch):
+    died = subprocess.CompletedProcess([], -signal.SIGSEGV, "", "")
+    monkeypatch.setattr(recurrence.subprocess, "run", lambda *args, **kwargs: died)
+    assert recurrence._run_check("packed") == "packed products: the check died of SIGSEGV"
+
+
+def test_the_chosen_mode_passes_its_check_in_a_child_process():
+    mode = gemm_mode()
+    assert mode in GEMM_MODES
+    assert recurrence._run_check(mode) is None

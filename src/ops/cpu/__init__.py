@@ -155,8 +155,15 @@ def build_directory(name: str) -> Path:
     return directory
 
 
-def stage_sources(directory: Path, sources: tuple[Path, ...] = SOURCES,
-                  headers: tuple[Path, ...] = HEADERS) -> list[Path]:
+def current_build_directory() -> Path:
+    """The folder of this machine's build of the current sources (:func:`cpu_kernels`), where
+    verdicts about the build are kept beside it."""
+    return build_directory(build_name(_compiler_flags()[2]))
+
+
+def stage_sources(
+    directory: Path, sources: tuple[Path, ...] = SOURCES, headers: tuple[Path, ...] = HEADERS
+) -> list[Path]:
     """Copies of the sources and headers in ``directory``/``src``, the ones the build compiles.
 
     The build folder is named by the sources' digest, so every checkout of the same sources (a
@@ -208,7 +215,8 @@ def cpu_kernels() -> bool:
             if before is None:
                 log.warning(
                     "building the fused CPU kernels for these sources (once per machine, PyTorch "
-                    "version and kernel sources: 1.5-3.5 min on 2 cores) in %s", directory
+                    "version and kernel sources: 1.5-3.5 min on 2 cores) in %s",
+                    directory,
                 )
             start = time.perf_counter()
             load(

@@ -7,9 +7,11 @@
 // The work of a step is cut into tasks (j, k-chunk): a task multiplies h_{t-1}'s group j by the
 // columns of W_j that feed its k-chunk of all four gates, then runs the cell equations on that
 // chunk, so the products' outputs never leave the cache and a step is one parallel region. The
-// matrices the tasks multiply by (W_j's columns forward, its rows backward) are packed once per
-// call into MKL's internal layout (cblas_sgemm_pack): at B of 10 to 80 rows, a plain GEMM call
-// re-packs the whole weight every step, which costs about as much as the product.
+// products are plain sgemm calls, or MKL's packed GEMM on matrices packed once per call
+// (cblas_sgemm_pack): on an AMD EPYC both take the same time at PTB's sizes (forward 44 ms,
+// backward 81 ms at B = 20, T = 70) and packing costs 1 ms a call more at B = 1, T = 5; the
+// packed routines died of SIGSEGV on an Intel Xeon. src/ops/pru_recurrence.py checks each mode
+// once per machine, plain first.
 //
 // Backward, task (j, k-chunk) of step t first forms the recurrent gradient of its chunk of h_t,
 // dG_{t+1, j} @ W_j^T[:, chunk], then the cell's gradient. The weight gradient is one product over
@@ -333,52 +335,81 @@ PackedBuffers& packed_buffers() {
   return pool;
 }
 
-// A call's packed matrices, one per task, given back to the pool when the call ends
-struct Packs {
-  std::vector<PackedBuffers::Buffer> buffers;
-  explicit Packs(int64_t tasks) : buffers(tasks) {}
-  Packs(const Packs&) = delete;
-  ~Packs() { packed_buffers().give_back(buffers); }
-  const float* operator[](int64_t task) const { return buffers[task].data.get(); }
-};
-
-// One packed matrix per task: forward W_j's columns {q w + k0 .. q w + k0 + n : q < 4}
-// gathered into a (w, 4n) matrix; backward W_j^T's columns k0 .. k0 + n, (4w, n).
-std::unique_ptr<Packs> pack_weights(const float* W, const Sizes& s, bool backward) {
-  auto packs = std::make_unique<Packs>(s.tasks());
-  const int64_t w = s.w, four_w = kGates * w;
-  at::parallel_for(0, s.tasks(), 1, [&](int64_t begin, int64_t end) {
-    OneMklThread one;
-    std::vector<float> gathered;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t j = task / s.chunks, k0 = s.k0(task), n = s.n(task);
-      const float* Wj = W + j * w * four_w;
-      if (backward) {
-        auto& buffer = packs->buffers[task];
-        buffer = packed_buffers().take(cblas_sgemm_pack_get_size(kBMatrix, s.B, n, four_w));
-        // B = (rows k0 .. k0 + n of W_j)^T
-        cblas_sgemm_pack(kRowMajor, kBMatrix, kTrans, s.B, n, four_w, 1.f, Wj + k0 * four_w,
-                         four_w, buffer.data.get());
-      } else {
-        gathered.resize(w * kGates * n);
+// A call's weight operands, one per task, in the buffers given back to the pool when the call
+// ends. Packed (MKL's internal layout, cblas_sgemm_pack) or plain (a row-major matrix for sgemm):
+// both give the same products; plain is the fallback where MKL's packed routines fail
+// (src/ops/pru_recurrence.py probes them once per machine). Forward, task (j, chunk) multiplies by
+// W_j's columns {q w + k0 .. q w + k0 + n : q < 4} gathered into a (w, 4n) matrix; backward by
+// W_j^T's columns k0 .. k0 + n, (4w, n), which plain mode reads from W in place.
+class TaskWeights {
+ public:
+  TaskWeights(const float* W, const Sizes& s, bool backward, bool packed)
+      : W_(W), s_(s), backward_(backward), packed_(packed), buffers_(s.tasks()) {
+    if (backward && !packed) return;  // read in place
+    const int64_t w = s.w, four_w = kGates * w;
+    at::parallel_for(0, s.tasks(), 1, [&](int64_t begin, int64_t end) {
+      OneMklThread one;
+      std::vector<float> gathered;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t j = task / s.chunks, k0 = s.k0(task), n = s.n(task);
+        const float* Wj = W + j * w * four_w;
+        auto& buffer = buffers_[task];
+        if (backward) {
+          buffer = packed_buffers().take(cblas_sgemm_pack_get_size(kBMatrix, s.B, n, four_w));
+          // B = (rows k0 .. k0 + n of W_j)^T
+          cblas_sgemm_pack(kRowMajor, kBMatrix, kTrans, s.B, n, four_w, 1.f, Wj + k0 * four_w,
+                           four_w, buffer.data.get());
+          continue;
+        }
+        const int64_t size = w * kGates * n;
+        if (packed) gathered.resize(size);
+        else buffer = packed_buffers().take(size * sizeof(float));
+        float* dst = packed ? gathered.data() : buffer.data.get();
         for (int64_t r = 0; r < w; ++r)
           for (int64_t q = 0; q < kGates; ++q)
-            std::copy_n(Wj + r * four_w + q * w + k0, n, gathered.data() + (r * kGates + q) * n);
-        auto& buffer = packs->buffers[task];
-        buffer = packed_buffers().take(cblas_sgemm_pack_get_size(kBMatrix, s.B, kGates * n, w));
-        cblas_sgemm_pack(kRowMajor, kBMatrix, kNoTrans, s.B, kGates * n, w, 1.f, gathered.data(),
-                         kGates * n, buffer.data.get());
+            std::copy_n(Wj + r * four_w + q * w + k0, n, dst + (r * kGates + q) * n);
+        if (packed) {
+          buffer = packed_buffers().take(cblas_sgemm_pack_get_size(kBMatrix, s.B, kGates * n, w));
+          cblas_sgemm_pack(kRowMajor, kBMatrix, kNoTrans, s.B, kGates * n, w, 1.f, dst,
+                           kGates * n, buffer.data.get());
+        }
       }
-    }
-  });
-  return packs;
-}
+    });
+  }
+  TaskWeights(const TaskWeights&) = delete;
+  ~TaskWeights() { packed_buffers().give_back(buffers_); }
+
+  // task's product C = A @ (its weight operand): forward A (B, w) -> C (B, 4n), backward
+  // A (B, 4w) -> C (B, n); A and C row-major with row strides lda and ldc
+  void multiply(int64_t task, const float* a, int lda, float* c, int ldc) const {
+    const int B = s_.B, w = s_.w, four_w = kGates * s_.w, n = s_.n(task);
+    const float* buffer = buffers_[task].data.get();
+    if (!backward_ && packed_)
+      cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, B, kGates * n, w, a, lda, buffer,
+                          kGates * n, 0.f, c, ldc);
+    else if (!backward_)
+      gemm(false, false, B, kGates * n, w, 1.f, a, lda, buffer, kGates * n, 0.f, c, ldc);
+    else if (packed_)
+      cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, B, n, four_w, a, lda, buffer, n, 0.f, c,
+                          ldc);
+    else
+      gemm(false, true, B, n, four_w, 1.f, a, lda,
+           W_ + (task / s_.chunks) * w * four_w + s_.k0(task) * four_w, four_w, 0.f, c, ldc);
+  }
+
+ private:
+  const float* W_;
+  Sizes s_;
+  bool backward_, packed_;
+  std::vector<PackedBuffers::Buffer> buffers_;
+};
 
 // Forward. Returns (output (T, B, M), c_T (B, M), gates (T, B, 4, M), cells (T, B, M)); the last
 // two, the activated gates and the cells that the backward reads, are empty unless `save`.
+// `packed`: the recurrent products on MKL-packed weights, else plain sgemm (TaskWeights).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_forward(
     at::TensorList levels, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& h0, const at::Tensor& c0, bool save) {
+    const at::Tensor& h0, const at::Tensor& c0, bool save, bool packed) {
   const auto checked = check_levels("pru_recurrence_forward", levels, weight, bias, h0, c0);
   const Sizes s = checked.first.split(kForwardChunk);
   const std::vector<Level>& level_list = checked.second;
@@ -389,7 +420,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_forwar
   at::Tensor cells = save ? at::empty({T, B, M}, options) : at::empty({0}, options);
   at::Tensor c_last = c0.clone();
   if (T == 0 || B == 0) return {output, c_last, gates, cells};
-  const auto packs = pack_weights(weight.data_ptr<float>(), s, false);
+  const TaskWeights weights(weight.data_ptr<float>(), s, false, packed);
   const std::vector<float> no_bias(bias ? 0 : s.g * kGates * w, 0.f);
   const float* bias_p = bias ? bias->data_ptr<float>() : no_bias.data();
   float* out = output.data_ptr<float>();
@@ -417,8 +448,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pru_recurrence_forwar
       for (int64_t task = begin; task < end; ++task) {
         const int64_t j = task / s.chunks, k0 = s.k0(task), n = s.n(task);
         float* ctx = context.data() + task * B * kGates * s.chunk;
-        cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, B, kGates * n, w, h_prev + j * w, M,
-                            (*packs)[task], kGates * n, 0.f, ctx, kGates * n);
+        weights.multiply(task, h_prev + j * w, M, ctx, kGates * n);
         const int64_t m0 = j * w + k0;
         for (int64_t b = 0; b < B; ++b) {
           const int64_t row = t * B + b;
@@ -452,7 +482,8 @@ pru_recurrence_backward(const std::optional<at::Tensor>& grad_output,
                         const std::optional<at::Tensor>& grad_c_last, const at::Tensor& gates,
                         const at::Tensor& cells, const at::Tensor& output,
                         const at::Tensor& weight, const at::Tensor& h0, const at::Tensor& c0,
-                        at::IntArrayRef widths, bool weight_grad, bool bias_grad) {
+                        at::IntArrayRef widths, bool weight_grad, bool bias_grad,
+                        bool packed) {
   const char* op = "pru_recurrence_backward";
   const Sizes s = check_operands(op, gates, weight, h0, c0).split(kBackwardChunk);
   const int64_t T = s.T, B = s.B, M = s.M, w = s.w, g = s.g, four_w = kGates * w;
@@ -490,7 +521,7 @@ pru_recurrence_backward(const std::optional<at::Tensor>& grad_output,
     return {grad_levels, at::zeros_like(weight), at::zeros({g, four_w}, options), grad_h0,
             grad_c0};
   }
-  const auto packs = pack_weights(weight.data_ptr<float>(), s, true);
+  const TaskWeights weights(weight.data_ptr<float>(), s, true, packed);
   const float* gout = grad_output ? grad_output->data_ptr<float>() : nullptr;
   const float* gh_last = grad_h_last ? grad_h_last->data_ptr<float>() : nullptr;
   const float* G = gates.data_ptr<float>();
@@ -504,9 +535,7 @@ pru_recurrence_backward(const std::optional<at::Tensor>& grad_output,
   const std::vector<float> zeros(s.chunk, 0.f);  // an absent gradient's row
   // task (j, chunk): dG_next_j (B, 4w) @ W_j^T[:, chunk] into dst (B, n), row stride ld
   auto recurrent_product = [&](int64_t task, const float* dG_next, float* dst, int64_t ld) {
-    const int64_t j = task / s.chunks, n = s.n(task);
-    cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, B, n, four_w, dG_next + j * B * four_w,
-                        four_w, (*packs)[task], n, 0.f, dst, ld);
+    weights.multiply(task, dG_next + task / s.chunks * B * four_w, four_w, dst, ld);
   };
   for (int64_t t = T - 1; t >= 0; --t) {
     const float* dG_next = dG[(t + 1) % 2].data();
@@ -606,13 +635,13 @@ bool pru_recurrence_available() { return mkl_available(); }
 TORCH_LIBRARY_FRAGMENT(lightnets_cpu, m) {
   m.def(
       "pru_recurrence_forward(Tensor[] levels, Tensor weight, Tensor? bias, Tensor h0, "
-      "Tensor c0, bool save) -> (Tensor, Tensor, Tensor, Tensor)",
+      "Tensor c0, bool save, bool packed=True) -> (Tensor, Tensor, Tensor, Tensor)",
       &pru_recurrence_forward);
   m.def(
       "pru_recurrence_backward(Tensor? grad_output, Tensor? grad_h_last, Tensor? grad_c_last, "
       "Tensor gates, Tensor cells, Tensor output, Tensor weight, Tensor h0, Tensor c0, "
-      "int[] widths, bool weight_grad, bool bias_grad) -> (Tensor[], Tensor, Tensor, Tensor, "
-      "Tensor)",
+      "int[] widths, bool weight_grad, bool bias_grad, bool packed=True) -> (Tensor[], Tensor, "
+      "Tensor, Tensor, Tensor)",
       &pru_recurrence_backward);
   m.def("pru_recurrence_available() -> bool", &pru_recurrence_available);
 }
