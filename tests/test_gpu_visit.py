@@ -36,10 +36,12 @@ def test_every_part_leaves_rows_and_a_section(visit) -> None:
     ]  # fmt: skip
     rows = json.loads((out / "results.json").read_text())
     summary = (out / "summary.md").read_text()
-    for part in ("env", "pytest", "compile", "train", "warm", "bench", "pairs", "profile", "tune"):
+    for part in ("env", "pytest", "compile", "train", "cpu_check", "warm", "bench", "pairs",
+                 "profile", "tune"):  # fmt: skip
         assert rows.get(part), f"no rows from {part}: {summary}"
         assert not any("error" in r and r["error"] for r in rows[part]), rows[part]
-    for title in ("## Machine", "## pytest", "## torch.compile", "## Short", "## First steps",
+    for title in ("## Machine", "## pytest", "## torch.compile", "## Short",
+                  "## The PRU recurrence's C++ kernel on this CPU", "## First steps",
                   "## benchmarks/gpu.py",
                   "## Training steps", "## Profiles", "## Launch-configuration"):
         assert title in summary
@@ -62,6 +64,11 @@ def test_the_parts_measure(visit) -> None:
         assert len(p["top"]) == 15 and 0 < sum(k["share"] for k in p["top"]) <= 1.0 + 1e-6
         assert p["top"][0]["us"] >= p["top"][-1]["us"] > 0
     assert trace["trace_of"] in ("gt4", "txl") and (out / "trace.json.gz").stat().st_size > 1000
+    checks = rows["cpu_check"]
+    assert [r["mode"] for r in checks] == ["plain", "packed"]
+    for r in checks:  # a verdict either way: which mode runs is the CPU's to say
+        assert r["verdict"].startswith(("exit 0", "exit 1", "died of")), r
+        assert r["ok"] == r["verdict"].startswith("exit 0")
     assert [r["name"] for r in rows["warm"]] == ["dicenet", "espnetv2", "ssd"]
     assert all(r["first_train_step_s"] > 0 and r["second_inference_s"] > 0 for r in rows["warm"])
     assert any(r.get("part") == "dextra" and r.get("ms") for r in rows["bench"])
