@@ -43,6 +43,22 @@ def project_network_state(checkpoint: object) -> dict[str, Tensor] | None:
     return {k.removeprefix(NET_PREFIX): v for k, v in state.items() if k.startswith(NET_PREFIX)}
 
 
+def first_sentences(text: str, limit: int = 240) -> str:
+    """The whole sentences of ``text``'s first line that fit in ``limit`` characters (at least the
+    first, cut at a word with "..." only when it alone is longer): a reason quoted in a message
+    never stops mid-sentence."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    sentences = line.replace(". ", ".\n").split("\n")
+    kept = sentences[0]
+    for sentence in sentences[1:]:
+        if len(kept) + 1 + len(sentence) > limit:
+            break
+        kept += " " + sentence
+    if len(kept) > limit:
+        kept = kept[:limit].rsplit(" ", 1)[0] + "..."
+    return kept
+
+
 def torch_load(path: str | Path, what: str) -> object:
     """``torch.load(path, weights_only=True)`` on the CPU; a file that is missing or that torch
     cannot read (a text file, a truncated download) raises ``ValueError`` naming ``what`` (the
@@ -53,7 +69,7 @@ def torch_load(path: str | Path, what: str) -> object:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling a text file fails in many ways (KeyError, EOFError, ...)
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        reason = first_sentences(str(error))
         raise ValueError(
             f"{what}={path} is not a weights file or checkpoint: torch.load cannot read it "
             f"({type(error).__name__}{': ' + reason if reason else ''})"
