@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from src.models.ssd import SSD
 from src.models.ssd_priors import PRIOR_STRIDES
 from src.utils.complexity import count_params, measure
+from src.utils.errors import reported_in_one_line
 from train import build_task, check_config
 
 
@@ -125,8 +126,9 @@ def table(result: dict) -> str:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="complexity")
 def main(cfg: DictConfig) -> None:
-    check_config(cfg, "complexity")
-    result = report(cfg)
+    with reported_in_one_line():
+        check_config(cfg, "complexity")
+        result = report(cfg)
     sys.stdout.write(table(result) + "\n" + json.dumps(result) + "\n")
 
 

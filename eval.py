@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from src.tasks.awd_language_model import AWDLanguageModelTask
 from src.tasks.dynamic_eval import dynamic_evaluate, segments
+from src.utils.errors import reported_in_one_line
 from src.utils.files import write_json
 from train import build_from_checkpoint, build_trainer, check_config, complexity_of, scalars
 
@@ -94,8 +95,9 @@ def evaluate(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    check_config(cfg, "eval")
-    evaluate(cfg)
+    with reported_in_one_line():
+        check_config(cfg, "eval")
+        evaluate(cfg)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,13 @@ from torch import nn
 
 from src.callbacks.interrupt import InterruptCheckpoint
 from src.utils.complexity import Complexity, measure
-from src.utils.config_checks import check_pairing, known_top_level_keys, reject_unknown_keys
+from src.utils.config_checks import (
+    check_config_values,
+    check_pairing,
+    known_top_level_keys,
+    reject_unknown_keys,
+)
+from src.utils.errors import reported_in_one_line
 from src.utils.files import write_json
 from src.utils.run_record import (
     RunRecord,
@@ -96,9 +102,11 @@ def hydra_overrides() -> list[str]:
 
 
 def check_config(cfg: DictConfig, config_name: str) -> None:
-    """Before anything is built: no top-level key nobody reads, and a model that fits the data."""
+    """Before anything is built: no top-level key nobody reads, a model that fits the data, and
+    ``model.*`` / ``data.*`` / ``task.*`` keys and values their constructors take."""
     reject_unknown_keys(cfg, known_top_level_keys(config_name))
     check_pairing(hydra_choices())
+    check_config_values(cfg)
 
 
 def unfinished_run_dir(ckpt_path: Path) -> Path | None:
@@ -277,8 +285,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    check_config(cfg, "train")
-    summary = train(cfg)
+    with reported_in_one_line():
+        check_config(cfg, "train")
+        summary = train(cfg)
     # the monitored value, for Hydra sweepers that optimise it
     checkpoint = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
     return summary["metrics"].get(f"best_{checkpoint.get('monitor')}")

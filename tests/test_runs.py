@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from generate import generate
 from predict import predict
 from src.models.dicenet import DiCENet
 from src.models.hub import timm_model
-from src.utils.config_checks import MODEL_TASKS, ConfigError, check_pairing
+from src.utils.config_checks import MODEL_TASKS, ConfigError, check_config_values, check_pairing
 from src.utils.run_record import CheckpointError, check_resume, project_version, read_checkpoint
 from tests.conftest import CONF, ROOT, compose_config
 from train import check_config, train
@@ -179,8 +180,9 @@ def test_unknown_top_level_key_is_refused() -> None:
     done = subprocess.run(
         [sys.executable, "train.py", "+modle=dicenet"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 1
-    assert "unknown top-level config key 'modle' (did you mean 'model'?)" in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: unknown top-level config key 'modle' (did you mean 'model'?)")
+    assert "Traceback" not in done.stderr
     assert "Known keys and config groups: callbacks, ckpt_path, compile, data," in done.stderr
 
 
@@ -203,6 +205,7 @@ def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
     assert choices.model == model
     assert choices.task in MODEL_TASKS[model]
     check_pairing(choices)
+    check_config_values(cfg)  # every key is an argument of its target, every size positive
     # the model's interpolations (${data.num_classes}, ${data.vocab_size}) resolve against this data
     OmegaConf.to_container(cfg.model, resolve=True)
 
@@ -300,3 +303,33 @@ def test_data_alone_trains_its_default_model(tmp_path: Path) -> None:
     assert cfg.model._target_ == "src.models.group_transformer.GroupTransformer"
     assert summary["status"] == "finished"
     assert 0.0 < summary["metrics"]["test/bpc"] < 8.0  # log2 of a ~100-symbol vocabulary is 6.7
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [(["+model.d_modle=64"], "model.d_modle: DiCENet (src.models.dicenet.DiCENet) takes no such argument"),
+     (["experiment=delight_mt_demo", "+model.d_modle=64"],
+      "model.d_modle (did you mean model.d_model?): DeLighTEncoderDecoder"),
+     (["+data.batchsize=4"], "data.batchsize (did you mean data.batch_size?): DigitsDataModule"),
+     (["experiment=delight_mt_demo", "+task.optimizer.betas2=0.9"], "task.optimizer.betas2 (did you mean "
+      "task.optimizer.betas?)"),
+     (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
+     (["experiment=ssd_demo", "data.batch_size=-2"], "data.batch_size=-2: must be a positive integer"),
+     (["experiment=delight_mt_demo", "data.max_tokens=0"], "data.max_tokens=0: must be a positive integer"),
+     (["task.optimizer.lr=0"], "task.optimizer.lr=0: must be a positive number"),
+     (["trainer.max_epochs=0"], "trainer.max_epochs=0: must be a positive integer, or -1 for no limit")],
+)  # fmt: skip
+def test_keys_and_sizes_are_checked_before_anything_is_built(overrides: list[str], message: str) -> None:
+    cfg = compose_config("train", overrides)
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg, "train")
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_a_user_error_ends_the_run_in_one_line_and_a_debug_switch_shows_its_traceback() -> None:
+    command = [sys.executable, "train.py", "data.batch_size=0"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr) == (2, "error: data.batch_size=0: must be a positive integer\n")
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "ConfigError" in done.stderr

@@ -29,6 +29,8 @@ from time import monotonic
 
 from PIL import Image, UnidentifiedImageError
 
+from src.utils.errors import UserError
+
 log = logging.getLogger(__name__)
 
 ON_BAD_FILE = ("error", "skip")
@@ -38,7 +40,7 @@ SHOWN = 20  # bad files named in a message; the list file holds all of them
 Reader = Callable[[Path], object]
 
 
-class BadFilesError(ValueError):
+class BadFilesError(UserError, ValueError):
     """Dataset files that are missing, unreadable, empty or do not decode."""
 
 

@@ -24,7 +24,6 @@ each rank first takes its own contiguous, equally long slice of the stream.
 from __future__ import annotations
 
 import abc
-
 import hashlib
 import json
 import logging
@@ -40,13 +39,15 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
+from src.utils.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 CACHE_DTYPES = (np.uint8, np.uint16)  # uint8 up to 256 symbols
 
 
-class CorruptCacheError(ValueError):
+class CorruptCacheError(UserError, ValueError):
     """A tokenised cache that is damaged and cannot be rebuilt (its source is missing)."""
 
 

@@ -19,6 +19,7 @@ from torchvision.transforms import v2
 
 from src.datamodules.bad_files import BadFilesError, check_on_bad_file, file_problem, screen_files
 from src.datamodules.loading import resumable_loader
+from src.utils.errors import UserError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -30,7 +31,7 @@ LAYOUT = """expected layout:
         test/<class_name>/<image>.jpeg    (optional)"""
 
 
-class DatasetLayoutError(FileNotFoundError):
+class DatasetLayoutError(UserError, FileNotFoundError):
     """The dataset root is missing or not laid out as the datamodule expects."""
 
 

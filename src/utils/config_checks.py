@@ -5,10 +5,13 @@ deep inside instantiation."""
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from src.utils.errors import UserError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -38,7 +41,7 @@ MODEL_TASKS: dict[str, frozenset[str]] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A composed config that cannot run as asked; the message names the fix."""
 
 
@@ -80,3 +83,105 @@ def check_pairing(choices: Mapping[str, str | None]) -> None:
             f"model={model} does not fit data={data}: {model} serves {'/'.join(sorted(MODEL_TASKS[model]))}, "
             f"data={data} is a {task} dataset; choose one of model={'|'.join(fitting)}"
         )
+
+
+# keys that must hold a positive integer wherever they appear under data.* and task.*
+POSITIVE_INTS = frozenset({"batch_size", "eval_batch_size", "test_batch_size", "max_tokens",
+                           "eval_max_tokens", "epochs"})  # fmt: skip
+# keys that must hold a positive number wherever they appear under task.* (the optimiser's too)
+POSITIVE_NUMBERS = frozenset({"lr"})
+# Hydra's instantiation keys, and what the tools pass besides the config
+HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
+PASSED_BY_THE_TOOLS = {"task": frozenset({"net"})}
+
+
+def check_config_values(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` before anything is built for a ``model.*``, ``data.*`` or
+    ``task.*`` key that its constructor does not take (``+model.d_modle=64``, which Hydra suggests
+    for a misspelt key, would otherwise end in a ``TypeError`` from the constructor), and for a
+    batch size, token budget, epoch count or learning rate that is not positive (which would
+    otherwise fail after the data's preparation, minutes later)."""
+    for group in ("model", "data", "task"):
+        node = cfg.get(group)
+        if isinstance(node, DictConfig):
+            _check_arguments(node, group, PASSED_BY_THE_TOOLS.get(group, frozenset()))
+            _check_numbers(node, group)
+    trainer = cfg.get("trainer")
+    if isinstance(trainer, DictConfig):
+        for key, lowest in (("max_epochs", -1), ("max_steps", -1)):
+            value = _value(trainer, key)
+            if isinstance(value, int) and not isinstance(value, bool) and (
+                value < lowest or value == 0
+            ):
+                raise ConfigError(
+                    f"trainer.{key}={value}: must be a positive integer, or -1 for no limit"
+                )
+
+
+def _value(node: DictConfig, key: str) -> object:
+    """``node[key]``, None where it is missing or cannot be resolved yet (an interpolation of a
+    value the data fills in later)."""
+    try:
+        return node.get(key)
+    except Exception:  # an unresolved ${...}: checked where it is resolved
+        return None
+
+
+def _check_arguments(node: DictConfig, path: str, passed: frozenset[str]) -> None:
+    """``node``'s keys against its ``_target_``'s signature, then its nested targets'."""
+    target = node.get("_target_") if "_target_" in node else None
+    if isinstance(target, str):
+        parameters = _parameters(target)
+        if parameters is not None:
+            unknown = [str(k) for k in node if k not in HYDRA_KEYS | passed | parameters]
+            if unknown:
+                name = target.rsplit(".", 1)[-1]
+                hints = []
+                for key in unknown:
+                    close = difflib.get_close_matches(key, sorted(parameters), n=1)
+                    hint = f" (did you mean {path}.{close[0]}?)" if close else ""
+                    hints.append(f"{path}.{key}{hint}")
+                raise ConfigError(
+                    f"{', '.join(hints)}: {name} ({target}) takes no such argument. Its "
+                    f"arguments: {', '.join(f'{path}.{p}' for p in sorted(parameters))}"
+                )
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            _check_arguments(child, f"{path}.{key}", frozenset())
+
+
+def _parameters(target: str) -> set[str] | None:
+    """The keyword arguments ``target`` (a class or function path) takes, or None when it takes
+    any (``**kwargs``) or cannot be imported here (its own error comes at instantiation)."""
+    try:
+        from hydra.utils import get_object
+
+        obj = get_object(target)
+        signature = inspect.signature(obj)
+    except Exception:  # not importable here, or no signature: instantiation reports it
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return None
+    return {
+        name for name, p in signature.parameters.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }  # fmt: skip
+
+
+def _check_numbers(node: DictConfig, path: str) -> None:
+    """Positive batch sizes, token budgets and epoch counts; positive learning rates."""
+    for key in node:
+        child = node._get_node(key)
+        where = f"{path}.{key}"
+        if isinstance(child, DictConfig):
+            if not child._is_missing() and not child._is_none():
+                _check_numbers(child, where)
+            continue
+        value = _value(node, str(key))
+        if value is None or isinstance(value, bool):
+            continue
+        if key in POSITIVE_INTS and (not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{where}={value}: must be a positive integer")
+        if key in POSITIVE_NUMBERS and (not isinstance(value, int | float) or value <= 0):
+            raise ConfigError(f"{where}={value}: must be a positive number (e.g. {where}=1e-3)")

@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from src.utils.errors import UserError
 from src.utils.state_dicts import mismatch_summary, torch_load
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ MODEL_FACTS = (
 HOW_TO_FIND = "a run writes its checkpoints under <run dir>/checkpoints/; metrics.json names the best one"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used as asked; the message says why and what to do."""
 
 
