@@ -35,6 +35,7 @@ from src.utils.config_checks import (
 from src.utils.errors import reported_in_one_line
 from src.utils.files import write_json
 from src.utils.run_record import (
+    CheckpointError,
     RunRecord,
     check_resume,
     config_from_checkpoint,
@@ -218,6 +219,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     resumed = None
     if cfg.ckpt_path is not None:
         resumed = read_checkpoint(cfg.ckpt_path)
+        if "optimizer_states" not in resumed:  # averaged, exported, or saved with weights only
+            raise CheckpointError(
+                f"ckpt_path={cfg.ckpt_path} holds network weights only (no optimiser state: an "
+                f"averaged, exported or weights-only checkpoint), so it cannot resume a run; to "
+                f"start a new run from these weights pass task.init_checkpoint={cfg.ckpt_path} "
+                f"instead"
+            )
         previous_time = float((record_of(resumed) or {}).get("wall_time_s", 0.0))
         run_dir = unfinished_run_dir(Path(cfg.ckpt_path))
         if run_dir is not None:

@@ -12,6 +12,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from src.tasks.clipping import FusedOptimizerClipping
+from src.tasks.finetune import InitFromCheckpoint
 from src.tasks.memory_format import channels_last_images, channels_last_network
 from src.tasks.schedules import per_update
 
@@ -19,7 +20,7 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class ImageClassification(FusedOptimizerClipping, L.LightningModule):
+class ImageClassification(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with (label-smoothed) cross-entropy; logs loss and accuracy per stage.
 
     Metrics are torchmetrics objects, so in distributed runs they are reduced over all processes
@@ -48,10 +49,12 @@ class ImageClassification(FusedOptimizerClipping, L.LightningModule):
         *,
         label_smoothing: float = 0.0,
         channels_last: bool = True,
+        init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
         self.channels_last = channels_last
         self.net = channels_last_network(net) if channels_last else net
+        self.init_checkpoint = init_checkpoint
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)

@@ -17,6 +17,21 @@ from src.utils.state_dicts import mismatch_summary, project_network_state, torch
 log = logging.getLogger(__name__)
 
 
+class InitFromCheckpoint:
+    """A task whose network may start from other weights: ``init_checkpoint`` (a checkpoint of this
+    project, an averaged or exported one too, or a plain network state dict) is loaded into
+    ``self.net`` when fitting starts, before Lightning restores a resumed checkpoint (which then
+    wins). Mixed in before ``L.LightningModule``; the task sets ``self.init_checkpoint``."""
+
+    init_checkpoint: str | None = None
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)  # type: ignore[misc]
+        if stage == "fit" and self.init_checkpoint is not None:
+            load_network_weights(self.net, self.init_checkpoint)  # type: ignore[attr-defined]
+            log.info("initialised the network from %s", self.init_checkpoint)
+
+
 def load_network_weights(net: nn.Module, path: str | Path, *, skip_mismatched: bool = False) -> list[str]:
     """Load the network weights of a Lightning checkpoint (``state_dict`` keys ``net.*``) into ``net``.
 

@@ -19,13 +19,14 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 
 from src.tasks.clipping import FusedOptimizerClipping
+from src.tasks.finetune import InitFromCheckpoint
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class LanguageModel(FusedOptimizerClipping, L.LightningModule):
+class LanguageModel(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-symbol cross-entropy; logs loss (nats) and bpc = loss / ln 2.
 
     Validation and test report the token-weighted mean over the whole split (``val/bpc``,
@@ -52,11 +53,13 @@ class LanguageModel(FusedOptimizerClipping, L.LightningModule):
         scheduler: SchedulerFactory | None = None,
         *,
         eval_mem_len: int | None = None,
+        init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
         if eval_mem_len is not None and eval_mem_len < 0:
             raise ValueError(f"eval_mem_len must be >= 0 or None, got {eval_mem_len}")
         self.net = net
+        self.init_checkpoint = init_checkpoint
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.eval_mem_len = eval_mem_len

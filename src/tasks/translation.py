@@ -36,6 +36,7 @@ from torchmetrics import MeanMetric
 from src.tasks.beam_search import beam_search, greedy_search
 from src.tasks.bleu import sacre_bleu, tokenized_bleu
 from src.tasks.clipping import FusedOptimizerClipping
+from src.tasks.finetune import InitFromCheckpoint
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
@@ -43,7 +44,7 @@ SchedulerFactory = Callable[..., LRScheduler]
 DECODINGS = ("greedy", "beam", "none")
 
 
-class Translation(FusedOptimizerClipping, L.LightningModule):
+class Translation(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains an encoder-decoder ``net`` by teacher forcing; evaluates by translating.
 
     Args:
@@ -86,6 +87,7 @@ class Translation(FusedOptimizerClipping, L.LightningModule):
         val_decoding: str = "greedy",
         compound_split: bool = False,
         lowercase: bool = False,
+        init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
         if val_decoding not in DECODINGS:
@@ -93,6 +95,7 @@ class Translation(FusedOptimizerClipping, L.LightningModule):
         if not 0.0 <= label_smoothing < 1.0 or beam_size < 1:
             raise ValueError(f"need 0 <= label_smoothing < 1 and beam_size >= 1, got {label_smoothing}, {beam_size}")
         self.net = net
+        self.init_checkpoint = init_checkpoint
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.label_smoothing = label_smoothing
