@@ -20,6 +20,7 @@ from typing import Any
 import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
@@ -34,6 +35,7 @@ from src.utils.config_checks import (
 )
 from src.utils.errors import reported_in_one_line
 from src.utils.files import write_json
+from src.utils.model_sizes import size_error
 from src.utils.run_record import (
     CheckpointError,
     RunRecord,
@@ -65,7 +67,14 @@ def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModul
     for key in VOCABULARY_KEYS:
         if key in cfg.data and cfg.data[key] is None:
             cfg.data[key] = getattr(datamodule, key)
-    net = instantiate(cfg.model)
+    try:
+        net = instantiate(cfg.model)
+    except InstantiationException as error:
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        explained = size_error(model, error.__cause__, hydra_choices().get("model"))
+        if explained is None:
+            raise
+        raise explained from error
     task = instantiate(cfg.task, net=net)
     return datamodule, task
 
