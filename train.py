@@ -71,7 +71,7 @@ def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModul
         net = instantiate(cfg.model)
     except InstantiationException as error:
         model = OmegaConf.to_container(cfg.model, resolve=True)
-        explained = size_error(model, error.__cause__, hydra_choices().get("model"))
+        explained = size_error(model, error.__cause__, hydra_choices().get("model"), instantiate)
         if explained is None:
             raise
         raise explained from error

@@ -5,6 +5,7 @@ deep inside instantiation."""
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -155,10 +156,7 @@ def _parameters(target: str) -> set[str] | None:
     """The keyword arguments ``target`` (a class or function path) takes, or None when it takes
     any (``**kwargs``) or cannot be imported here (its own error comes at instantiation)."""
     try:
-        from hydra.utils import get_object
-
-        obj = get_object(target)
-        signature = inspect.signature(obj)
+        signature = inspect.signature(_import(target))
     except Exception:  # not importable here, or no signature: instantiation reports it
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
@@ -167,6 +165,20 @@ def _parameters(target: str) -> set[str] | None:
         name for name, p in signature.parameters.items()
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     }  # fmt: skip
+
+
+def _import(target: str) -> object:
+    """The object a ``_target_`` path names: a module's attribute, or an attribute of one."""
+    parts = target.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"cannot import {target}")
 
 
 def _check_numbers(node: DictConfig, path: str) -> None:

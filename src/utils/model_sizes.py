@@ -8,11 +8,10 @@ are, are found by building candidates on the ``meta`` device (no memory, about 0
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 
 from src.utils.errors import UserError
 
@@ -28,18 +27,21 @@ class ModelSizeError(UserError, ValueError):
     """Sizes the model cannot be built with; the message names the keys and values that fit."""
 
 
-def builds(model: Mapping[str, Any]) -> bool:
+Build = Callable[[dict], object]  # a model config -> the model (the tools pass Hydra's instantiate)
+
+
+def builds(model: Mapping[str, Any], build: Build) -> bool:
     """Whether ``model`` (a resolved model config) builds, on the meta device."""
     try:
         with torch.device("meta"):
-            instantiate(dict(model))
+            build(dict(model))
     except Exception:  # any refusal: this candidate does not build
         return False
     return True
 
 
 def nearest_that_build(
-    model: Mapping[str, Any], key: str = SEARCHED
+    model: Mapping[str, Any], build: Build, key: str = SEARCHED
 ) -> tuple[int | None, int | None]:
     """The nearest values of ``model[key]`` below and above it with which ``model`` builds (None
     where none within :data:`SPAN`, or the search ran out of :data:`BUDGET_S`)."""
@@ -48,9 +50,13 @@ def nearest_that_build(
     for distance in range(1, SPAN + 1):
         if time.monotonic() - start > BUDGET_S:
             break
-        if below is None and value - distance > 0 and builds({**model, key: value - distance}):
+        if (
+            below is None
+            and value - distance > 0
+            and builds({**model, key: value - distance}, build)
+        ):
             below = value - distance
-        if above is None and builds({**model, key: value + distance}):
+        if above is None and builds({**model, key: value + distance}, build):
             above = value + distance
         if below is not None and above is not None:
             break
@@ -58,14 +64,14 @@ def nearest_that_build(
 
 
 def size_error(
-    model: Mapping[str, Any], reason: BaseException, choice: str | None
+    model: Mapping[str, Any], reason: BaseException | None, choice: str | None, build: Build
 ) -> ModelSizeError | None:
     """A :class:`ModelSizeError` for a model config whose constructor refused its sizes with
     ``reason`` (a ValueError), or None when the config has no ``model.d_model`` to search or no
     nearby value builds either (the refusal is about something else)."""
     if not isinstance(reason, ValueError) or not isinstance(model.get(SEARCHED), int):
         return None
-    below, above = nearest_that_build(model)
+    below, above = nearest_that_build(model, build)
     if below is None and above is None:
         return None
     asked = ", ".join(f"model.{k}={model[k]}" for k in SIZE_KEYS if model.get(k) is not None)

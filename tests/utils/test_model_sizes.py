@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 
 from src.utils.errors import UserError
 from src.utils.model_sizes import ModelSizeError, builds, nearest_that_build
@@ -25,8 +26,11 @@ def test_unbuildable_sizes_name_the_keys_and_the_nearest_width_that_builds(tmp_p
     )
     model = {**dict(compose_config("train", overrides[:1], tmp_path).model), "src_vocab": 50,
              "tgt_vocab": 50, "d_model": 100, "width_multiplier": 3}  # fmt: skip
-    assert not builds(model) and builds({**model, "d_model": 96}) and builds({**model, "d_model": 104})
-    assert nearest_that_build(model) == (96, 104)
+    assert not builds(model, instantiate)
+    assert builds({**model, "d_model": 96}, instantiate) and builds(
+        {**model, "d_model": 104}, instantiate
+    )
+    assert nearest_that_build(model, instantiate) == (96, 104)
 
 
 def test_a_refusal_that_no_width_cures_stays_as_it_was(tmp_path) -> None:
