@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from src.datamodules.text_files import DEFAULT_ENCODING, read_text
+
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 SPECIALS = (BOS, PAD, EOS, UNK)
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = range(4)
@@ -57,12 +59,12 @@ class Dictionary:
         return cls.from_counts(counts, threshold=threshold, padding_factor=padding_factor)
 
     @classmethod
-    def load(cls, path: str | Path) -> Dictionary:
-        """A fairseq ``dict.<lang>.txt``: one ``<symbol> <count>`` line per entry after the
-        specials (which the file does not list)."""
+    def load(cls, path: str | Path, encoding: str = DEFAULT_ENCODING) -> Dictionary:
+        """A fairseq ``dict.<lang>.txt`` in ``encoding``: one ``<symbol> <count>`` line per entry
+        after the specials (which the file does not list)."""
         path = Path(path)
         symbols = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_text(path, encoding).splitlines(), start=1):
             symbol, _, count = line.rstrip().rpartition(" ")
             if not symbol or not count.lstrip("-").isdigit():
                 raise ValueError(f"{path}:{number}: expected '<symbol> <count>', got {line!r}")

@@ -44,6 +44,8 @@ from torch.utils.data import DataLoader
 
 from src.datamodules.dictionary import PAD_ID, UNK_ID
 from src.datamodules.subword import SentencePieceCodec, train_sentencepiece
+from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, decode_text, read_text
+from src.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ TWEET_LABELS = ("negative", "neutral", "positive")
 BINARY_LABELS = ("negative", "positive")
 
 
-class TextCorpusError(ValueError):
+class TextCorpusError(UserError, ValueError):
     """A labelled corpus that cannot be read as asked; the message names the fix."""
 
 
@@ -95,15 +97,17 @@ def read_labelled_csv(
     *,
     text_column: str = "text",
     label_column: str = "sentiment",
+    encoding: str = DEFAULT_ENCODING,
 ) -> tuple[LabelledTexts, BadRows]:
     """The rows of a CSV with a header, as texts and label indices into ``label_names``.
 
     Rows with an empty text or a label outside ``label_names`` are dropped, as are later copies
     of a text already read (a repeated tweet would otherwise land in train and test); each reason
-    is counted and logged with its first row numbers. Bytes that are not UTF-8 (the tweets corpus
-    has some) become U+FFFD.
+    is counted and logged with its first row numbers. Bytes that do not decode as ``encoding``
+    (the tweets corpus has some that are not UTF-8) become U+FFFD, with one warning that counts
+    them and names the first.
     """
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    text = decode_text(path.read_bytes(), encoding, source=str(path), errors="replace")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = {text_column, label_column} - set(reader.fieldnames or ())
     if missing:
@@ -182,6 +186,7 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
             loader, logged as ``test_epoch/...``).
         num_workers: DataLoader workers.
         padding_idx: the pad id (fairseq's 1); the networks are built with it.
+        encoding: the corpus files' encoding, a Python codec name.
     """
 
     has_test = True
@@ -200,6 +205,7 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         test_each_epoch: bool = False,
         num_workers: int = 0,
         padding_idx: int = PAD_ID,
+        encoding: str = DEFAULT_ENCODING,
     ) -> None:
         super().__init__()
         if padding_idx != PAD_ID:
@@ -224,6 +230,7 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         self.test_each_epoch = test_each_epoch
         self.num_workers = num_workers
         self.padding_idx = padding_idx
+        self.encoding = check_encoding(encoding)
         self.codec: SentencePieceCodec | None = None
         self.encoded: dict[str, list[tuple[Tensor, int]]] = {}
 
@@ -356,7 +363,7 @@ class SentimentTweetsDataModule(TextClassificationDataModule):
         path = Path(self.csv_path) if self.csv_path is not None else tweets_csv()
         if not path.is_file():
             raise TextCorpusError(f"{path} does not exist; expected a CSV with 'sentiment' and 'text' columns")
-        data, self.bad_rows = read_labelled_csv(path, self.label_names)
+        data, self.bad_rows = read_labelled_csv(path, self.label_names, encoding=self.encoding)
         train, valid, test = stratified_split(data, self.fractions, self.split_seed)
         return {"train": train, "valid": valid, "test": test}
 
@@ -393,7 +400,7 @@ class ImdbDataModule(TextClassificationDataModule):
             if not files:
                 raise TextCorpusError(f"IMDB data not found: {folder} has no .txt files. Expected {self.layout()}.")
             for file in files:
-                text = file.read_text(encoding="utf-8").replace("<br />", " ").strip()
+                text = read_text(file, self.encoding).replace("<br />", " ").strip()
                 data.texts.append(text)
                 data.labels.append(label)
         return data
@@ -439,7 +446,7 @@ class Sst2DataModule(TextClassificationDataModule):
                 f"{self.root}/dev.tsv (GLUE SST-2, header 'sentence<TAB>label', label 0 or 1)."
             )
         data = LabelledTexts()
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(path, self.encoding).splitlines()
         if not lines or lines[0].split("\t")[:2] != ["sentence", "label"]:
             raise TextCorpusError(f"{path}: expected the header 'sentence<TAB>label', got {lines[:1]}")
         for number, line in enumerate(lines[1:], start=2):

@@ -52,6 +52,8 @@ from src.datamodules.subword import (
     remove_bpe,
     train_sentencepiece,
 )
+from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, read_text
+from src.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ TOKENIZERS = ("bpe", "sentencepiece")
 MAX_LISTED = 5  # line numbers quoted in a message
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A parallel corpus that cannot be read as asked; the message names the fix."""
 
 
@@ -70,14 +72,17 @@ def layout(root: Path, source_lang: str, target_lang: str) -> str:
     return f"{root}/ with {files} (one sentence per line, aligned by line number)"
 
 
-def read_parallel(source: Path, target: Path) -> tuple[list[str], list[str], list[int]]:
-    """The aligned non-empty lines of two files and their 1-based line numbers.
+def read_parallel(
+    source: Path, target: Path, encoding: str = DEFAULT_ENCODING
+) -> tuple[list[str], list[str], list[int]]:
+    """The aligned non-empty lines of two files in ``encoding`` and their 1-based line numbers.
 
-    Raises :class:`CorpusError` when the files have different line counts; pairs with an empty
-    side are dropped and counted in the log.
+    Raises :class:`CorpusError` when the files have different line counts, and
+    :class:`~src.datamodules.text_files.TextEncodingError` for a byte that does not decode; pairs
+    with an empty side are dropped and counted in the log.
     """
-    src_lines = source.read_text(encoding="utf-8").splitlines()
-    tgt_lines = target.read_text(encoding="utf-8").splitlines()
+    src_lines = read_text(source, encoding).splitlines()
+    tgt_lines = read_text(target, encoding).splitlines()
     if len(src_lines) != len(tgt_lines):
         raise CorpusError(
             f"{source} has {len(src_lines)} lines but {target} has {len(tgt_lines)}: parallel files "
@@ -243,6 +248,7 @@ class TranslationDataModule(L.LightningDataModule):
         compound_split: this corpus's BLEU splits hyphenated compounds (WMT'14 En-De); the task
             reads it.
         seed: base seed of the batch shuffles.
+        encoding: the text files' encoding (``dict.<lang>.txt`` included), a Python codec name.
     """
 
     has_test = True
@@ -265,6 +271,7 @@ class TranslationDataModule(L.LightningDataModule):
         padding_idx: int = PAD_ID,
         compound_split: bool = False,
         seed: int = 0,
+        encoding: str = DEFAULT_ENCODING,
     ) -> None:
         super().__init__()
         if tokenizer not in TOKENIZERS:
@@ -287,6 +294,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.padding_idx = padding_idx
         self.compound_split = compound_split
         self.seed = seed
+        self.encoding = check_encoding(encoding)
         self.configured_sizes = {"source": src_vocab_size, "target": tgt_vocab_size}
         self.codecs: dict[str, TextCodec] | None = None
         self.splits: dict[str, ParallelSplit] = {}
@@ -367,15 +375,17 @@ class TranslationDataModule(L.LightningDataModule):
         files = {side: self.root / f"dict.{lang}.txt" for side, lang in langs.items()}
         if all(f.is_file() for f in files.values()):
             log.info("dictionaries: %s", ", ".join(str(f) for f in files.values()))
-            return {side: Dictionary.load(f) for side, f in files.items()}
-        train = {side: self.path("train", lang).read_text(encoding="utf-8").splitlines() for side, lang in langs.items()}
+            return {side: Dictionary.load(f, self.encoding) for side, f in files.items()}
+        train = {side: read_text(self.path("train", lang), self.encoding).splitlines() for side, lang in langs.items()}
         if self.joined_dictionary:
             joined = Dictionary.build([*train["source"], *train["target"]])
             return {"source": joined, "target": joined}
         return {side: Dictionary.build(lines) for side, lines in train.items()}
 
     def _sentencepiece(self) -> SentencePieceCodec:
-        src, tgt, _ = read_parallel(self.path("train", self.source_lang), self.path("train", self.target_lang))
+        src, tgt, _ = read_parallel(
+            self.path("train", self.source_lang), self.path("train", self.target_lang), self.encoding
+        )
         texts = [*src, *tgt]
         # the model is cached under a name that changes with the training text and the size
         digest = zlib.crc32("\n".join(texts).encode("utf-8"))
@@ -396,7 +406,7 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _encode(self, split: str, codecs: dict[str, TextCodec]) -> ParallelSplit:
         source_path, target_path = self.path(split, self.source_lang), self.path(split, self.target_lang)
-        src_lines, tgt_lines, numbers = read_parallel(source_path, target_path)
+        src_lines, tgt_lines, numbers = read_parallel(source_path, target_path, self.encoding)
         encoded = ParallelSplit([], [], [], [])
         too_long: list[int] = []
         for src, tgt, number in zip(src_lines, tgt_lines, numbers):
@@ -536,7 +546,8 @@ class GettextTranslationDataModule(TranslationDataModule):
         self.root.mkdir(parents=True, exist_ok=True)
         for (split, lang), text in lines.items():
             temporary = self.path(split, lang).with_suffix(f".{lang}.tmp")
-            temporary.write_text("".join(f"{line}\n" for line in text), encoding="utf-8")
+            # in the encoding the files are read back in (UTF-8 unless ``encoding`` says otherwise)
+            temporary.write_text("".join(f"{line}\n" for line in text), encoding=self.encoding)
             temporary.replace(self.path(split, lang))
         log.info(
             "wrote %d %s-en messages to %s: %s", count, self.language, self.root,

@@ -28,6 +28,7 @@ the exact figure on one process.)
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import logging
 import math
@@ -44,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from src.datamodules.char_lm import pydoc_corpus
 from src.datamodules.dictionary import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Dictionary
+from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, text_lines
 from src.datamodules.token_cache import TokenCache, atomic_write_text, files_signature
 
 log = logging.getLogger(__name__)
@@ -68,10 +70,10 @@ def decode_words(dictionary: Dictionary, ids: Iterable[int]) -> str:
     return " ".join(dictionary.symbols[i] for i in ids).replace(" </s> ", "\n").replace("</s>", "\n")
 
 
-def read_lines(path: Path) -> list[list[str]]:
-    """The white-space separated words of every line of ``path`` (fairseq's ``tokenize_line``)."""
-    with open(path, encoding="utf-8") as handle:
-        return [line.split() for line in handle]
+def read_lines(path: Path, encoding: str = DEFAULT_ENCODING) -> list[list[str]]:
+    """The white-space separated words of every line of ``path`` (fairseq's ``tokenize_line``),
+    decoded as ``encoding``."""
+    return [line.split() for line in text_lines(path, encoding)]
 
 
 def word_counts(lines: Iterable[Sequence[str]]) -> Counter:
@@ -192,6 +194,7 @@ class WikiTextDataModule(L.LightningDataModule):
         eval_batch_size: evaluation windows per batch.
         eval_context_window: C of :class:`ContextWindows` (thesis 480; the official README 400).
         num_workers: DataLoader workers.
+        encoding: the text files' encoding (``dict.txt`` included), a Python codec name.
 
     Shape:
         batches are ((B, T) int64 inputs, (B, T) int64 targets), right-padded with ``pad``
@@ -210,6 +213,7 @@ class WikiTextDataModule(L.LightningDataModule):
         eval_batch_size: int = 2,
         eval_context_window: int = 480,
         num_workers: int = 0,
+        encoding: str = DEFAULT_ENCODING,
     ) -> None:
         super().__init__()
         if tokens_per_sample < 1 or batch_size < 1 or eval_batch_size < 1 or num_workers < 0:
@@ -228,6 +232,7 @@ class WikiTextDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.eval_context_window = eval_context_window
         self.num_workers = num_workers
+        self.encoding = check_encoding(encoding)
         self.pad = PAD
         self.dictionary: Dictionary | None = None
         self.splits: dict[str, np.ndarray] = {}
@@ -252,21 +257,22 @@ class WikiTextDataModule(L.LightningDataModule):
         return TokenCache(Path(self.root) / CACHE_DIR, SPLITS, "dict.txt")
 
     def source_signature(self) -> str:
-        """Sizes and times of the split files (and ``dict.txt``); a cache of others is rebuilt."""
+        """Sizes and times of the split files (and ``dict.txt``) and the encoding they are read
+        in; a cache of other files, or of the same bytes decoded otherwise, is rebuilt."""
         files = list(self._source_files().values())
         given = Path(self.root) / "dict.txt"
         if given.is_file():
             files.append(given)
-        return files_signature(files)
+        return f"{files_signature(files)};encoding={codecs.lookup(self.encoding).name}"
 
     def _cache_is_current(self) -> bool:
         return self._cache().is_current(self.source_signature())
 
     def _dictionary_and_counts(self, files: dict[str, Path]) -> tuple[Dictionary, Counter]:
-        counts = word_counts(read_lines(files["train"]))
+        counts = word_counts(read_lines(files["train"], self.encoding))
         given = Path(self.root) / "dict.txt"
         if given.is_file():
-            return Dictionary.load(given), counts
+            return Dictionary.load(given, self.encoding), counts
         return Dictionary.from_counts(counts), counts
 
     def _count_vocabulary(self) -> int:
@@ -284,7 +290,7 @@ class WikiTextDataModule(L.LightningDataModule):
         cache = self._cache()
         cache.folder.mkdir(parents=True, exist_ok=True)
         dictionary.save(cache.vocabulary_path, counts)
-        ids = {split: encode_lines(dictionary, read_lines(path)) for split, path in files.items()}
+        ids = {split: encode_lines(dictionary, read_lines(path, self.encoding)) for split, path in files.items()}
         lengths = cache.write(self.source_signature(), len(dictionary), ids)
         log.info(
             "word LM: %d words, splits %s cached under %s", len(dictionary), lengths, cache.folder

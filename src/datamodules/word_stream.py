@@ -41,6 +41,7 @@ style under ``root`` and read back by the same code.
 from __future__ import annotations
 
 import abc
+import codecs
 import logging
 import math
 import re
@@ -55,6 +56,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from src.datamodules.char_lm import pydoc_corpus
+from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, text_lines
 from src.datamodules.token_cache import TokenCache, atomic_write_text, files_signature
 
 log = logging.getLogger(__name__)
@@ -134,10 +136,10 @@ class Vocabulary:
         return " ".join(self.symbols[i] for i in ids).replace(f" {EOS} ", "\n").replace(EOS, "\n")
 
 
-def read_lines(path: Path) -> list[list[str]]:
-    """The white-space separated words of every line of ``path`` (the official tokenizer)."""
-    with open(path, encoding="utf-8") as handle:
-        lines = [line.split() for line in handle]
+def read_lines(path: Path, encoding: str = DEFAULT_ENCODING) -> list[list[str]]:
+    """The white-space separated words of every line of ``path`` (the official tokenizer),
+    decoded as ``encoding``."""
+    lines = [line.split() for line in text_lines(path, encoding)]
     if not any(lines):
         raise ValueError(
             f"{path} holds no words (an empty split file: a download or an unpacking cut short?); "
@@ -294,6 +296,7 @@ class WordStreamDataModule(L.LightningDataModule):
         seed: seeds the window lengths, with the epoch.
         num_workers: DataLoader workers (persistent for training, see
             :class:`VariableBPTTWindows`).
+        encoding: the split files' encoding, a Python codec name.
 
     Shape:
         batches are ((B, T) int64 inputs, (B, T) int64 targets); ``targets[:, t]`` follows
@@ -316,6 +319,7 @@ class WordStreamDataModule(L.LightningDataModule):
         bptt_min: int = 5,
         seed: int = 1111,
         num_workers: int = 0,
+        encoding: str = DEFAULT_ENCODING,
     ) -> None:
         super().__init__()
         if min(batch_size, eval_batch_size, test_batch_size, bptt, bptt_min) < 1:
@@ -339,6 +343,7 @@ class WordStreamDataModule(L.LightningDataModule):
         self.bptt_min = bptt_min
         self.seed = seed
         self.num_workers = num_workers
+        self.encoding = check_encoding(encoding)
         self.dictionary: Vocabulary | None = None
         self.splits: dict[str, np.ndarray] = {}
         self.vocab_size = self._count_vocabulary() if vocab_size is None else vocab_size
@@ -364,8 +369,10 @@ class WordStreamDataModule(L.LightningDataModule):
         return TokenCache(Path(self.root) / CACHE_DIR, SPLITS, "vocab.txt")
 
     def source_signature(self) -> str:
-        """Names, sizes and times of the split files; a cache of other files is rebuilt."""
-        return files_signature(self._source_files().values())
+        """Names, sizes and times of the split files and the encoding they are read in; a cache of
+        other files, or of the same bytes decoded otherwise, is rebuilt."""
+        signature = files_signature(self._source_files().values())
+        return f"{signature};encoding={codecs.lookup(self.encoding).name}"
 
     def _cache_is_current(self) -> bool:
         return self._cache().is_current(self.source_signature())
@@ -373,7 +380,7 @@ class WordStreamDataModule(L.LightningDataModule):
     def _count_vocabulary(self) -> int:
         if self._cache_is_current():
             return len(Vocabulary.load(self._cache().vocabulary_path))
-        return len(Vocabulary.from_lines(read_lines(self._source_files()["train"])))
+        return len(Vocabulary.from_lines(read_lines(self._source_files()["train"], self.encoding)))
 
     def _check_vocab_size(self, size: int) -> None:
         if size != self.vocab_size:
@@ -384,7 +391,7 @@ class WordStreamDataModule(L.LightningDataModule):
             )
 
     def _encode(self, vocabulary: Vocabulary, path: Path) -> np.ndarray:
-        ids, unknown = vocabulary.encode(read_lines(path))
+        ids, unknown = vocabulary.encode(read_lines(path, self.encoding))
         if not unknown:
             return ids
         tokens, words = sum(unknown.values()), len(unknown)
@@ -406,7 +413,7 @@ class WordStreamDataModule(L.LightningDataModule):
         if self._cache_is_current():
             return
         files = self._source_files()
-        vocabulary = Vocabulary.from_lines(read_lines(files["train"]))
+        vocabulary = Vocabulary.from_lines(read_lines(files["train"], self.encoding))
         self._check_vocab_size(len(vocabulary))
         cache = self._cache()
         cache.folder.mkdir(parents=True, exist_ok=True)

@@ -10,12 +10,13 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
 from src.tasks.clipping import FusedOptimizerClipping
+from src.tasks.finetune import InitFromCheckpoint
 
 # the second validation loader of a data module with ``test_each_epoch`` is the test split
 EVAL_STAGES = ("val", "test_epoch")
 
 
-class TextClassification(FusedOptimizerClipping, L.LightningModule):
+class TextClassification(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` on token sequences with cross-entropy; logs loss, accuracy and macro F1.
 
     Metrics are torchmetrics objects (reduced over processes before logging). ``acc`` is the
@@ -45,6 +46,7 @@ class TextClassification(FusedOptimizerClipping, L.LightningModule):
         *,
         class_weights: list[float] | None = None,
         label_smoothing: float = 0.0,
+        init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
         if class_weights is not None and (len(class_weights) != num_classes or min(class_weights) <= 0):
@@ -52,6 +54,7 @@ class TextClassification(FusedOptimizerClipping, L.LightningModule):
                 f"class_weights must be {num_classes} positive numbers, got {list(class_weights)}"
             )
         self.net = net
+        self.init_checkpoint = init_checkpoint
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         weight = None if class_weights is None else torch.tensor(class_weights, dtype=torch.float)

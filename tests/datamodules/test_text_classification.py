@@ -19,6 +19,8 @@ from src.datamodules.text_classification import (
     stratified_split,
     tweets_csv,
 )
+from src.datamodules.text_files import TextEncodingError
+from tests.datamodules.test_text_files import check_message, write_latin1
 
 WORDS = "good bad fine awful great terrible okay nice poor lovely dull bright".split()
 
@@ -167,3 +169,51 @@ def test_sst2_tsv_is_read(tmp_path) -> None:
 def test_the_class_count_must_match_the_corpus(tmp_path) -> None:
     with pytest.raises(ValueError, match="has 3 classes"):
         SentimentTweetsDataModule(str(tmp_path), num_classes=2)
+
+
+def test_a_latin1_tsv_is_named_and_read_in_its_encoding(tmp_path) -> None:
+    rows = "\n".join(f"sentence {i} is {'good' if i % 2 else 'bad'} \t{i % 2}" for i in range(40))
+    (tmp_path / "train.tsv").write_text(f"sentence\tlabel\n{rows}\n")
+    dev = tmp_path / "dev.tsv"
+    offset = write_latin1(dev, ["sentence\tlabel", "a fine film\t1", "ein grüner film\t0"])
+    with pytest.raises(TextEncodingError) as error:
+        Sst2DataModule(str(tmp_path)).read_splits()
+    check_message(str(error.value), dev, offset)
+    splits = Sst2DataModule(str(tmp_path), encoding="latin-1").read_splits()
+    assert splits["test"].texts == ["a fine film", "ein grüner film"]
+
+
+def test_a_latin1_review_is_named_and_read_in_its_encoding(tmp_path) -> None:
+    root = tmp_path / "aclImdb"
+    for split in ("train", "test"):
+        for label in ("pos", "neg"):
+            (root / split / label).mkdir(parents=True)
+            for i in range(10):
+                (root / split / label / f"{i}_7.txt").write_text(f"A {label} film.<br />Review {i} {split}")
+    review = root / "test" / "pos" / "3_7.txt"
+    offset = write_latin1(review, ["A film.<br />", "Seen twice.<br />", "Ein grüner Film."])
+    with pytest.raises(TextEncodingError) as error:
+        ImdbDataModule(str(root)).read_splits()
+    check_message(str(error.value), review, offset)
+    texts = ImdbDataModule(str(root), encoding="latin-1").read_splits()["test"].texts
+    assert "A film. \nSeen twice. \nEin grüner Film." in texts
+
+
+def test_a_latin1_csv_warns_once_and_reads_in_its_encoding(tmp_path, caplog) -> None:
+    path = tmp_path / "tweets.csv"
+    lines = ["sentiment,confidence,text", "negative,0.8,so bad", "positive,0.9,ein grüner tag", "neutral,0.5,süß"]
+    offset = write_latin1(path, lines)
+    with caplog.at_level(logging.WARNING):
+        data, _ = read_labelled_csv(path, ("negative", "neutral", "positive"))
+    assert data.texts == ["so bad", "ein gr\ufffdner tag", "s\ufffd\ufffd"]  # as before: replaced
+    assert f"{path}: bytes that do not decode as utf-8 became U+FFFD (3 replacement characters)" in caplog.text
+    assert f"line 3 does not decode as utf-8: byte 0xfc at byte offset {offset}" in caplog.text
+    assert "data.encoding=latin-1" in caplog.text
+    data, _ = read_labelled_csv(path, ("negative", "neutral", "positive"), encoding="latin-1")
+    assert data.texts == ["so bad", "ein grüner tag", "süß"]
+    # the data module passes its encoding on
+    rows = tweets_file(tmp_path / "t.csv").read_text().splitlines()
+    rows[2] = rows[2].replace("number", "nümber")
+    write_latin1(tmp_path / "t.csv", rows)
+    splits = SentimentTweetsDataModule(str(tmp_path), csv_path=str(tmp_path / "t.csv"), encoding="latin-1").read_splits()
+    assert sum("nümber" in text for part in splits.values() for text in part.texts) == 1

@@ -14,6 +14,7 @@ from src.datamodules import translation as translation_module
 from src.datamodules.dictionary import EOS_ID, PAD_ID, UNK_ID, Dictionary
 from src.datamodules.gettext_catalogs import CatalogueEntry, find_catalogues, read_catalogue
 from src.datamodules.subword import DictionaryCodec, remove_bpe
+from src.datamodules.text_files import TextEncodingError
 from src.datamodules.translation import (
     CorpusError,
     GettextTranslationDataModule,
@@ -22,7 +23,9 @@ from src.datamodules.translation import (
     TranslationDataModule,
     batch_by_tokens,
     collate,
+    read_parallel,
 )
+from tests.datamodules.test_text_files import check_message, write_latin1
 
 HEADER = "Content-Type: text/plain; charset=UTF-8\nPlural-Forms: nplurals=2; plural=(n != 1);\n"
 
@@ -270,3 +273,35 @@ def test_configured_vocabulary_size_must_match(tmp_path) -> None:
     assert dm.src_vocab_size == 8848  # taken from the config: nothing is read to build the model
     with pytest.raises(CorpusError, match=r"data\.src_vocab_size is 8848 but .* has 16 entries; set data\.src_vocab_size=16"):
         dm.setup()
+
+
+# -- encodings --------------------------------------------------------------------------------
+def test_a_latin1_corpus_is_named_and_read_in_its_encoding(tmp_path) -> None:
+    small_corpus(tmp_path)
+    source = tmp_path / "train.de"
+    offset = write_latin1(source, ["das haus", "ein kleines haus", "das grüne au@@ to", "ein auto"])
+    with pytest.raises(TextEncodingError) as error:
+        TranslationDataModule(str(tmp_path), "de", "en").setup()
+    check_message(str(error.value), source, offset)
+    with pytest.raises(TextEncodingError) as error:
+        read_parallel(source, tmp_path / "train.en")
+    check_message(str(error.value), source, offset)
+    src, tgt, _ = read_parallel(source, tmp_path / "train.en", "latin-1")
+    assert src[2] == "das grüne au@@ to" and tgt[2] == "the car"
+    dm = TranslationDataModule(str(tmp_path), "de", "en", encoding="latin-1")
+    dm.setup()
+    assert "grüne" in dm.load_codecs()["source"].dictionary.indices
+
+
+def test_a_latin1_dictionary_is_named_and_read_in_its_encoding(tmp_path) -> None:
+    path = tmp_path / "dict.de.txt"
+    offset = write_latin1(path, ["haus 5", "das 4", "grün 3"])
+    with pytest.raises(TextEncodingError) as error:
+        Dictionary.load(path)
+    check_message(str(error.value), path, offset)
+    assert Dictionary.load(path, "latin-1").symbols[4:] == ("haus", "das", "grün")
+
+
+def test_an_unknown_encoding_is_refused_when_the_module_is_made(tmp_path) -> None:
+    with pytest.raises(TextEncodingError, match=r"^data\.encoding='latin-9x' cannot decode text"):
+        TranslationDataModule(str(tmp_path), "de", "en", encoding="latin-9x")

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from src.datamodules.dictionary import Dictionary
+from src.datamodules.text_files import TextEncodingError
 from src.datamodules.word_lm import (
     EOS,
     PAD,
@@ -23,6 +24,7 @@ from src.datamodules.word_lm import (
     collate,
     decode_words,
 )
+from tests.datamodules.test_text_files import check_message, write_latin1
 
 TRAIN = "the cat sat\n\nthe dog sat on the mat\n= Title =\n"
 VALID = "the cat\n"
@@ -161,3 +163,18 @@ def test_pydoc_words_corpus(tmp_path: Path) -> None:
     before = (tmp_path / "wiki.train.tokens").stat().st_mtime_ns
     PydocWordsDataModule(str(tmp_path), tokens_per_sample=32, eval_context_window=16).setup()
     assert (tmp_path / "wiki.train.tokens").stat().st_mtime_ns == before  # same text: not rewritten
+
+
+def test_a_latin1_corpus_is_named_and_read_in_its_encoding(wikitext: Path) -> None:
+    train = wikitext / "wiki.train.tokens"
+    offset = write_latin1(train, ["the cat sat", "the dog sat", "the grün mat"])
+    with pytest.raises(TextEncodingError) as error:
+        WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
+    check_message(str(error.value), train, offset)
+    dm = WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2, encoding="latin-1")
+    dm.setup()
+    assert decode_words(dm.dictionary, np.asarray(dm.splits["train"])[-4:-1].tolist()) == "the grün mat"
+    # the cache is of the Latin-1 reading: read as UTF-8, the files are decoded again (and fail)
+    again = WikiTextDataModule(str(wikitext), vocab_size=dm.vocab_size, tokens_per_sample=4, eval_context_window=2)
+    with pytest.raises(TextEncodingError, match="line 3 does not decode as utf-8"):
+        again.setup()

@@ -14,6 +14,7 @@ import lightning as L
 import pytest
 import torch
 
+from src.datamodules.text_files import TextEncodingError
 from src.datamodules.word_stream import (
     PydocPTBDataModule,
     Vocabulary,
@@ -22,6 +23,7 @@ from src.datamodules.word_stream import (
     bptt_lengths,
     ptb_style,
 )
+from tests.datamodules.test_text_files import check_message, write_latin1
 
 TRAIN = " the cat sat\n\n a dog <unk> sat\n"
 VALID = "the dog\n"
@@ -334,3 +336,18 @@ def test_lightning_draws_each_epochs_lengths_and_validates_at_its_end(tmp_path: 
         assert module.lengths[epoch] == bptt_lengths(1000 // 4, epoch=epoch, **rule)
     assert module.lengths[0] != module.lengths[1]
     assert module.val_batches == 2 * 8  # 150 tokens: 2 columns of 75, 74 targets in windows of 10
+
+
+def test_a_latin1_corpus_is_named_and_read_in_its_encoding(tmp_path: Path) -> None:
+    root = write_corpus(tmp_path, TRAIN, VALID, TEST)
+    offset = write_latin1(root / "train.txt", ["the cat sat", "a dog <unk> sat", "the grün cat"])
+    with pytest.raises(TextEncodingError) as error:
+        WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+    check_message(str(error.value), root / "train.txt", offset)
+    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2, encoding="latin-1")
+    dm.setup()
+    assert dm.dictionary.decode(np.asarray(dm.splits["train"])[-4:-1].tolist()) == "the grün cat"
+    # the cache is of the Latin-1 reading: read as UTF-8, the files are decoded again (and fail)
+    again = WordStreamDataModule(str(root), vocab_size=dm.vocab_size, batch_size=1, eval_batch_size=1, bptt=2)
+    with pytest.raises(TextEncodingError, match="line 3 does not decode as utf-8"):
+        again.setup()

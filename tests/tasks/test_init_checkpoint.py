@@ -17,6 +17,7 @@ EMBEDDED = {
     "classification": "digits",
     "language_model": "pydoc_chars",
     "awd_language_model": "pydoc_ptb",
+    "text_classification": "sentiment_tweets",
     "translation": "gettext_de_en",
 }
 
