@@ -72,6 +72,27 @@ def layout(root: Path, source_lang: str, target_lang: str) -> str:
     return f"{root}/ with {files} (one sentence per line, aligned by line number)"
 
 
+def check_aligned(source: Path, source_lines: int, target: Path, target_lines: int) -> None:
+    """:class:`CorpusError` unless the two files have as many lines."""
+    if source_lines != target_lines:
+        raise CorpusError(
+            f"{source} has {source_lines} lines but {target} has {target_lines}: parallel files "
+            "must be aligned line by line (line i of one translates line i of the other). Re-run the "
+            "preparation script or remove the unmatched lines from both files."
+        )
+
+
+def count_lines(path: Path) -> int:
+    """The lines of ``path`` by its line feeds (a last line without one counts), read in 16 MiB
+    chunks: the alignment check before anything is decoded or counted."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
 def read_parallel(
     source: Path, target: Path, encoding: str = DEFAULT_ENCODING
 ) -> tuple[list[str], list[str], list[int]]:
@@ -83,12 +104,7 @@ def read_parallel(
     """
     src_lines = read_text(source, encoding).splitlines()
     tgt_lines = read_text(target, encoding).splitlines()
-    if len(src_lines) != len(tgt_lines):
-        raise CorpusError(
-            f"{source} has {len(src_lines)} lines but {target} has {len(tgt_lines)}: parallel files "
-            "must be aligned line by line (line i of one translates line i of the other). Re-run the "
-            "preparation script or remove the unmatched lines from both files."
-        )
+    check_aligned(source, len(src_lines), target, len(tgt_lines))
     kept_src, kept_tgt, numbers, empty = [], [], [], []
     for number, (src, tgt) in enumerate(zip(src_lines, tgt_lines), start=1):
         if src.strip() and tgt.strip():
@@ -353,6 +369,10 @@ class TranslationDataModule(L.LightningDataModule):
         if self.codecs is not None:
             return self.codecs
         self.check_files()
+        # misaligned files first: a vocabulary counted from them would be the wrong complaint
+        for split in SPLITS:
+            source, target = self.path(split, self.source_lang), self.path(split, self.target_lang)
+            check_aligned(source, count_lines(source), target, count_lines(target))
         if self.tokenizer == "sentencepiece":
             codec = self._sentencepiece()
             codecs: dict[str, TextCodec] = {"source": codec, "target": codec}

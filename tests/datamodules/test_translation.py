@@ -23,6 +23,7 @@ from src.datamodules.translation import (
     TranslationDataModule,
     batch_by_tokens,
     collate,
+    count_lines,
     read_parallel,
 )
 from tests.datamodules.test_text_files import check_message, write_latin1
@@ -243,6 +244,23 @@ def test_misaligned_files_are_refused(tmp_path) -> None:
     (tmp_path / "train.en").write_text("the house\na small house\nthe car\n")
     with pytest.raises(CorpusError, match=r"train\.de has 4 lines but .*train\.en has 3"):
         TranslationDataModule(str(tmp_path), "de", "en").setup()
+
+
+def test_misaligned_files_are_refused_before_the_vocabulary_is_counted(tmp_path) -> None:
+    # a configured vocabulary size that the misaligned files would not give: the line counts,
+    # which the user can act on, come first
+    small_corpus(tmp_path)
+    (tmp_path / "valid.de").write_text("das haus\nein auto")  # no final line feed: still 2 lines
+    (tmp_path / "valid.en").write_text("the house\n")
+    dm = TranslationDataModule(str(tmp_path), "de", "en", src_vocab_size=8848)
+    with pytest.raises(CorpusError, match=r"valid\.de has 2 lines but .*valid\.en has 1"):
+        dm.setup()
+
+
+def test_count_lines_counts_a_last_line_without_a_line_feed(tmp_path) -> None:
+    for text, lines in (("", 0), ("a", 1), ("a\n", 1), ("a\nb", 2), ("\n\n", 2)):
+        (tmp_path / "f").write_text(text)
+        assert count_lines(tmp_path / "f") == lines == len(text.splitlines())
 
 
 def test_empty_lines_are_dropped_and_counted(tmp_path, caplog) -> None:
