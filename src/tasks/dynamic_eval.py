@@ -23,7 +23,7 @@ number of statistics segments (the reference's ``--oldhyper``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.tasks.awd_language_model import Hidden, carried_hidden, detach_hidden
+from src.utils.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,10 @@ def gradient_statistics(
     squares = [torch.zeros_like(p) for p in params]
     hidden: Hidden | None = None
     used = 0
+    total = len(batches) if isinstance(batches, Sized) else None
+    if max_batches is not None:
+        total = max_batches if total is None else min(total, max_batches)
+    progress = Progress("dynamic evaluation: gradient statistics, training segments", total)
     for inputs, targets in batches:
         if max_batches is not None and used >= max_batches:
             break
@@ -107,6 +112,8 @@ def gradient_statistics(
             if p.grad is not None:
                 square.add_(p.grad.detach().square())
         used += 1
+        progress.step()
+    progress.done()
     if used == 0:
         raise ValueError("no training batches for the gradient statistics")
     return [torch.sqrt(square / used) for square in squares], used
@@ -162,6 +169,8 @@ def dynamic_evaluate(
                 # a rate above 1/lamb would step past theta0
                 decay = [d.clamp_max(1 / lamb) for d in decay]
             hidden: Hidden | None = None
+            total = len(test_batches) if isinstance(test_batches, Sized) else None
+            progress = Progress("dynamic evaluation: test segments", total)
             for inputs, targets in test_batches:
                 inputs, targets = inputs.to(device), targets.to(device)
                 net.zero_grad(set_to_none=True)
@@ -175,6 +184,8 @@ def dynamic_evaluate(
                         if p.grad is not None:
                             step -= lr * p.grad / (m + epsilon)
                         p.add_(step)
+                progress.step()
+            progress.done()
     finally:
         with torch.no_grad():
             for p, p0 in zip(params, trained):

@@ -4,6 +4,7 @@ hyper-parameter scaling, adaptation to a repeating stream, segmenting, and the e
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import partial
 
@@ -207,3 +208,17 @@ def test_train_then_eval_with_dynamic_evaluation(tmp_path) -> None:
     assert metrics["test/loss"] == pytest.approx(trained["metrics"]["test/loss"], rel=1e-6)
     assert metrics["test/dynamic_loss"] == pytest.approx(metrics["test/loss"], rel=1e-5)
     assert metrics["test/dynamic_ppl"] == pytest.approx(metrics["test/ppl"], rel=1e-5)
+
+
+def test_both_passes_report_their_progress(monkeypatch, caplog) -> None:
+    import src.tasks.dynamic_eval as dynamic
+
+    monkeypatch.setattr(dynamic, "Progress", partial(dynamic.Progress, every_s=0.0))
+    pattern = torch.tensor([1, 4, 2, 5, 3] * 6)[None]
+    test = list(segments([(pattern[:, :-1], pattern[:, 1:])], 5))
+    with caplog.at_level(logging.INFO, logger="src.utils.progress"):
+        dynamic_evaluate(TinyLM().eval(), train_segments(), test, max_batches=3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "dynamic evaluation: gradient statistics, training segments: 3 of 3 (100%)" in lines[2]
+    assert f"dynamic evaluation: test segments: 1 of {len(test)} " in lines[4]
+    assert lines[-1].startswith(f"dynamic evaluation: test segments: {len(test)} in ")
