@@ -1,7 +1,12 @@
 """Generate text with a language model: ``python generate.py ckpt_path=... prompt='...'``.
 
-Character models (Transformer-XL, Group-Transformer) and word models (DeLighT LM on WikiText-103
-or pydoc_words) are both served; word models support ``mode=sample`` only.
+Character models (Transformer-XL, Group-Transformer; data pydoc_chars, enwik8, text8), word models
+(DeLighT LM, Transformer LM; wikitext103, pydoc_words) and AWD word models (PRU, LSTM; ptb,
+wikitext2, pydoc_ptb) are served; word models support ``mode=sample`` only. A word model reads the
+prompt's whitespace-separated words after an end of sentence (as every corpus line starts; the
+pydoc_ptb demo's words in its PTB style: lower case, numbers as N, punctuation dropped), adds up to
+``max_new_words`` words joined by spaces, carrying the AWD models' recurrent state, and stops at
+the end-of-sentence token unless ``stop_at_eos=false`` (then each end of sentence is a line break).
 
 The datamodule, network and task are rebuilt from the checkpoint's run record (command-line
 overrides still win) and its ``state_dict`` is loaded into the task; without ``ckpt_path`` the run
@@ -28,8 +33,17 @@ from omegaconf import DictConfig
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.dictionary import EOS_ID, SPECIALS
 from src.datamodules.word_lm import WikiTextDataModule, decode_words
-from src.tasks import word_language_model
-from src.tasks.generation import complete_words, decode, encode, is_boundary, sample, vocabulary_masks
+from src.datamodules.word_stream import EOS, PydocPTBDataModule, WordStreamDataModule, ptb_style
+from src.tasks import awd_language_model, word_language_model
+from src.tasks.generation import (
+    complete_words,
+    decode,
+    encode,
+    is_boundary,
+    sample,
+    vocabulary_masks,
+)
+from src.utils.errors import UsageError, WrongRunError, reported_in_one_line
 from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
@@ -48,22 +62,25 @@ def last_word(text: str) -> str:
 def generate(cfg: DictConfig) -> dict:
     """Run the configured mode on ``cfg.prompt``; returns what was written to stdout, as data."""
     if cfg.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {cfg.mode!r}")
+        raise UsageError(f"mode must be one of {MODES}, got {cfg.mode!r}")
     prompt = str(cfg.prompt)  # a prompt like 123 arrives as a number
     if not prompt:
-        raise ValueError("prompt is empty; pass prompt='some text'")
+        raise UsageError("prompt is empty; pass prompt='some text'")
     if cfg.ckpt_path is None and not cfg.allow_random:
-        raise ValueError(
+        raise UsageError(
             "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names the best "
             "one); allow_random=true generates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
     if isinstance(datamodule, WikiTextDataModule):
         return generate_words(cfg, prompt, datamodule, task.net)
+    if isinstance(datamodule, WordStreamDataModule):
+        return generate_stream_words(cfg, prompt, datamodule, task.net)
     if not isinstance(datamodule, CharLMDataModule):
-        raise TypeError(
+        raise WrongRunError(
             f"generation needs a language model; {cfg.ckpt_path or 'the config'} is a "
-            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, pydoc_words)"
+            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, pydoc_words, "
+            "ptb, wikitext2, pydoc_ptb)"
         )
     datamodule.setup("predict")  # builds the cache (and vocabulary) under data.root when missing
     symbols = datamodule.symbols
@@ -102,11 +119,22 @@ def generate(cfg: DictConfig) -> dict:
     return {"mode": "words", "prompt": prompt, "words": words}
 
 
+def until_stop(ids: list[int], stop: int | None) -> list[int]:
+    """``ids`` up to, not including, the first ``stop`` (all of them when ``stop`` is None)."""
+    return ids[: ids.index(stop)] if stop in ids else ids
+
+
+def write_continuation(prompt: str, continuation: str) -> dict:
+    """Write the prompt and a word model's continuation to stdout, one space between them."""
+    sys.stdout.write(f"{prompt} {continuation}\n" if continuation else f"{prompt}\n")
+    return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+
+
 def generate_words(cfg: DictConfig, prompt: str, datamodule: WikiTextDataModule, net: torch.nn.Module) -> dict:
     """``mode=sample`` for a word language model: the prompt's whitespace words (after ``</s>``,
-    as every corpus line starts) continued by ``max_new_words`` sampled words."""
+    as every corpus line starts) continued by up to ``max_new_words`` sampled words."""
     if cfg.mode != "sample":
-        raise ValueError(f"word language models support mode=sample only, got mode={cfg.mode}")
+        raise UsageError(f"word language models support mode=sample only, got mode={cfg.mode}")
     datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
     dictionary = datamodule.dictionary
     words = prompt.split()
@@ -118,20 +146,54 @@ def generate_words(cfg: DictConfig, prompt: str, datamodule: WikiTextDataModule,
     tokens = torch.tensor([[EOS_ID, *(dictionary.index(w) for w in words)]], device=device)  # (1, T)
     # never produce the specials but </s> (a line break), nor the dictionary's padding entries
     banned = torch.tensor([s in SPECIALS[:2] + SPECIALS[3:] or s.startswith("madeupword") for s in dictionary.symbols])
+    stop = EOS_ID if cfg.stop_at_eos else None
     generator = torch.Generator(device).manual_seed(cfg.seed)
     new = word_language_model.sample(
         net, tokens, cfg.max_new_words, context=datamodule.tokens_per_sample, temperature=cfg.temperature,
-        top_k=cfg.top_k, banned=banned, generator=generator,
-    )  # (1, max_new_words)
-    continuation = decode_words(dictionary, new[0].tolist())
-    sys.stdout.write(f"{prompt} {continuation}\n")
-    return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+        top_k=cfg.top_k, banned=banned, stop=stop, generator=generator,
+    )  # (1, n), n <= max_new_words
+    return write_continuation(prompt, decode_words(dictionary, until_stop(new[0].tolist(), stop)))
+
+
+def generate_stream_words(
+    cfg: DictConfig, prompt: str, datamodule: WordStreamDataModule, net: torch.nn.Module
+) -> dict:
+    """``mode=sample`` for an AWD language model (PRU, LSTM): the prompt's words (after ``<eos>``,
+    as every corpus line starts) read from zero state, then up to ``max_new_words`` sampled words,
+    each fed alone with the recurrent state carried."""
+    if cfg.mode != "sample":
+        raise UsageError(f"word language models support mode=sample only, got mode={cfg.mode}")
+    datamodule.setup("predict")  # reads (or builds) the vocabulary under data.root
+    vocabulary = datamodule.dictionary
+    # the demo corpus is written in PTB style; its prompt is read the same way
+    words = ptb_style(prompt) if isinstance(datamodule, PydocPTBDataModule) else prompt.split()
+    unknown = [w for w in words if w not in vocabulary.indices]
+    if unknown and vocabulary.unk_id is None:
+        raise UsageError(f"words outside the vocabulary, which has no <unk>: {', '.join(unknown[:10])}")
+    if unknown:
+        log.warning("words outside the vocabulary read as <unk>: %s", ", ".join(unknown[:10]))
+    log.info("prompt read as %d words: %s", len(words), " ".join(words))
+    device = torch.device(cfg.device)
+    net = net.to(device).eval()
+    eos = vocabulary.indices[EOS]
+    tokens = torch.tensor([[eos, *map(vocabulary.index, words)]], device=device)  # (1, T)
+    allowed = torch.ones(len(vocabulary), dtype=torch.bool)
+    if vocabulary.unk_id is not None:
+        allowed[vocabulary.unk_id] = False  # a placeholder, not a word to print
+    stop = eos if cfg.stop_at_eos else None
+    generator = torch.Generator(device).manual_seed(cfg.seed)
+    new = awd_language_model.sample(
+        net, tokens, cfg.max_new_words, temperature=cfg.temperature, top_k=cfg.top_k, allowed=allowed,
+        stop=stop, generator=generator,
+    )  # (1, n), n <= max_new_words
+    return write_continuation(prompt, vocabulary.decode(until_stop(new[0].tolist(), stop)))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="generate")
 def main(cfg: DictConfig) -> None:
-    check_config(cfg, "generate")
-    generate(cfg)
+    with reported_in_one_line():
+        check_config(cfg, "generate")
+        generate(cfg)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ per-channel normalisation). A network output of shape:
 - a pair (1, P, 4), (1, P, C) (SSD detection): the detections (softmax, decoding, NMS as in
   evaluation) scoring at least ``score_threshold`` are drawn on the image as boxes tagged with the
   class name and score, and written as a PNG (``output``, default
-  ``<run dir>/<image stem>_detections.png``).
+  ``<run dir>/<image stem>_detections.png``); the best ``SHOWN_DETECTIONS`` are logged with their
+  boxes (x1, y1, x2, y2) in pixels of the image, clipped to it, as every drawn and returned box.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from torch import Tensor
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
-from src.tasks.detection import postprocess
+from src.tasks.detection import postprocess, to_pixels
+from src.utils.errors import InputFileError, UsageError, reported_in_one_line
 from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ SIZE_MULTIPLE = 32  # segmentation_demo.py floors the image's own size to a mult
 LEGEND_SWATCH = 12  # pixels
 LEGEND_ROW = 16  # pixels
 LEGEND_PAD = 4  # pixels
+SHOWN_DETECTIONS = 10  # detections named in the log; all are drawn and returned
 
 
 def voc_palette(num_classes: int) -> np.ndarray:
@@ -115,7 +118,7 @@ def input_size(cfg: DictConfig, image_size: tuple[int, int]) -> tuple[int, int]:
     if cfg.size is not None:
         size = tuple(int(s) for s in cfg.size)
         if len(size) != 2 or min(size) < 1:
-            raise ValueError(f"size must be [W, H] with positive sides, got {cfg.size}")
+            raise UsageError(f"size must be [W, H] with positive sides, got {cfg.size}")
         return size  # type: ignore[return-value]
     crop = cfg.data.get("crop_size", cfg.data.get("image_size"))
     if isinstance(crop, int):
@@ -125,7 +128,7 @@ def input_size(cfg: DictConfig, image_size: tuple[int, int]) -> tuple[int, int]:
         return width, height
     width, height = (s // SIZE_MULTIPLE * SIZE_MULTIPLE for s in image_size)
     if min(width, height) < SIZE_MULTIPLE:
-        raise ValueError(
+        raise UsageError(
             f"image of size {image_size} is smaller than {SIZE_MULTIPLE} pixels; pass size=[W,H]"
         )
     return width, height
@@ -149,7 +152,7 @@ def preprocess(
         mean = getattr(datamodule, "mean", IMAGENET_MEAN)
         std = getattr(datamodule, "std", IMAGENET_STD)
         if in_chans != 3:
-            raise ValueError(
+            raise UsageError(
                 f"images are read as RGB; {type(datamodule).__name__} has in_chans={in_chans}"
             )
     x = TF.to_tensor(image.convert(mode).resize(size, Image.BILINEAR))  # (c, H, W), c = 1 or 3
@@ -195,24 +198,64 @@ def overlay(
     return canvas
 
 
+def image_boxes(boxes: Tensor, image_size: tuple[int, int]) -> Tensor:
+    """Normalised (x1, y1, x2, y2) boxes in pixels of an image of ``image_size`` = (W, H), clipped
+    to it: the decoded boxes of priors at the border reach past the image.
+
+    Shape:
+        (N, 4) -> (N, 4)
+    """
+    width, height = image_size
+    pixels = to_pixels(boxes.float(), (height, width))
+    limits = pixels.new_tensor([width, height, width, height])
+    return pixels.clamp(min=0).minimum(limits)
+
+
+def detection_rows(
+    detections: dict[str, Tensor], names: Sequence[str], image_size: tuple[int, int]
+) -> list[tuple[str, float, list[float]]]:
+    """(class name, score, [x1, y1, x2, y2] in pixels of the image, clipped) of each detection, in
+    the order of ``detections`` (best score first), rounded as logged."""
+    boxes = image_boxes(detections["boxes"], image_size)
+    return [
+        (names[label], round(score, 4), [round(v, 1) for v in box])
+        for box, label, score in zip(
+            boxes.tolist(), detections["labels"].tolist(), detections["scores"].tolist()
+        )
+    ]
+
+
+def describe_detections(
+    rows: Sequence[tuple[str, float, list[float]]],
+    score_threshold: float,
+    image_size: tuple[int, int],
+    shown: int = SHOWN_DETECTIONS,
+) -> str:
+    """One log line: how many detections there are, how many of them follow, and those."""
+    if not rows:
+        return f"no detections scoring >= {score_threshold}"
+    count = f"top {shown} of {len(rows)}" if len(rows) > shown else f"{len(rows)}"
+    return (
+        f"{count} detections scoring >= {score_threshold} (class, score, box x1, y1, x2, y2 in pixels "
+        f"of the {image_size[0]}x{image_size[1]} image): {list(rows[:shown])}"
+    )
+
+
 def draw_detections(
     image: Image.Image,
-    detections: dict[str, Tensor],
-    names: Sequence[str],
+    rows: Sequence[tuple[str, float, list[float]]],
+    labels: Sequence[int],
     palette: np.ndarray,
 ) -> Image.Image:
-    """``image`` with each detection's box (normalised (x1, y1, x2, y2), scaled to the image)
-    outlined in its class colour and tagged "name score" above its top-left corner."""
+    """``image`` with each detection's box (``rows`` of :func:`detection_rows`: pixels of the image)
+    outlined in the colour of its class (``labels``) and tagged "name score" above its top-left
+    corner."""
     out = image.convert("RGB")
     draw = ImageDraw.Draw(out)
-    width, height = out.size
-    for box, label, score in zip(
-        detections["boxes"].tolist(), detections["labels"].tolist(), detections["scores"].tolist()
-    ):
-        x1, y1, x2, y2 = box[0] * width, box[1] * height, box[2] * width, box[3] * height
+    for (name, score, (x1, y1, x2, y2)), label in zip(rows, labels):
         colour = tuple(int(c) for c in palette[label])
         draw.rectangle((x1, y1, x2, y2), outline=colour, width=2)
-        tag = f"{names[label]} {score:.2f}"
+        tag = f"{name} {score:.2f}"
         left, top, right, bottom = draw.textbbox((0, 0), tag)
         tag_top = max(0.0, y1 - (bottom - top) - 2)
         tag_box = (x1, tag_top, x1 + right - left + 2, tag_top + bottom - top + 2)
@@ -242,20 +285,20 @@ def read_image(path: Path) -> Image.Image:
         with Image.open(path) as file:
             return file.convert("RGB")
     except (OSError, SyntaxError, ValueError) as error:  # UnidentifiedImageError is an OSError
-        raise ValueError(f"image={path} cannot be read as an image ({error}); pass a JPEG, PNG or another format PIL reads") from None
+        raise UsageError(f"image={path} cannot be read as an image ({error}); pass a JPEG, PNG or another format PIL reads") from None
 
 
 def predict(cfg: DictConfig) -> dict:
     """Run the configured network on ``cfg.image``; returns what was predicted (and written)."""
     image_path = Path(cfg.image)
     if not image_path.is_file():
-        raise FileNotFoundError(f"image {image_path} does not exist; pass image=/path/to/file.jpg")
+        raise InputFileError(f"image {image_path} does not exist; pass image=/path/to/file.jpg")
     if cfg.top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {cfg.top_k}")
+        raise UsageError(f"top_k must be >= 1, got {cfg.top_k}")
     if not 0.0 <= cfg.alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {cfg.alpha}")
+        raise UsageError(f"alpha must be in [0, 1], got {cfg.alpha}")
     if cfg.ckpt_path is None and not has_weights(cfg.model) and not cfg.allow_random:
-        raise ValueError(
+        raise UsageError(
             "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one) or "
             "model.pretrained=/model.weights=<file>; allow_random=true predicts with the randomly "
             "initialised network"
@@ -282,14 +325,10 @@ def predict(cfg: DictConfig) -> dict:
         default = Path(cfg.paths.output_dir) / f"{image_path.stem}_detections.png"
         output = Path(cfg.output) if cfg.output is not None else default
         output.parent.mkdir(parents=True, exist_ok=True)
-        draw_detections(image, found, names, palette_for(num_classes)).save(output)
-        listed = [
-            (names[label], round(score, 4), [round(v, 4) for v in box])
-            for box, label, score in zip(
-                found["boxes"].tolist(), found["labels"].tolist(), found["scores"].tolist()
-            )
-        ]
-        log.info("%d detections scoring >= %s: %s", len(listed), cfg.score_threshold, listed[:10])
+        listed = detection_rows(found, names, image.size)
+        labels = found["labels"].tolist()
+        draw_detections(image, listed, labels, palette_for(num_classes)).save(output)
+        log.info("%s", describe_detections(listed, cfg.score_threshold, image.size))
         log.info("detections drawn to %s", output)
         return {"task": "detection", "output": str(output), "detections": listed}
     if logits.ndim == 4 and logits.shape[0] == 1:  # (1, C, H, W): segmentation
@@ -319,8 +358,9 @@ def predict(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
-    check_config(cfg, "predict")
-    predict(cfg)
+    with reported_in_one_line():
+        check_config(cfg, "predict")
+        predict(cfg)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from torch import Tensor, nn
 from generate import generate, last_word
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.word_lm import decode_words
+from src.datamodules.word_stream import EOS, UNK, ptb_style
+from src.tasks import awd_language_model, word_language_model
 from src.tasks.generation import complete_words, decode, encode, read_context, sample, vocabulary_masks
 from tests.conftest import ROOT, compose_config
 from train import build_task
@@ -245,7 +248,7 @@ def word_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str]
 
 def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint, capsys) -> None:
     overrides, net, dictionary = word_checkpoint
-    out = generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1")
+    out = generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1", "stop_at_eos=false")
     assert out.startswith(WORD_PROMPT + " ")
     # by hand: </s> + the prompt's words, each step the argmax over the last 16 tokens, specials
     # (but </s>) and padding entries never chosen
@@ -258,3 +261,109 @@ def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint, c
     assert out == f"{WORD_PROMPT} {decode_words(dictionary, tokens[-12:])}\n"
     with pytest.raises(ValueError, match="mode=sample only"):
         generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "mode=words")
+
+
+# -- stopping at the end of a sentence ---------------------------------------------------------
+class SumNet(nn.Module):
+    """Prefers id (sum of every id read so far) % V; its state is that sum, so a sampler that feeds
+    one new id a call follows the chain only when it carries the state (AWD interface: ``.logits``,
+    ``.hidden``; word-model interface: ``log_prob`` over a window that holds the whole text)."""
+
+    def __init__(self, vocab: int = 4) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, tokens: Tensor, hidden: Tensor | None = None) -> Any:
+        start = tokens.new_zeros(tokens.shape[0]) if hidden is None else hidden  # (B,)
+        sums = start[:, None] + tokens.cumsum(1)  # (B, T)
+        logits = 5.0 * nn.functional.one_hot(sums % self.vocab, self.vocab).float()  # (B, T, V)
+        return SimpleNamespace(logits=logits, hidden=sums[:, -1])
+
+    def log_prob(self, tokens: Tensor) -> Tensor:
+        return self(tokens).logits.log_softmax(-1)
+
+
+# id 0 ends a sentence; from [1, 1] (sum 2) the chain is 2, 0; from [1, 2] (sum 3) it is 3, 2, 0
+SUM_PROMPT = torch.tensor([[1, 1], [1, 2]])
+
+
+def test_awd_sample_carries_the_state_and_stops_each_row_at_the_end_of_sentence() -> None:
+    out = awd_language_model.sample(SumNet(), SUM_PROMPT, 10, top_k=1, stop=0)
+    assert out.tolist() == [[2, 0, 0], [3, 2, 0]]  # rows that stopped repeat the stop id; then it ends
+    assert awd_language_model.sample(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [[2, 0, 0, 0, 0], [3, 2, 0, 0, 0]]
+    assert awd_language_model.sample(SumNet(), SUM_PROMPT, 0).shape == (2, 0)
+
+
+def test_word_sample_stops_each_row_at_the_end_of_sentence() -> None:
+    out = word_language_model.sample(SumNet(), SUM_PROMPT, 10, context=64, top_k=1, stop=0)
+    assert out.tolist() == [[2, 0, 0], [3, 2, 0]]
+
+
+# -- AWD language models (PRU, LSTM) ------------------------------------------------------------
+@pytest.fixture(scope="module", params=["pru", "lstm"])
+def awd_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], nn.Module, Any]:
+    """An untrained small AWD language model (``experiment=pru_demo`` shrunk; PRU or LSTM layers)
+    on pydoc_ptb, the overrides to rebuild it, its network and the corpus's vocabulary."""
+    tmp = tmp_path_factory.mktemp(f"generate_{request.param}")
+    overrides = [
+        "experiment=pru_demo", f"model.rnn={request.param}", "model.embedding_dim=16", "model.hidden_size=32",
+        f"data.root={tmp / 'data'}",
+    ]  # fmt: skip
+    cfg = compose_config("train", overrides, tmp / "run")
+    datamodule, task = build_task(cfg)
+    path = tmp / "model.ckpt"
+    torch.save({"state_dict": task.state_dict()}, path)
+    datamodule.setup("fit")
+    return [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.dictionary
+
+
+def awd_greedy(net: nn.Module, vocabulary: Any, num_words: int) -> list[int]:
+    """Greedy decoding by hand: ``<eos>`` and the prompt's words (in pydoc_ptb's PTB style) read
+    from zero state, then each step the argmax but ``<unk>``, fed alone with the state carried."""
+    tokens = torch.tensor([[vocabulary.index(EOS), *map(vocabulary.index, ptb_style(WORD_PROMPT))]])
+    greedy: list[int] = []
+    with torch.no_grad():
+        out = net(tokens)
+        for _ in range(num_words):
+            logits = out.logits[0, -1].clone()
+            logits[vocabulary.index(UNK)] = -math.inf
+            greedy.append(int(logits.argmax()))
+            out = net(torch.tensor([[greedy[-1]]]), out.hidden)
+    return greedy
+
+
+def test_awd_model_top_1_is_greedy_with_the_state_carried(awd_checkpoint, capsys) -> None:
+    overrides, net, vocabulary = awd_checkpoint
+    args = [f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1", "stop_at_eos=false"]
+    out = generate_here(capsys, overrides, *args)
+    greedy = awd_greedy(net, vocabulary, 12)
+    assert out == f"{WORD_PROMPT} {vocabulary.decode(greedy)}\n"
+    assert generate_here(capsys, overrides, *args) == out  # deterministic
+    # stopping at the end of sentence (the default) keeps the words before the first <eos>
+    stop = greedy.index(vocabulary.index(EOS)) if vocabulary.index(EOS) in greedy else len(greedy)
+    stopped = generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1")
+    assert stopped == " ".join([WORD_PROMPT, *(vocabulary.symbols[i] for i in greedy[:stop])]) + "\n"
+
+
+def test_awd_model_samples_the_requested_number_of_vocabulary_words(awd_checkpoint, capsys) -> None:
+    overrides, _, vocabulary = awd_checkpoint
+    args = [f"prompt='{WORD_PROMPT}'", "max_new_words=30", "temperature=1.5", "seed=3", "stop_at_eos=false"]
+    out = generate_here(capsys, overrides, *args)
+    assert out.startswith(WORD_PROMPT + " ") and out.endswith("\n")
+    continuation = out[len(WORD_PROMPT) + 1 : -1]
+    words = continuation.split()
+    # every <eos> is a line break, every other word printed: 30 in all, none of them <unk>
+    assert len(words) + continuation.count("\n") == 30
+    assert set(words) <= set(vocabulary.symbols) - {UNK, EOS}
+    assert generate_here(capsys, overrides, *args) == out  # same seed, same words
+
+
+def test_awd_model_stops_at_a_forced_end_of_sentence(awd_checkpoint, capsys, tmp_path) -> None:
+    overrides, net, vocabulary = awd_checkpoint
+    state = {f"net.{k}": v.clone() for k, v in net.state_dict().items()}
+    state["net.decoder.bias"][vocabulary.index(EOS)] = 1e4  # <eos> is every step's argmax
+    path = tmp_path / "eos.ckpt"
+    torch.save({"state_dict": state}, path)
+    forced = [*overrides[:-1], f"ckpt_path={path}", f"prompt='{WORD_PROMPT}'", "max_new_words=12"]
+    assert generate_here(capsys, forced) == f"{WORD_PROMPT}\n"
+    assert generate_here(capsys, forced, "stop_at_eos=false").count("\n") == 12 + 1

@@ -1,6 +1,7 @@
 """Text generation with a segment-level-recurrent character language model (Transformer-XL,
 Group-Transformer): sampling for sentence completion and beam search for word completion
-(Group-Transformer, Park et al., COLING 2020, Table 4).
+(Group-Transformer, Park et al., COLING 2020, Table 4). :func:`draw`, the choice of one token
+from next-token logits, serves the word language models' samplers too.
 
 The network maps ``(tokens (B, T), memories | None) -> (logits (B, T, V), new_memories)``. The
 context is read segment by segment (at most ``segment_len`` symbols a call, the memories carried),
@@ -60,6 +61,27 @@ def _masked(logits: Tensor, allowed: Tensor | None) -> Tensor:
     return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
 
+def draw(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    allowed: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One id per row drawn from ``softmax(logits / temperature)`` over the ``allowed`` ids,
+    restricted to the ``top_k`` most probable when ``top_k > 0`` (``top_k=1``: the argmax).
+
+    Shape:
+        logits (B, V) -> (B,) int64
+    """
+    scores = _masked(logits.float(), allowed) / temperature  # (B, V)
+    if 0 < top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
+
+
 def sample(
     net: nn.Module,
     prompt: Tensor,
@@ -99,12 +121,7 @@ def sample(
         return out
     logits, memories = read_context(net, prompt, segment_len)
     for i in range(num_symbols):
-        scores = _masked(logits.float(), allowed) / temperature  # (B, V)
-        if 0 < top_k < scores.shape[-1]:
-            kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        probs = scores.softmax(-1)  # (B, V)
-        out[:, i] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        out[:, i] = draw(logits, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)
         if i + 1 < num_symbols:
             logits, memories = net(out[:, i : i + 1], memories)  # (B, 1, V): one new position
             logits = logits[:, -1]

@@ -11,7 +11,6 @@ scored targets of a split scores each of its tokens exactly once (fairseq ``eval
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 import lightning as L
@@ -22,13 +21,15 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import SumMetric
 
 from src.tasks.clipping import FusedOptimizerClipping
+from src.tasks.finetune import InitFromCheckpoint
+from src.tasks.generation import draw
 from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class WordLanguageModel(FusedOptimizerClipping, L.LightningModule):
+class WordLanguageModel(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word NLL; logs ``train/loss`` (nats per token), and for validation
     and test the loss and perplexity over the whole split, token-weighted and reduced over all
     processes (``val/loss``, ``val/ppl``, ``test/loss``, ``test/ppl``).
@@ -51,9 +52,12 @@ class WordLanguageModel(FusedOptimizerClipping, L.LightningModule):
         net: nn.Module,
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory | None = None,
+        *,
+        init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
         self.net = net
+        self.init_checkpoint = init_checkpoint
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.padding_idx: int = net.padding_idx
@@ -110,6 +114,7 @@ def sample(
     temperature: float = 1.0,
     top_k: int = 0,
     banned: Tensor | None = None,
+    stop: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Continue ``prompt`` by ``num_tokens`` words drawn one at a time from
@@ -126,10 +131,12 @@ def sample(
         temperature: > 0.
         top_k: keep only the k most probable words (0: all; 1: greedy).
         banned: ids never produced (the specials, the padding entries), or None.
+        stop: an id (the end of sentence) after which a row adds nothing: its later positions
+            repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
         generator: random source, for reproducible samples.
 
     Shape:
-        prompt (B, T) int64 -> (B, num_tokens) int64
+        prompt (B, T) int64 -> (B, n) int64, n = num_tokens unless every row stopped earlier
     """
     if prompt.ndim != 2 or prompt.shape[1] < 1:
         raise ValueError(f"prompt must be (B, T) with T >= 1, got {tuple(prompt.shape)}")
@@ -138,14 +145,16 @@ def sample(
             f"need num_tokens >= 0, context >= 1, temperature > 0, top_k >= 0; got {num_tokens}, "
             f"{context}, {temperature}, {top_k}"
         )
+    allowed = None if banned is None else ~banned
+    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
     tokens = prompt
     for _ in range(num_tokens):
-        scores = net.log_prob(tokens[:, -context:])[:, -1] / temperature  # (B, V)
-        if banned is not None:
-            scores = scores.masked_fill(banned.to(scores.device), -math.inf)
-        if 0 < top_k < scores.shape[-1]:
-            kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
-            scores = scores.masked_fill(scores < kth, -math.inf)
-        choice = torch.multinomial(scores.softmax(-1), 1, generator=generator)  # (B, 1)
-        tokens = torch.cat([tokens, choice], dim=1)
+        if stop is not None and bool(stopped.all()):
+            break
+        scores = net.log_prob(tokens[:, -context:])[:, -1]  # (B, V)
+        choice = draw(scores, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
+        if stop is not None:
+            choice = choice.masked_fill(stopped, stop)
+            stopped |= choice == stop
+        tokens = torch.cat([tokens, choice[:, None]], dim=1)
     return tokens[:, prompt.shape[1] :]

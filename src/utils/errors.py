@@ -26,6 +26,20 @@ class UserError(Exception):
     """A mistake in the config, the data or a checkpoint; the message names the fix."""
 
 
+class UsageError(UserError, ValueError):
+    """A tool's option (``translate.py``, ``generate.py``, ``predict.py``) that cannot work as
+    given."""
+
+
+class InputFileError(UserError, FileNotFoundError):
+    """A tool's input file that is not there."""
+
+
+class WrongRunError(UserError, TypeError):
+    """A checkpoint of another kind of run than the tool serves (an image classifier given to
+    ``generate.py``)."""
+
+
 def user_error_of(error: BaseException) -> UserError | None:
     """``error`` or the :class:`UserError` that caused it: Hydra's ``instantiate`` wraps what a
     constructor raises in an ``InstantiationException`` (``raise ... from``)."""

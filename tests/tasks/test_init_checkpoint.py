@@ -16,6 +16,7 @@ from train import build_task, train
 EMBEDDED = {
     "classification": "digits",
     "language_model": "pydoc_chars",
+    "word_language_model": "pydoc_words",
     "awd_language_model": "pydoc_ptb",
     "text_classification": "sentiment_tweets",
     "translation": "gettext_de_en",
