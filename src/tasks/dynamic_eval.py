@@ -97,10 +97,10 @@ def gradient_statistics(
     squares = [torch.zeros_like(p) for p in params]
     hidden: Hidden | None = None
     used = 0
-    total = len(batches) if isinstance(batches, Sized) else None
+    count = len(batches) if isinstance(batches, Sized) else None
     if max_batches is not None:
-        total = max_batches if total is None else min(total, max_batches)
-    progress = Progress("dynamic evaluation: gradient statistics, training segments", total)
+        count = max_batches if count is None else min(count, max_batches)
+    progress = Progress("dynamic evaluation: gradient statistics, training segments", count)
     for inputs, targets in batches:
         if max_batches is not None and used >= max_batches:
             break
@@ -169,8 +169,8 @@ def dynamic_evaluate(
                 # a rate above 1/lamb would step past theta0
                 decay = [d.clamp_max(1 / lamb) for d in decay]
             hidden: Hidden | None = None
-            total = len(test_batches) if isinstance(test_batches, Sized) else None
-            progress = Progress("dynamic evaluation: test segments", total)
+            count = len(test_batches) if isinstance(test_batches, Sized) else None
+            progress = Progress("dynamic evaluation: test segments", count)
             for inputs, targets in test_batches:
                 inputs, targets = inputs.to(device), targets.to(device)
                 net.zero_grad(set_to_none=True)
