@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from time import monotonic
 from PIL import Image, UnidentifiedImageError
 
 from src.utils.errors import UserError
+from src.utils.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,9 @@ def write_bad_list(bad: Mapping[Path, str], root: Path) -> Path:
     digest = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:12]
     targets = [Path(root) / LIST_NAME, Path(tempfile.gettempdir()) / f"bad_files-{digest}.txt"]
     for target in targets:
-        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
         try:
-            tmp.write_text(text)
-            os.replace(tmp, target)  # whole or absent, also when several ranks write it
+            atomic_write_text(target, text)  # whole or absent, also when several ranks write it
         except OSError:
-            tmp.unlink(missing_ok=True)
             continue
         return target
     raise OSError(f"could not write the list of bad files to any of {[str(t) for t in targets]}")

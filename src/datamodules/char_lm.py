@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -40,6 +39,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from src.utils.errors import UserError
+from src.utils.files import atomic_path, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +227,7 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
             _atomic_save(self.cache_path(split), ids)
         lengths = {s: len(codes[s]) for s in SPLITS}
         vocab = {"source": self.source_signature(), "symbols": symbols.tolist(), "lengths": lengths}
-        tmp = self._vocab_path().with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(vocab))
-        os.replace(tmp, self._vocab_path())  # written last: it marks the cache complete
+        atomic_write_text(self._vocab_path(), json.dumps(vocab))  # last: it marks the cache complete
         log.info("%s: cached %s under %s", self.name, lengths, self.root)
 
     def setup(self, stage: str | None = None) -> None:
@@ -263,9 +261,8 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+    with atomic_path(path) as temporary:
+        np.save(temporary, array)
 
 
 def _last_splits(codes: np.ndarray, valid_size: int, test_size: int) -> dict[str, np.ndarray]:

@@ -10,12 +10,12 @@ of 8 (``padding_factor``). The official IWSLT'14 De-En dictionaries so hold 8,84
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from src.datamodules.text_files import DEFAULT_ENCODING, read_text
+from src.utils.files import atomic_write_text
 
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 SPECIALS = (BOS, PAD, EOS, UNK)
@@ -76,10 +76,8 @@ class Dictionary:
         (0 where ``counts`` has none), via a temporary file and an atomic rename."""
         counts = counts or {}
         path = Path(path)
-        temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
         text = "".join(f"{symbol} {counts.get(symbol, 0)}\n" for symbol in self.symbols[len(SPECIALS) :])
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
+        atomic_write_text(path, text)
 
     def __len__(self) -> int:
         return len(self.symbols)

@@ -9,18 +9,12 @@ name and renamed, so an interrupted build never leaves a half-written file under
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it into place."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+from src.utils.files import atomic_path, atomic_write_text
 
 
 def files_signature(paths: Iterable[Path]) -> str:
@@ -69,9 +63,8 @@ class TokenCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         lengths = {}
         for split in self.splits:
-            tmp = self.folder / f"{split}.tmp{os.getpid()}.npy"
-            np.save(tmp, ids[split])
-            os.replace(tmp, self.folder / f"{split}.npy")
+            with atomic_path(self.folder / f"{split}.npy") as temporary:
+                np.save(temporary, ids[split])
             lengths[split] = len(ids[split])
         meta = {"source": signature, "vocab_size": vocab_size, "lengths": lengths}
         # written last: its presence says the cache is complete

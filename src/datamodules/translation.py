@@ -54,6 +54,7 @@ from src.datamodules.subword import (
 )
 from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, read_text
 from src.utils.errors import UserError
+from src.utils.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -565,10 +566,8 @@ class GettextTranslationDataModule(TranslationDataModule):
             )
         self.root.mkdir(parents=True, exist_ok=True)
         for (split, lang), text in lines.items():
-            temporary = self.path(split, lang).with_suffix(f".{lang}.tmp")
             # in the encoding the files are read back in (UTF-8 unless ``encoding`` says otherwise)
-            temporary.write_text("".join(f"{line}\n" for line in text), encoding=self.encoding)
-            temporary.replace(self.path(split, lang))
+            atomic_write_text(self.path(split, lang), "".join(f"{line}\n" for line in text), self.encoding)
         log.info(
             "wrote %d %s-en messages to %s: %s", count, self.language, self.root,
             ", ".join(f"{s} {len(lines[s, 'en'])}" for s in SPLITS),

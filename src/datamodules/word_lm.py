@@ -46,7 +46,8 @@ from torch.utils.data import DataLoader, Dataset
 from src.datamodules.char_lm import pydoc_corpus
 from src.datamodules.dictionary import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Dictionary
 from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, text_lines
-from src.datamodules.token_cache import TokenCache, atomic_write_text, files_signature
+from src.datamodules.token_cache import TokenCache, files_signature
+from src.utils.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 

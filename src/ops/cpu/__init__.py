@@ -50,6 +50,8 @@ import torch
 from filelock import FileLock
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from src.utils.files import atomic_write_bytes
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
@@ -178,9 +180,7 @@ def stage_sources(
         target = staged / path.name
         data = path.read_bytes()
         if not target.is_file() or target.read_bytes() != data:
-            partial = target.with_suffix(target.suffix + ".partial")
-            partial.write_bytes(data)
-            partial.replace(target)  # atomic: a reader never sees half a file
+            atomic_write_bytes(target, data)  # a reader never sees half a file
     return [staged / path.name for path in sources]
 
 
