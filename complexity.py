@@ -20,11 +20,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from src.build import build_task, check_config
 from src.models.ssd import SSD
 from src.models.ssd_priors import PRIOR_STRIDES
 from src.utils.complexity import count_params, measure
 from src.utils.errors import reported_in_one_line
-from train import build_task, check_config
 
 
 class WithMemory(nn.Module):

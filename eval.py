@@ -21,11 +21,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from src.build import build_from_checkpoint, build_trainer, check_config, complexity_of, scalars
 from src.tasks.awd_language_model import AWDLanguageModelTask
 from src.tasks.dynamic_eval import dynamic_evaluate, segments
 from src.utils.errors import reported_in_one_line
 from src.utils.files import write_json
-from train import build_from_checkpoint, build_trainer, check_config, complexity_of, scalars
 
 log = logging.getLogger(__name__)
 

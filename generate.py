@@ -30,6 +30,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from src.build import build_from_checkpoint, check_config
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.dictionary import EOS_ID, SPECIALS
 from src.datamodules.word_lm import WikiTextDataModule, decode_words
@@ -44,7 +45,6 @@ from src.tasks.generation import (
     vocabulary_masks,
 )
 from src.utils.errors import UsageError, WrongRunError, reported_in_one_line
-from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
 

@@ -36,12 +36,12 @@ from omegaconf import DictConfig
 from PIL import Image, ImageDraw
 from torch import Tensor
 
+from src.build import build_from_checkpoint, check_config
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
 from src.tasks.detection import postprocess, to_pixels
 from src.utils.errors import InputFileError, UsageError, reported_in_one_line
-from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
 

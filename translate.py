@@ -19,11 +19,11 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from src.build import build_from_checkpoint, check_config
 from src.datamodules.text_files import decode_text, read_text
 from src.datamodules.translation import TranslationDataModule
 from src.utils.errors import InputFileError, UsageError, WrongRunError, reported_in_one_line
 from src.utils.progress import Progress
-from train import build_from_checkpoint, check_config
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Throughput of the text systems against their plain baselines, side by side, in one process.
 
 Each group below builds its models from the project's Hydra configs (``conf/``) with
-``train.build_task``, so the sizes are the configs' and the losses are the tasks' own
+``src.build.build_task``, so the sizes are the configs' and the losses are the tasks' own
 (``training_step``: label-smoothed cross-entropy, AR/TAR, adaptive softmax). Within a group the
 candidates run interleaved round-robin (A, B, A, B, ...; every metric of a round before the
 next), after one warm-up call of each (the CPU kernels' ``impl="auto"`` choices are timed
@@ -89,10 +89,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu import cpu_name, run_once
 from benchmarks.gpu_profile import compose
 from benchmarks.pru_lm import lstm_hidden_for
+from src.build import build_task
 from src.ops.cpu import cpu_kernels, cpu_path_mode
 from src.tasks.beam_search import beam_search
 from src.tasks.dynamic_eval import dynamic_evaluate
-from train import build_task
 
 # eos held this far below every other logit: no hypothesis ends before its max length
 SUPPRESSED_EOS = -1e4

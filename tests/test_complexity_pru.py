@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from complexity import report
+from src.build import build_task
 from src.utils.complexity import count_params
 from tests.conftest import compose_config
 from tests.parity.reference import reference_dir
-from train import build_task
 
 DATA = {"PTB": "ptb", "WT2": "wikitext2"}
 

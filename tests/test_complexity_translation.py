@@ -7,14 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 import torch
 
 from complexity import report
+from src.build import build_task
 from src.utils.complexity import count_params
 from tests.conftest import compose_config
 from tests.models.test_delight_translation import _reference
-from train import build_task
 
 # params.json's corpus labels -> data configs
 DATA = {"IWSLT14 De-En": "iwslt14_de_en", "WMT16 En-Ro": "wmt16_en_ro", "WMT14 En-De": "wmt14_en_de", "WMT14 En-Fr": "wmt14_en_fr"}

@@ -11,10 +11,10 @@ from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from src.build import build_task, build_trainer
 from src.datamodules.detection import DetectionDataModule
 from src.utils.config_checks import MODEL_TASKS
 from tests.conftest import CONF, compose_config
-from train import build_task, build_trainer
 
 
 @pytest.fixture(autouse=True)

@@ -17,13 +17,20 @@ import torch
 from torch import Tensor, nn
 
 from generate import generate, last_word
+from src.build import build_task
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.word_lm import decode_words
 from src.datamodules.word_stream import EOS, UNK, ptb_style
 from src.tasks import awd_language_model, word_language_model
-from src.tasks.generation import complete_words, decode, encode, read_context, sample, vocabulary_masks
+from src.tasks.generation import (
+    complete_words,
+    decode,
+    encode,
+    read_context,
+    sample,
+    vocabulary_masks,
+)
 from tests.conftest import ROOT, compose_config
-from train import build_task
 
 # symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c
 TOY_SYMBOLS = [ord(" "), ord("a"), ord("b"), ord("c")]

@@ -11,8 +11,8 @@ import pytest
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
+from src.build import build_trainer
 from tests.conftest import compose_config
-from train import build_trainer
 
 PRETENDED_GPUS = 2
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import src.datamodules.char_lm
+from src.build import build_task
 from src.datamodules.char_lm import (
     Enwik8DataModule,
     OrderedSegments,
@@ -18,7 +19,6 @@ from src.datamodules.char_lm import (
     pydoc_corpus,
 )
 from tests.conftest import compose_config
-from train import build_task
 
 SMALL = {"tgt_len": 8, "batch_size": 2, "eval_tgt_len": 4, "eval_batch_size": 1}
 

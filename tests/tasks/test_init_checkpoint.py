@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from src.build import build_task
 from src.utils.run_record import CheckpointError
 from tests.conftest import compose_config
-from train import build_task, train
+from train import train
 
 # each task on its embedded data (no download), with the task's default model
 EMBEDDED = {

@@ -7,10 +7,10 @@ import pytest
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
+from src.build import build_task
 from src.utils.errors import UserError
 from src.utils.model_sizes import ModelSizeError, builds, nearest_that_build
 from tests.conftest import compose_config
-from train import build_task
 
 
 def test_unbuildable_sizes_name_the_keys_and_the_nearest_width_that_builds(tmp_path) -> None:
