@@ -179,7 +179,7 @@ def generate_stream_words(
     tokens = torch.tensor([[eos, *map(vocabulary.index, words)]], device=device)  # (1, T)
     allowed = torch.ones(len(vocabulary), dtype=torch.bool)
     if vocabulary.unk_id is not None:
-        allowed[vocabulary.unk_id] = False  # a placeholder, not a word to print
+        allowed[vocabulary.unk_id] = False  # <unk> stands for any rare word: never printed
     stop = eos if cfg.stop_at_eos else None
     generator = torch.Generator(device).manual_seed(cfg.seed)
     new = awd_language_model.sample(
