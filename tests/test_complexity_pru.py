@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from complexity import report
+from src.commands.complexity import report
 from src.build import build_task
 from src.utils.complexity import count_params
 from tests.conftest import compose_config

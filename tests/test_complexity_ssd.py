@@ -3,7 +3,7 @@ beside the EdgeNets model zoo (params within 1%, conv MACs within 5%), and DiCEN
 
 from __future__ import annotations
 
-from complexity import report, table
+from src.commands.complexity import report, table
 from tests.conftest import compose_config
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import evaluate
+from src.commands.eval import evaluate
 from tests.conftest import ROOT, compose_config
 
 QUIET = ["logger=csv", "data.num_workers=0"]

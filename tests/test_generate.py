@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from generate import generate, last_word
+from src.commands.generate import generate, last_word
 from src.build import build_task
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.word_lm import decode_words

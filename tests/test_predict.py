@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from predict import (
+from src.commands.predict import (
     LEGEND_PAD,
     LEGEND_ROW,
     describe_detections,

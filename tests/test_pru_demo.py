@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from eval import evaluate
+from src.commands.eval import evaluate
 from tests.conftest import compose_config
-from train import train
+from src.commands.train import train
 
 
 @pytest.mark.slow

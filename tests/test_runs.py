@@ -19,16 +19,16 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from eval import evaluate
-from generate import generate
-from predict import predict
+from src.commands.eval import evaluate
+from src.commands.generate import generate
+from src.commands.predict import predict
 from src.build import check_config
 from src.models.dicenet import DiCENet
 from src.models.hub import timm_model
 from src.utils.config_checks import MODEL_TASKS, ConfigError, check_config_values, check_pairing
 from src.utils.run_record import CheckpointError, check_resume, project_version, read_checkpoint
 from tests.conftest import CONF, ROOT, compose_config
-from train import train
+from src.commands.train import train
 
 # one short real run: 2 epochs of 2 batches of a timm ResNet on digits
 TINY = [

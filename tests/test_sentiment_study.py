@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sentiment_study import load_runs, main, variant_of
+from src.commands.sentiment_study import load_runs, main, variant_of
 
 DELIGHT = "src.models.text_classifier.DeLighTClassifier"
 TRANSFORMER = "src.models.text_classifier.TransformerClassifier"

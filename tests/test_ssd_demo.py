@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from predict import predict
+from src.commands.predict import predict
 from tests.conftest import compose_config
-from train import train
+from src.commands.train import train
 
 
 @pytest.mark.slow

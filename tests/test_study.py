@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import study
-from study import Claim, ModelSpec, RunKey, Study
+from src.commands import study
+from src.commands.study import Claim, ModelSpec, RunKey, Study
 
 ROOT = Path(__file__).resolve().parents[1]
 

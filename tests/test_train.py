@@ -12,7 +12,7 @@ from omegaconf import open_dict
 
 from src.callbacks.finite_loss import NonFiniteLossError
 from src.datamodules.image_folder import DatasetLayoutError
-from train import train
+from src.commands.train import train
 
 # a short real run: 3 epochs of 4 batches, full validation
 SHORT = [

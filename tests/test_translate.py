@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import compose_config
 from tests.tasks.test_translation_task import reversal_corpus
-from translate import split_lines, translate
+from src.commands.translate import split_lines, translate
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from PIL import Image
 
 from src.datamodules.cityscapes import CityscapesDataModule, train_id_table
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
-from train import train
+from src.commands.train import train
 
 ROAD, CAR, UNLABELED, EGO_VEHICLE = 7, 26, 0, 1  # label ids; train ids road 0, car 13
 GREY, RED = (128, 128, 128), (230, 20, 20)

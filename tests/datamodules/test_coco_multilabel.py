@@ -12,7 +12,7 @@ from PIL import Image
 
 from src.datamodules.coco_multilabel import CocoMultiLabelDataModule
 from src.datamodules.image_folder import DatasetLayoutError
-from train import train
+from src.commands.train import train
 
 # 80 category ids with gaps, as COCO's 1..90; listed unsorted to check the sorted label order
 CATEGORY_IDS = [i + i // 12 for i in range(1, 81)][::-1]

@@ -12,7 +12,7 @@ from PIL import Image
 
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
 from src.datamodules.voc_seg import VOCSegmentationDataModule
-from train import train
+from src.commands.train import train
 
 PERSON = 15
 RED, BLUE = (220, 20, 20), (20, 20, 220)

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from complexity import report
+from src.commands.complexity import report
 from src.models.group_transformer import GroupTransformer
 from src.models.transformer_xl import TransformerXL
 from tests.conftest import compose_config

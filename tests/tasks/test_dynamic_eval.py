@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from eval import dynamic_metrics, evaluate
+from src.commands.eval import dynamic_metrics, evaluate
 from src.datamodules.word_stream import WordStreamDataModule
 from src.models.awd_lm import AWDLanguageModel
 from src.tasks.awd_language_model import AWDLanguageModelTask
 from src.tasks.dynamic_eval import dynamic_evaluate, gradient_statistics, segments
 from tests.conftest import compose_config
 from tests.tasks.test_awd_language_model import VOCAB, TinyLM, make_trainer, write_corpus
-from train import train
+from src.commands.train import train
 
 
 def stream(rows: int, length: int, seed: int) -> list[tuple[Tensor, Tensor]]:

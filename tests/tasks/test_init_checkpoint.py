@@ -11,7 +11,7 @@ import torch
 from src.build import build_task
 from src.utils.run_record import CheckpointError
 from tests.conftest import compose_config
-from train import train
+from src.commands.train import train
 
 # each task on its embedded data (no download), with the task's default model
 EMBEDDED = {

@@ -22,7 +22,7 @@ import torch
 from tests.datamodules.test_coco_multilabel import make_coco
 from tests.datamodules.test_voc_seg import make_voc
 from tests.tasks.test_translation_task import reversal_corpus
-from train import train
+from src.commands.train import train
 
 OVERFIT = [
     "trainer.overfit_batches=1",

@@ -18,7 +18,7 @@ from src.datamodules.dictionary import EOS_ID, PAD_ID
 from src.models.delight import DeLighTEncoderDecoder
 from src.tasks.translation import Translation
 from tests.conftest import ROOT
-from train import train
+from src.commands.train import train
 
 WORDS = [f"w{i}" for i in range(12)]
 

@@ -18,7 +18,7 @@ from src.models.delight_lm import DeLighTLanguageModel
 from src.tasks.schedules import warmup_cosine
 from src.tasks.word_language_model import WordLanguageModel, sample
 from tests.conftest import compose_config
-from train import train
+from src.commands.train import train
 
 VOCAB = 40
 NO_DROPOUT = {

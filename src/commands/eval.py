@@ -1,0 +1,91 @@
+"""Evaluate a checkpoint: ``python eval.py ckpt_path=/path/to.ckpt [overrides]``.
+
+The network, data and task are rebuilt from the checkpoint's run record (the config it was trained
+with); an override on the command line (``data.root=...``, ``split=val``) still wins and is
+reported. Writes ``metrics.json`` (metrics, params, MACs, checkpoint) into the run directory.
+
+With ``+dynamic_eval=true`` (a ``task=awd_language_model`` checkpoint) the split is scored again
+by dynamic evaluation (``dynamic_eval_options``), written as ``<split>/dynamic_loss`` and
+``<split>/dynamic_ppl`` beside the plain metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from src.build import build_from_checkpoint, build_trainer, complexity_of, scalars
+from src.tasks.awd_language_model import AWDLanguageModelTask
+from src.tasks.dynamic_eval import dynamic_evaluate, segments
+from src.utils.files import write_json
+
+log = logging.getLogger("eval")  # the command's name in its log lines
+
+
+def dynamic_metrics(
+    cfg: DictConfig, task: AWDLanguageModelTask, device: torch.device
+) -> dict[str, float]:
+    """Dynamic evaluation of ``cfg.split`` (Krause et al. 2018; :mod:`src.tasks.dynamic_eval`):
+    gradient statistics on the training stream in ``options.batch_size`` rows, then the split in
+    one row, both cut into segments of ``options.bptt`` tokens."""
+    options = cfg.dynamic_eval_options
+    data = instantiate(
+        cfg.data, batch_size=options.batch_size, eval_batch_size=1, test_batch_size=1
+    )
+    data.prepare_data()
+    data.setup("fit")
+    data.setup(cfg.split if cfg.split == "test" else "validate")
+    evaluated = data.test_dataloader() if cfg.split == "test" else data.val_dataloader()
+    result = dynamic_evaluate(
+        task.net.to(device),
+        segments(data.train_dataloader(), options.bptt),
+        segments(evaluated, options.bptt),
+        lr=options.lr,
+        lamb=options.lamb,
+        epsilon=options.epsilon,
+        max_batches=options.max_batches,
+        old_hyper=options.old_hyper,
+    )
+    return {f"{cfg.split}/dynamic_loss": result.loss, f"{cfg.split}/dynamic_ppl": result.ppl}
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Run the chosen split (``split=test|val``) on the checkpoint; returns the summary."""
+    start = time.perf_counter()
+    ckpt_path = Path(cfg.ckpt_path)
+    if cfg.split not in ("test", "val"):
+        raise ValueError(f"split must be 'test' or 'val', got {cfg.split!r}")
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule, task = build_from_checkpoint(cfg)  # the weights are loaded
+    complexity = complexity_of(task, datamodule)
+    trainer = build_trainer(cfg)
+    run = trainer.test if cfg.split == "test" else trainer.validate
+    if cfg.dynamic_eval not in (None, False, True):
+        raise ValueError(f"dynamic_eval must be true or false, got {cfg.dynamic_eval!r}")
+    if cfg.dynamic_eval and not isinstance(task, AWDLanguageModelTask):
+        raise ValueError(
+            f"dynamic_eval needs a task=awd_language_model checkpoint, got {type(task).__name__}"
+        )
+    results = run(task, datamodule=datamodule)
+    metrics = scalars(results[0])
+    if cfg.dynamic_eval:
+        metrics.update(dynamic_metrics(cfg, task, trainer.strategy.root_device))
+    output_dir = Path(cfg.paths.output_dir)
+    summary = {
+        "metrics": metrics,
+        **complexity.as_dict(),
+        "checkpoint": str(ckpt_path),
+        "wall_time_s": round(time.perf_counter() - start, 2),
+        "output_dir": str(output_dir),
+    }
+    if trainer.is_global_zero:
+        write_json(output_dir / "metrics.json", summary)
+        log.info("metrics: %s", summary["metrics"])
+        log.info("run directory: %s", output_dir)
+    return summary

@@ -1,0 +1,230 @@
+"""Generate text with a language model: ``python generate.py ckpt_path=... prompt='...'``.
+
+Character models (Transformer-XL, Group-Transformer; data pydoc_chars, enwik8, text8), word models
+(DeLighT LM, Transformer LM; wikitext103, pydoc_words) and AWD word models (PRU, LSTM; ptb,
+wikitext2, pydoc_ptb) are served; word models support ``mode=sample`` only. A word model reads the
+prompt's whitespace-separated words after an end of sentence (as every corpus line starts; the
+pydoc_ptb demo's words in its PTB style: lower case, numbers as N, punctuation dropped), adds up to
+``max_new_words`` words joined by spaces, carrying the AWD models' recurrent state, and stops at
+the end-of-sentence token unless ``stop_at_eos=false`` (then each end of sentence is a line break).
+
+The datamodule, network and task are rebuilt from the checkpoint's run record (command-line
+overrides still win) and its ``state_dict`` is loaded into the task; without ``ckpt_path`` the run
+is refused unless ``allow_random=true``. The prompt is encoded with the datamodule's vocabulary (built or read from its cache
+under ``data.root``) and read in segments of the training ``tgt_len``, carrying the memories.
+Then, by ``mode``:
+
+- ``sample`` (sentence completion): ``max_new_chars`` characters drawn one at a time with
+  ``temperature`` and ``top_k``; stdout gets the prompt followed by the continuation;
+- ``words`` (word completion, Group-Transformer Table 4): beam search ranks whole-word
+  continuations of the prompt's last (partial) word by log-probability; stdout gets a table of
+  the ``num_words`` best words (the partial word plus its continuation) and their log-probabilities.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+from omegaconf import DictConfig
+
+from src.build import build_from_checkpoint
+from src.datamodules.char_lm import CharLMDataModule
+from src.datamodules.dictionary import EOS_ID, SPECIALS
+from src.datamodules.word_lm import WikiTextDataModule, decode_words
+from src.datamodules.word_stream import EOS, PydocPTBDataModule, WordStreamDataModule, ptb_style
+from src.tasks import awd_language_model, word_language_model
+from src.tasks.generation import (
+    complete_words,
+    decode,
+    encode,
+    is_boundary,
+    sample,
+    vocabulary_masks,
+)
+from src.utils.errors import UsageError, WrongRunError
+
+log = logging.getLogger("generate")  # the command's name in its log lines
+
+MODES = ("sample", "words")
+
+
+def last_word(text: str) -> str:
+    """The trailing run of non-boundary characters of ``text`` (empty if it ends a word)."""
+    start = len(text)
+    while start > 0 and not is_boundary(text[start - 1]):
+        start -= 1
+    return text[start:]
+
+
+def generate(cfg: DictConfig) -> dict:
+    """Run the configured mode on ``cfg.prompt``; returns what was written to stdout, as data."""
+    if cfg.mode not in MODES:
+        raise UsageError(f"mode must be one of {MODES}, got {cfg.mode!r}")
+    prompt = str(cfg.prompt)  # a prompt like 123 arrives as a number
+    if not prompt:
+        raise UsageError("prompt is empty; pass prompt='some text'")
+    if cfg.ckpt_path is None and not cfg.allow_random:
+        raise UsageError(
+            "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names the best "
+            "one); allow_random=true generates with the randomly initialised network"
+        )
+    datamodule, task = build_from_checkpoint(cfg)
+    if isinstance(datamodule, WikiTextDataModule):
+        return generate_words(cfg, prompt, datamodule, task.net)
+    if isinstance(datamodule, WordStreamDataModule):
+        return generate_stream_words(cfg, prompt, datamodule, task.net)
+    if not isinstance(datamodule, CharLMDataModule):
+        raise WrongRunError(
+            f"generation needs a language model; {cfg.ckpt_path or 'the config'} is a "
+            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, pydoc_words, "
+            "ptb, wikitext2, pydoc_ptb)"
+        )
+    datamodule.setup("predict")  # builds the cache (and vocabulary) under data.root when missing
+    symbols = datamodule.symbols
+    ids = encode(prompt, symbols)
+    allowed, boundary = vocabulary_masks(symbols, datamodule.vocab_size)
+
+    device = torch.device(cfg.device)
+    net = task.net.to(device).eval()
+    tokens = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+    # the training segment length bounds one call (the position table holds tgt_len + mem_len)
+    segment_len = datamodule.tgt_len
+    log.info(
+        "prompt: %d characters, segments of %d, mem_len %d", len(ids), segment_len, net.mem_len
+    )
+    with torch.no_grad():
+        if cfg.mode == "sample":
+            generator = torch.Generator(device).manual_seed(cfg.seed)
+            new = sample(
+                net,
+                tokens,
+                cfg.max_new_chars,
+                segment_len=segment_len,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                allowed=allowed,
+                generator=generator,
+            )  # (1, max_new_chars)
+            continuation = decode(new[0].tolist(), symbols)
+            sys.stdout.write(prompt + continuation + "\n")
+            return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+        partial = last_word(prompt)
+        found = complete_words(
+            net,
+            tokens,
+            boundary,
+            segment_len=segment_len,
+            num_words=cfg.num_words,
+            max_word_len=cfg.max_word_len,
+            beam_size=cfg.beam_size,
+            allowed=allowed,
+            allow_empty=bool(partial),
+        )
+    words = [(partial + decode(path, symbols), score) for path, score in found]
+    width = max(len("word"), *(len(word) for word, _ in words)) if words else len("word")
+    rows = [f"rank  {'word':<{width}}  log_prob"]
+    rows += [
+        f"{rank:>4}  {word:<{width}}  {score:.4f}" for rank, (word, score) in enumerate(words, 1)
+    ]
+    sys.stdout.write("\n".join(rows) + "\n")
+    if len(words) < cfg.num_words:
+        log.warning(
+            "found %d of %d words within max_word_len=%d",
+            len(words),
+            cfg.num_words,
+            cfg.max_word_len,
+        )
+    return {"mode": "words", "prompt": prompt, "words": words}
+
+
+def until_stop(ids: list[int], stop: int | None) -> list[int]:
+    """``ids`` up to, not including, the first ``stop`` (all of them when ``stop`` is None)."""
+    return ids[: ids.index(stop)] if stop in ids else ids
+
+
+def write_continuation(prompt: str, continuation: str) -> dict:
+    """Write the prompt and a word model's continuation to stdout, one space between them."""
+    sys.stdout.write(f"{prompt} {continuation}\n" if continuation else f"{prompt}\n")
+    return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+
+
+def generate_words(
+    cfg: DictConfig, prompt: str, datamodule: WikiTextDataModule, net: torch.nn.Module
+) -> dict:
+    """``mode=sample`` for a word language model: the prompt's whitespace words (after ``</s>``,
+    as every corpus line starts) continued by up to ``max_new_words`` sampled words."""
+    if cfg.mode != "sample":
+        raise UsageError(f"word language models support mode=sample only, got mode={cfg.mode}")
+    datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
+    dictionary = datamodule.dictionary
+    words = prompt.split()
+    unknown = [w for w in words if dictionary.index(w) == dictionary.index(SPECIALS[-1])]
+    if unknown:
+        log.warning("words outside the vocabulary read as <unk>: %s", ", ".join(unknown[:10]))
+    device = torch.device(cfg.device)
+    net = net.to(device).eval()
+    tokens = torch.tensor(
+        [[EOS_ID, *(dictionary.index(w) for w in words)]], device=device
+    )  # (1, T)
+    # never produce the specials but </s> (a line break), nor the dictionary's padding entries
+    banned = torch.tensor(
+        [s in SPECIALS[:2] + SPECIALS[3:] or s.startswith("madeupword") for s in dictionary.symbols]
+    )
+    stop = EOS_ID if cfg.stop_at_eos else None
+    generator = torch.Generator(device).manual_seed(cfg.seed)
+    new = word_language_model.sample(
+        net,
+        tokens,
+        cfg.max_new_words,
+        context=datamodule.tokens_per_sample,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        banned=banned,
+        stop=stop,
+        generator=generator,
+    )  # (1, n), n <= max_new_words
+    return write_continuation(prompt, decode_words(dictionary, until_stop(new[0].tolist(), stop)))
+
+
+def generate_stream_words(
+    cfg: DictConfig, prompt: str, datamodule: WordStreamDataModule, net: torch.nn.Module
+) -> dict:
+    """``mode=sample`` for an AWD language model (PRU, LSTM): the prompt's words (after ``<eos>``,
+    as every corpus line starts) read from zero state, then up to ``max_new_words`` sampled words,
+    each fed alone with the recurrent state carried."""
+    if cfg.mode != "sample":
+        raise UsageError(f"word language models support mode=sample only, got mode={cfg.mode}")
+    datamodule.setup("predict")  # reads (or builds) the vocabulary under data.root
+    vocabulary = datamodule.dictionary
+    # the demo corpus is written in PTB style; its prompt is read the same way
+    words = ptb_style(prompt) if isinstance(datamodule, PydocPTBDataModule) else prompt.split()
+    unknown = [w for w in words if w not in vocabulary.indices]
+    if unknown and vocabulary.unk_id is None:
+        raise UsageError(
+            f"words outside the vocabulary, which has no <unk>: {', '.join(unknown[:10])}"
+        )
+    if unknown:
+        log.warning("words outside the vocabulary read as <unk>: %s", ", ".join(unknown[:10]))
+    log.info("prompt read as %d words: %s", len(words), " ".join(words))
+    device = torch.device(cfg.device)
+    net = net.to(device).eval()
+    eos = vocabulary.indices[EOS]
+    tokens = torch.tensor([[eos, *map(vocabulary.index, words)]], device=device)  # (1, T)
+    allowed = torch.ones(len(vocabulary), dtype=torch.bool)
+    if vocabulary.unk_id is not None:
+        allowed[vocabulary.unk_id] = False  # <unk> stands for any rare word: never printed
+    stop = eos if cfg.stop_at_eos else None
+    generator = torch.Generator(device).manual_seed(cfg.seed)
+    new = awd_language_model.sample(
+        net,
+        tokens,
+        cfg.max_new_words,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        allowed=allowed,
+        stop=stop,
+        generator=generator,
+    )  # (1, n), n <= max_new_words
+    return write_continuation(prompt, vocabulary.decode(until_stop(new[0].tolist(), stop)))
