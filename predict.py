@@ -1,9 +1,9 @@
 """Predict on one image: ``python predict.py image=/path/to.jpg ckpt_path=... [overrides]``.
 
 With ``ckpt_path`` (a checkpoint of this project) the network is rebuilt from the checkpoint's run
-record (command-line overrides still win); without it, from the command line's config with weights
-from the model config (``model.pretrained=`` for the official EdgeNets files, ``model.weights=``
-for timm/torchvision). A network without weights is refused unless ``allow_random=true``.
+record (command-line overrides still win); without it, from the command line's config with the
+weights of ``task.init_checkpoint=`` (a checkpoint of ours or an official release file) or
+``model.weights=`` (timm/torchvision). A network without weights is refused unless ``allow_random=true``.
 The image is read as the EdgeNets scripts read it (PIL, bilinear resize to (W, H), ``to_tensor``,
 per-channel normalisation). A network output of shape:
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from src.models.dicenet import DiCENet  # noqa: E402
 from src.models.espnetv2 import ESPNetv2  # noqa: E402
 from src.ops.cpu import use_cpu_paths  # noqa: E402
-from src.ops.triton.choices import cpu_signature  # noqa: E402
-from src.tasks.memory_format import channels_last_network  # noqa: E402
+from src.ops.choices import cpu_signature  # noqa: E402
+from src.utils.memory_format import channels_last_network  # noqa: E402
 
 MODES = ("auto", "1", "0")
 NETWORKS = {"dicenet": DiCENet, "espnetv2": ESPNetv2}

@@ -90,7 +90,7 @@ from src.models.transformer_xl import TransformerXL  # noqa: E402
 from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
 from src.ops.dice import DiCE  # noqa: E402
 from src.ops.group_linear import GroupLinear  # noqa: E402
-from src.ops.triton import triton_available, use_triton  # noqa: E402
+from src.ops.dispatch import triton_available, use_triton  # noqa: E402
 
 PARTS = ("dextra", "charlm", "vision", "dice", "wgrad", "amp")
 PRECISIONS = ("fp32", "bf16")

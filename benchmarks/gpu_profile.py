@@ -217,7 +217,7 @@ def charlm_entry(name: str, sz: Sizes, device: torch.device, backend: str | None
 def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     if name == "delight_mt":
         # 14.0 M: the thesis's IWSLT row, d_m 320 (specs/delight_lm_mt.md)
-        net = from_config("experiment=delight_mt_iwslt_d384", "model.d_model=320")
+        net = from_config("experiment=delight_mt/iwslt_d384", "model.d_model=320")
     else:
         net = from_config("data=iwslt14_de_en", "model=transformer_mt")
     net = net.to(device).train()
@@ -239,7 +239,7 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) ->
 
 
 def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
-    experiment = {"awd_pru": "pru_table4_1_awd_pru_g4_m1400", "awd_lstm": "pru_table4_1_awd_lstm"}
+    experiment = {"awd_pru": "pru_lm/table4_1_awd_pru_g4_m1400", "awd_lstm": "pru_lm/table4_1_awd_lstm"}
     net = from_config(f"experiment={experiment[name]}").to(device).train()
     forward = torch.compile(net, backend=backend) if backend else net
     vocab = 10000  # PTB
@@ -256,7 +256,7 @@ def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -
 
 
 def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
-    net = from_config("experiment=ssd_espnetv2_300").to(device, memory_format=torch.channels_last)
+    net = from_config("experiment=detection/ssd_espnetv2_300").to(device, memory_format=torch.channels_last)
     net = net.train()
     forward = torch.compile(net, backend=backend) if backend else net
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -447,7 +447,7 @@ def compile_probe(
 def warm(names: list[str], sz: Sizes, device: torch.device, rows: list[dict]) -> None:
     """Two training steps and two inference forwards of each entry, untimed but for their wall
     seconds: the first ones compile the kernels and make ``impl="auto"``'s measured choices,
-    which Triton's and :mod:`src.ops.triton.choices`' on-disk caches keep for later processes
+    which Triton's and :mod:`src.ops.choices`' on-disk caches keep for later processes
     (the vision benchmarks, the yardsticks) at these shapes."""
     for name in names:
         try:

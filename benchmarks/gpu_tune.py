@@ -99,14 +99,14 @@ from src.ops.batch_norm_prelu import batch_norm_prelu  # noqa: E402
 from src.ops.dextra import DExTra  # noqa: E402
 from src.ops.dice import DiCE  # noqa: E402
 from src.ops.eesp import EESP  # noqa: E402
-from src.ops.grouped_norm import PerGroupLayerNorm  # noqa: E402
+from src.ops.per_group_layer_norm import PerGroupLayerNorm  # noqa: E402
 from src.ops.relative_position import causal_memory_mask  # noqa: E402
 from src.ops.relative_softmax import relative_softmax  # noqa: E402
 from src.ops.triton import batch_norm_prelu as bn_prelu_kernels  # noqa: E402
-from src.ops.triton import dim_conv as dim_conv_kernels  # noqa: E402
+from src.ops.triton import stencil as dim_conv_kernels  # noqa: E402
 from src.ops.triton import group_linear as glt_kernels  # noqa: E402
-from src.ops.triton import grouped_norm as grouped_norm_kernels  # noqa: E402
-from src.ops.triton import launches_for  # noqa: E402
+from src.ops.triton import per_group_layer_norm as grouped_norm_kernels  # noqa: E402
+from src.ops.triton.launch import launches_for  # noqa: E402
 from src.ops.triton import relative_softmax as softmax_kernels  # noqa: E402
 from src.ops.triton.cross_compile import H100  # noqa: E402
 

@@ -11,13 +11,13 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
      (G=4, G=2), Transformer-XL and DeLighT MT (``gpu_profile.py compile``): compile seconds,
      graphs, graph breaks with their reasons, then the compiled step. These share the CPU with the
      other parts of this phase: the compile seconds are upper bounds;
-   - ``train``: short ``trainer=gpu`` (bf16-mixed) runs of the default job, ``charlm_demo``,
-     ``delight_mt_demo``, ``pru_demo``, ``sentiment_delight`` and ``ssd_demo``: first and last
+   - ``train``: short ``trainer=gpu`` (bf16-mixed) runs of the default job, ``char_lm/demo``,
+     ``delight_mt/demo``, ``pru_lm/demo``, ``delight_sentiment/delight`` and ``detection/ssd_demo``: first and last
      training loss from their CSV logs.
 2. One at a time, each alone on the GPU:
    - ``warm``: the first training step and inference of DiCENet, ESPNetv2 and ESPNetv2-SSD at the
      benchmarks' shapes (``gpu_profile.py warm``): they compile the kernels and time
-     ``impl="auto"``'s candidates, which the on-disk caches (Triton's, ``src/ops/triton/choices.py``)
+     ``impl="auto"``'s candidates, which the on-disk caches (Triton's, ``src/ops/choices.py``)
      then hand to every later part, and their seconds are the first-step cost;
    - ``bench``: ``benchmarks/gpu.py``, every part (DExTra, character LMs, vision, DiCE units, GLT
      weight gradients, mixed precision), and ``benchmarks/text.py`` (every text system beside its
@@ -68,7 +68,7 @@ PYTHON = sys.executable
 GPU_TESTS = (
     "tests/ops/test_group_linear.py", "tests/ops/test_dextra.py", "tests/ops/test_dim_conv.py",
     "tests/ops/test_dice.py", "tests/ops/test_dim_fuse_kernel.py", "tests/ops/test_eesp_kernel.py",
-    "tests/ops/test_batch_norm_prelu_kernel.py", "tests/ops/test_grouped_norm.py",
+    "tests/ops/test_batch_norm_prelu_kernel.py", "tests/ops/test_per_group_layer_norm.py",
     "tests/ops/test_relative_softmax_kernel.py", "tests/ops/test_relative_attention.py",
     "tests/ops/test_kernel_autocast.py", "tests/ops/test_gpu_configured_kernels.py",
     "tests/ops/test_awd_dropout.py", "tests/ops/test_autocast.py", "tests/ops/test_compile.py",
@@ -79,13 +79,13 @@ DRY_TESTS = ("tests/test_gpu_ready_devices.py",)
 
 # short run -> its overrides besides trainer=gpu
 TRAIN_RUNS = {
-    "charlm_demo": ("experiment=charlm_demo",),
-    "pru_demo": ("experiment=pru_demo",),
-    "delight_mt_demo": ("experiment=delight_mt_demo",),
-    "sentiment_delight": ("experiment=sentiment_delight",),
+    "char_lm/demo": ("experiment=char_lm/demo",),
+    "pru_lm/demo": ("experiment=pru_lm/demo",),
+    "delight_mt/demo": ("experiment=delight_mt/demo",),
+    "delight_sentiment/delight": ("experiment=delight_sentiment/delight",),
     # the vision runs last: their first steps time the fused kernels against PyTorch per shape
     "default": (),
-    "ssd_demo": ("experiment=ssd_demo",),
+    "detection/ssd_demo": ("experiment=detection/ssd_demo",),
 }
 COMPILED = ("dicenet", "espnetv2", "gt4", "txl", "gt2", "delight_mt")
 

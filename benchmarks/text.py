@@ -13,16 +13,16 @@ A's throughput / B's (> 1: A, the efficient model, is faster), except the demo p
 A's step time / B's (< 1: A is faster).
 
 ==============  ==============================================================================
-``pru_ptb``     the first layer of AWD-PRU (``experiment=pru_table4_1_awd_pru_g4_m1400``: 400 ->
+``pru_ptb``     the first layer of AWD-PRU (``experiment=pru_lm/table4_1_awd_pru_g4_m1400``: 400 ->
                 1400, g = 4, K = 2) against ``nn.LSTM`` 400 -> M' of equal parameters
                 (``benchmarks/pru_lm.py``'s rule) on a (B, T) = (20, 70) window of random
                 vectors (``conf/recipe/ptb_awd_lm.yaml``); training (forward and backward of
                 ``mean(out ** 2)``) and inference (no grad) tokens/s.
 ``pru_wt2``     the same at WikiText-2's sizes (``data=wikitext2``: the same layer, which the thesis
                 trains on both corpora; (B, T) = (80, 70), ``conf/recipe/wikitext2_awd_lm.yaml``).
-``awd_ptb``     AWD-PRU (18.9 M) against AWD-LSTM (``experiment=pru_table4_1_awd_lstm``, 3 x
+``awd_ptb``     AWD-PRU (18.9 M) against AWD-LSTM (``experiment=pru_lm/table4_1_awd_lstm``, 3 x
                 1150, 24.2 M: the thesis's baseline, not of equal size), whole models at PTB's: training tokens/s at the recipe's (20, 70) batch of random
-                words, and dynamic-evaluation tokens/s: ``src.tasks.dynamic_eval.dynamic_evaluate``
+                words, and dynamic-evaluation tokens/s: ``src.evaluation.dynamic_eval.dynamic_evaluate``
                 as ``eval.py`` runs it (``conf/eval.yaml``'s options: one row, segments of 5
                 words; per segment forward, backward and the RMS update), over ``--dyn-segments``
                 segments, with the gradient statistics taken on one 1 x 5 training segment
@@ -32,22 +32,22 @@ A's step time / B's (< 1: A is faster).
                 14,022,600 params) against the IWSLT Transformer (``model=transformer_mt``,
                 39,469,056): training target tokens/s on 163 sentence pairs of 25 source and 25
                 target tokens (4,075 target tokens: the data config's ``max_tokens`` 4,096), and
-                beam-4 translation sentences/s (``src.tasks.beam_search.beam_search`` with the
+                beam-4 translation sentences/s (``src.decoding.beam_search.beam_search`` with the
                 task's beam size and length penalty) of ``--beam-sentences`` sources of 25 tokens
                 up to 1.0 x 25 + 10 tokens. Both decode exactly 36 steps: eos is held at a logit
                 of -1e4 until the last step, where it is the only choice (random weights would
                 otherwise end each model's hypotheses at different steps). Both decoders cache
                 their keys and values: a step runs the layers on the new position only.
-``mt_demo``     the demos (``experiment=delight_mt_demo`` vs ``transformer_mt_demo``, about 1.17 M
+``mt_demo``     the demos (``experiment=delight_mt/demo`` vs ``delight_mt/transformer_mt_demo``, about 1.17 M
                 params each): one epoch's training batches of the gettext corpus (the demo's
                 ``max_tokens`` 1,024; the data module's own batches), ms per step, the mean over
                 the epoch; ratio = DeLighT's / the Transformer's.
 ``lm_pydoc``    the study's equal-parameter pair (``conf/study/delight_lm.yaml``:
-                ``experiment=delight_lm_demo`` vs ``transformer_lm_demo``), training tokens/s on
+                ``experiment=delight_lm/demo`` vs ``delight_lm/transformer_lm_demo``), training tokens/s on
                 the first batch of the pydoc_words corpus (16 x 128 words: the real words matter
                 to the adaptive softmax's cost).
 ``charlm``      the Group-Transformers G = 2 and G = 4 (``experiment=charlm_table2_gt_g2/g4``)
-                against Transformer-XL (``experiment=charlm_table2_txl_l9_d256_h8``; 9 x 256, 8
+                against Transformer-XL (``experiment=char_lm/table2_txl_l9_d256_h8``; 9 x 256, 8
                 heads) with ``benchmarks/charlm.py``'s segment and memory of 512 characters
                 (and the configs' dropout 0.1, where that script has none): training tokens/s
                 on 2 streams (memory carried, full after the warm-up) and inference tokens/s of
@@ -91,8 +91,8 @@ from benchmarks.gpu_profile import compose
 from benchmarks.pru_lm import lstm_hidden_for
 from src.build import build_task
 from src.ops.cpu import cpu_kernels, cpu_path_mode
-from src.tasks.beam_search import beam_search
-from src.tasks.dynamic_eval import dynamic_evaluate
+from src.decoding.beam_search import beam_search
+from src.evaluation.dynamic_eval import dynamic_evaluate
 
 # eos held this far below every other logit: no hypothesis ends before its max length
 SUPPRESSED_EOS = -1e4
@@ -179,7 +179,7 @@ def random_ids(shape: tuple[int, ...], low: int, high: int, device: torch.device
 
 
 def pru_layer(s: Settings, data: str) -> Group:
-    overrides = ["experiment=pru_table4_1_awd_pru_g4_m1400", f"data={data}"]
+    overrides = ["experiment=pru_lm/table4_1_awd_pru_g4_m1400", f"data={data}"]
     if s.quick:
         overrides += ["model.embedding_dim=16", "model.hidden_size=32", "data.batch_size=2",
                       "data.bptt=8"]  # fmt: skip
@@ -221,8 +221,8 @@ def awd(s: Settings) -> Group:
     segments = 2 if s.quick else s.dyn_segments
     metrics: list[Metric] = []
     candidates = []
-    for name, experiment in (("AWD-PRU", "pru_table4_1_awd_pru_g4_m1400"),
-                             ("AWD-LSTM", "pru_table4_1_awd_lstm")):  # fmt: skip
+    for name, experiment in (("AWD-PRU", "pru_lm/table4_1_awd_pru_g4_m1400"),
+                             ("AWD-LSTM", "pru_lm/table4_1_awd_lstm")):  # fmt: skip
         cfg, _, task = build(f"experiment={experiment}", *quick)
         task.to(s.device)
         batch, bptt, vocab = cfg.data.batch_size, cfg.data.bptt, cfg.data.vocab_size
@@ -317,8 +317,8 @@ def mt_iwslt(s: Settings) -> Group:
 def mt_demo(s: Settings) -> Group:
     candidates = []
     batches: list[dict[str, Tensor]] = []
-    for name, experiment in (("DeLighT MT demo", "delight_mt_demo"),
-                             ("Transformer MT demo", "transformer_mt_demo")):  # fmt: skip
+    for name, experiment in (("DeLighT MT demo", "delight_mt/demo"),
+                             ("Transformer MT demo", "delight_mt/transformer_mt_demo")):  # fmt: skip
         cfg, datamodule, task = build(f"experiment={experiment}")
         task.to(s.device)
         if not batches:  # both demos read the same corpus and batches
@@ -338,8 +338,8 @@ def mt_demo(s: Settings) -> Group:
 
 def lm_pydoc(s: Settings) -> Group:
     candidates = []
-    for name, experiment in (("DeLighT LM demo", "delight_lm_demo"),
-                             ("Transformer LM demo", "transformer_lm_demo")):  # fmt: skip
+    for name, experiment in (("DeLighT LM demo", "delight_lm/demo"),
+                             ("Transformer LM demo", "delight_lm/transformer_lm_demo")):  # fmt: skip
         cfg, datamodule, task = build(f"experiment={experiment}")
         task.to(s.device)
         datamodule.prepare_data()
@@ -361,9 +361,9 @@ def charlm(s: Settings) -> Group:
     if s.quick:
         sizes += ["model.n_layer=1", "model.d_model=32", "model.n_head=4", "model.d_inner=64"]
     candidates = []
-    for tag, name, experiment in (("g2", "Group-Transformer G=2", "charlm_table2_gt_g2"),
-                                  ("g4", "Group-Transformer G=4", "charlm_table2_gt_g4"),
-                                  ("", "Transformer-XL", "charlm_table2_txl_l9_d256_h8")):  # fmt: skip
+    for tag, name, experiment in (("g2", "Group-Transformer G=2", "char_lm/table2_gt_g2"),
+                                  ("g4", "Group-Transformer G=4", "char_lm/table2_gt_g4"),
+                                  ("", "Transformer-XL", "char_lm/table2_txl_l9_d256_h8")):  # fmt: skip
         cfg, _, task = build(f"experiment={experiment}", *sizes)
         task.to(s.device)
         net = task.net

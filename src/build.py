@@ -25,6 +25,7 @@ from src.utils.config_checks import (
     known_top_level_keys,
     reject_unknown_keys,
 )
+from src.utils.extras import require
 from src.utils.model_sizes import size_error
 from src.utils.run_record import (
     config_from_checkpoint,
@@ -79,7 +80,10 @@ def compile_network(net: nn.Module, options: DictConfig | None) -> None:
 def build_trainer(cfg: DictConfig, extra_callbacks: tuple = ()) -> L.Trainer:
     """Instantiate callbacks and loggers (each a dict of named configs) and the Trainer."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    chosen = [c for c in (cfg.get("logger") or {}).values() if c is not None]
+    if any(str(c.get("_target_", "")).endswith("WandbLogger") for c in chosen):
+        require("wandb", "wandb", "logger=wandb")
+    loggers = [instantiate(c) for c in chosen]
     return instantiate(
         cfg.trainer, callbacks=[*callbacks, *extra_callbacks], logger=loggers or False
     )

@@ -34,8 +34,8 @@ def official_rows() -> list:
 def experiment(row: dict[str, Any]) -> str:
     """The Table 4.1 experiment of a params.json row (standard dropout; AWD rows count the same)."""
     if row["model"] == "LSTM":
-        return f"pru_table4_1_lstm_m{row['M(hidden)']}"
-    return f"pru_table4_1_pru_g{row['g']}_m{row['M(hidden)']}"
+        return f"pru_lm/table4_1_lstm_m{row['M(hidden)']}"
+    return f"pru_lm/table4_1_pru_g{row['g']}_m{row['M(hidden)']}"
 
 
 @pytest.mark.parametrize("row", official_rows())

@@ -28,7 +28,7 @@ def test_espnetv2_ssd_beside_the_model_zoo(tmp_path) -> None:
 
 
 def test_dicenet_ssd_names_the_thesis_row(tmp_path) -> None:
-    overrides = ["experiment=ssd_dicenet_300", "data=coco_det"]
+    overrides = ["experiment=detection/ssd_dicenet_300", "data=coco_det"]
     result = report(compose_config("complexity", overrides, tmp_path))
     at_300, at_512 = result["ssd_sizes"]
     assert at_300["reported"] == (5.0, 0.9, "thesis Table 3.6(a), params 'about 5 M'")

@@ -24,7 +24,8 @@ def no_onednn(monkeypatch) -> None:
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    """The options of a config group, those in sub-folders as ``<folder>/<name>`` (experiments)."""
+    return sorted(p.relative_to(CONF / group).with_suffix("").as_posix() for p in (CONF / group).rglob("*.yaml"))
 
 
 # overrides a data option needs to instantiate without a dataset on disk
@@ -33,9 +34,12 @@ DATA_NEEDS = {"image_folder": ["data.root=/nonexistent", "data.num_classes=5"]}
 EXPERIMENT_NEEDS = {
     name: ["task.init_checkpoint=/nonexistent.ckpt"]
     for name in [
-        "voc_seg_stage2", "cityscapes_stage2", "coco_multilabel_finetune",
-        "pru_table4_1_awd_pru_g4_m1400_finetune", "ssd_espnetv2_512",
-    ]  # fmt: skip
+        "segmentation/voc_seg_stage2",
+        "segmentation/cityscapes_stage2",
+        "vision_classification/coco_multilabel_finetune",
+        "pru_lm/table4_1_awd_pru_g4_m1400_finetune",
+        "detection/ssd_espnetv2_512",
+    ]
 }
 # multi-device and GPU trainers are instantiated on one CPU device here
 CPU_ONLY = ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true"]
@@ -195,7 +199,9 @@ def test_recipe_applies_to_its_pair(recipe: str, tmp_path) -> None:
     applied = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
     values = OmegaConf.load(CONF / "recipe" / f"{recipe}.yaml")
     leaves = {k: v for k, v in leaf_items(OmegaConf.to_container(values)) if not k.startswith("defaults")}
-    assert leaves, f"recipe {recipe} sets nothing"
+    if not leaves:  # a statement that no recipe applies (test_every_default_pair_has_a_recipe_or_says_none)
+        assert "# recipe: none." in (CONF / "recipe" / f"{recipe}.yaml").read_text(), f"recipe {recipe} sets nothing"
+        return
     raw = OmegaConf.to_container(applied, resolve=False)  # interpolations compared as written
     for key, value in leaves.items():
         node = raw
@@ -267,3 +273,27 @@ def test_entry_point_configs_compose(config_name: str, tmp_path) -> None:
     overrides = ["ckpt_path=/some.ckpt"] if config_name == "eval" else []
     cfg = compose_config(config_name, overrides, tmp_path)
     assert cfg.task_name == config_name and os.path.isabs(cfg.paths.output_dir)
+
+
+def data_model(data: str) -> str:
+    """The model a data option picks (``override /model@_global_.model: <model>`` in its defaults)."""
+    for entry in OmegaConf.load(CONF / "data" / f"{data}.yaml").get("defaults", []):
+        for key, value in dict(entry).items():
+            if key.endswith("/model@_global_.model"):
+                return value
+    return "dicenet"  # conf/train.yaml's default model
+
+
+@pytest.mark.parametrize("data", options("data"))
+def test_every_default_pair_has_a_recipe_or_says_none(data: str) -> None:
+    """``python train.py data=<data>`` trains the data's default model on a paper's recipe, or the
+    recipe file says in one line why none applies and where the settings are."""
+    pair = f"{data}_{data_model(data)}"
+    path = CONF / "recipe" / f"{pair}.yaml"
+    assert path.is_file(), f"conf/recipe/{pair}.yaml is missing: write the paper's recipe, or '# recipe: none. <why>'"
+    settings = OmegaConf.load(path)
+    statement = [line for line in path.read_text().splitlines() if line.startswith("# recipe: none.")]
+    if len(settings) == 0:
+        assert statement and len(statement[0]) > len("# recipe: none. ") + 20, f"{path} is empty without a reason"
+    else:
+        assert not statement, f"{path} sets values yet says no recipe applies"

@@ -18,11 +18,12 @@ from torch import Tensor, nn
 
 from src.commands.generate import generate, last_word
 from src.build import build_task
+from src.datamodules.awd_lm import ptb_style
 from src.datamodules.dictionary import EOS_ID
+from src.datamodules.word_corpus import EOS, UNK
 from src.datamodules.word_lm import decode_words
-from src.datamodules.word_stream import EOS, UNK, ptb_style
 from src.tasks import awd_language_model, word_language_model
-from src.tasks.generation import (
+from src.decoding.generation import (
     complete_words,
     decode,
     encode,
@@ -159,7 +160,7 @@ def test_encode_decode_and_masks() -> None:
 
 # -- the entry point --------------------------------------------------------------------------
 MODEL_OVERRIDES = [
-    "experiment=charlm_demo", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_inner=64",
+    "experiment=char_lm/demo", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_inner=64",
     "model.mem_len=16", "data.tgt_len=16",
 ]  # fmt: skip
 PROMPT = "The default value of the argument"  # 33 characters: three segments of at most 16
@@ -244,7 +245,7 @@ def word_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str]
     """An untrained small DeLighT word LM on pydoc_words, the overrides to rebuild it, its network
     and the corpus's dictionary."""
     tmp = tmp_path_factory.mktemp("generate_words")
-    overrides = ["experiment=delight_lm_demo", "data.tokens_per_sample=16", "data.eval_context_window=8", f"data.root={tmp / 'data'}"]
+    overrides = ["experiment=delight_lm/demo", "data.tokens_per_sample=16", "data.eval_context_window=8", f"data.root={tmp / 'data'}"]
     cfg = compose_config("train", overrides, tmp / "run")
     datamodule, task = build_task(cfg)
     path = tmp / "model.ckpt"
@@ -309,11 +310,11 @@ def test_word_sample_stops_each_row_at_the_end_of_sentence() -> None:
 # -- AWD language models (PRU, LSTM) ------------------------------------------------------------
 @pytest.fixture(scope="module", params=["pru", "lstm"])
 def awd_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], nn.Module, Any]:
-    """An untrained small AWD language model (``experiment=pru_demo`` shrunk; PRU or LSTM layers)
+    """An untrained small AWD language model (``experiment=pru_lm/demo`` shrunk; PRU or LSTM layers)
     on pydoc_ptb, the overrides to rebuild it, its network and the corpus's vocabulary."""
     tmp = tmp_path_factory.mktemp(f"generate_{request.param}")
     overrides = [
-        "experiment=pru_demo", f"model.rnn={request.param}", "model.embedding_dim=16", "model.hidden_size=32",
+        "experiment=pru_lm/demo", f"model.rnn={request.param}", "model.embedding_dim=16", "model.hidden_size=32",
         f"data.root={tmp / 'data'}",
     ]  # fmt: skip
     cfg = compose_config("train", overrides, tmp / "run")

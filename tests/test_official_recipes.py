@@ -11,7 +11,7 @@ from src.models.delight import DeLighTEncoderDecoder
 from src.models.delight_lm import DeLighTLanguageModel
 from src.models.transformer_lm import TransformerLanguageModel
 from src.models.transformer_mt import TransformerEncoderDecoder
-from src.tasks.schedules import inverse_sqrt, warmup_linear
+from src.optim.schedules import inverse_sqrt, warmup_linear
 from tests.conftest import compose_config
 
 GETTEXT_VOCAB = 2000  # the demo's SentencePiece size (data.sentencepiece_vocab_size)
@@ -38,9 +38,9 @@ def test_translation_uses_fairseqs_decoupled_weight_decay() -> None:
     ("overrides", "d_model", "lr", "dropout", "attention"),
     [
         (["data=iwslt14_de_en", "model=delight_mt"], 320, 1.2e-3, 0.19, 0.06),
-        (["experiment=delight_mt_iwslt_d384"], 384, 1e-3, 0.22, 0.08),
-        (["experiment=delight_mt_iwslt_d480"], 480, 8e-4, 0.28, 0.09),
-        (["experiment=delight_mt_iwslt_d512"], 512, 7.5e-4, 0.3, 0.1),
+        (["experiment=delight_mt/iwslt_d384"], 384, 1e-3, 0.22, 0.08),
+        (["experiment=delight_mt/iwslt_d480"], 480, 8e-4, 0.28, 0.09),
+        (["experiment=delight_mt/iwslt_d512"], 512, 7.5e-4, 0.3, 0.1),
     ],
 )
 def test_iwslt_delight_follows_the_maintainers_command(
@@ -55,7 +55,7 @@ def test_iwslt_delight_follows_the_maintainers_command(
     assert cfg.task.optimizer.weight_decay == 1e-4
     assert cfg.task.optimizer.lr == pytest.approx(lr)
     assert cfg.task.optimizer.lr == pytest.approx(round(1e-3 * 384 / d_model, 5), rel=0.03)
-    assert cfg.task.scheduler._target_ == "src.tasks.schedules.warmup_linear"
+    assert cfg.task.scheduler._target_ == "src.optim.schedules.warmup_linear"
     assert (cfg.task.scheduler.warmup_steps, cfg.task.scheduler.warmup_init_lr) == (4000, 1e-7)
     assert cfg.task.scheduler.end_lr == 1e-7
     assert cfg.trainer.max_steps == 50000
@@ -69,8 +69,8 @@ def test_iwslt_delight_follows_the_maintainers_command(
 @pytest.mark.parametrize(
     ("experiment", "lr", "weight_decay"),
     [
-        ("delight_mt_wmt14_en_de_d640", 0.003, 0.0),
-        ("delight_mt_wmt16_en_ro_d640", 0.0006, 0.0),
+        ("delight_mt/wmt14_en_de_d640", 0.003, 0.0),
+        ("delight_mt/wmt16_en_ro_d640", 0.0006, 0.0),
     ],
 )
 def test_wmt_delight_follows_the_launch_scripts(experiment: str, lr: float, weight_decay: float) -> None:
@@ -81,28 +81,28 @@ def test_wmt_delight_follows_the_launch_scripts(experiment: str, lr: float, weig
 
 
 def test_the_delight_mt_demo_follows_the_iwslt_recipe_at_its_size() -> None:
-    cfg = composed("experiment=delight_mt_demo")
+    cfg = composed("experiment=delight_mt/demo")
     model = cfg.model
     assert model.n_min >= 3 and model.n_max > model.n_min
     assert model.dropout == model.ffn_dropout == round(0.3 * model.d_model / 512, 2)
     assert model.attention_dropout == model.dextra_dropout == round(0.1 * model.d_model / 512, 2)
     assert cfg.task.optimizer._target_ == "torch.optim.AdamW"
     assert cfg.task.optimizer.weight_decay == 1e-4
-    assert cfg.task.scheduler._target_ == "src.tasks.schedules.warmup_linear"
+    assert cfg.task.scheduler._target_ == "src.optim.schedules.warmup_linear"
     assert cfg.task.scheduler.end_lr == cfg.task.scheduler.warmup_init_lr == 1e-7
 
 
 def test_the_transformer_mt_demo_follows_fairseqs_iwslt_recipe() -> None:
-    cfg = composed("experiment=transformer_mt_demo")
+    cfg = composed("experiment=delight_mt/transformer_mt_demo")
     assert cfg.task.optimizer._target_ == "torch.optim.AdamW"
     assert cfg.task.optimizer.weight_decay == 1e-4
-    assert cfg.task.scheduler._target_ == "src.tasks.schedules.inverse_sqrt"
+    assert cfg.task.scheduler._target_ == "src.optim.schedules.inverse_sqrt"
     assert (cfg.model.dropout, cfg.model.attention_dropout) == (0.3, 0.1)
 
 
 def test_the_mt_demos_have_equal_parameters() -> None:
-    delight = composed("experiment=delight_mt_demo").model
-    transformer = composed("experiment=transformer_mt_demo").model
+    delight = composed("experiment=delight_mt/demo").model
+    transformer = composed("experiment=delight_mt/transformer_mt_demo").model
     a = count(
         DeLighTEncoderDecoder(
             GETTEXT_VOCAB, GETTEXT_VOCAB, d_model=delight.d_model, n_min=delight.n_min,
@@ -122,7 +122,7 @@ def test_the_mt_demos_have_equal_parameters() -> None:
 
 
 def test_the_delight_lm_demo_follows_the_wt103_script_at_its_size() -> None:
-    cfg = composed("experiment=delight_lm_demo")
+    cfg = composed("experiment=delight_lm/demo")
     model = cfg.model
     assert model.n_min >= 3
     rule = round(0.1 * model.d_model / 1024, 2)
@@ -130,24 +130,24 @@ def test_the_delight_lm_demo_follows_the_wt103_script_at_its_size() -> None:
     assert cfg.task.optimizer.lr == min(round(1024 / model.d_model * 0.002, 3), 0.01)
     assert cfg.task.optimizer.weight_decay == 0.0
     assert cfg.trainer.gradient_clip_val is None
-    assert cfg.task.scheduler._target_ == "src.tasks.schedules.warmup_cosine"
+    assert cfg.task.scheduler._target_ == "src.optim.schedules.warmup_cosine"
     # 5% of the run, as 5,000 of 100,000
     assert cfg.task.scheduler.warmup_steps == round(0.05 * cfg.trainer.max_steps)
 
 
 def test_the_transformer_lm_demo_follows_fairseqs_lm_recipe() -> None:
-    cfg = composed("experiment=transformer_lm_demo")
+    cfg = composed("experiment=delight_lm/transformer_lm_demo")
     assert cfg.task.optimizer._target_ == "torch.optim.AdamW"
     assert (cfg.task.optimizer.lr, cfg.task.optimizer.weight_decay) == (5e-4, 0.01)
-    assert cfg.task.scheduler._target_ == "src.tasks.schedules.inverse_sqrt"
+    assert cfg.task.scheduler._target_ == "src.optim.schedules.inverse_sqrt"
     assert cfg.task.scheduler.warmup_steps == round(0.08 * cfg.trainer.max_steps)
     assert cfg.trainer.gradient_clip_val is None
-    assert cfg.trainer.max_steps == composed("experiment=delight_lm_demo").trainer.max_steps
+    assert cfg.trainer.max_steps == composed("experiment=delight_lm/demo").trainer.max_steps
 
 
 def test_the_lm_demos_have_equal_parameters() -> None:
-    delight = composed("experiment=delight_lm_demo").model
-    transformer = composed("experiment=transformer_lm_demo").model
+    delight = composed("experiment=delight_lm/demo").model
+    transformer = composed("experiment=delight_lm/transformer_lm_demo").model
     a = count(
         DeLighTLanguageModel(
             PYDOC_WORDS_VOCAB, delight.d_model, delight.n_min, delight.n_max,
@@ -167,7 +167,7 @@ def test_the_lm_demos_have_equal_parameters() -> None:
 def test_the_demo_schedules_build() -> None:
     """The schedules the demos name accept their arguments (a typo would only fail at fit)."""
     params = [torch.nn.Parameter(torch.zeros(1))]
-    for experiment, factory in (("delight_mt_demo", warmup_linear), ("transformer_mt_demo", inverse_sqrt)):
+    for experiment, factory in (("delight_mt/demo", warmup_linear), ("delight_mt/transformer_mt_demo", inverse_sqrt)):
         cfg = composed(f"experiment={experiment}")
         optimizer = instantiate(cfg.task.optimizer)(params)
         scheduler = instantiate(cfg.task.scheduler)(optimizer, total_steps=1000)
@@ -182,10 +182,10 @@ def test_the_charlm_demos_have_equal_parameters() -> None:
 
     vocab = 103  # pydoc_chars' symbols on Python 3.11
     keys = ("n_layer", "d_model", "n_head", "d_inner", "mem_len", "dropout", "tie_weight")
-    txl = composed("experiment=charlm_demo_txl").model
+    txl = composed("experiment=char_lm/demo_txl").model
     b = count(TransformerXL(n_token=vocab, pre_norm=txl.pre_norm, **{k: txl[k] for k in keys}))
     found = {}
-    for experiment in ("charlm_demo", "charlm_demo_g4"):
+    for experiment in ("char_lm/demo", "char_lm/demo_g4"):
         gt = composed(f"experiment={experiment}").model
         found[experiment] = count(
             GroupTransformer(
@@ -193,4 +193,4 @@ def test_the_charlm_demos_have_equal_parameters() -> None:
             )
         )
         assert abs(b / found[experiment] - 1) < 0.01
-    assert (found["charlm_demo"], found["charlm_demo_g4"], b) == (609_767, 608_375, 609_485)
+    assert (found["char_lm/demo"], found["char_lm/demo_g4"], b) == (609_767, 608_375, 609_485)

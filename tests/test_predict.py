@@ -59,7 +59,7 @@ def test_segmentation_overlay_matches_official_mask(tmp_path: Path, image_name: 
     weights, image_path, masks = edgenets_files(image_name)
     output = tmp_path / "out.png"
     overrides = [
-        "data=voc_seg", "model=espnetv2_seg", "model.scale=0.5", f"model.pretrained={weights}",
+        "data=voc_seg", "model=espnetv2_seg", "model.scale=0.5", f"task.init_checkpoint={weights}",
         f"image={image_path}", "size=[256,256]", f"output={output}",
         "alpha=1.0",  # pure class colours, so the overlay's colours name the predicted classes
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The PRU demo pipeline end to end at a small size: ``train.py experiment=pru_demo`` on the
+"""The PRU demo pipeline end to end at a small size: ``train.py experiment=pru_lm/demo`` on the
 embedded corpus, then ``eval.py +dynamic_eval=true`` on its best checkpoint with the default
 dynamic-evaluation settings: the adapted test perplexity is below the static one."""
 
@@ -14,7 +14,7 @@ from src.commands.train import train
 @pytest.mark.slow
 def test_dynamic_evaluation_lowers_the_demo_test_perplexity(tmp_path) -> None:
     small = [
-        "experiment=pru_demo", f"data.root={tmp_path / 'pydoc_ptb'}", "model.embedding_dim=32",
+        "experiment=pru_lm/demo", f"data.root={tmp_path / 'pydoc_ptb'}", "model.embedding_dim=32",
         "model.hidden_size=64", "trainer.max_epochs=3", "callbacks.progress_bar=null",
         "data.val_fraction=0.05", "data.test_fraction=0.03",  # a shorter test stream: 2k words
     ]  # fmt: skip

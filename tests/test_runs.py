@@ -25,6 +25,7 @@ from src.commands.predict import predict
 from src.build import check_config
 from src.models.dicenet import DiCENet
 from src.models.hub import timm_model
+from src.tasks.finetune import load_network_weights
 from src.utils.config_checks import MODEL_TASKS, ConfigError, check_config_values, check_pairing
 from src.utils.run_record import CheckpointError, check_resume, project_version, read_checkpoint
 from tests.conftest import CONF, ROOT, compose_config
@@ -113,18 +114,19 @@ def test_a_text_file_is_not_a_checkpoint(text_file: Path, tmp_path: Path) -> Non
         evaluate(compose_config("eval", [f"ckpt_path={text_file}"], tmp_path / "eval"))
     with pytest.raises(CheckpointError, match="ckpt_path" + expected):
         train(compose_config("train", [*TINY, f"ckpt_path={text_file}"], tmp_path / "train"))
-    with pytest.raises(ValueError, match="pretrained" + expected):
-        DiCENet(scale=0.2, num_classes=10, in_chans=1, input_size=32, pretrained=str(text_file))
+    with pytest.raises(ValueError, match="init_checkpoint" + expected):
+        load_network_weights(DiCENet(scale=0.2, num_classes=10, in_chans=1, input_size=32), text_file)
     with pytest.raises(ValueError, match="weights" + expected):
         timm_model("resnet10t", 10, 1, weights=str(text_file))
 
 
-def test_pretrained_takes_a_checkpoint_of_this_project(tmp_path: Path) -> None:
+def test_init_checkpoint_takes_a_checkpoint_of_this_project(tmp_path: Path) -> None:
     torch.manual_seed(0)
     source = DiCENet(scale=0.2, num_classes=10, in_chans=1, input_size=32)
     path = tmp_path / "run.ckpt"
     torch.save({"state_dict": {f"net.{k}": v for k, v in source.state_dict().items()}}, path)
-    loaded = DiCENet(scale=0.2, num_classes=10, in_chans=1, input_size=32, pretrained=str(path))
+    loaded = DiCENet(scale=0.2, num_classes=10, in_chans=1, input_size=32)
+    load_network_weights(loaded, path)
     for key, value in source.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
     timm_source = timm_model("resnet10t", 10, 1)
@@ -140,7 +142,7 @@ def test_resume_with_a_new_learning_rate_is_refused(digits_run: Path, tmp_path: 
     with pytest.raises(CheckpointError) as error:
         check_resume(changed, checkpoint, last)
     assert "task.optimizer.lr: trained with 0.05, now 1000000.0" in str(error.value)
-    assert f"model.pretrained={last}" in str(error.value)
+    assert f"task.init_checkpoint={last}" in str(error.value)
     # a longer schedule is not a change of the network or task: resuming to more epochs is allowed
     longer = compose_config("train", [*TINY, f"ckpt_path={last}", "trainer.max_epochs=3"], tmp_path / "b")
     check_resume(longer, checkpoint, last)
@@ -309,14 +311,14 @@ def test_data_alone_trains_its_default_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [(["+model.d_modle=64"], "model.d_modle: DiCENet (src.models.dicenet.DiCENet) takes no such argument"),
-     (["experiment=delight_mt_demo", "+model.d_modle=64"],
+     (["experiment=delight_mt/demo", "+model.d_modle=64"],
       "model.d_modle (did you mean model.d_model?): DeLighTEncoderDecoder"),
      (["+data.batchsize=4"], "data.batchsize (did you mean data.batch_size?): DigitsDataModule"),
-     (["experiment=delight_mt_demo", "+task.optimizer.betas2=0.9"], "task.optimizer.betas2 (did you mean "
+     (["experiment=delight_mt/demo", "+task.optimizer.betas2=0.9"], "task.optimizer.betas2 (did you mean "
       "task.optimizer.betas?)"),
      (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
-     (["experiment=ssd_demo", "data.batch_size=-2"], "data.batch_size=-2: must be a positive integer"),
-     (["experiment=delight_mt_demo", "data.max_tokens=0"], "data.max_tokens=0: must be a positive integer"),
+     (["experiment=detection/ssd_demo", "data.batch_size=-2"], "data.batch_size=-2: must be a positive integer"),
+     (["experiment=delight_mt/demo", "data.max_tokens=0"], "data.max_tokens=0: must be a positive integer"),
      (["task.optimizer.lr=0"], "task.optimizer.lr=0: must be a positive number"),
      (["trainer.max_epochs=0"], "trainer.max_epochs=0: must be a positive integer, or -1 for no limit")],
 )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The SSD demo pipeline end to end at a small size: ``train.py experiment=ssd_demo`` on fewer
+"""The SSD demo pipeline end to end at a small size: ``train.py experiment=detection/ssd_demo`` on fewer
 coins crops and epochs. The untrained network's validation VOC07 mAP is near 0; a few epochs take
 it well above, and ``predict.py`` with the best checkpoint then finds coins on the photograph."""
 
@@ -18,7 +18,7 @@ from src.commands.train import train
 @pytest.mark.slow
 def test_the_demo_learns_to_find_coins(tmp_path) -> None:
     small = [
-        "experiment=ssd_demo", f"data.root={tmp_path / 'coins'}", "data.num_train=48",
+        "experiment=detection/ssd_demo", f"data.root={tmp_path / 'coins'}", "data.num_train=48",
         "data.num_test=16", "trainer.max_epochs=6", "callbacks.progress_bar=null",
     ]  # fmt: skip
     cfg = compose_config("train", small, tmp_path / "train")

@@ -67,7 +67,7 @@ def tiny_charlm() -> ModelSpec:
     return ModelSpec(
         "charlm",
         (
-            "experiment=charlm_demo",
+            "experiment=char_lm/demo",
             "trainer.val_check_interval=4",
             "trainer.limit_val_batches=2",
             "trainer.limit_test_batches=2",

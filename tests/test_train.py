@@ -118,7 +118,7 @@ def test_resume_matches_uninterrupted_run(
     tolerance (rtol 1e-5, atol 1e-6) only allows for rounding. A resume that lost state (RNG,
     optimiser, EMA) is off by far more.
     """
-    every_epoch = ["callbacks.model_checkpoint.save_top_k=-1", "experiment=digits_ema", "data.num_workers=1"]
+    every_epoch = ["callbacks.model_checkpoint.save_top_k=-1", "experiment=vision_classification/digits_ema", "data.num_workers=1"]
     if accelerator == "gpu":
         every_epoch.append("trainer.deterministic=true")
     full = make_cfg(*SHORT, *every_epoch, subdir="full", accelerator=accelerator)

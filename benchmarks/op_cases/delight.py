@@ -16,7 +16,7 @@ from torch import Tensor
 
 from benchmarks.op_cases import OpCase
 from src.ops.dextra import DExTra, dextra_max_groups
-from src.ops.group_layer_norm import SharedGroupLayerNorm
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear
 
 D_M = 512

@@ -16,7 +16,7 @@ from torch import Tensor
 from benchmarks.op_cases import OpCase
 from src.ops.group_attention import GroupAttention
 from src.ops.group_feedforward import GroupFeedForward
-from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.relative_position import relative_sinusoid
 
 D_MODEL, N_HEAD, TGT_LEN, MEM_LEN, BATCH = 256, 8, 512, 512, 1

@@ -21,8 +21,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from src.build import build_from_checkpoint, build_trainer, complexity_of, scalars
+from src.evaluation.dynamic_eval import dynamic_evaluate, segments
 from src.tasks.awd_language_model import AWDLanguageModelTask
-from src.tasks.dynamic_eval import dynamic_evaluate, segments
 from src.utils.files import write_json
 
 log = logging.getLogger("eval")  # the command's name in its log lines
@@ -31,7 +31,7 @@ log = logging.getLogger("eval")  # the command's name in its log lines
 def dynamic_metrics(
     cfg: DictConfig, task: AWDLanguageModelTask, device: torch.device
 ) -> dict[str, float]:
-    """Dynamic evaluation of ``cfg.split`` (Krause et al. 2018; :mod:`src.tasks.dynamic_eval`):
+    """Dynamic evaluation of ``cfg.split`` (Krause et al. 2018; :mod:`src.evaluation.dynamic_eval`):
     gradient statistics on the training stream in ``options.batch_size`` rows, then the split in
     one row, both cut into segments of ``options.bptt`` tokens."""
     options = cfg.dynamic_eval_options

@@ -30,12 +30,11 @@ import torch
 from omegaconf import DictConfig
 
 from src.build import build_from_checkpoint
+from src.datamodules.awd_lm import EOS, AWDLMDataModule, PydocPTBDataModule, ptb_style
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.dictionary import EOS_ID, SPECIALS
-from src.datamodules.word_lm import WikiTextDataModule, decode_words
-from src.datamodules.word_stream import EOS, PydocPTBDataModule, WordStreamDataModule, ptb_style
-from src.tasks import awd_language_model, word_language_model
-from src.tasks.generation import (
+from src.datamodules.word_lm import WordLMDataModule, decode_words
+from src.decoding.generation import (
     complete_words,
     decode,
     encode,
@@ -43,6 +42,7 @@ from src.tasks.generation import (
     sample,
     vocabulary_masks,
 )
+from src.tasks import awd_language_model, word_language_model
 from src.utils.errors import UsageError, WrongRunError
 
 log = logging.getLogger("generate")  # the command's name in its log lines
@@ -71,9 +71,9 @@ def generate(cfg: DictConfig) -> dict:
             "one); allow_random=true generates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
-    if isinstance(datamodule, WikiTextDataModule):
+    if isinstance(datamodule, WordLMDataModule):
         return generate_words(cfg, prompt, datamodule, task.net)
-    if isinstance(datamodule, WordStreamDataModule):
+    if isinstance(datamodule, AWDLMDataModule):
         return generate_stream_words(cfg, prompt, datamodule, task.net)
     if not isinstance(datamodule, CharLMDataModule):
         raise WrongRunError(
@@ -151,7 +151,7 @@ def write_continuation(prompt: str, continuation: str) -> dict:
 
 
 def generate_words(
-    cfg: DictConfig, prompt: str, datamodule: WikiTextDataModule, net: torch.nn.Module
+    cfg: DictConfig, prompt: str, datamodule: WordLMDataModule, net: torch.nn.Module
 ) -> dict:
     """``mode=sample`` for a word language model: the prompt's whitespace words (after ``</s>``,
     as every corpus line starts) continued by up to ``max_new_words`` sampled words."""
@@ -189,7 +189,7 @@ def generate_words(
 
 
 def generate_stream_words(
-    cfg: DictConfig, prompt: str, datamodule: WordStreamDataModule, net: torch.nn.Module
+    cfg: DictConfig, prompt: str, datamodule: AWDLMDataModule, net: torch.nn.Module
 ) -> dict:
     """``mode=sample`` for an AWD language model (PRU, LSTM): the prompt's words (after ``<eos>``,
     as every corpus line starts) read from zero state, then up to ``max_new_words`` sampled words,

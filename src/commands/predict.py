@@ -1,9 +1,9 @@
 """Predict on one image: ``python predict.py image=/path/to.jpg ckpt_path=... [overrides]``.
 
 With ``ckpt_path`` (a checkpoint of this project) the network is rebuilt from the checkpoint's run
-record (command-line overrides still win); without it, from the command line's config with weights
-from the model config (``model.pretrained=`` for the official EdgeNets files, ``model.weights=``
-for timm/torchvision). A network without weights is refused unless ``allow_random=true``.
+record (command-line overrides still win); without it, from the command line's config with the
+weights of ``task.init_checkpoint=`` (a checkpoint of ours or an official release file) or
+``model.weights=`` (timm/torchvision). A network without weights is refused unless ``allow_random=true``.
 The image is read as the EdgeNets scripts read it (PIL, bilinear resize to (W, H), ``to_tensor``,
 per-channel normalisation). A network output of shape:
 
@@ -39,7 +39,8 @@ from src.build import build_from_checkpoint
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
-from src.tasks.detection import postprocess, to_pixels
+from src.models.ssd_boxes import postprocess, to_pixels
+from src.tasks.finetune import load_network_weights
 from src.utils.errors import InputFileError, UsageError
 
 log = logging.getLogger("predict")  # the command's name in its log lines
@@ -273,9 +274,10 @@ def top_k_table(probabilities: Tensor, names: Sequence[str], k: int) -> list[tup
     return [(names[i], float(p)) for p, i in zip(values.tolist(), indices.tolist())]
 
 
-def has_weights(model: DictConfig) -> bool:
-    """Whether the model config loads weights of its own (``pretrained=`` or ``weights=``)."""
-    return any(model.get(key) is not None for key in ("pretrained", "weights"))
+def has_weights(cfg: DictConfig) -> bool:
+    """Whether the config loads weights without a checkpoint of a run: ``task.init_checkpoint=``
+    (ours or an official release) or the model's own ``weights=`` (timm, torchvision)."""
+    return cfg.task.get("init_checkpoint") is not None or cfg.model.get("weights") is not None
 
 
 def read_image(path: Path) -> Image.Image:
@@ -298,15 +300,17 @@ def predict(cfg: DictConfig) -> dict:
         raise UsageError(f"top_k must be >= 1, got {cfg.top_k}")
     if not 0.0 <= cfg.alpha <= 1.0:
         raise UsageError(f"alpha must be in [0, 1], got {cfg.alpha}")
-    if cfg.ckpt_path is None and not has_weights(cfg.model) and not cfg.allow_random:
+    if cfg.ckpt_path is None and not has_weights(cfg) and not cfg.allow_random:
         raise UsageError(
             "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one) or "
-            "model.pretrained=/model.weights=<file>; allow_random=true predicts with the randomly "
+            "task.init_checkpoint=/model.weights=<file>; allow_random=true predicts with the randomly "
             "initialised network"
         )
     image = read_image(image_path)
     L.seed_everything(cfg.seed)
     datamodule, task = build_from_checkpoint(cfg)
+    if cfg.ckpt_path is None and cfg.task.get("init_checkpoint") is not None:
+        load_network_weights(task.net, cfg.task.init_checkpoint)
     size = input_size(cfg, image.size)
     x = preprocess(image, datamodule, size)
     log.info("image %s (%dx%d) -> network input %s", image_path, *image.size, tuple(x.shape))

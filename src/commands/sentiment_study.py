@@ -27,6 +27,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from src.utils.extras import require
+
 # The report's tables ("execution times for different models", "number of parameters for
 # different models"); it gives one parameter count per scaling setting (the shuffle has none).
 VARIANTS = ("DeLighT Scale+Shift", "DeLighT Scale", "DeLighT Shift", "DeLighT", "Transformer")
@@ -156,7 +158,8 @@ def tables(runs: list[Run]) -> str:
 
 def plot_curves(runs: list[Run], path: Path) -> Path:
     """Test accuracy per epoch, mean over seeds with a +- one standard deviation band."""
-    import matplotlib
+    require("matplotlib", "demos", "the accuracy plot (--out)")
+    import matplotlib  # an extra: imported where used
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -52,6 +52,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from src.utils.extras import require
+
 ROOT = Path(__file__).resolve().parents[2]
 STUDY_CONF = ROOT / "conf" / "study"
 SELECT_KEY = "val/loss"  # the learning rate is chosen on the validation loss, lower is better
@@ -656,7 +658,8 @@ def mean_curve(runs: Sequence[RunResult]) -> tuple[list[float], list[tuple[float
 
 def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:
     """Validation loss by update, mean over the seeds with a ± one standard deviation band."""
-    import matplotlib
+    require("matplotlib", "demos", "the study's plots")
+    import matplotlib  # an extra: imported where used
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

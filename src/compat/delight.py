@@ -1,5 +1,9 @@
 """Official DeLighT (sacmehta/delight) state dicts -> this project's GLT, DExTra and block modules.
 
+:func:`from_official` builds the layer an official config describes and fills it;
+:func:`load_official` fills a :class:`GroupLinear`, :class:`DExTra` or DeLighT encoder or decoder
+block of ours in place. Whole DeLighT networks (fairseq checkpoints) are not converted.
+
 Official names and layouts (README of the reference fixtures, "Parameter names and layouts"):
 
 - ``GroupLinear``: ``weights`` (g, in/g, out/g) used as ``x_i @ W_i``, ``bias`` (g, 1, out/g);
@@ -13,7 +17,8 @@ Official names and layouts (README of the reference fixtures, "Parameter names a
   ``fc2`` (all Linear) and the LayerNorms ``self_attn_layer_norm``, ``encoder_attn_layer_norm``,
   ``final_layer_norm``.
 
-Sizes come from the official config dict and the tensors; nothing here knows a particular model.
+Sizes come from the official config dict (or the module being filled) and the tensors; nothing
+here knows a particular model.
 """
 
 from __future__ import annotations
@@ -21,24 +26,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
+from src.compat.common import OfficialWeightsError, Weights, fill, load_with, unsupported
 from src.models.delight_block import DeLighTDecoderBlock, DeLighTEncoderBlock
 from src.ops.dextra import DExTra
-from src.ops.group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
+
+FAMILY = "DeLighT"
 
 ACTIVATIONS = {"swish": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU}
 
 
 def _glt_params(state_dict: Mapping[str, Tensor], prefix: str, groups: int) -> dict[str, Tensor]:
     """An official GroupLinear or Linear's weight and bias in :class:`GroupLinear`'s layout."""
+    if f"{prefix}weights" not in state_dict:
+        raise OfficialWeightsError(f"official tensor {prefix}weights missing from the state dict")
     weight = state_dict[f"{prefix}weights"]
     params = {}
     if weight.dim() == 2:
         if groups != 1:
-            raise ValueError(
+            raise OfficialWeightsError(
                 f"{prefix}weights is a dense (out, in) matrix {tuple(weight.shape)} "
                 f"but groups={groups}"
             )
@@ -48,19 +57,34 @@ def _glt_params(state_dict: Mapping[str, Tensor], prefix: str, groups: int) -> d
         params["weight"] = weight  # (g, in/g, out/g)
     if f"{prefix}bias" in state_dict:
         g, _, n = params["weight"].shape
+        bias = state_dict[f"{prefix}bias"]
+        if bias.numel() != g * n:
+            raise OfficialWeightsError(
+                f"{prefix}bias {tuple(bias.shape)} does not fit {prefix}weights "
+                f"{tuple(weight.shape)}"
+            )
         # (g, 1, out/g) or (out,) -> (g, out/g)
-        params["bias"] = state_dict[f"{prefix}bias"].reshape(g, n)
+        params["bias"] = bias.reshape(g, n)
     return params
 
 
 def _norm_params(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    return {name: state_dict[f"{prefix}normalization_fn.{name}"] for name in ("weight", "bias")}
+    names = [f"{prefix}normalization_fn.{name}" for name in ("weight", "bias")]
+    missing = [name for name in names if name not in state_dict]
+    if missing:
+        raise OfficialWeightsError(f"official tensors {missing} missing from the state dict")
+    return {name.rsplit(".", 1)[-1]: state_dict[name] for name in names}
 
 
-def _load(module: nn.Module, params: Mapping[str, Tensor]) -> None:
-    # strict: a tensor of the wrong shape or a missing one is an error, not a silent re-init
-    with torch.no_grad():
-        module.load_state_dict(dict(params), strict=True)
+def _unmapped(state_dict: Mapping[str, Tensor], used: set[str], what: str) -> None:
+    extra = sorted(set(state_dict) - used)
+    if extra:
+        raise OfficialWeightsError(f"official {what} tensors not mapped: {extra}")
+
+
+def _fill_glt(glt: GroupLinear, state_dict: Mapping[str, Tensor]) -> None:
+    _unmapped(state_dict, {"weights", "bias"}, "GroupLinear")
+    fill(glt, _glt_params(state_dict, "", glt.groups))
 
 
 def glt_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
@@ -84,7 +108,8 @@ def glt_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any
         bias=bool(config["use_bias"]),
         shuffle=bool(config["use_shuffle"]),
     )
-    _load(glt, _glt_params(state_dict, "", groups))
+    norm_names = {"normalization_fn.weight", "normalization_fn.bias"}
+    load_official(glt, {k: v for k, v in state_dict.items() if k not in norm_names})
     layers: list[nn.Module] = [glt]
     norm_type, act_type = config.get("norm_type"), config.get("act_type")
     if norm_type is not None:
@@ -93,13 +118,48 @@ def glt_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any
                 f"unsupported norm_type {norm_type!r}; only 'ln' (per-group LayerNorm)"
             )
         norm = SharedGroupLayerNorm(glt.out_features, groups)
-        _load(norm, _norm_params(state_dict, ""))
+        fill(norm, _norm_params(state_dict, ""))
         layers.append(norm)
     if act_type is not None:
         if act_type not in ACTIVATIONS:
             raise ValueError(f"unsupported act_type {act_type!r}; known: {sorted(ACTIVATIONS)}")
         layers.append(ACTIVATIONS[act_type]())
     return glt if len(layers) == 1 else nn.Sequential(*layers)
+
+
+def _official_names(unit: DExTra) -> set[str]:
+    names = set()
+    for prefix in ["input_layer.", "output_layer."] + [
+        f"dextra_layers.{l}." for l in range(len(unit.glts))
+    ]:
+        names |= {
+            f"{prefix}weights",
+            f"{prefix}bias",
+            f"{prefix}normalization_fn.weight",
+            f"{prefix}normalization_fn.bias",
+        }
+    return names
+
+
+def _dextra_params(unit: DExTra, state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """An official ``DExTraUnit``'s tensors in :class:`DExTra`'s names."""
+    _unmapped(state_dict, _official_names(unit), "DExTra")
+    params: dict[str, Tensor] = {}
+    for ours, theirs in (("input", "input_layer."), ("output", "output_layer.")):
+        for name in (f"{theirs}weights", f"{theirs}bias"):
+            if name not in state_dict:
+                raise OfficialWeightsError(f"official tensor {name} missing from the state dict")
+        params[f"{ours}_layer.weight"] = state_dict[f"{theirs}weights"]  # (out, in), as nn.Linear
+        params[f"{ours}_layer.bias"] = state_dict[f"{theirs}bias"]
+        for name, tensor in _norm_params(state_dict, theirs).items():
+            params[f"{ours}_norm.{name}"] = tensor
+    for l, groups in enumerate(unit.plan.groups):
+        prefix = f"dextra_layers.{l}."
+        for name, tensor in _glt_params(state_dict, prefix, groups).items():
+            params[f"glts.{l}.{name}"] = tensor
+        for name, tensor in _norm_params(state_dict, prefix).items():
+            params[f"glt_norms.{l}.{name}"] = tensor
+    return params
 
 
 def dextra_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> DExTra:
@@ -127,53 +187,8 @@ def dextra_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, 
         max_groups=int(config["max_glt_groups"]),
         dropout=float(config.get("dextra_dropout", 0.0)),
     )
-    params: dict[str, Tensor] = {}
-    for ours, theirs in (("input", "input_layer."), ("output", "output_layer.")):
-        params[f"{ours}_layer.weight"] = state_dict[f"{theirs}weights"]  # (out, in), as nn.Linear
-        params[f"{ours}_layer.bias"] = state_dict[f"{theirs}bias"]
-        for name, tensor in _norm_params(state_dict, theirs).items():
-            params[f"{ours}_norm.{name}"] = tensor
-    for l, groups in enumerate(unit.plan.groups):
-        prefix = f"dextra_layers.{l}."
-        for name, tensor in _glt_params(state_dict, prefix, groups).items():
-            params[f"glts.{l}.{name}"] = tensor
-        for name, tensor in _norm_params(state_dict, prefix).items():
-            params[f"glt_norms.{l}.{name}"] = tensor
-    extra = sorted(set(state_dict) - _official_names(unit))
-    if extra:
-        raise ValueError(f"official DExTra tensors not mapped: {extra}")
-    _load(unit, params)
+    load_official(unit, state_dict)
     return unit
-
-
-def _official_names(unit: DExTra) -> set[str]:
-    names = set()
-    for prefix in ["input_layer.", "output_layer."] + [
-        f"dextra_layers.{l}." for l in range(len(unit.glts))
-    ]:
-        names |= {
-            f"{prefix}weights",
-            f"{prefix}bias",
-            f"{prefix}normalization_fn.weight",
-            f"{prefix}normalization_fn.bias",
-        }
-    return names
-
-
-def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
-    """The official layer that ``config`` describes: a DeLighT layer, a DExTra unit or a GLT."""
-    if config.get("module") == "DeLighTTransformerEncoderLayer":
-        return encoder_layer_from_official(state_dict, config)
-    if config.get("module") == "DeLighTTransformerDecoderLayer":
-        return decoder_layer_from_official(state_dict, config)
-    if "dextra_depth" in config:
-        return dextra_from_official(state_dict, config)
-    if "n_groups" in config:
-        return glt_from_official(state_dict, config)
-    raise ValueError(
-        "config describes neither a DExTra unit (dextra_depth) nor a GLT (n_groups): "
-        f"keys {sorted(config)}"
-    )
 
 
 # official DeLighT layer names -> ours, outside the DExTra unit: (official, ours, is Linear)
@@ -219,22 +234,16 @@ def _block_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _load_block(
-    block: nn.Module,
-    state_dict: Mapping[str, Tensor],
-    config: Mapping[str, Any],
-    dextra_prefix: str,
-    names: tuple[tuple[str, str, bool], ...],
+def _fill_block(
+    block: DeLighTEncoderBlock | DeLighTDecoderBlock, state_dict: Mapping[str, Tensor]
 ) -> None:
-    """Load an official layer's tensors into ``block``; every official tensor must be consumed."""
-    dextra_config = {
-        "in_features": config["embed_dim"],
-        "in_proj_features": config["proj_dim(d_o)"],
-        "out_features": config["proj_dim(d_o)"],
-        "width_multiplier": config["width_multiplier"],
-        "dextra_depth": config["dextra_depth"],
-        "max_glt_groups": config["max_glt_groups"],
-    }
+    """Fill ``block`` with an official layer's tensors; every official tensor must be consumed."""
+    if isinstance(block, DeLighTDecoderBlock):
+        dextra_prefix = "dextra_layer_sa."
+        cross = _ENCODER_ATTENTION if block.cross_attention else ()
+        names = _SELF_ATTENTION + cross + _FEED_FORWARD
+    else:
+        dextra_prefix, names = "dextra_layer.", _SELF_ATTENTION + _FEED_FORWARD
     dextra_state = {
         name[len(dextra_prefix) :]: tensor
         for name, tensor in state_dict.items()
@@ -242,7 +251,7 @@ def _load_block(
     }
     params = {
         f"dextra.{name}": tensor
-        for name, tensor in dextra_from_official(dextra_state, dextra_config).state_dict().items()
+        for name, tensor in _dextra_params(block.dextra, dextra_state).items()
     }
     used = {f"{dextra_prefix}{name}" for name in dextra_state}
     for theirs, ours, is_linear in names:
@@ -253,13 +262,11 @@ def _load_block(
         ):
             name = f"{theirs}{their_suffix}"
             if name not in state_dict:
-                raise ValueError(f"official tensor {name} missing from the state dict")
+                raise OfficialWeightsError(f"official tensor {name} missing from the state dict")
             params[f"{ours}{our_suffix}"] = state_dict[name]
             used.add(name)
-    extra = sorted(set(state_dict) - used)
-    if extra:
-        raise ValueError(f"official DeLighT layer tensors not mapped: {extra}")
-    _load(block, params)
+    _unmapped(state_dict, used, "DeLighT layer")
+    fill(block, params)
 
 
 def encoder_layer_from_official(
@@ -276,7 +283,7 @@ def encoder_layer_from_official(
             given.
     """
     block = DeLighTEncoderBlock(**_block_arguments(config))
-    _load_block(block, state_dict, config, "dextra_layer.", _SELF_ATTENTION + _FEED_FORWARD)
+    load_official(block, state_dict)
     return block
 
 
@@ -293,6 +300,55 @@ def decoder_layer_from_official(
     """
     cross_attention = not bool(config.get("no_encoder_attn", False))
     block = DeLighTDecoderBlock(**_block_arguments(config), cross_attention=cross_attention)
-    names = _SELF_ATTENTION + (_ENCODER_ATTENTION if cross_attention else ()) + _FEED_FORWARD
-    _load_block(block, state_dict, config, "dextra_layer_sa.", names)
+    load_official(block, state_dict)
     return block
+
+
+def _fill(network: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
+    if isinstance(network, GroupLinear):
+        _fill_glt(network, state_dict)
+    elif isinstance(network, DExTra):
+        fill(network, _dextra_params(network, state_dict))
+    else:
+        _fill_block(network, state_dict)
+
+
+NETWORKS: tuple[type[nn.Module], ...] = (
+    GroupLinear,
+    DExTra,
+    DeLighTEncoderBlock,
+    DeLighTDecoderBlock,
+)
+
+
+def load_official(network: nn.Module, weights: Weights) -> None:
+    """Fill ``network`` in place with an official DeLighT layer's weights (a path or a state dict).
+
+    ``network``: a :class:`GroupLinear` (official ``GroupLinear`` or ``Linear``: ``weights``,
+    ``bias``), a :class:`DExTra` (``DExTraUnit``), or a :class:`DeLighTEncoderBlock` /
+    :class:`DeLighTDecoderBlock` (``DeLighTTransformerEncoderLayer`` / ``DecoderLayer``).
+
+    Raises:
+        OfficialWeightsError: official tensors missing or not mapped, or shapes that differ.
+        TypeError: ``network`` is none of :data:`NETWORKS`.
+    """
+    if not isinstance(network, NETWORKS):
+        raise unsupported(network, FAMILY, NETWORKS)
+    load_with(network, weights, FAMILY, _fill)
+
+
+def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
+    """The official layer that ``config`` describes, filled: a DeLighT encoder or decoder layer
+    (``config["module"]``), a DExTra unit (``dextra_depth``) or a GLT (``n_groups``)."""
+    if config.get("module") == "DeLighTTransformerEncoderLayer":
+        return encoder_layer_from_official(state_dict, config)
+    if config.get("module") == "DeLighTTransformerDecoderLayer":
+        return decoder_layer_from_official(state_dict, config)
+    if "dextra_depth" in config:
+        return dextra_from_official(state_dict, config)
+    if "n_groups" in config:
+        return glt_from_official(state_dict, config)
+    raise ValueError(
+        "config describes neither a DExTra unit (dextra_depth) nor a GLT (n_groups): "
+        f"keys {sorted(config)}"
+    )

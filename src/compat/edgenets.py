@@ -1,11 +1,16 @@
-"""Official EdgeNets (DiCENet, ESPNetv2) layer state dicts -> this project's ops.
+"""Official EdgeNets (DiCENet, ESPNetv2) state dicts -> this project's ops and networks.
+
+:func:`from_official` builds the module an official class and its constructor arguments describe
+and fills it; :func:`load_official` fills a module of ours in place: the ops (DiCE, strided DiCE,
+the DiCENet unit, EESP, the ESPNetv2 down-sampler), the DiCENet and ESPNetv2 ImageNet classifiers,
+the EdgeNets segmentation networks (``base_net.`` encoder + EPP decoder) and an SSD's backbone
+(from an ImageNet classifier's weights, the official detection recipe's start).
 
 Each ``*_key_map(official, ours, ...)`` returns an explicit map from official keys to ours (plus a
 tensor transform where the layouts differ). ``official`` and ``ours`` are key prefixes, ``""`` or
-ending in ``"."`` (``"level3.0."``), so a network-level converter composes the layer maps under its
-own prefixes. ``*_from_official(state_dict, config)`` builds one op from the
-official constructor arguments (``config``, the official argument names) and loads the converted
-weights; :func:`from_official` dispatches on ``config["layer"]``, the official class path.
+ending in ``"."`` (``"level3.0."``), so a network-level map composes the layer maps under its own
+prefixes. The network maps are built by walking our network (its widths and units), so they hold
+for every width.
 
 Layout differences:
 
@@ -16,25 +21,38 @@ Layout differences:
   ``conv_channel``, ``conv_width``, ``conv_height``) and (channel, height, width) here. Every
   released model uses (1, 1, 1), so this order is not exercised by the fixtures.
 - ESPNetv2 names CBR parts ``conv``/``bn``/``act``; DiCENet uses ``cbr.0/1/2``.
-
-Full networks (:func:`official_key_map`, :func:`load_official_weights`): DiCENet and ESPNetv2
-ImageNet classifiers and the EdgeNets segmentation networks (``base_net.`` encoder + EPP decoder).
-The maps are built by walking our model (its widths and units), so they hold for every width.
-ESPNetv2's ``level5_0.inp_reinf.*`` (an image shortcut the official model builds but never calls)
-is dropped. This module imports no model: it recognises them by class name.
+- ESPNetv2's ``level5_0.inp_reinf.*`` (an image shortcut the official model builds but never
+  calls) is not built here and is dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from pathlib import Path
+from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from src.utils.state_dicts import mismatch_summary, project_network_state, torch_load
+from src.compat.common import (
+    OfficialWeightsError,
+    Weights,
+    check_keys,
+    fill,
+    load_with,
+    unsupported,
+)
+from src.models.dicenet import DiCENet, DiCENetBackbone
+from src.models.espnetv2 import ESPNetv2, ESPNetv2Backbone
+from src.models.segmentation import (
+    EdgeNetsSegmentation,
+    dicenet_segmentation,
+    espnetv2_segmentation,
+)
+from src.models.ssd import SSD
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.eesp import EESP, EESPDownsampler
+from src.utils.state_dicts import mismatch_summary
+
+FAMILY = "EdgeNets"
 
 Transform = Callable[[Tensor], Tensor]
 KeyMap = dict[str, tuple[str, Transform | None]]
@@ -82,6 +100,8 @@ def concat_to_interleaved(channels: int) -> Transform:
     """Reorder per-channel parameters from [branch][channel] to [channel][branch] order."""
 
     def transform(t: Tensor) -> Tensor:
+        if t.shape != (3 * channels,):
+            raise OfficialWeightsError(f"file {tuple(t.shape)} vs ({3 * channels},)")
         return t.unflatten(0, (3, channels)).transpose(0, 1).flatten()  # (3C,) -> (3, C) -> (C, 3)
 
     return transform
@@ -152,20 +172,23 @@ def eesp_downsampler_key_map(
 def convert(
     state_dict: Mapping[str, Tensor], key_map: KeyMap, *, ignored: Collection[str] = ()
 ) -> dict[str, Tensor]:
-    """Rename (and transform) every official tensor; KeyError listing any key either side lacks.
+    """Rename (and transform) every official tensor; :class:`OfficialWeightsError` naming any key
+    either side lacks.
 
     ``ignored`` official keys are dropped when present (parameters the official model builds but
     never uses)."""
-    missing = [key for key in key_map if key not in state_dict]
-    unexpected = [key for key in state_dict if key not in key_map and key not in ignored]
-    if missing or unexpected:
-        raise KeyError(
-            f"official state dict does not match: missing {missing}, unexpected {unexpected}"
-        )
-    return {
-        ours: state_dict[official] if transform is None else transform(state_dict[official])
-        for official, (ours, transform) in key_map.items()
-    }
+    check_keys({k: v for k, v in state_dict.items() if k not in ignored}, key_map)
+    converted = {}
+    for official, (ours, transform) in key_map.items():
+        try:
+            converted[ours] = (
+                state_dict[official] if transform is None else transform(state_dict[official])
+            )
+        except OfficialWeightsError as error:
+            raise OfficialWeightsError(
+                f"{official} does not fit {ours} (another width?): {error}"
+            ) from None
+    return converted
 
 
 def _br(official: str, ours: str) -> KeyMap:
@@ -177,7 +200,7 @@ def _linear(official: str, ours: str) -> KeyMap:
     return {f"{official}{key}": (f"{ours}{key}", None) for key in ("weight", "bias")}
 
 
-def dicenet_backbone_key_map(backbone: nn.Module, official: str, ours: str) -> KeyMap:
+def dicenet_backbone_key_map(backbone: DiCENetBackbone, official: str, ours: str) -> KeyMap:
     """Official DiCENet levels 1, 3, 4 (and 5) -> ``DiCENetBackbone`` (any width and depth)."""
     key_map = _dicenet_cbr(f"{official}level1.", f"{ours}level1.")
     for level in (3, 4, 5):
@@ -188,7 +211,7 @@ def dicenet_backbone_key_map(backbone: nn.Module, official: str, ours: str) -> K
             src, dst = f"{official}level{level}.{i}.", f"{ours}level{level}.{i}."
             known = isinstance(unit, (StridedDiCE, DiCEShuffleUnit))
             if not known or not isinstance(unit.dice, DiCE):
-                raise ValueError(
+                raise OfficialWeightsError(
                     f"{dst.rstrip('.')} is a DiCE-unit ablation ({type(unit.dice).__name__}); "
                     "official weights exist only for the DiCE unit"
                 )
@@ -196,7 +219,9 @@ def dicenet_backbone_key_map(backbone: nn.Module, official: str, ours: str) -> K
                 key_map |= strided_dice_key_map(src, dst, channels=unit.in_channels, shuffle=True)
             else:
                 if not isinstance(unit.reduce, nn.Sequential):
-                    raise ValueError(f"{dst}reduce is an ablation; official weights cannot load")
+                    raise OfficialWeightsError(
+                        f"{dst}reduce is an ablation; official weights exist only for the DiCE unit"
+                    )
                 dice_channels = unit.out_channels - unit.passed
                 key_map |= dice_shuffle_unit_key_map(src, dst, dice_channels=dice_channels)
     return key_map
@@ -204,11 +229,13 @@ def dicenet_backbone_key_map(backbone: nn.Module, official: str, ours: str) -> K
 
 def _check_plain_eesp(module: nn.Module, name: str) -> None:
     if type(module) is not EESP:
-        raise ValueError(f"{name} is an EESP ablation; official weights exist only for the EESP")
+        raise OfficialWeightsError(
+            f"{name} is an EESP ablation; official weights exist only for the EESP"
+        )
 
 
 def espnetv2_backbone_key_map(
-    backbone: nn.Module, official: str, ours: str
+    backbone: ESPNetv2Backbone, official: str, ours: str
 ) -> tuple[KeyMap, list[str]]:
     """Official ESPNetv2 levels -> ``ESPNetv2Backbone``; also the official keys to drop.
 
@@ -241,15 +268,15 @@ def espnetv2_backbone_key_map(
     return key_map, ignored
 
 
-def dicenet_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
-    """Official ``model.classification.dicenet.CNNModel`` -> :class:`src.models.dicenet.DiCENet`."""
+def dicenet_key_map(model: DiCENet) -> tuple[KeyMap, list[str]]:
+    """Official ``model.classification.dicenet.CNNModel`` -> :class:`DiCENet`."""
     key_map = dicenet_backbone_key_map(model.backbone, "", "backbone.")
     key_map |= _weight("classifier.0.", "fc_group.") | _linear("classifier.2.", "fc.")
     return key_map, []
 
 
-def espnetv2_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
-    """Official ``model.classification.espnetv2.EESPNet`` -> ``src.models.espnetv2.ESPNetv2``."""
+def espnetv2_key_map(model: ESPNetv2) -> tuple[KeyMap, list[str]]:
+    """Official ``model.classification.espnetv2.EESPNet`` -> :class:`ESPNetv2`."""
     key_map, ignored = espnetv2_backbone_key_map(model.backbone, "", "backbone.")
     units = len(model.backbone.level5)
     key_map |= _espnet_cbr(f"level5.{units}.", "head_conv.")
@@ -273,7 +300,7 @@ DECODER_NAMES = {
 
 
 def epp_key_map(official: str, ours: str, *, last: bool) -> KeyMap:
-    """Official ``EfficientPyrPool`` -> :class:`src.models.segmentation.EfficientPyramidPooling`."""
+    """Official ``EfficientPyrPool`` -> :class:`EfficientPyramidPooling`."""
     key_map = _dicenet_cbr(f"{official}projection_layer.", f"{ours}project.")
     for i in range(5):
         key_map |= _weight(f"{official}stages.{i}.", f"{ours}stages.{i}.")
@@ -288,16 +315,18 @@ def epp_key_map(official: str, ours: str, *, last: bool) -> KeyMap:
     )
 
 
-def segmentation_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
-    """Official ``DiCENetSegmentation``/``ESPNetv2Segmentation`` -> ``EdgeNetsSegmentation``."""
-    family = type(model.backbone).__name__
-    if family == "DiCENetBackbone":
-        key_map, ignored = dicenet_backbone_key_map(model.backbone, "base_net.", "backbone."), []
-    elif family == "ESPNetv2Backbone":
-        key_map, ignored = espnetv2_backbone_key_map(model.backbone, "base_net.", "backbone.")
+def segmentation_key_map(model: EdgeNetsSegmentation) -> tuple[KeyMap, list[str]]:
+    """Official ``DiCENetSegmentation``/``ESPNetv2Segmentation`` -> :class:`EdgeNetsSegmentation`."""
+    backbone = model.backbone
+    if isinstance(backbone, DiCENetBackbone):
+        key_map, ignored = dicenet_backbone_key_map(backbone, "base_net.", "backbone."), []
+    elif isinstance(backbone, ESPNetv2Backbone):
+        key_map, ignored = espnetv2_backbone_key_map(backbone, "base_net.", "backbone.")
     else:
-        raise ValueError(f"no official EdgeNets segmentation weights for a {family} encoder")
-    epp, skip, skip_norm = DECODER_NAMES[family]
+        raise OfficialWeightsError(
+            f"no official EdgeNets segmentation weights for a {type(backbone).__name__} encoder"
+        )
+    epp, skip, skip_norm = DECODER_NAMES[type(backbone).__name__]
     for i, name in enumerate(epp):
         key_map |= epp_key_map(f"{name}.", f"decoder.epp.{i}.", last=i == 3)
     for i, (proj, norm) in enumerate(zip(skip, skip_norm)):
@@ -307,117 +336,159 @@ def segmentation_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
     return key_map, ignored
 
 
-NETWORKS: Mapping[str, Callable[[nn.Module], tuple[KeyMap, list[str]]]] = {
-    "DiCENet": dicenet_key_map,
-    "ESPNetv2": espnetv2_key_map,
-    "EdgeNetsSegmentation": segmentation_key_map,
-}
+def layer_key_map(module: nn.Module) -> KeyMap:
+    """The official -> ours key map of one op, read from the op itself."""
+    if isinstance(module, DiCE):
+        conv = module.dim_conv
+        return dice_key_map("", "", channels=conv.channels, shuffle=conv.interleave)
+    if isinstance(module, StridedDiCE):
+        conv = module.dice.dim_conv
+        return strided_dice_key_map("", "", channels=conv.channels, shuffle=conv.interleave)
+    if isinstance(module, DiCEShuffleUnit):
+        dice_channels = module.out_channels - module.passed
+        return dice_shuffle_unit_key_map("", "", dice_channels=dice_channels)
+    if isinstance(module, EESP):
+        return eesp_key_map("", "", branches=len(module.transform))
+    if isinstance(module, EESPDownsampler):
+        return eesp_downsampler_key_map(
+            "",
+            "",
+            branches=len(module.eesp.transform),
+            image_shortcut=module.image_shortcut is not None,
+        )
+    raise unsupported(module, FAMILY, NETWORKS)
 
 
 def official_key_map(model: nn.Module) -> tuple[KeyMap, list[str]]:
-    """The official -> ours key map of a whole network, and the official keys it drops."""
-    name = type(model).__name__
-    if name not in NETWORKS:
-        raise ValueError(f"no official EdgeNets key map for {name}; known: {sorted(NETWORKS)}")
-    return NETWORKS[name](model)
+    """The official -> ours key map of a network or op, and the official keys it drops."""
+    if isinstance(model, DiCENet):
+        return dicenet_key_map(model)
+    if isinstance(model, ESPNetv2):
+        return espnetv2_key_map(model)
+    if isinstance(model, EdgeNetsSegmentation):
+        return segmentation_key_map(model)
+    return layer_key_map(model), []
 
 
-def load_official_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """An official EdgeNets ``.pth`` (legacy pickle, CUDA tensors) as CPU tensors, ``module.``
-    (DataParallel) prefixes removed."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"official EdgeNets weights {path} do not exist")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, Mapping):
-        raise TypeError(f"{path} holds a {type(state).__name__}, not a state dict")
-    return {key.removeprefix("module."): value for key, value in state.items()}
+# the ImageNet classifier whose backbone an SSD shares, by ``SSD.backbone_name``; and the key of
+# its official classifier weight (num_classes rows)
+CLASSIFIERS: Mapping[str, tuple[type[DiCENet | ESPNetv2], str]] = {
+    "espnetv2": (ESPNetv2, "classifier.weight"),
+    "dicenet": (DiCENet, "classifier.2.weight"),
+}
+SSD_BACKBONE_PREFIXES = ("backbone.", "head_conv.")
 
 
-def load_official_weights(model: nn.Module, weights: str | Path | Mapping[str, Tensor]) -> None:
-    """Load official EdgeNets weights (a ``.pth`` path or a state dict) into ``model`` in place.
-    A path to a Lightning checkpoint of this project loads its network's weights instead.
+def _fill_ssd(ssd: SSD, state: Mapping[str, Tensor]) -> None:
+    """An ImageNet classifier's weights over the SSD's ``backbone.*`` and ``head_conv.*``.
 
-    Raises ``KeyError`` listing the official keys the map expects but the file lacks, the
-    file's keys the map does not know, and shape mismatches (e.g. another width or class count).
+    ``state``: an official EdgeNets classification state dict of the same backbone and scale, or
+    a classifier (any number of classes) or detector of this project (its names already ours).
+    The names ``backbone.*`` and ``head_conv.*`` are the classification ESPNetv2's (DiCENet's
+    classifier has no ``head_conv``: its grouped FC is not a convolution, so that stays as
+    initialised unless the weights are a detector's).
     """
-    if isinstance(weights, (str, Path)):
-        path = Path(weights)
-        loaded = torch_load(path, "pretrained")
-        own = project_network_state(loaded)
-        if own is not None:  # a Lightning checkpoint of this project: our key names already
-            problems = mismatch_summary(model.state_dict(), own)
-            if problems:
-                raise KeyError(f"{path} does not fit {type(model).__name__}: {problems}")
-            model.load_state_dict(own)
-            return
-        if not isinstance(loaded, Mapping):
-            raise TypeError(f"{path} holds a {type(loaded).__name__}, not a state dict")
-        weights = {key.removeprefix("module."): value for key, value in loaded.items()}
-    state = weights
-    key_map, ignored = official_key_map(model)
-    converted = convert(state, key_map, ignored=ignored)
-    expected = model.state_dict()
-    mismatched = [
-        f"{official} -> {key_map[official][0]}: file {tuple(state[official].shape)} vs model "
-        f"{tuple(expected[ours].shape)}"
-        for official, (ours, _) in key_map.items()
-        if ours in expected and converted[ours].shape != expected[ours].shape
-    ]
-    if mismatched:
-        raise KeyError(f"official weights do not fit {type(model).__name__}: {mismatched}")
-    model.load_state_dict(converted, strict=True)
+    if not any(key.startswith(SSD_BACKBONE_PREFIXES) for key in state):  # official names
+        classifier_type, classifier_key = CLASSIFIERS[ssd.backbone_name]
+        classes = state[classifier_key].shape[0] if classifier_key in state else 1000
+        classifier = classifier_type(ssd.scale, num_classes=classes)
+        key_map, ignored = official_key_map(classifier)
+        fill(classifier, convert(state, key_map, ignored=ignored))
+        state = classifier.state_dict()
+    found = {k: v for k, v in state.items() if k.startswith(SSD_BACKBONE_PREFIXES)}
+    # the ESPNetv2 classifier has our head_conv; DiCENet's only where the weights are a detector's
+    with_head = ssd.backbone_name == "espnetv2" or any(k.startswith("head_conv.") for k in found)
+    expected = {
+        k: v
+        for k, v in ssd.state_dict().items()
+        if k.startswith("backbone.") or (with_head and k.startswith("head_conv."))
+    }
+    problems = mismatch_summary(expected, found)
+    if problems:
+        raise OfficialWeightsError(
+            f"does not fit the {ssd.backbone_name} s={ssd.scale} backbone: {problems}"
+        )
+    ssd.load_state_dict(found, strict=False)
 
 
-def _load(module: nn.Module, state_dict: Mapping[str, Tensor], key_map: KeyMap) -> nn.Module:
-    # strict: our side must be covered exactly too (shape mismatches raise as well)
-    module.load_state_dict(convert(state_dict, key_map), strict=True)
-    return module
+def _fill(network: nn.Module, state: Mapping[str, Tensor]) -> None:
+    if isinstance(network, SSD):
+        _fill_ssd(network, state)
+        return
+    key_map, ignored = official_key_map(network)
+    fill(network, convert(state, key_map, ignored=ignored))
 
 
-def _dice_dilation(config: Mapping) -> tuple[int, int, int]:
+NETWORKS: tuple[type[nn.Module], ...] = (
+    DiCENet,
+    ESPNetv2,
+    EdgeNetsSegmentation,
+    SSD,
+    DiCE,
+    StridedDiCE,
+    DiCEShuffleUnit,
+    EESP,
+    EESPDownsampler,
+)
+
+
+def load_official(network: nn.Module, weights: Weights) -> None:
+    """Fill ``network`` in place with official EdgeNets weights (a ``.pth`` path or a state dict;
+    ``module.`` prefixes are dropped).
+
+    ``network``: one of :data:`NETWORKS`. An SSD takes an ImageNet classifier's weights for its
+    backbone (:func:`_fill_ssd`); every other module takes the weights of its official counterpart,
+    strictly.
+
+    Raises:
+        OfficialWeightsError: official tensors missing or unexpected, shapes that differ (another
+            width or class count), or an ablation of a unit official weights do not exist for.
+        TypeError: ``network`` is none of :data:`NETWORKS`.
+    """
+    if not isinstance(network, NETWORKS):
+        raise unsupported(network, FAMILY, NETWORKS)
+    load_with(network, weights, FAMILY, _fill)
+
+
+def _dice_dilation(config: Mapping[str, Any]) -> tuple[int, int, int]:
     d_channel, d_width, d_height = config.get("dilation", (1, 1, 1))  # official order
     return (d_channel, d_height, d_width)
 
 
-def dice_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> DiCE:
-    """Official ``nn_layers.dice.DICE``: channel_in, channel_out, height, width, kernel_size,
-    dilation, shuffle."""
-    channels, shuffle = config["channel_in"], config.get("shuffle", True)
-    module = DiCE(
-        channels,
+def _input_size(config: Mapping[str, Any]) -> tuple[int, int]:
+    """The official ``args.model_height`` x ``args.model_width`` (224 x 224 by default)."""
+    return (config.get("model_height", 224), config.get("model_width", 224))
+
+
+# the official segmentation decoder's base width by its ``dataset`` argument
+DECODER_BASE_WIDTHS = {"pascal": 16, "city": 16, "coco": 32}
+
+
+def _dice(config: Mapping[str, Any]) -> nn.Module:
+    return DiCE(
+        config["channel_in"],
         config["channel_out"],
         config["height"],
         config["width"],
         kernel_size=config.get("kernel_size", 3),
         dilation=_dice_dilation(config),
-        shuffle=shuffle,
+        shuffle=config.get("shuffle", True),
     )
-    return _load(module, state_dict, dice_key_map("", "", channels=channels, shuffle=shuffle))
 
 
-def strided_dice_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> StridedDiCE:
-    """``nn_layers.dice.StridedDICE(channel_in, height, width, kernel_size, dilation, shuffle)``."""
-    channels, shuffle = config["channel_in"], config.get("shuffle", True)
-    module = StridedDiCE(
-        channels,
+def _strided_dice(config: Mapping[str, Any]) -> nn.Module:
+    return StridedDiCE(
+        config["channel_in"],
         config["height"],
         config["width"],
         kernel_size=config.get("kernel_size", 3),
         dilation=_dice_dilation(config),
-        shuffle=shuffle,
-    )
-    return _load(
-        module, state_dict, strided_dice_key_map("", "", channels=channels, shuffle=shuffle)
+        shuffle=config.get("shuffle", True),
     )
 
 
-def dice_shuffle_unit_from_official(
-    state_dict: Mapping[str, Tensor], config: Mapping
-) -> DiCEShuffleUnit:
-    """Official ``model.classification.dicenet.ShuffleDICEBlock``: inplanes, outplanes, height,
-    width, c_tag, groups."""
-    module = DiCEShuffleUnit(
+def _dice_shuffle_unit(config: Mapping[str, Any]) -> nn.Module:
+    return DiCEShuffleUnit(
         config["inplanes"],
         config["outplanes"],
         config["height"],
@@ -425,13 +496,10 @@ def dice_shuffle_unit_from_official(
         split_ratio=config.get("c_tag", 0.5),
         groups=config.get("groups", 2),
     )
-    dice_channels = module.out_channels - module.passed
-    return _load(module, state_dict, dice_shuffle_unit_key_map("", "", dice_channels=dice_channels))
 
 
-def eesp_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> EESP:
-    """``nn_layers.eesp.EESP(nIn, nOut, stride, k, r_lim, down_method)``."""
-    module = EESP(
+def _eesp(config: Mapping[str, Any]) -> nn.Module:
+    return EESP(
         config["nIn"],
         config["nOut"],
         stride=config.get("stride", 1),
@@ -439,40 +507,92 @@ def eesp_from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> EES
         r_lim=config["r_lim"],
         down_method=config.get("down_method", "esp"),
     )
-    return _load(module, state_dict, eesp_key_map("", "", branches=len(module.transform)))
 
 
-def eesp_downsampler_from_official(
-    state_dict: Mapping[str, Tensor], config: Mapping
-) -> EESPDownsampler:
-    """Official ``nn_layers.eesp.DownSampler``: nin, nout, k, r_lim, reinf; the image has
-    ``config_inp_reinf`` channels."""
+def _eesp_downsampler(config: Mapping[str, Any]) -> nn.Module:
     reinf = config.get("reinf", True)
-    module = EESPDownsampler(
+    return EESPDownsampler(
         config["nin"],
         config["nout"],
         branches=config["k"],
         r_lim=config["r_lim"],
         image_channels=config.get("config_inp_reinf", 3) if reinf else None,
     )
-    key_map = eesp_downsampler_key_map(
-        "", "", branches=len(module.eesp.transform), image_shortcut=reinf
+
+
+def _dicenet(config: Mapping[str, Any]) -> nn.Module:
+    return DiCENet(
+        config["s"],
+        config["num_classes"],
+        config.get("channels", 3),
+        input_size=_input_size(config),
     )
-    return _load(module, state_dict, key_map)
 
 
-LAYERS: Mapping[str, Callable[[Mapping[str, Tensor], Mapping], nn.Module]] = {
-    "nn_layers.dice.DICE": dice_from_official,
-    "nn_layers.dice.StridedDICE": strided_dice_from_official,
-    "model.classification.dicenet.ShuffleDICEBlock": dice_shuffle_unit_from_official,
-    "nn_layers.eesp.EESP": eesp_from_official,
-    "nn_layers.eesp.DownSampler": eesp_downsampler_from_official,
+def _espnetv2(config: Mapping[str, Any]) -> nn.Module:
+    return ESPNetv2(config["s"], config["num_classes"], config.get("channels", 3))
+
+
+def _decoder_base_width(config: Mapping[str, Any]) -> int:
+    dataset = config.get("dataset", "pascal")
+    if dataset not in DECODER_BASE_WIDTHS:
+        raise ValueError(f"unknown dataset {dataset!r}; known: {sorted(DECODER_BASE_WIDTHS)}")
+    return DECODER_BASE_WIDTHS[dataset]
+
+
+def _dicenet_segmentation(config: Mapping[str, Any]) -> nn.Module:
+    return dicenet_segmentation(
+        config["s"],
+        config["classes"],
+        config.get("channels", 3),
+        input_size=_input_size(config),
+        base_width=_decoder_base_width(config),
+    )
+
+
+def _espnetv2_segmentation(config: Mapping[str, Any]) -> nn.Module:
+    return espnetv2_segmentation(
+        config["s"],
+        config["classes"],
+        config.get("channels", 3),
+        base_width=_decoder_base_width(config),
+    )
+
+
+# official class path -> our module built from its constructor arguments (the official names:
+# ``args.s``, ``args.channels``, ``args.model_width`` ... for the networks)
+BUILDERS: Mapping[str, Callable[[Mapping[str, Any]], nn.Module]] = {
+    "nn_layers.dice.DICE": _dice,
+    "nn_layers.dice.StridedDICE": _strided_dice,
+    "model.classification.dicenet.ShuffleDICEBlock": _dice_shuffle_unit,
+    "nn_layers.eesp.EESP": _eesp,
+    "nn_layers.eesp.DownSampler": _eesp_downsampler,
+    "model.classification.dicenet.CNNModel": _dicenet,
+    "model.classification.espnetv2.EESPNet": _espnetv2,
+    "model.segmentation.dicenet.DiCENetSegmentation": _dicenet_segmentation,
+    "model.segmentation.espnetv2.ESPNetv2Segmentation": _espnetv2_segmentation,
 }
 
 
-def from_official(state_dict: Mapping[str, Tensor], config: Mapping) -> nn.Module:
-    """Build the op for the official class ``config["layer"]`` and load ``state_dict`` into it."""
+def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
+    """Build our module for the official class ``config["layer"]`` and fill it with ``state_dict``.
+
+    Args:
+        state_dict: the official module's tensors (``module.`` prefixes are dropped).
+        config: ``layer``, the official class path (a key of :data:`BUILDERS`), and its
+            constructor arguments under the official names: ``DICE``: channel_in, channel_out,
+            height, width, kernel_size, dilation, shuffle; ``StridedDICE``: channel_in, height,
+            width, kernel_size, dilation, shuffle; ``ShuffleDICEBlock``: inplanes, outplanes,
+            height, width, c_tag, groups; ``EESP``: nIn, nOut, stride, k, r_lim, down_method;
+            ``DownSampler``: nin, nout, k, r_lim, reinf (the image has ``config_inp_reinf``
+            channels); ``CNNModel``: s, num_classes, channels, model_width, model_height;
+            ``EESPNet``: s, num_classes, channels; ``DiCENetSegmentation``: s, classes, channels,
+            model_width, model_height, dataset; ``ESPNetv2Segmentation``: s, classes, channels,
+            dataset.
+    """
     layer = config.get("layer")
-    if layer not in LAYERS:
-        raise ValueError(f"unknown official layer {layer!r}; known: {sorted(LAYERS)}")
-    return LAYERS[layer](state_dict, config)
+    if layer not in BUILDERS:
+        raise ValueError(f"unknown official layer {layer!r}; known: {sorted(BUILDERS)}")
+    module = BUILDERS[layer](config)
+    load_official(module, state_dict)
+    return module

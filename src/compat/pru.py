@@ -1,8 +1,16 @@
-"""Converters from the official PRU state dicts (github.com/sacmehta/PRU) to :mod:`src.ops.pru`.
+"""Official PRU (github.com/sacmehta/PRU) state dicts -> :mod:`src.ops.pru` and
+:class:`AWDLanguageModel`.
+
+:func:`from_official` builds the op an official state dict holds and fills it;
+:func:`load_official` fills a pyramidal transform, context GLT, one-layer PRU or a whole
+:class:`AWDLanguageModel` of ours in place.
 
 Official names: a PRU layer has ``pt.pyramid.{k}.weight`` (4 m_k, ceil(N / 2^k)) and
 ``pt.pyramid.{k}.bias`` (4 m_k), and ``glt.W`` (g, M/g, 4M/g) and ``glt.bias`` (g, 4M/g); the
-stand-alone transforms have the same names without the ``pt.`` / ``glt.`` prefix. Every size is
+stand-alone transforms have the same names without the ``pt.`` / ``glt.`` prefix. The official
+``RNNModel`` adds ``encoder.weight`` (the embedding), ``decoder.{weight,bias}`` and
+``rnns.{l}.*`` (a PRU layer, or ``nn.LSTM``'s ``{weight,bias}_{ih,hh}_l0``). Every layout is
+already this project's (the GLT weight stays (g, M/g, 4M/g)): only names change. Every size is
 read from the state dict and checked against the config's, where the config gives one.
 """
 
@@ -12,11 +20,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
+from src.compat.common import (
+    OfficialWeightsError,
+    Weights,
+    check_keys,
+    fill,
+    load_with,
+    unsupported,
+)
+from src.models.awd_lm import AWDLanguageModel
 from src.ops.pru import PRU, GroupedContextTransform
 from src.ops.pyramidal import GATES, PyramidalTransform
+
+FAMILY = "PRU"
 
 # config keys of the official fixtures for each size, per module kind
 _CONFIG_KEYS = {
@@ -30,6 +48,19 @@ _CONFIG_KEYS = {
     },
 }
 
+# official RNNModel names -> AWDLanguageModel's, for the parts that are renamed
+_OFFICIAL_RENAMES = (
+    (re.compile(r"encoder\.weight"), "embedding.weight"),
+    (re.compile(r"decoder\.(weight|bias)"), r"decoder.\1"),
+    (
+        re.compile(r"rnns\.(\d+)\.pt\.pyramid\.(\d+)\.(weight|bias)"),
+        r"rnns.\1.cells.0.pyramid.transforms.\2.\3",
+    ),
+    (re.compile(r"rnns\.(\d+)\.glt\.W"), r"rnns.\1.cells.0.context.glt.weight"),
+    (re.compile(r"rnns\.(\d+)\.glt\.bias"), r"rnns.\1.cells.0.context.glt.bias"),
+    (re.compile(r"rnns\.(\d+)\.((weight|bias)_(ih|hh)_l0)"), r"rnns.\1.\2"),
+)
+
 
 def _check_config(kind: str, sizes: Mapping[str, int], config: Mapping[str, Any]) -> None:
     for name, key in _CONFIG_KEYS[kind].items():
@@ -40,46 +71,111 @@ def _check_config(kind: str, sizes: Mapping[str, int], config: Mapping[str, Any]
             )
 
 
-def _copy(target: Tensor, source: Tensor, name: str) -> None:
-    # the official layouts are this project's (GroupLinear keeps the GLT's (g, M/g, 4M/g)), so
-    # every tensor must fit as it is
-    if source.shape != target.shape:
-        raise ValueError(
-            f"{name}: official shape {tuple(source.shape)} does not fit {tuple(target.shape)}"
+# -- official tensors -> ours, for a module of ours ----------------------------------------------
+
+
+def _renamed(state_dict: Mapping[str, Tensor], names: Mapping[str, str]) -> dict[str, Tensor]:
+    """``state_dict`` with exactly the official keys of ``names``, under our names."""
+    check_keys(state_dict, names)
+    return {ours: state_dict[theirs] for theirs, ours in names.items()}
+
+
+def _pyramid_names(module: PyramidalTransform, official: str, ours: str) -> dict[str, str]:
+    return {
+        f"{official}pyramid.{k}.{name}": f"{ours}transforms.{k}.{name}"
+        for k, transform in enumerate(module.transforms)
+        for name, _ in transform.named_parameters()
+    }
+
+
+def _context_names(module: GroupedContextTransform, official: str, ours: str) -> dict[str, str]:
+    names = {f"{official}W": f"{ours}glt.weight"}
+    if module.glt.bias is not None:
+        names[f"{official}bias"] = f"{ours}glt.bias"
+    return names
+
+
+def _pru_names(module: PRU) -> dict[str, str]:
+    if len(module.cells) != 1:
+        raise OfficialWeightsError(
+            f"an official PRU layer is one layer; this PRU has {len(module.cells)}"
         )
-    with torch.no_grad():
-        target.copy_(source)
+    cell = module.cells[0]
+    return _pyramid_names(cell.pyramid, "pt.", "cells.0.pyramid.") | _context_names(
+        cell.context, "glt.", "cells.0.context."
+    )
+
+
+def _awd_state(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """An official ``RNNModel`` state dict in :class:`AWDLanguageModel`'s names.
+
+    ``encoder.weight`` -> ``embedding.weight``; ``decoder.*`` kept; a PRU layer's
+    ``rnns.{l}.pt.pyramid.{k}.*`` -> ``rnns.{l}.cells.0.pyramid.transforms.{k}.*`` and
+    ``rnns.{l}.glt.{W,bias}`` -> ``rnns.{l}.cells.0.context.glt.{weight,bias}``; an LSTM layer's
+    ``rnns.{l}.{weight,bias}_{ih,hh}_l0`` kept. Tensors are not copied.
+    """
+    converted = {}
+    for key, value in state_dict.items():
+        for pattern, replacement in _OFFICIAL_RENAMES:
+            if pattern.fullmatch(key):
+                converted[pattern.sub(replacement, key)] = value
+                break
+        else:
+            raise OfficialWeightsError(f"{key!r} is not a parameter of the official RNNModel")
+    return converted
+
+
+def _fill(network: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
+    if isinstance(network, AWDLanguageModel):
+        state = _awd_state(state_dict)
+    elif isinstance(network, PRU):
+        state = _renamed(state_dict, _pru_names(network))
+    elif isinstance(network, GroupedContextTransform):
+        state = _renamed(state_dict, _context_names(network, "", ""))
+    else:
+        state = _renamed(state_dict, _pyramid_names(network, "", ""))
+    fill(network, state)
+
+
+NETWORKS: tuple[type[nn.Module], ...] = (
+    AWDLanguageModel,
+    PRU,
+    PyramidalTransform,
+    GroupedContextTransform,
+)
+
+
+def load_official(network: nn.Module, weights: Weights) -> None:
+    """Fill ``network`` in place with official PRU weights (a path or a state dict).
+
+    ``network``: an :class:`AWDLanguageModel` (the official ``RNNModel``, PRU or LSTM layers), a
+    one-layer :class:`PRU` (an official PRU layer), a :class:`PyramidalTransform` or a
+    :class:`GroupedContextTransform` (the stand-alone transforms).
+
+    Raises:
+        OfficialWeightsError: official tensors missing or unknown, or shapes that differ.
+        TypeError: ``network`` is none of :data:`NETWORKS`.
+    """
+    if not isinstance(network, NETWORKS):
+        raise unsupported(network, FAMILY, NETWORKS)
+    load_with(network, weights, FAMILY, _fill)
+
+
+# -- building from the state dict (sizes) and the official config ---------------------------------
 
 
 def _pyramid_sizes(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, int]:
     pattern = re.compile(rf"{re.escape(prefix)}pyramid\.(\d+)\.weight")
     weights = {int(m.group(1)): v for k, v in state_dict.items() if (m := pattern.fullmatch(k))}
     if not weights or sorted(weights) != list(range(len(weights))):
-        raise ValueError(f"no consecutive {prefix}pyramid.{{k}}.weight in {sorted(state_dict)}")
+        raise OfficialWeightsError(
+            f"no consecutive {prefix}pyramid.{{k}}.weight in {sorted(state_dict)}"
+        )
     return {
         "in_features": weights[0].shape[1],
         "out_features": sum(w.shape[0] // GATES for w in weights.values()),
         "levels": len(weights),
     }
-
-
-def _load_pyramid(
-    module: PyramidalTransform, state_dict: Mapping[str, Tensor], prefix: str
-) -> None:
-    for k, transform in enumerate(module.transforms):
-        _copy(
-            transform.weight,
-            state_dict[f"{prefix}pyramid.{k}.weight"],
-            f"{prefix}pyramid.{k}.weight",
-        )
-        _copy(transform.bias, state_dict[f"{prefix}pyramid.{k}.bias"], f"{prefix}pyramid.{k}.bias")
-
-
-def _load_context(
-    module: GroupedContextTransform, state_dict: Mapping[str, Tensor], prefix: str
-) -> None:
-    _copy(module.glt.weight, state_dict[f"{prefix}W"], f"{prefix}W")
-    _copy(module.glt.bias, state_dict[f"{prefix}bias"], f"{prefix}bias")
 
 
 def pyramidal_from_official(
@@ -89,7 +185,7 @@ def pyramidal_from_official(
     sizes = _pyramid_sizes(state_dict, "")
     _check_config("pyramid", sizes, config)
     module = PyramidalTransform(sizes["in_features"], sizes["out_features"], levels=sizes["levels"])
-    _load_pyramid(module, state_dict, "")
+    load_official(module, state_dict)
     return module
 
 
@@ -101,7 +197,7 @@ def context_from_official(
     sizes = {"hidden_size": weight.shape[0] * weight.shape[1], "groups": weight.shape[0]}
     _check_config("context", sizes, config)
     module = GroupedContextTransform(sizes["hidden_size"], groups=sizes["groups"])
-    _load_context(module, state_dict, "")
+    load_official(module, state_dict)
     return module
 
 
@@ -118,7 +214,7 @@ def pru_from_official(
         "levels": pyramid["levels"],
     }
     if pyramid["out_features"] != sizes["hidden_size"]:
-        raise ValueError(
+        raise OfficialWeightsError(
             f"the pyramid gives {pyramid['out_features']} outputs per gate, "
             f"glt.W {tuple(weight.shape)} a hidden size of {sizes['hidden_size']}"
         )
@@ -130,14 +226,15 @@ def pru_from_official(
         levels=sizes["levels"],
         batch_first=batch_first,
     )
-    cell = module.cells[0]
-    _load_pyramid(cell.pyramid, state_dict, "pt.")
-    _load_context(cell.context, state_dict, "glt.")
+    load_official(module, state_dict)
     return module
 
 
 def from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any]) -> nn.Module:
-    """Whichever of the three the state dict holds: a PRU layer, a pyramid or a context GLT."""
+    """Whichever of the three the state dict holds, built and filled: a PRU layer (``glt.W``), a
+    context GLT (``W``) or a pyramid (``pyramid.0.weight``); ``config`` (the fixtures' official
+    sizes: ``ninp``, ``nhid``, ``K``, ``nInp``, ``groups``, ``input_size``, ``hidden_size``) is
+    checked against the tensors where it gives a size."""
     if "glt.W" in state_dict:
         return pru_from_official(state_dict, config)
     if "W" in state_dict:

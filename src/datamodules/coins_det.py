@@ -25,9 +25,9 @@ import xml.etree.ElementTree as ET
 import numpy as np
 from PIL import Image
 from scipy import ndimage
-from skimage import data, filters, measure, morphology
 
 from src.datamodules.voc_det import VOCDetectionDataModule
+from src.utils.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ STAMP = "coins_det.json"
 
 def derive_coin_boxes() -> list[tuple[int, int, int, int]]:
     """The procedure that gave ``COIN_BOXES``: (x1, y1, x2, y2) sorted by (y1, x1)."""
+    require("scikit-image", "demos", "the coins photograph")
+    from skimage import data, filters, measure, morphology  # an extra: imported where used
+
     image = data.coins()
     foreground = image > filters.threshold_local(image, 101, offset=-10)
     foreground = ndimage.binary_fill_holes(morphology.closing(foreground, morphology.disk(3)))
@@ -171,6 +174,9 @@ class CoinsDetectionDataModule(VOCDetectionDataModule):
             return
         for folder in ("JPEGImages", "Annotations", "ImageSets/Main"):
             (self.root / folder).mkdir(parents=True, exist_ok=True)
+        require("scikit-image", "demos", "data=coins_det (the coins photograph)")
+        from skimage import data  # an extra: imported where used
+
         photo = np.repeat(data.coins()[:, :, None], 3, axis=2)  # (303, 384, 3) uint8
         rng = np.random.default_rng(self.seed)
         low, high = self.crop_sides

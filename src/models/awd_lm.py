@@ -28,8 +28,6 @@ silent or differ:
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch.nn.functional as F
@@ -239,38 +237,3 @@ class AWDLanguageModel(nn.Module):
             f"dropout_embedding={self.dropout_embedding}, weight_drop={self.weight_drop}, "
             f"variational={self.variational}, tie_weights={self.tie_weights}"
         )
-
-
-# official RNNModel names -> this model's, for the parts that are renamed
-_OFFICIAL_RENAMES = (
-    (re.compile(r"encoder\.weight"), "embedding.weight"),
-    (re.compile(r"decoder\.(weight|bias)"), r"decoder.\1"),
-    (
-        re.compile(r"rnns\.(\d+)\.pt\.pyramid\.(\d+)\.(weight|bias)"),
-        r"rnns.\1.cells.0.pyramid.transforms.\2.\3",
-    ),
-    (re.compile(r"rnns\.(\d+)\.glt\.W"), r"rnns.\1.cells.0.context.glt.weight"),
-    (re.compile(r"rnns\.(\d+)\.glt\.bias"), r"rnns.\1.cells.0.context.glt.bias"),
-    (re.compile(r"rnns\.(\d+)\.((weight|bias)_(ih|hh)_l0)"), r"rnns.\1.\2"),
-)
-
-
-def convert_official_state_dict(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """An official ``RNNModel`` state dict (github.com/sacmehta/PRU) in this model's names.
-
-    ``encoder.weight`` -> ``embedding.weight``; ``decoder.*`` kept; a PRU layer's
-    ``rnns.{l}.pt.pyramid.{k}.*`` -> ``rnns.{l}.cells.0.pyramid.transforms.{k}.*`` and
-    ``rnns.{l}.glt.{W,bias}`` -> ``rnns.{l}.cells.0.context.glt.{weight,bias}``; an LSTM layer's
-    ``rnns.{l}.{weight,bias}_{ih,hh}_l0`` kept. Every layout is already this project's (the GLT
-    weight stays (g, M/g, 4M/g)), so tensors are not copied. Load the result with
-    ``load_state_dict(..., strict=True)``.
-    """
-    converted = {}
-    for key, value in state.items():
-        for pattern, replacement in _OFFICIAL_RENAMES:
-            if pattern.fullmatch(key):
-                converted[pattern.sub(replacement, key)] = value
-                break
-        else:
-            raise ValueError(f"{key!r} is not a parameter of the official RNNModel")
-    return converted

@@ -36,51 +36,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.models.checks import check_dropout
 from src.models.delight_block import (
     DecoderBlockCache,
     DeLighTDecoderBlock,
     DeLighTEncoderBlock,
     block_wise_scaling,
 )
+from src.models.fairseq_init import PADDING_IDX, init_official
 from src.ops.dextra import DExTra, dextra_max_groups
-from src.ops.group_layer_norm import SharedGroupLayerNorm
-from src.ops.group_linear import GroupLinear
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
+from src.ops.sinusoidal_positions import sinusoidal_positions
 
 EMBEDDING_DIM = 128  # the official ``delight_emb_map_dim`` of every MT and LM architecture
-PADDING_IDX = 1  # fairseq's dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3
-
-
-def sinusoidal_positions(
-    padding_mask: Tensor, dim: int, padding_idx: int = PADDING_IDX, *, offset: int = 0
-) -> Tensor:
-    """fairseq's sinusoidal positions (``SinusoidalPositionalEmbedding``, no parameters).
-
-    Non-pad tokens are numbered ``padding_idx + 1, padding_idx + 2, ...`` in order, skipping pads
-    (fairseq's ``make_positions``), so left and right padding give a token the same position.
-    ``offset`` counts unpadded tokens before the given ones (incremental decoding). The
-    vector of position t is ``[sin(t f_0), ..., sin(t f_{h-1}), cos(t f_0), ..., cos(t f_{h-1})]``
-    with h = dim // 2 and ``f_i = 10000^(-i / (h - 1))`` (a zero column appended when dim is odd);
-    pads get the zero vector (fairseq zeroes the table's ``padding_idx`` row).
-
-    Shape:
-        padding_mask (B, T) bool, True = pad -> (B, T, dim) float32
-    """
-    half = dim // 2
-    if half < 2:
-        raise ValueError(f"sinusoidal positions need dim >= 4, got {dim}")
-    keep = ~padding_mask
-    # (B, T), pads at padding_idx
-    positions = (torch.cumsum(keep, dim=1) + offset) * keep + padding_idx
-    # fairseq builds its table in float32 with these operations, so the values agree exactly
-    freq = torch.exp(
-        torch.arange(half, dtype=torch.float, device=padding_mask.device)
-        * -(math.log(10000) / (half - 1))
-    )
-    angles = positions.float().unsqueeze(-1) * freq  # (B, T, h)
-    emb = torch.cat((torch.sin(angles), torch.cos(angles)), dim=-1)  # (B, T, 2h)
-    if dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb.masked_fill(padding_mask.unsqueeze(-1), 0.0)
 
 
 def recurrent_dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -94,12 +62,6 @@ def recurrent_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     keep = 1.0 - p
     mask = x.new_empty(x.shape[0], 1, x.shape[2]).bernoulli_(keep) / keep  # (B, 1, C)
     return x * mask
-
-
-def _check_dropout(**values: float) -> None:
-    for name, p in values.items():
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"{name} must be in [0, 1), got {p}")
 
 
 class DeLighTEmbedding(nn.Module):
@@ -154,7 +116,7 @@ class DeLighTEmbedding(nn.Module):
             )
         if d_model % 2:
             raise ValueError(f"d_model must be even (the DExTra's p is d_model / 2), got {d_model}")
-        _check_dropout(embedding_dropout=embedding_dropout, position_dropout=position_dropout)
+        check_dropout(embedding_dropout=embedding_dropout, position_dropout=position_dropout)
         self.d_model = d_model
         self.padding_idx = padding_idx
         self.embed_scale = math.sqrt(embedding_dim) if scale_embedding else 1.0
@@ -237,33 +199,6 @@ def source_ids(encoder_out: Tensor, src_padding_mask: Tensor | None) -> Tensor:
     if src_padding_mask is not None:
         rows = torch.cat((rows, src_padding_mask.to(rows.dtype)), dim=1)
     return torch.unique(rows, dim=0, return_inverse=True)[1]
-
-
-def init_official(root: nn.Module, skip: nn.Module | None = None) -> None:
-    """The official DeLighT initialisation (sacmehta/delight ``nn_functions.py``) of every module
-    under ``root`` but those under ``skip``: lookup tables N(0, embedding_dim^-0.5) with a zero pad
-    row; every Linear and GLT weight xavier-uniform (a GLT's (g, d_in/g, d_out/g) tensor as one
-    3-d tensor, as the official ``GroupLinear`` does) and zero biases; LayerNorms at weight 1 and
-    bias 0."""
-    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
-    for module in root.modules():
-        if id(module) in skipped:
-            continue
-        if isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.Linear):
-            nn.init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, GroupLinear):
-            # one group is the official dense Linear: xavier over its (d_in, d_out) matrix
-            nn.init.xavier_uniform_(module.weight[0] if module.groups == 1 else module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, (nn.LayerNorm, SharedGroupLayerNorm)):
-            module.reset_parameters()
 
 
 def _linear_params(module: nn.Module | None) -> int:

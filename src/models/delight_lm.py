@@ -23,16 +23,12 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.delight import (
-    EMBEDDING_DIM,
-    PADDING_IDX,
-    init_official,
-    recurrent_dropout,
-    sinusoidal_positions,
-)
+from src.models.delight import EMBEDDING_DIM, recurrent_dropout
 from src.models.delight_block import DeLighTDecoderBlock, block_wise_scaling
+from src.models.fairseq_init import PADDING_IDX, init_official
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from src.ops.dextra import DExTra, dextra_max_groups
+from src.ops.sinusoidal_positions import sinusoidal_positions
 
 
 def wikitext103_dropout(d_model: int) -> float:

@@ -28,7 +28,6 @@ from types import MappingProxyType
 import torch
 from torch import Tensor, nn
 
-from src.compat.edgenets import load_official_weights
 from src.models.features import FeatureInfo
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential
@@ -398,8 +397,9 @@ class DiCENet(nn.Module):
         dropout: before the classifier; ``None`` is the official rule, 0.2 if s > 1 else 0.1.
         spatial, fusion, reduce: DiCE-unit ablations (Tables 3.2, 3.3); defaults = DiCENet.
         impl: DimConv's implementation.
-        pretrained: path of an official EdgeNets ImageNet ``.pth`` to load (by explicit key map,
-            :func:`src.compat.edgenets.load_official_weights`).
+
+    Official EdgeNets ImageNet weights are loaded by :func:`src.compat.load_official` (in
+    training, ``task.init_checkpoint=<.pth>``).
 
     Shape:
         (B, in_chans, H, W) -> (B, num_classes)
@@ -418,7 +418,6 @@ class DiCENet(nn.Module):
         fusion: str = "dimfuse",
         reduce: str = "pointwise",
         impl: str = "auto",
-        pretrained: str | None = None,
     ) -> None:
         super().__init__()
         self.backbone = DiCENetBackbone(
@@ -440,8 +439,6 @@ class DiCENet(nn.Module):
         self.fc = PointwiseConv2d(widths[5], num_classes)
         self.feature_info = self.backbone.feature_info
         self.init_weights()
-        if pretrained is not None:
-            load_official_weights(self, pretrained)
 
     def init_weights(self) -> None:
         """EdgeNets' initialisation (:func:`init_conv_bn_linear`)."""

@@ -25,7 +25,6 @@ from types import MappingProxyType
 import torch
 from torch import Tensor, nn
 
-from src.compat.edgenets import load_official_weights
 from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
 from src.ops.batch_norm import BatchNorm2d
@@ -33,7 +32,7 @@ from src.ops.batch_norm_prelu import FusingSequential
 from src.ops.eesp import EESP, EESPDownsampler, image_pyramid
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
-from src.ops.triton import check_impl
+from src.ops.dispatch import check_impl
 
 # Output channels of levels 1-5 and of the last grouped 1x1 CBR, by width s. The official
 # ``espnetv2_config.py`` table (s = 0.5 ... 2.0); s = 1.75 is the 6th column of thesis Table 2.2
@@ -249,8 +248,9 @@ class ESPNetv2(nn.Module):
         dropout: before the classifier (0.2, thesis Sec. 2.4.1).
         conv_type, hff, input_shortcut: ablations (Tables 2.4, 2.5); defaults = ESPNetv2.
         impl: the EESP pyramids' path, ``"auto" | "reference" | "triton"``.
-        pretrained: path of an official EdgeNets ImageNet ``.pth`` (loaded by explicit key map;
-            the unused level-5 image-shortcut weights are dropped).
+
+    Official EdgeNets ImageNet weights are loaded by :func:`src.compat.load_official` (the unused
+    level-5 image-shortcut weights are dropped; in training, ``task.init_checkpoint=<.pth>``).
 
     Shape:
         (B, in_chans, H, W) -> (B, num_classes)
@@ -267,7 +267,6 @@ class ESPNetv2(nn.Module):
         hff: bool = True,
         input_shortcut: bool = True,
         impl: str = "auto",
-        pretrained: str | None = None,
     ) -> None:
         super().__init__()
         self.backbone = ESPNetv2Backbone(
@@ -288,8 +287,6 @@ class ESPNetv2(nn.Module):
         self.classifier = nn.Linear(c5, num_classes)
         self.feature_info = self.backbone.feature_info
         self.init_weights()
-        if pretrained is not None:
-            load_official_weights(self, pretrained)
 
     def init_weights(self) -> None:
         """EdgeNets' initialisation (:func:`src.models.dicenet.init_conv_bn_linear`)."""

@@ -20,9 +20,7 @@ from torch import Tensor, nn
 
 from src.models.transformer_xl import (
     PAPER_PER_POSITION,
-    PositionwiseFeedForward,
     RelativeDecoderLayer,
-    RelativeMultiHeadAttention,
     check_memories,
     update_memories,
 )
@@ -30,8 +28,10 @@ from src.ops.dropout import dropout
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
+from src.ops.positionwise_feedforward import PositionwiseFeedForward
+from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
 from src.ops.relative_position import ATTENTION_PATHS, RelativePositionTable, relative_sinusoid
-from src.ops.triton import check_impl
+from src.ops.dispatch import check_impl
 
 
 class GroupTransformer(nn.Module):

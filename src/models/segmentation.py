@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.compat.edgenets import load_official_weights
 from src.models.dicenet import DiCENetBackbone, init_conv_bn_linear
 from src.models.espnetv2 import ESPNetv2Backbone
 from src.ops.batch_norm import BatchNorm2d
@@ -201,16 +200,13 @@ def dicenet_segmentation(
     *,
     input_size: int | Sequence[int] = 224,
     base_width: int = 16,
-    pretrained: str | None = None,
 ) -> EdgeNetsSegmentation:
     """DiCENet segmentation (thesis Sec. 3.6): DiCENet levels 1-4 (DiCE built for ``input_size``,
-    224 as in the released weights) + EPP decoder. ``pretrained``: an official
-    ``dicenet_s_<s>_<pascal|city>_<W>x<H>.pth``."""
+    224 as in the released weights) + EPP decoder. The official
+    ``dicenet_s_<s>_<pascal|city>_<W>x<H>.pth`` load with :func:`src.compat.load_official`."""
     backbone = DiCENetBackbone(scale, in_chans, input_size=input_size, depth=4)
     net = EdgeNetsSegmentation(backbone, num_classes, base_width=base_width)
     net.init_weights()
-    if pretrained is not None:
-        load_official_weights(net, pretrained)
     return net
 
 
@@ -220,13 +216,10 @@ def espnetv2_segmentation(
     in_chans: int = 3,
     *,
     base_width: int = 16,
-    pretrained: str | None = None,
 ) -> EdgeNetsSegmentation:
-    """ESPNetv2 segmentation (thesis Sec. 2.4.2): ESPNetv2 levels 1-4 + EPP decoder.
-    ``pretrained``: an official ``espnetv2_s_<s>_<pascal|city>_<W>x<H>.pth``."""
+    """ESPNetv2 segmentation (thesis Sec. 2.4.2): ESPNetv2 levels 1-4 + EPP decoder. The official
+    ``espnetv2_s_<s>_<pascal|city>_<W>x<H>.pth`` load with :func:`src.compat.load_official`."""
     backbone = ESPNetv2Backbone(scale, in_chans, depth=4)
     net = EdgeNetsSegmentation(backbone, num_classes, base_width=base_width)
     net.init_weights()
-    if pretrained is not None:
-        load_official_weights(net, pretrained)
     return net

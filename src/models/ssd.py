@@ -20,10 +20,11 @@ Thesis Sec. 2.4.3 and 3.6.1; structure as the official EdgeNets
 
 Initialisation as the official ``init_params``: ``xavier_uniform_`` on every convolution weight
 of the whole network (its comment: Kaiming "does not let the model converge"); biases, BN and
-PReLU keep PyTorch's defaults. ImageNet weights (``backbone_weights``, the official recipe's start)
-are then loaded over the backbone: the names ``backbone.*`` and ``head_conv.*`` are those of the
-classification ESPNetv2 (DiCENet: ``backbone.*``), so an official ``.pth`` loads through the
-classifier's key map and a classifier checkpoint of this project loads as it is.
+PReLU keep PyTorch's defaults. ImageNet weights (the official recipe's start) are loaded over the
+backbone by :func:`src.compat.load_official` (in training, ``task.init_checkpoint=<.pth>``): the
+names ``backbone.*`` and ``head_conv.*`` are those of the classification ESPNetv2 (DiCENet:
+``backbone.*``), so an official ``.pth`` loads through the classifier's key map and a classifier
+checkpoint of this project loads as it is.
 
 Differences from the official code:
 
@@ -49,23 +50,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.compat.edgenets import load_official_weights
-from src.models.dicenet import DiCENet, DiCENetBackbone
-from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2, ESPNetv2Backbone
+from src.models.dicenet import DiCENetBackbone
+from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2Backbone
 from src.models.ssd_priors import BOXES_PER_LOCATION, prior_feature_sizes, ssd_priors
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
 from src.ops.shuffle import channel_shuffle
-from src.utils.state_dicts import mismatch_summary, project_network_state, torch_load
 
 BACKBONES = ("espnetv2", "dicenet")
 EXTRA_CHANNELS = (512, 256, 128)  # extra6, extra7, extra8 (official ``config += [512, 256, 128]``)
@@ -209,8 +207,6 @@ class SSD(nn.Module):
         scale: the backbone width s, a key of its width table (ESPNetv2: 0.5 ... 2.0, the model
             zoo's 2.0; DiCENet: 0.1 ... 2.4, the thesis's 2.4).
         image_size: 300 or 512, the square input the priors are laid out for.
-        backbone_weights: ImageNet weights for the backbone (:meth:`load_backbone_weights`);
-            None keeps the random initialisation.
 
     Attributes:
         priors: buffer (P, 4), (cx, cy, w, h) normalised (:func:`ssd_priors`).
@@ -228,7 +224,6 @@ class SSD(nn.Module):
         backbone: str = "espnetv2",
         scale: float = 2.0,
         image_size: int = 300,
-        backbone_weights: str | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -260,49 +255,6 @@ class SSD(nn.Module):
             nn.Conv2d(c, BOXES_PER_LOCATION * num_classes, 1) for c in self.head_channels
         )
         self.init_weights()
-        if backbone_weights is not None:
-            self.load_backbone_weights(backbone_weights)
-
-    def load_backbone_weights(self, path: str | Path) -> None:
-        """Load the classification network's weights over ``backbone.*`` and ``head_conv.*``.
-
-        ``path``: an official EdgeNets ImageNet ``.pth`` of the same backbone and scale (read
-        through the classifier's key map, 1,000 classes), or a Lightning checkpoint of this
-        project's classifier (any number of classes) or detector of that backbone and scale.
-        DiCENet's classifier has no ``head_conv`` (its grouped FC is not a convolution), so that
-        stays as initialised.
-
-        Raises:
-            KeyError: the file does not hold every backbone tensor in this network's shapes.
-        """
-        loaded = torch_load(path, "model.backbone_weights")
-        state = project_network_state(loaded)
-        if state is None:  # an official file: its names go through the classifier's key map
-            if not isinstance(loaded, Mapping):
-                raise TypeError(f"model.backbone_weights={path} holds a {type(loaded).__name__}")
-            classifier_type = ESPNetv2 if self.backbone_name == "espnetv2" else DiCENet
-            classifier = classifier_type(self.scale, num_classes=1000)
-            official = {key.removeprefix("module."): value for key, value in loaded.items()}
-            load_official_weights(classifier, official)
-            state = classifier.state_dict()
-        prefixes = ("backbone.", "head_conv.")
-        found = {k: v for k, v in state.items() if k.startswith(prefixes)}
-        # the ESPNetv2 classifier has our head_conv; DiCENet's only where the file is a detector's
-        with_head = self.backbone_name == "espnetv2" or any(
-            k.startswith("head_conv.") for k in found
-        )
-        expected = {
-            k: v
-            for k, v in self.state_dict().items()
-            if k.startswith("backbone.") or (with_head and k.startswith("head_conv."))
-        }
-        problems = mismatch_summary(expected, found)
-        if problems:
-            raise KeyError(
-                f"model.backbone_weights={path} does not fit the {self.backbone_name} "
-                f"s={self.scale} backbone: {problems}"
-            )
-        self.load_state_dict(found, strict=False)
 
     def reported(self) -> tuple[float | None, float, str] | None:
         """This configuration's published (params in M, FLOPs in B, source), if any

@@ -1,9 +1,9 @@
 """Self-attention sentence classifiers: DeLighT blocks or standard Transformer layers.
 
 Both networks share the stem and the head: a token lookup table of width d_m scaled by sqrt(d_m),
-fairseq's sinusoidal positions (:func:`src.models.delight.sinusoidal_positions`), dropout; then the
-encoder; then masked mean pooling over the non-pad positions and a linear layer to the class
-logits. Only the encoder differs:
+fairseq's sinusoidal positions (:func:`src.ops.sinusoidal_positions.sinusoidal_positions`),
+dropout; then the encoder; then masked mean pooling over the non-pad positions and a linear layer
+to the class logits. Only the encoder differs:
 
 - :class:`DeLighTClassifier`: B :class:`~src.models.delight_block.DeLighTEncoderBlock` (thesis
   Sec. 5.3.2), with block-wise scaling (Eq. 5.4, :func:`~src.models.delight_block.block_wise_scaling`)
@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.delight import PADDING_IDX, init_official, sinusoidal_positions
 from src.models.delight_block import DeLighTEncoderBlock, block_wise_scaling
+from src.models.fairseq_init import PADDING_IDX, init_official
 from src.ops.dextra import dextra_max_groups
+from src.ops.sinusoidal_positions import sinusoidal_positions
 
 
 def masked_mean_pool(x: Tensor, padding_mask: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 fairseq's ``transformer`` architecture (the baseline the DeLighT thesis retrains, Table 5.1) on
 torch's ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``: token embeddings scaled
 by sqrt(d_model) plus fairseq's sinusoidal positions
-(:func:`src.models.delight.sinusoidal_positions`, no parameters), dropout, L encoder and L
+(:func:`src.ops.sinusoidal_positions.sinusoidal_positions`, no parameters), dropout, L encoder and L
 decoder layers (ReLU FFN, post-norm by default), logits against the decoder's embedding table
 (``share_decoder_input_output_embed``) or a bias-free Linear.
 As in fairseq, the stacks end with a LayerNorm only when ``normalize_before`` (pre-norm).
@@ -48,7 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.delight import PADDING_IDX, sinusoidal_positions
+from src.models.checks import check_dropout
+from src.models.fairseq_init import PADDING_IDX
+from src.ops.sinusoidal_positions import sinusoidal_positions
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class KeyValueState:
 
         Row r of the encoder keys/values stays row r: they belong to the ``encoder_out`` rows
         that every step passes unchanged (the prefix-recomputing decoder, and
-        :func:`src.tasks.beam_search.beam_search`, which moves beams only among the rows of one
+        :func:`src.decoding.beam_search.beam_search`, which moves beams only among the rows of one
         source, all sharing its encoder output). So ``order`` must keep the batch size.
 
         Shape:
@@ -225,12 +227,6 @@ def _decoder_layer_step(
     return x, LayerCache(keys, values, encoder_keys, encoder_values)
 
 
-def _check_dropout(**values: float) -> None:
-    for name, p in values.items():
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"{name} must be in [0, 1), got {p}")
-
-
 def _set_dropouts(
     layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer,
     attention_dropout: float,
@@ -320,7 +316,7 @@ class TransformerEncoderDecoder(nn.Module):
                 f"padding_idx must index both vocabularies, got {padding_idx} for "
                 f"{src_vocab} and {tgt_vocab}"
             )
-        _check_dropout(
+        check_dropout(
             dropout=dropout,
             attention_dropout=attention_dropout,
             activation_dropout=activation_dropout,

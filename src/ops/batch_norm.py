@@ -24,12 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.ops.choices import ChoiceCache
+from src.ops.contracts import batch_norm as contract
 from src.ops.cpu import cpu_kernels_loaded, cpu_path_mode
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.ops.dispatch import opaque_op
+from src.ops.fused_norm import batch_norm_factor
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
-from src.ops.triton import opaque_op
-from src.ops.triton.choices import ChoiceCache
-from src.ops.triton.fused_norm import batch_norm_factor
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -112,19 +113,7 @@ def _path(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> str:
     return cpu_path(_path_choice, key, candidates)
 
 
-def _batch_norm_backward_fake(
-    grad_y: Tensor, x: Tensor, weight: Tensor, save_mean: Tensor, save_invstd: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The kernel's outputs' metadata: grad_x like x's (R, C) view, float32 (C,) gradients."""
-    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(weight)
-
-
-@opaque_op(
-    "lightnets::batch_norm_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight, Tensor save_mean, Tensor save_invstd) "
-    "-> (Tensor, Tensor, Tensor)",
-    _batch_norm_backward_fake,
-)
+@opaque_op("lightnets::batch_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)
 def batch_norm_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, save_mean: Tensor, save_invstd: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:

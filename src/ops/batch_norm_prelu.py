@@ -33,9 +33,10 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.choices import ChoiceCache
+from src.ops.contracts import batch_norm_prelu as contract
 from src.ops.cpu import cpu_kernels_loaded
-from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
-from src.ops.triton import (
+from src.ops.dispatch import (
     Timer,
     autocast_off,
     check_impl,
@@ -44,8 +45,8 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
-from src.ops.triton.choices import ChoiceCache
-from src.ops.triton.fused_norm import batch_norm_factor
+from src.ops.fused_norm import batch_norm_factor
+from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 
 CPU_DTYPES = (torch.float32, torch.bfloat16)
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -64,7 +65,7 @@ def batch_norm_prelu(
 
     ``impl``: ``"auto"`` takes the C++ kernels on the CPU and, on CUDA, the Triton kernels where
     they timed faster than the two modules for this shape and dtype
-    (:func:`src.ops.triton.fastest`); ``"triton"`` the Triton kernels (on CPU tensors in Triton's
+    (:func:`src.ops.dispatch.fastest`); ``"triton"`` the Triton kernels (on CPU tensors in Triton's
     interpreter); ``"reference"`` the two modules.
 
     Shape:
@@ -136,8 +137,9 @@ _auto_path_choice: dict[tuple, str] = ChoiceCache("batch_norm_prelu")
 def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference" (the two modules), whichever forward and
     backward ran faster on the first call with this size (rows by
-    :func:`src.ops.triton.size_bucket`), channel count and dtype. Timed on detached copies, without
-    running statistics; both paths are deterministic, and deterministic mode takes the kernels.
+    :func:`src.ops.dispatch.size_bucket`), channel count and dtype. Timed on detached copies,
+    without running statistics; both paths are deterministic, and deterministic mode takes the
+    kernels.
 
     Shape:
         x (B, C, H, W) channels-last
@@ -164,25 +166,7 @@ def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | Non
     return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
 
 
-def forward_fake(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    slope: Tensor,
-    eps: float,
-    residual: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The forward kernels' outputs' metadata (C++ and Triton): y like x's (R, C) view, three
-    float32 (C,)."""
-    return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
-
-
-@opaque_op(
-    "lightnets::batch_norm_prelu_forward",
-    "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps, Tensor? residual) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
-    forward_fake,
-)
+@opaque_op("lightnets::batch_norm_prelu_forward", contract.FORWARD_SCHEMA, contract.forward_fake)
 def batch_norm_prelu_forward(
     x: Tensor,
     weight: Tensor,
@@ -204,28 +188,8 @@ def batch_norm_prelu_forward(
     return y, mean, invstd, var
 
 
-def backward_fake(
-    grad_y: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    slope: Tensor,
-    save_mean: Tensor,
-    save_invstd: Tensor,
-    residual: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The backward kernels' outputs' metadata (C++ and Triton): grad_x like x's (R, C) view,
-    three float32 (C,), and the residual's gradient like x (empty without a residual)."""
-    vectors = (torch.empty_like(weight) for _ in range(3))
-    grad_residual = torch.empty_like(x) if residual is not None else x.new_empty(0)
-    return (torch.empty_like(x), *vectors, grad_residual)
-
-
 @opaque_op(
-    "lightnets::batch_norm_prelu_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor slope, Tensor save_mean, "
-    "Tensor save_invstd, Tensor? residual) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    backward_fake,
+    "lightnets::batch_norm_prelu_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def batch_norm_prelu_backward(
     grad_y: Tensor,

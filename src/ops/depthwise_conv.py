@@ -27,9 +27,10 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
+from src.ops.contracts import depthwise_conv as contract
 from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
+from src.ops.dispatch import autocast_off, autocast_operands, opaque_op
 from src.ops.layout import is_channels_last
-from src.ops.triton import autocast_off, autocast_operands, opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -117,23 +118,8 @@ def _kernel_applies(
     )
 
 
-def _backward_fake(
-    grad_y: Tensor, x: Tensor, weight: Tensor, stride: int, padding: int, dilation: int,
-    input_grad: bool, weight_grad: bool, bias_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    channels = weight.shape[0]
-    return (
-        torch.empty_like(x) if input_grad else x.new_empty(0),
-        weight.new_empty(channels if weight_grad else 0, *weight.shape[1:], dtype=torch.float32),
-        weight.new_empty(channels if bias_grad else 0, dtype=torch.float32),
-    )
-
-
 @opaque_op(
-    "lightnets::depthwise_conv_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight, int stride, int padding, int dilation, "
-    "bool input_grad, bool weight_grad, bool bias_grad) -> (Tensor, Tensor, Tensor)",
-    _backward_fake,
+    "lightnets::depthwise_conv_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def depthwise_conv_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, stride: int, padding: int, dilation: int,

@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dispatch import check_impl
 from src.ops.dropout import dropout
-from src.ops.group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
-from src.ops.triton import check_impl
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 
 SCHEDULES = ("official", "paper")
 

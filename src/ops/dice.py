@@ -30,9 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.choices import ChoiceCache
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.dim_conv import DimConv, resize_matrix
 from src.ops.dim_fuse import DimFuse, local_fusion
+from src.ops.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
+from src.ops.fused_norm import batch_norm_factor, timed_pass
 from src.ops.inference_folding import (
     ConvBNPReLU,
     batch_norm_affine,
@@ -44,9 +47,6 @@ from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU
 from src.ops.shuffle import concat_shuffle
-from src.ops.triton import Timer, autocast_dtype, fastest, size_bucket, use_triton
-from src.ops.triton.choices import ChoiceCache
-from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
 
 def _reset_children(module: nn.Module) -> None:
@@ -401,9 +401,9 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (DimConv and the local fusion in one Triton pass,
     :mod:`src.ops.triton.dim_fuse`) or "unfused" (DimConv's own choice, then BN, PReLU and the
     grouped 1x1 conv), whichever was faster on the first call with this input shape (batch by
-    :func:`src.ops.triton.size_bucket`), dtype and mode (:func:`src.ops.triton.fastest`). Training
-    times forward and backward, on copies of the running statistics and without touching the
-    parameters' gradients; inference times the forward.
+    :func:`src.ops.dispatch.size_bucket`), dtype and mode (:func:`src.ops.dispatch.fastest`).
+    Training times forward and backward, on copies of the running statistics and without touching
+    the parameters' gradients; inference times the forward.
 
     Under ``torch.use_deterministic_algorithms(True)`` training takes "unfused" (the fused
     backward adds DimConv's weight gradient with float atomics) and inference "fused".

@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.choices import ChoiceCache
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
-from src.ops.layout import is_channels_last
-from src.ops.triton import (
+from src.ops.dispatch import (
     Timer,
     autocast_dtype,
     autocast_operands,
@@ -50,7 +50,7 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
-from src.ops.triton.choices import ChoiceCache
+from src.ops.layout import is_channels_last
 
 
 class DimConv(nn.Module):
@@ -154,7 +154,7 @@ def auto_path(
 ) -> str:
     """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
     convolutions), whichever forward ran faster on the first call with this input shape (batch by
-    :func:`src.ops.triton.size_bucket`) and dtype (:func:`src.ops.triton.fastest`; kept for the
+    :func:`src.ops.dispatch.size_bucket`) and dtype (:func:`src.ops.dispatch.fastest`; kept for the
     process). Under ``torch.compile`` the kernel is traced.
 
     Shape:

@@ -21,9 +21,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.ops.contracts import dim_conv as contract
 from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
+from src.ops.dispatch import autocast_off, autocast_operands, opaque_op
 from src.ops.layout import is_channels_last
-from src.ops.triton import autocast_off, autocast_operands, opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -78,18 +79,8 @@ def _kernel_views(x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
     return (x.permute(0, 2, 3, 1), *(w.squeeze(1) for w in weights))
 
 
-def _forward_fake(
-    x: Tensor, weight_channel: Tensor, weight_height: Tensor, weight_width: Tensor,
-    dilation: list[int], interleave: bool,
-) -> Tensor:  # fmt: skip
-    return x.new_empty(*x.shape[:3], 3 * x.shape[3])
-
-
 @opaque_op(
-    "lightnets::dim_conv_forward",
-    "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation, "
-    "bool interleave) -> Tensor",
-    _forward_fake,
+    "lightnets::dim_conv_forward", contract.FORWARD_SCHEMA, contract.channels_last_forward_fake
 )
 def dim_conv_forward(
     x: Tensor, weight_channel: Tensor, weight_height: Tensor, weight_width: Tensor,
@@ -105,25 +96,10 @@ def dim_conv_forward(
     )
 
 
-def _backward_fake(
-    grad_y: Tensor, x: Tensor, weight_channel: Tensor, weight_height: Tensor,
-    weight_width: Tensor, dilation: list[int], interleave: bool, input_grad: bool,
-    weight_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    grad_x = torch.empty_like(x) if input_grad else x.new_empty(0)
-    grads = [
-        w.new_empty(w.shape if weight_grad else (0, *w.shape[1:]), dtype=torch.float32)
-        for w in (weight_channel, weight_height, weight_width)
-    ]
-    return grad_x, *grads
-
-
 @opaque_op(
     "lightnets::dim_conv_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, "
-    "int[] dilation, bool interleave, bool input_grad, bool weight_grad) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
-    _backward_fake,
+    contract.CHANNELS_LAST_BACKWARD_SCHEMA,
+    contract.channels_last_backward_fake,
 )
 def dim_conv_backward(
     grad_y: Tensor, x: Tensor, weight_channel: Tensor, weight_height: Tensor,

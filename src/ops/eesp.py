@@ -42,8 +42,11 @@ from torch.nn import functional as F
 
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
+from src.ops.choices import ChoiceCache
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.depthwise_conv import DepthwiseConv2d
+from src.ops.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.ops.fused_norm import batch_norm_factor, timed_pass
 from src.ops.inference_folding import (
     ConvBNPReLU,
     batch_norm_affine,
@@ -54,9 +57,6 @@ from src.ops.inference_folding import (
 from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU, prelu
-from src.ops.triton import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
-from src.ops.triton.choices import ChoiceCache
-from src.ops.triton.fused_norm import batch_norm_factor, timed_pass
 
 
 def depthwise_dilated_conv(
@@ -368,8 +368,8 @@ _pyramid_choice: dict[tuple, str] = ChoiceCache("eesp.pyramid")
 def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (:mod:`src.ops.triton.eesp`) or "eager" (the branch
     convolutions, sums, concatenation, BN and PReLU as PyTorch ops), whichever was faster on the
-    first call with this input shape (batch by :func:`src.ops.triton.size_bucket`), dtype and mode
-    (:func:`src.ops.triton.fastest`). Training times forward and backward on copies of the running
+    first call with this input shape (batch by :func:`src.ops.dispatch.size_bucket`), dtype and mode
+    (:func:`src.ops.dispatch.fastest`). Training times forward and backward on copies of the running
     statistics, without touching the parameters' gradients; inference times the forward. Under
     ``torch.use_deterministic_algorithms(True)`` it is "eager".
 

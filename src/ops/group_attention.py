@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear
-from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.relative_position import causal_memory_mask, relative_attention
 
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear
-from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 
 
 class GroupFeedForward(nn.Module):

@@ -16,7 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.triton import (
+from src.ops.choices import ChoiceCache
+from src.ops.contracts import group_linear as contract
+from src.ops.dispatch import (
     Timer,
     autocast_off,
     autocast_operands,
@@ -27,7 +29,6 @@ from src.ops.triton import (
     size_bucket,
     use_triton,
 )
-from src.ops.triton.choices import ChoiceCache
 
 
 class GroupLinear(nn.Module):
@@ -185,8 +186,8 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
-    call with these shapes (rows by :func:`src.ops.triton.size_bucket`) and dtype
-    (:func:`src.ops.triton.fastest`; kept for the process). The kernel is not faster everywhere:
+    call with these shapes (rows by :func:`src.ops.dispatch.size_bucket`) and dtype
+    (:func:`src.ops.dispatch.fastest`; kept for the process). The kernel is not faster everywhere:
     cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is measured rather than
     assumed. Under ``torch.compile`` the kernel is traced.
 
@@ -286,55 +287,10 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
             grads = glt_backward(
                 grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[3:]
             )
-        return unpack_glt_grads(grads, wanted, ctx.has_bias)
+        return contract.unpack_glt_grads(grads, wanted, ctx.has_bias)
 
 
-def unpack_glt_grads(
-    grads: Sequence[Tensor], wanted: Sequence[bool], has_bias: bool
-) -> tuple[Tensor | None, ...]:
-    """The gradients of a GLT backward op, in the order of the Function's inputs.
-
-    ``grads`` holds only the wanted ones (weight, bias, parts); ``wanted`` is the Function's
-    ``needs_input_grad`` over (weight, bias, shuffle, *parts).
-    """
-    given = iter(grads)
-    grad_w = next(given) if wanted[0] else None
-    grad_b = next(given) if has_bias and wanted[1] else None
-    grad_parts = [next(given) if want else None for want in wanted[3:]]
-    return (grad_w, grad_b, None, *grad_parts)
-
-
-def glt_grads_like(
-    grad_y: Tensor,
-    weight: Tensor,
-    parts: Sequence[Tensor],
-    shuffle: bool,
-    weight_grad: bool,
-    bias_grad: bool,
-    part_grads: Sequence[bool],
-) -> list[Tensor]:
-    """Uninitialised gradients of a GLT backward op (its fake when traced): the wanted ones of
-    (weight, bias, *parts), in that order.
-
-    Shape:
-        weight (g, k, n) -> (g, k, n); bias -> (g, n); parts (N, d_j) -> (N, d_j), contiguous
-    """
-    groups, _, n = weight.shape
-    grads = [torch.empty_like(weight)] if weight_grad else []
-    if bias_grad:
-        grads.append(weight.new_empty(groups, n))
-    grads += [p.new_empty(p.shape) for p, want in zip(parts, part_grads, strict=True) if want]
-    return grads
-
-
-# the arguments of the GLT backward ops, the reference's here and the Triton one
-GLT_BACKWARD_SCHEMA = (
-    "(Tensor grad_y, Tensor weight, Tensor[] parts, bool shuffle, bool weight_grad, "
-    "bool bias_grad, bool[] part_grads) -> Tensor[]"
-)
-
-
-@opaque_op("lightnets::glt_backward", GLT_BACKWARD_SCHEMA, glt_grads_like)
+@opaque_op("lightnets::glt_backward", contract.BACKWARD_SCHEMA, contract.glt_grads_like)
 def glt_backward(
     grad_y: Tensor,
     weight: Tensor,
@@ -345,7 +301,8 @@ def glt_backward(
     part_grads: Sequence[bool],
 ) -> list[Tensor]:
     """Backward of :class:`InterleavedGroupLinearFunction`: the wanted gradients of
-    (weight, bias, *parts), in that order (see :func:`glt_grads_like`).
+    (weight, bias, *parts), in that order
+    (:func:`src.ops.contracts.group_linear.glt_grads_like`).
 
     Shape:
         grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...

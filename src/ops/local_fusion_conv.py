@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.ops.contracts import local_fusion_conv as contract
 from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
+from src.ops.dispatch import autocast_off, autocast_operands, opaque_op
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
-from src.ops.triton import autocast_off, autocast_operands, opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -83,13 +84,7 @@ def local_fusion_conv(x: Tensor, weight: Tensor) -> Tensor:
     return from_channel_rows(y, (x.shape[0], channels, *x.shape[2:]))
 
 
-def _forward_fake(x: Tensor, weight: Tensor) -> Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
-@opaque_op(
-    "lightnets::local_fusion_convolution", "(Tensor x, Tensor weight) -> Tensor", _forward_fake
-)
+@opaque_op("lightnets::local_fusion_convolution", contract.FORWARD_SCHEMA, contract.forward_fake)
 def local_fusion_convolution(x: Tensor, weight: Tensor) -> Tensor:
     """``lightnets_cpu::local_fusion_convolution`` on rows of channels; opaque to
     ``torch.compile``.
@@ -100,19 +95,10 @@ def local_fusion_convolution(x: Tensor, weight: Tensor) -> Tensor:
     return torch.ops.lightnets_cpu.local_fusion_convolution(x, weight)
 
 
-def _backward_fake(
-    grad_y: Tensor, x: Tensor, weight: Tensor, input_grad: bool, weight_grad: bool
-) -> tuple[Tensor, Tensor]:
-    grad_x = torch.empty_like(x) if input_grad else x.new_empty(0)
-    rows = weight.shape[0] if weight_grad else 0
-    return grad_x, x.new_empty(rows, weight.shape[1], dtype=torch.float32)
-
-
 @opaque_op(
     "lightnets::local_fusion_convolution_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight, bool input_grad, bool weight_grad) "
-    "-> (Tensor, Tensor)",
-    _backward_fake,
+    contract.BACKWARD_SCHEMA,
+    contract.backward_fake,
 )
 def local_fusion_convolution_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, input_grad: bool, weight_grad: bool

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.ops.choices import ChoiceCache
 from src.ops.cpu import dispatch_mode_active
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.ops.dispatch import size_bucket
 from src.ops.layout import channel_rows, from_channel_rows
-from src.ops.triton import size_bucket
-from src.ops.triton.choices import ChoiceCache
 
 # Fewer input channels keep oneDNN: ESPNetv2's image shortcut, 3 -> 64 channels at 56², took 0.72
 # ms as products (the weight gradient's GEMM is 64 x 3 over 12,544 rows) against 0.44 ms.

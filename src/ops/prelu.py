@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.ops.contracts import prelu as contract
 from src.ops.cpu import cpu_kernels_loaded
+from src.ops.dispatch import autocast_operands, opaque_op
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
-from src.ops.triton import autocast_operands, opaque_op
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -74,17 +75,7 @@ def prelu(x: Tensor, weight: Tensor) -> Tensor:
     return PReLUCpuFunction.apply(x_cast, weight_cast)
 
 
-def _prelu_backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    """The kernel's outputs' metadata: grad_x like the (R, C) or (B, C, S) view of x, and the
-    float32 slope gradient (C,)."""
-    return torch.empty_like(x), x.new_empty(x.shape[1], dtype=torch.float32)
-
-
-@opaque_op(
-    "lightnets::prelu_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight) -> (Tensor, Tensor)",
-    _prelu_backward_fake,
-)
+@opaque_op("lightnets::prelu_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)
 def prelu_backward(grad_y: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     """``lightnets_cpu::prelu_backward``: (grad_x, float32 grad_weight) of the kernel's views of
     the output gradient and x (see :func:`_kernel_view`); opaque to ``torch.compile``.

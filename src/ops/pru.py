@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dispatch import check_impl
 from src.ops.group_linear import GroupLinear
 from src.ops.pru_recurrence import pru_recurrence
 from src.ops.pyramidal import GATES, PyramidalTransform
-from src.ops.triton import check_impl
 
 
 def lstm_update(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:

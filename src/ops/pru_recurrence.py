@@ -49,19 +49,18 @@ from filelock import FileLock
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.ops.choices import cpu_model
+from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
 from src.ops.cpu import (
     cpu_kernels_loaded,
     cpu_path_mode,
     current_build_directory,
     dispatch_mode_active,
 )
-from src.ops.triton import use_triton
-from src.ops.triton.choices import cpu_model
+from src.ops.dispatch import use_triton
 from src.utils.files import write_json
 
 log = logging.getLogger(__name__)
-
-GATES = 4  # f, g, i, o
 
 
 def concatenated_shape(levels: Sequence[Tensor]) -> torch.Size:
@@ -71,35 +70,6 @@ def concatenated_shape(levels: Sequence[Tensor]) -> torch.Size:
     if not shapes or any(len(s) != 4 or s[:3] != shapes[0][:3] or s[2] != GATES for s in shapes):
         raise ValueError(f"the levels must be (T, B, 4, m_l) with one T and B, got {shapes}")
     return torch.Size((*shapes[0][:3], sum(s[3] for s in shapes)))
-
-
-def check_recurrence_operands(
-    inputs: Tensor | torch.Size, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
-) -> tuple[int, int, int, int, int]:
-    """(T, B, M, g, w) of the operands (``inputs`` or its shape), after checking that their
-    shapes agree."""
-    shape = inputs if isinstance(inputs, torch.Size) else inputs.shape
-    if len(shape) != 4 or shape[2] != GATES:
-        raise ValueError(f"inputs must be (T, B, 4, M), got shape {tuple(shape)}")
-    steps, batch, _, hidden = shape
-    if weight.dim() != 3 or weight.shape[0] * weight.shape[1] != hidden:
-        raise ValueError(
-            f"weight must be (g, M/g, 4M/g) with M = {hidden}, got shape {tuple(weight.shape)}"
-        )
-    groups, width = weight.shape[0], weight.shape[1]
-    if weight.shape[2] != GATES * width:
-        raise ValueError(
-            f"weight must be (g, M/g, 4M/g) = {(groups, width, GATES * width)}, "
-            f"got shape {tuple(weight.shape)}"
-        )
-    if bias is not None and bias.shape != (groups, GATES * width):
-        raise ValueError(
-            f"bias must be (g, 4M/g) = {(groups, GATES * width)}, got shape {tuple(bias.shape)}"
-        )
-    for name, state in (("h0", h0), ("c0", c0)):
-        if state.shape != (batch, hidden):
-            raise ValueError(f"{name} must be (B, M) = {(batch, hidden)}, got {tuple(state.shape)}")
-    return steps, batch, hidden, groups, width
 
 
 def context_product(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -408,7 +378,9 @@ def pru_recurrence(
         # no_grad, sees its parameters' requires_grad and would)
         return kernel_forward(weight, bias, h0, c0, levels, False, packed)[:3]
     inputs = levels[0] if len(levels) == 1 else torch.cat(levels, dim=-1)
-    if use_triton(impl, inputs) and inputs.dtype != torch.float64:
+    # the kernels take neither float64 nor an empty batch (B M = 0)
+    rows = inputs.shape[1] * inputs.shape[3]
+    if use_triton(impl, inputs) and inputs.dtype != torch.float64 and rows:
         from src.ops.triton.pru_recurrence import pru_recurrence_triton
 
         return pru_recurrence_triton(inputs, weight, bias, h0, c0)

@@ -22,8 +22,8 @@ from torch.autograd.function import once_differentiable
 
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.cpu.scratch import scratch
+from src.ops.dispatch import autocast_off, autocast_operands
 from src.ops.relative_softmax import KERNEL_DTYPES
-from src.ops.triton import autocast_off, autocast_operands
 
 
 def fused_attention_applies(

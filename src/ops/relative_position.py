@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.choices import ChoiceCache
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.ops.dispatch import Timer, autocast_dtype, fastest, size_bucket
 from src.ops.dropout import dropout
 from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
-from src.ops.triton import Timer, autocast_dtype, fastest, size_bucket
-from src.ops.triton.choices import ChoiceCache
 
 
 def relative_sinusoid(
@@ -309,7 +309,7 @@ def attention_path(
 ) -> str:
     """``path="auto"``: on CUDA, the faster of "eager" and "sdpa" for this shape and dtype, timed on
     the first call (forward and backward when autograd records, forward otherwise;
-    :func:`src.ops.triton.fastest`) and kept for the process; "eager" on the CPU (where PyTorch's
+    :func:`src.ops.dispatch.fastest`) and kept for the process; "eager" on the CPU (where PyTorch's
     fused attention with a float bias measured slower: 466 vs 337 ms forward+backward over
     2 x 512 queries, 512 memory, 8 heads of 32, on 2 cores) and while ``torch.compile`` traces.
     Deterministic mode takes "eager" (the memory-efficient kernel's bias gradient is not

@@ -22,9 +22,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.ops.choices import ChoiceCache
+from src.ops.contracts import relative_softmax as contract
 from src.ops.cpu import cpu_kernels_loaded
-from src.ops.triton import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
-from src.ops.triton.choices import ChoiceCache
+from src.ops.dispatch import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -95,9 +96,8 @@ def relative_softmax(
     if impl == "auto" and _kernel_applies(content, position, mask):
         if torch.is_grad_enabled() and (content.requires_grad or position.requires_grad):
             return RelativeSoftmaxCpuFunction.apply(content, position, mask, scale)
-        return softmax_forward(score_rows(content), score_rows(position), mask, scale).view(
-            content.shape
-        )
+        rows = (contract.score_rows(t) for t in (content, position))
+        return softmax_forward(*rows, mask, scale).view(content.shape)
     return relative_softmax_reference(content, position, mask, scale)
 
 
@@ -129,7 +129,7 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever ran faster on the first call
-    with this shape (heads x batch by :func:`src.ops.triton.size_bucket`), dtype and mode
+    with this shape (heads x batch by :func:`src.ops.dispatch.size_bucket`), dtype and mode
     (forward and backward when autograd records, forward otherwise; :func:`fastest`). Both are
     deterministic; deterministic mode takes the kernel.
 
@@ -173,24 +173,9 @@ def _kernel_applies(content: Tensor, position: Tensor, mask: Tensor | None) -> b
     return cpu_kernels_loaded()
 
 
-def score_rows(t: Tensor) -> Tensor:
-    """(B, H, T, K) -> (B H, T, K), the kernels' contiguous view (a copy only if not dense)."""
-    return t.contiguous().view(-1, *t.shape[-2:])
-
-
-# the arguments of the forward and backward ops, the C++ kernels' here and the Triton ones
-FORWARD_SCHEMA = "(Tensor content, Tensor position, Tensor? mask, float scale) -> Tensor"
-BACKWARD_SCHEMA = "(Tensor grad_prob, Tensor prob, Tensor? mask, float scale) -> (Tensor, Tensor)"
-
-
-def probabilities_like(
-    content: Tensor, position: Tensor, mask: Tensor | None, scale: float
-) -> Tensor:
-    """A forward op's output metadata (its fake when traced): the probabilities, like the scores."""
-    return torch.empty_like(content)
-
-
-@opaque_op("lightnets::relative_softmax_forward", FORWARD_SCHEMA, probabilities_like)
+@opaque_op(
+    "lightnets::relative_softmax_forward", contract.FORWARD_SCHEMA, contract.probabilities_like
+)
 def softmax_forward(content: Tensor, position: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``lightnets_cpu::relative_softmax_forward``; opaque to ``torch.compile``.
 
@@ -201,15 +186,9 @@ def softmax_forward(content: Tensor, position: Tensor, mask: Tensor | None, scal
     return torch.ops.lightnets_cpu.relative_softmax_forward(content, position, mask, scale)
 
 
-def score_grads_like(
-    grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
-) -> tuple[Tensor, Tensor]:
-    """A backward op's outputs' metadata (its fake when traced): the content and the position
-    score gradients, like the probabilities."""
-    return torch.empty_like(prob), torch.empty_like(prob)
-
-
-@opaque_op("lightnets::relative_softmax_backward", BACKWARD_SCHEMA, score_grads_like)
+@opaque_op(
+    "lightnets::relative_softmax_backward", contract.BACKWARD_SCHEMA, contract.score_grads_like
+)
 def softmax_backward(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
 ) -> tuple[Tensor, Tensor]:
@@ -234,9 +213,8 @@ class RelativeSoftmaxCpuFunction(torch.autograd.Function):
     def forward(
         ctx, content: Tensor, position: Tensor, mask: Tensor | None, scale: float
     ) -> Tensor:  # type: ignore[override]
-        prob = softmax_forward(score_rows(content), score_rows(position), mask, scale).view(
-            content.shape
-        )
+        rows = (contract.score_rows(t) for t in (content, position))
+        prob = softmax_forward(*rows, mask, scale).view(content.shape)
         ctx.save_for_backward(prob, mask)
         ctx.scale = scale
         return prob
@@ -246,7 +224,10 @@ class RelativeSoftmaxCpuFunction(torch.autograd.Function):
     def backward(ctx, grad_prob: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         prob, mask = ctx.saved_tensors
         grad_content, grad_position = softmax_backward(
-            score_rows(grad_prob.to(prob.dtype)), score_rows(prob), mask, ctx.scale
+            contract.score_rows(grad_prob.to(prob.dtype)),
+            contract.score_rows(prob),
+            mask,
+            ctx.scale,
         )
         return (
             grad_content.view(prob.shape) if ctx.needs_input_grad[0] else None,

@@ -51,31 +51,15 @@ from torch import Tensor, nn
 from torch.optim import ASGD, Optimizer
 from torchmetrics import SumMetric
 
-from src.tasks.clipping import FusedOptimizerClipping
+from src.decoding.generation import draw
+from src.models.awd_lm import Hidden
+from src.models.awd_state import carried_hidden, detach_hidden
+from src.optim.clipping import FusedOptimizerClipping
 from src.tasks.finetune import load_network_weights
-from src.tasks.generation import draw
 
 log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
-Hidden = list[tuple[Tensor, Tensor]]
-
-
-def detach_hidden(hidden: Hidden) -> Hidden:
-    """The state without its history, so the next batch back-propagates no further."""
-    return [tuple(t.detach() for t in layer) for layer in hidden]  # type: ignore[misc]
-
-
-def carried_hidden(net: nn.Module, hidden: Hidden | None, batch_size: int) -> Hidden:
-    """``hidden`` when it has ``batch_size`` rows, else zeros (``net.init_hidden``): the first
-    batch of a pass, or a last batch with fewer rows.
-
-    Shape:
-        hidden: per layer (h, c), each (1, B, M_l)
-    """
-    if hidden is None or hidden[0][0].shape[1] != batch_size:
-        return net.init_hidden(batch_size)
-    return hidden
 
 
 @torch.no_grad()

@@ -11,10 +11,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.tasks.clipping import FusedOptimizerClipping
+from src.optim.clipping import FusedOptimizerClipping
+from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
-from src.tasks.memory_format import channels_last_images, channels_last_network
-from src.tasks.schedules import per_update
+from src.utils.memory_format import channels_last_images, channels_last_network
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
@@ -34,7 +34,7 @@ class ImageClassification(InitFromCheckpoint, FusedOptimizerClipping, L.Lightnin
             optimiser step; ``None`` keeps the learning rate constant.
         label_smoothing: cross-entropy label smoothing.
         channels_last: train and evaluate in channels-last layout
-            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
+            (:mod:`src.utils.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: ((B, C, H, W) float images, (B,) int64 labels); forward returns (B, num_classes).

@@ -18,9 +18,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 
-from src.tasks.clipping import FusedOptimizerClipping
+from src.optim.clipping import FusedOptimizerClipping
+from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
-from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]

@@ -24,11 +24,11 @@ from torchmetrics.classification import (
     MultilabelRecall,
 )
 
+from src.optim.clipping import FusedOptimizerClipping
+from src.optim.schedules import per_update
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
-from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import load_network_weights
-from src.tasks.memory_format import channels_last_images, channels_last_network
-from src.tasks.schedules import per_update
+from src.utils.memory_format import channels_last_images, channels_last_network
 
 
 def harmonic_mean(a: Tensor, b: Tensor) -> Tensor:
@@ -68,7 +68,7 @@ class MultiLabelClassification(FusedOptimizerClipping, L.LightningModule):
         init_skip_mismatched: keep ``net``'s fresh values for entries whose shape differs in the
             checkpoint (the 1000-class ImageNet classifier when fine-tuning for 80 labels).
         channels_last: train and evaluate in channels-last layout
-            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
+            (:mod:`src.utils.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: ((B, C, H, W) float images, (B, num_classes) float {0, 1} targets);

@@ -18,11 +18,11 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
 
+from src.optim.clipping import FusedOptimizerClipping
+from src.optim.schedules import per_update
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
-from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import batch_norms, freeze_batch_norm_parameters, load_network_weights
-from src.tasks.memory_format import channels_last_images, channels_last_network
-from src.tasks.schedules import per_update
+from src.utils.memory_format import channels_last_images, channels_last_network
 
 
 def inverse_log_frequency_weights(pixel_counts: Sequence[float] | Tensor, c: float = 1.10) -> Tensor:
@@ -64,7 +64,7 @@ class SemanticSegmentation(FusedOptimizerClipping, L.LightningModule):
             (weights only; a stage-2 run from its stage-1 checkpoint).
         freeze_bn: keep every batch norm's running statistics and affine parameters fixed.
         channels_last: train and evaluate in channels-last layout
-            (:mod:`src.tasks.memory_format`); False keeps the loader's layout.
+            (:mod:`src.utils.memory_format`); False keeps the loader's layout.
 
     Shape:
         batch: ((B, 3, H, W) float images, (B, H, W) int64 masks); forward returns the network's

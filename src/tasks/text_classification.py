@@ -8,8 +8,8 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from src.optim.clipping import FusedOptimizerClipping
 from src.tasks.classification import OptimizerFactory, SchedulerFactory
-from src.tasks.clipping import FusedOptimizerClipping
 from src.tasks.finetune import InitFromCheckpoint
 
 # the second validation loader of a data module with ``test_each_epoch`` is the test split

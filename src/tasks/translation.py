@@ -11,7 +11,7 @@ Validation reports the token-mean loss, NLL and perplexity over the split; with
 Test translates with beam search (``beam_size``, ``length_penalty``, ``max_len_a/b``: the
 official ``generate.py`` options) and reports:
 
-- ``test/bleu``: the papers' tokenised BLEU (:func:`src.tasks.bleu.tokenized_bleu`: whitespace
+- ``test/bleu``: the papers' tokenised BLEU (:func:`src.evaluation.bleu.tokenized_bleu`: whitespace
   tokens of tokenised data, with ``compound_split`` for WMT'14 En-De; 13a tokens of raw text);
 - ``test/sacrebleu``: sacreBLEU on the decoded text (detokenised for raw-text corpora; for
   tokenised corpora it scores the tokenised text, which is not the standard signature).
@@ -33,11 +33,11 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 
-from src.tasks.beam_search import beam_search, greedy_search
-from src.tasks.bleu import sacre_bleu, tokenized_bleu
-from src.tasks.clipping import FusedOptimizerClipping
+from src.decoding.beam_search import beam_search, greedy_search
+from src.evaluation.bleu import sacre_bleu, tokenized_bleu
+from src.optim.clipping import FusedOptimizerClipping
+from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
-from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
@@ -50,7 +50,7 @@ class Translation(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule)
     Args:
         net: ``(src_tokens (B, S), src_padding_mask (B, S) | None, prev_output_tokens (B, T)) ->
             logits (B, T, V)``, with ``encode``/``decode_step`` for the searches
-            (:mod:`src.tasks.beam_search`).
+            (:mod:`src.decoding.beam_search`).
         optimizer: factory called with the parameters (a Hydra ``_partial_``).
         scheduler: factory called as ``scheduler(optimizer, total_steps=...)``, stepped every
             update; None keeps the learning rate constant.

@@ -20,10 +20,10 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import SumMetric
 
-from src.tasks.clipping import FusedOptimizerClipping
+from src.decoding.generation import draw
+from src.optim.clipping import FusedOptimizerClipping
+from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
-from src.tasks.generation import draw
-from src.tasks.schedules import per_update
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]

@@ -1,6 +1,9 @@
-"""The README's config tables, generated from ``conf/``: ``python -m src.utils.config_tables``
-prints them, ``--write`` puts them into README.md between their markers. A test fails when the
-README and ``conf/`` disagree, so a new option cannot go undocumented."""
+"""The configuration reference ``docs/config.md``, generated from ``conf/``.
+
+``python -m src.utils.config_tables`` prints the page, ``--write`` writes it. Every entry point's
+keys, every group and every option appear with the comment their YAML file carries, so a new option
+cannot go undocumented: ``tests/test_config_docs.py`` fails when the page and ``conf/`` disagree.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from src.utils.config_checks import MODEL_TASKS
+
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-README = ROOT / "README.md"
+CONFIG_DOC = ROOT / "docs" / "config.md"
+COMMAND = "python -m src.utils.config_tables --write"
 
 # what each group is for (the options are read from the folder)
 GROUPS = {
@@ -26,12 +32,42 @@ GROUPS = {
     "paths": "where data lives and runs write",
     "hydra": "run directories; `hydra/launcher=slurm` submits through submitit",
     "recipe": "the paper's hyper-parameters for one `<data>_<model>` pairing, applied when the file exists",
-    "experiment": "named variants (paper rows, ablations); see the table below",
+    "experiment": "named variants (paper rows, ablations, demos), one folder per system",
     "debug": "fast_dev_run, overfit a few batches, a few batches for two epochs",
     "study": "the papers' claims that `python study.py` tests: two models at equal parameters, their learning-rate grids and seeds (not a `train.py` group)",
 }  # fmt: skip
-LONGEST = 160  # characters of a table's description before it is cut at a clause
-BEGIN, END = "<!-- {name}:begin (generated: python -m src.utils.config_tables --write) -->", "<!-- {name}:end -->"
+# the root scripts that are Hydra apps, by their primary config
+ENTRY_POINTS = {
+    "train": "train.py",
+    "eval": "eval.py",
+    "predict": "predict.py",
+    "generate": "generate.py",
+    "translate": "translate.py",
+    "complexity": "complexity.py",
+}
+# top-level keys of a primary config that are not described key by key
+SKIPPED_KEYS = frozenset({"defaults", "hydra"})
+# what the keys every primary config has do, where the YAML leaves them without a comment
+COMMON_KEYS = {
+    "task_name": "names the run folder: <paths.log_dir>/<task_name>/runs/<time> (conf/hydra/default.yaml)",
+    "seed": "the random seed of the run",
+}
+
+INTRO = f"""# Configuration reference
+
+Generated from `conf/` by `{COMMAND}`; `tests/test_config_docs.py` fails when this page and
+`conf/` disagree. Edit the comments in the YAML files, then regenerate: never this page.
+
+Each entry point composes its primary config (`conf/<name>.yaml`) with the groups below, in the
+order of its defaults list, the command line last (`group=option`, `key=value`, `+key=value` to
+add a key, `~key` to delete one; `-m` sweeps comma lists). The data config picks its task
+(`override /task@_global_.task`), the task picks the checkpointed metric (`monitor/`), the data
+also picks a default model that fits it, and `recipe/<data>_<model>.yaml` adds the paper's
+hyper-parameters for that pairing when the file exists. A model that cannot serve the data's task,
+a key nobody reads and a key its constructor does not take stop the run before anything is built,
+in one line ([training.md](training.md#mistakes-stop-in-one-line)). `python train.py --cfg job
+model=espnetv2` prints the composed config without running it.
+"""
 
 
 def options(group: str) -> list[str]:
@@ -40,14 +76,34 @@ def options(group: str) -> list[str]:
     return sorted(str(p.relative_to(folder).with_suffix("")) for p in folder.rglob("*.yaml"))
 
 
-def groups_table() -> str:
-    on_disk = sorted(p.name for p in CONF.iterdir() if p.is_dir())
-    if set(on_disk) != set(GROUPS):
-        raise KeyError(f"conf/ groups {on_disk} differ from the described ones {sorted(GROUPS)}")
-    rows = ["| group | options | what it is |", "|---|---|---|"]
-    for group, what in GROUPS.items():
-        rows.append(f"| `{group}/` | {', '.join(f'`{o}`' for o in options(group))} | {what} |")
-    return "\n".join(rows)
+def cell(text: str) -> str:
+    """``text`` on one line, safe inside a Markdown table cell."""
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def header_comment(path: Path) -> str:
+    """The leading comment block of a YAML file (without ``# @package``), on one line."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if "@package" not in line:
+            lines.append(line[1:].strip())
+    return " ".join(line for line in lines if line)
+
+
+def summary(path: Path) -> str:
+    """The leading comment of a config file, or its first comment when it has none at the top."""
+    text = header_comment(path)
+    if text:
+        return text
+    comments = [
+        line.strip()[1:].strip()
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("#")
+    ]
+    return comments[0] if comments else "(no comment in the file)"
 
 
 def _defaults_override(data: str, group: str) -> str:
@@ -60,69 +116,176 @@ def _defaults_override(data: str, group: str) -> str:
     raise KeyError(f"conf/data/{data}.yaml does not pick a {group}")
 
 
-def summary(path: Path) -> str:
-    """The first sentence of a config file's leading comment (after ``# @package``), one line."""
-    lines = path.read_text().splitlines()
-    comments = [line[1:].strip() for line in lines if line.startswith("#") and "@package" not in line]
-    header = []
-    for line in lines:
-        if not line.startswith("#"):
-            break
-        if "@package" not in line:
-            header.append(line[1:].strip())
-    text = " ".join(header or comments[:1])
-    # a sentence ends at a full stop followed by a capital ("Ch. 3", "e.g. model" do not end one)
-    first = re.split(r"(?<=[a-z0-9)\]]\.)\s+(?=[A-Z])", text)[0]
-    if len(first) > LONGEST:  # keep the clause before the first ':' or ';' outside brackets
-        depth = 0
-        for index, char in enumerate(first):
-            depth += (char in "([{") - (char in ")]}")
-            if depth == 0 and char in ":;" and index >= 40:
-                first = first[:index]
-                break
-    return first.rstrip(" :;,")
+KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<value>.*)$")
+
+
+def _split_inline_comment(value: str) -> tuple[str, str]:
+    """(value, inline comment) of the text after a key's colon; a ``#`` inside quotes is kept."""
+    quote = None
+    for index, char in enumerate(value):
+        if char in "'\"":
+            quote = None if quote == char else (quote or char)
+        elif char == "#" and quote is None and (index == 0 or value[index - 1].isspace()):
+            return value[:index].strip(), value[index + 1 :].strip()
+    return value.strip(), ""
+
+
+def primary_keys(path: Path) -> list[tuple[str, str, str]]:
+    """(dotted key, default as written, comment) of a primary config's keys, one level of nesting
+    below the top (``compile.mode``); the comment is the block right above a key plus its inline
+    comment."""
+    rows: list[tuple[str, str, str]] = []
+    parents: list[str] = []  # the enclosing top-level key, when the line is nested in one
+    above: list[str] = []
+    skipping = False
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped:
+            above = []
+            continue
+        if stripped.startswith("#"):
+            above.append(stripped[1:].strip())
+            continue
+        match = KEY_LINE.match(line)
+        if match is None:  # a list item or a deeper level
+            above = []
+            continue
+        indent = len(match["indent"])
+        value, inline = _split_inline_comment(match["value"])
+        comment = " ".join(part for part in [*above, inline] if part)
+        above = []
+        if indent == 0:
+            skipping = match["key"] in SKIPPED_KEYS
+            parents = [match["key"]]
+            if skipping:
+                continue
+            if value:
+                rows.append((match["key"], value, comment))
+            elif comment:
+                rows.append((match["key"], "", comment))
+        elif indent == 2 and parents and not skipping:
+            rows.append((f"{parents[0]}.{match['key']}", value, comment))
+    return rows
+
+
+def primary_table(name: str) -> str:
+    rows = ["| key | default | what it is |", "|---|---|---|"]
+    for key, value, comment in primary_keys(CONF / f"{name}.yaml"):
+        comment = comment or COMMON_KEYS.get(key, "")
+        shown = f"`{value}`".replace("|", "\\|") if value else ""
+        rows.append(f"| `{key}` | {shown} | {cell(comment)} |")
+    return "\n".join(rows)
+
+
+def entry_points_section() -> str:
+    on_disk = sorted(p.stem for p in CONF.glob("*.yaml"))
+    if set(on_disk) != set(ENTRY_POINTS):
+        raise KeyError(
+            f"conf/*.yaml {on_disk} differ from the described entry points {sorted(ENTRY_POINTS)}"
+        )
+    parts = ["## Entry points", "", "| command | primary config | what it is |", "|---|---|---|"]
+    for name, script in ENTRY_POINTS.items():
+        parts.append(
+            f"| `python {script}` | `conf/{name}.yaml` | {cell(header_comment(CONF / f'{name}.yaml'))} |"
+        )
+    for name, script in ENTRY_POINTS.items():
+        parts += ["", f"### `conf/{name}.yaml` (`python {script}`)", "", primary_table(name)]
+    return "\n".join(parts)
+
+
+def groups_table() -> str:
+    on_disk = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    if set(on_disk) != set(GROUPS):
+        raise KeyError(f"conf/ groups {on_disk} differ from the described ones {sorted(GROUPS)}")
+    rows = ["| group | options | what it is |", "|---|---|---|"]
+    for group, what in GROUPS.items():
+        rows.append(f"| [`{group}/`](#{group}) | {len(options(group))} | {what} |")
+    return "\n".join(rows)
 
 
 def data_table() -> str:
     rows = ["| `data=` | task | default `model=` | what it is |", "|---|---|---|---|"]
     for data in options("data"):
-        first = summary(CONF / "data" / f"{data}.yaml")
         rows.append(
-            f"| `{data}` | `{_defaults_override(data, 'task')}` | `{_defaults_override(data, 'model')}` | {first} |"
+            f"| `{data}` | `{_defaults_override(data, 'task')}` | `{_defaults_override(data, 'model')}` "
+            f"| {cell(summary(CONF / 'data' / f'{data}.yaml'))} |"
         )
     return "\n".join(rows)
 
 
-def experiments_table() -> str:
-    rows = ["| `experiment=` | what it is |", "|---|---|"]
-    for name in options("experiment"):
-        rows.append(f"| `{name}` | {summary(CONF / 'experiment' / f'{name}.yaml')} |")
+def model_table() -> str:
+    rows = ["| `model=` | serves the tasks | what it is |", "|---|---|---|"]
+    for model in options("model"):
+        tasks = ", ".join(f"`{task}`" for task in sorted(MODEL_TASKS.get(model, ())))
+        rows.append(f"| `{model}` | {tasks} | {cell(summary(CONF / 'model' / f'{model}.yaml'))} |")
     return "\n".join(rows)
 
 
-TABLES = {"config-groups": groups_table, "data-configs": data_table, "experiments": experiments_table}
+def monitor_table() -> str:
+    rows = ["| `monitor/` (the task) | metric | mode | what it is |", "|---|---|---|---|"]
+    for name in options("monitor"):
+        checkpoint = OmegaConf.load(CONF / "monitor" / f"{name}.yaml").callbacks.model_checkpoint
+        rows.append(
+            f"| `{name}` | `{checkpoint.monitor}` | {checkpoint.mode} | {cell(summary(CONF / 'monitor' / f'{name}.yaml'))} |"
+        )
+    return "\n".join(rows)
 
 
-def render(text: str) -> str:
-    """``text`` with every marked table replaced by its generated content."""
-    for name, make in TABLES.items():
-        begin, end = BEGIN.format(name=name), END.format(name=name)
-        pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.DOTALL)
-        if not pattern.search(text):
-            raise KeyError(f"README.md lacks the markers of the {name} table: {begin} ... {end}")
-        text = pattern.sub(lambda _: f"{begin}\n{make()}\n{end}", text)
-    return text
+def _pairing(recipe: str) -> tuple[str, str]:
+    """(data, model) of a recipe named ``<data>_<model>``."""
+    for data in options("data"):
+        model = recipe[len(data) + 1 :]
+        if recipe.startswith(f"{data}_") and model in options("model"):
+            return data, model
+    raise KeyError(
+        f"conf/recipe/{recipe}.yaml is not named <data>_<model> after a data and a model option"
+    )
+
+
+def recipe_table() -> str:
+    rows = ["| `recipe/` | data | model | what it is |", "|---|---|---|---|"]
+    for recipe in options("recipe"):
+        data, model = _pairing(recipe)
+        rows.append(
+            f"| `{recipe}` | `{data}` | `{model}` | {cell(summary(CONF / 'recipe' / f'{recipe}.yaml'))} |"
+        )
+    return "\n".join(rows)
+
+
+def option_table(group: str) -> str:
+    rows = [f"| `{group}=` | what it is |", "|---|---|"]
+    for name in options(group):
+        rows.append(f"| `{name}` | {cell(summary(CONF / group / f'{name}.yaml'))} |")
+    return "\n".join(rows)
+
+
+TABLES = {
+    "data": data_table,
+    "model": model_table,
+    "monitor": monitor_table,
+    "recipe": recipe_table,
+}
+
+
+def render() -> str:
+    """The whole of ``docs/config.md``."""
+    parts = [INTRO, entry_points_section(), "", "## Groups", "", groups_table()]
+    for group, what in GROUPS.items():
+        table = TABLES.get(group, lambda g=group: option_table(g))()
+        parts += ["", f"### `{group}/`", "", f"{what[0].upper()}{what[1:]}.", "", table]
+    return "\n".join(parts) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite the tables in README.md")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--write", action="store_true", help=f"write {CONFIG_DOC.relative_to(ROOT)}"
+    )
     args = parser.parse_args()
     if args.write:
-        README.write_text(render(README.read_text()))
+        CONFIG_DOC.write_text(render())
     else:
-        for name, make in TABLES.items():
-            print(f"{name}:\n{make()}\n")
+        print(render(), end="")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,25 @@ MODEL_FACTS = (
     "name", "scale", "num_classes", "in_chans", "n_token", "d_model", "n_layer", "n_head",
     "groups", "input_size", "stem_stride",
 )  # fmt: skip
+# modules and classes renamed since run records were first written: old dotted path -> new (a
+# module maps everything in it; the longest match wins, so a class listed apart overrides it)
+RENAMED_TARGETS: dict[str, str] = {
+    "src.tasks.schedules": "src.optim.schedules",
+    "src.tasks.clipping": "src.optim.clipping",
+    "src.tasks.beam_search": "src.decoding.beam_search",
+    "src.tasks.generation": "src.decoding.generation",
+    "src.tasks.bleu": "src.evaluation.bleu",
+    "src.tasks.voc_eval": "src.evaluation.voc_eval",
+    "src.tasks.dynamic_eval": "src.evaluation.dynamic_eval",
+    "src.tasks.memory_format": "src.utils.memory_format",
+    "src.datamodules.word_stream.WordStreamDataModule": "src.datamodules.awd_lm.AWDLMDataModule",
+    "src.datamodules.word_stream": "src.datamodules.awd_lm",
+    "src.datamodules.word_lm.WikiTextDataModule": "src.datamodules.word_lm.WordLMDataModule",
+}
+# model arguments that loaded official weights, now task.init_checkpoint's job (src.compat)
+RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")
+# config options renamed since: group -> {old: new}
+RENAMED_CHOICES: dict[str, dict[str, str]] = {}
 HOW_TO_FIND = "a run writes its checkpoints under <run dir>/checkpoints/; metrics.json names the best one"
 
 
@@ -111,9 +130,35 @@ def read_checkpoint(path: str | Path, what: str = "ckpt_path") -> dict[str, Any]
 
 
 def record_of(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run record, or None for checkpoints written before records (or by other code)."""
+    """The run record, or None for checkpoints written before records (or by other code); a
+    record written before a rename names today's classes and options (:func:`renamed`)."""
     record = checkpoint.get(RECORD_KEY)
-    return record if isinstance(record, dict) else None
+    return renamed(record) if isinstance(record, dict) else None
+
+
+def _renamed_target(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _renamed_target(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_renamed_target(item) for item in value]
+    if isinstance(value, str) and value.startswith("src."):
+        for old, new in sorted(RENAMED_TARGETS.items(), key=lambda item: -len(item[0])):
+            if value == old or value.startswith(old + "."):
+                return new + value[len(old) :]
+    return value
+
+
+def renamed(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the ``_target_`` paths and config choices of :data:`RENAMED_TARGETS` and
+    :data:`RENAMED_CHOICES` replaced by today's names (the weights' keys did not change)."""
+    choices = {
+        group: RENAMED_CHOICES.get(group, {}).get(choice, choice)
+        for group, choice in (record.get("choices") or {}).items()
+    }
+    config = _renamed_target(record.get("config") or {})
+    if isinstance(config.get("model"), dict):  # the checkpoint holds the weights these loaded
+        config["model"] = {k: v for k, v in config["model"].items() if k not in RETIRED_MODEL_KEYS}
+    return {**record, "choices": choices, "config": config}
 
 
 def describe_model(model: Mapping[str, Any], choice: str | None = None) -> str:
@@ -232,7 +277,7 @@ def check_resume(cfg: DictConfig, checkpoint: Mapping[str, Any], path: str | Pat
             f"cannot resume ckpt_path={path} with changed values: {listed}. Resuming restores the "
             "network, optimiser and schedule from the checkpoint, so these would not take effect. "
             "Drop the overrides to resume, or start a new run from the weights with "
-            f"model.pretrained={path} (model.weights= for timm/torchvision; fresh optimiser and schedule)."
+            f"task.init_checkpoint={path} (fresh optimiser and schedule)."
         )
     for key, old, new in differences(record["config"]["data"], now["data"], "data"):
         log.warning("resuming with %s=%r (the run was trained with %r)", key, new, old)

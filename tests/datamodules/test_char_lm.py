@@ -114,7 +114,7 @@ SMALL_NET = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("experiment", ["charlm_demo", "charlm_demo_txl"])
+@pytest.mark.parametrize("experiment", ["char_lm/demo", "char_lm/demo_txl"])
 def test_a_corpus_with_one_more_symbol_gets_a_vocabulary_one_larger(
     experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,7 @@ from src.datamodules.word_lm import (
     ContextWindows,
     PydocWordsDataModule,
     TokenBlocks,
-    WikiTextDataModule,
+    WordLMDataModule,
     collate,
     decode_words,
 )
@@ -39,7 +39,7 @@ def wikitext(tmp_path: Path) -> Path:
 
 
 def test_dictionary_follows_fairseq(wikitext: Path) -> None:
-    dm = WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
+    dm = WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
     dm.setup()
     words = dm.dictionary.symbols
     # specials, then by count (the 3; "=" and sat 2; then the count-1 words), ties in string
@@ -60,20 +60,20 @@ def test_dictionary_follows_fairseq(wikitext: Path) -> None:
 
 def test_a_given_dict_txt_is_used(wikitext: Path) -> None:
     (wikitext / "dict.txt").write_text("sat 9\nthe 5\n")
-    dm = WikiTextDataModule(str(wikitext), vocab_size=6, tokens_per_sample=4, eval_context_window=2)
+    dm = WordLMDataModule(str(wikitext), vocab_size=6, tokens_per_sample=4, eval_context_window=2)
     dm.setup()
     assert dm.dictionary.symbols == ("<s>", "<pad>", "</s>", "<unk>", "sat", "the")
     assert np.asarray(dm.splits["val"]).tolist() == [5, UNK, EOS]
 
 
 def test_vocabulary_size_mismatch_names_both_sizes_and_the_fix(wikitext: Path) -> None:
-    dm = WikiTextDataModule(str(wikitext), vocab_size=267744, tokens_per_sample=4, eval_context_window=2)
+    dm = WordLMDataModule(str(wikitext), vocab_size=267744, tokens_per_sample=4, eval_context_window=2)
     with pytest.raises(ValueError, match="has 16 entries but data.vocab_size is 267744; set data.vocab_size=null"):
         dm.setup()
 
 
 def test_missing_root_names_the_path_and_layout(tmp_path: Path) -> None:
-    dm = WikiTextDataModule(str(tmp_path / "absent"), tokens_per_sample=4, eval_context_window=2)
+    dm = WordLMDataModule(str(tmp_path / "absent"), tokens_per_sample=4, eval_context_window=2)
     with pytest.raises(FileNotFoundError, match=r"absent.*Expected the WikiText-103 layout: .*wiki.train.tokens"):
         dm.setup()
 
@@ -81,14 +81,14 @@ def test_missing_root_names_the_path_and_layout(tmp_path: Path) -> None:
 def test_bad_dict_txt_line_is_named(wikitext: Path) -> None:
     (wikitext / "dict.txt").write_text("sat 9\nbroken\n")
     with pytest.raises(ValueError, match=r"dict.txt:2: expected '<symbol> <count>'"):
-        WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
+        WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
 
 
 def test_cache_is_rebuilt_when_a_split_changes(wikitext: Path) -> None:
-    dm = WikiTextDataModule(str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2)
+    dm = WordLMDataModule(str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2)
     dm.setup()
     (wikitext / "wiki.valid.tokens").write_text("the dog dog\n")
-    again = WikiTextDataModule(str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2)
+    again = WordLMDataModule(str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2)
     again.setup()
     assert np.asarray(again.splits["val"]).tolist() == [4, 9, 9, EOS]
 
@@ -137,7 +137,7 @@ def test_windows_reject_a_context_as_long_as_the_block() -> None:
 
 
 def test_loaders_batch_and_pad(wikitext: Path) -> None:
-    dm = WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, batch_size=2, eval_batch_size=3, eval_context_window=2)
+    dm = WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, batch_size=2, eval_batch_size=3, eval_context_window=2)
     dm.setup()
     x, y = next(iter(dm.test_dataloader()))
     # test: 7 tokens -> window [0, 4) and window scoring [4, 6) and [6, 7) after 2 context tokens
@@ -169,12 +169,12 @@ def test_a_latin1_corpus_is_named_and_read_in_its_encoding(wikitext: Path) -> No
     train = wikitext / "wiki.train.tokens"
     offset = write_latin1(train, ["the cat sat", "the dog sat", "the grün mat"])
     with pytest.raises(TextEncodingError) as error:
-        WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
+        WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
     check_message(str(error.value), train, offset)
-    dm = WikiTextDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2, encoding="latin-1")
+    dm = WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2, encoding="latin-1")
     dm.setup()
     assert decode_words(dm.dictionary, np.asarray(dm.splits["train"])[-4:-1].tolist()) == "the grün mat"
     # the cache is of the Latin-1 reading: read as UTF-8, the files are decoded again (and fail)
-    again = WikiTextDataModule(str(wikitext), vocab_size=dm.vocab_size, tokens_per_sample=4, eval_context_window=2)
+    again = WordLMDataModule(str(wikitext), vocab_size=dm.vocab_size, tokens_per_sample=4, eval_context_window=2)
     with pytest.raises(TextEncodingError, match="line 3 does not decode as utf-8"):
         again.setup()

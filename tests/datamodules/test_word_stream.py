@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from src.datamodules.text_files import TextEncodingError
-from src.datamodules.word_stream import (
+from src.datamodules.word_corpus import Vocabulary
+from src.datamodules.awd_lm import (
+    AWDLMDataModule,
     PydocPTBDataModule,
-    Vocabulary,
-    WordStreamDataModule,
     batchify,
     bptt_lengths,
     ptb_style,
@@ -43,14 +43,14 @@ def numbered(n: int) -> str:
     return " ".join(f"w{i}" for i in range(n)) + "\n"
 
 
-def attach(dm: WordStreamDataModule, rank: int = 0, world: int = 1, epoch: int = 0) -> None:
+def attach(dm: AWDLMDataModule, rank: int = 0, world: int = 1, epoch: int = 0) -> None:
     """What the module reads from a Lightning trainer."""
     dm.trainer = SimpleNamespace(global_rank=rank, world_size=world, current_epoch=epoch)
 
 
 def test_vocabulary_in_order_of_first_appearance_with_eos(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, TRAIN, VALID, TEST)
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
     assert dm.vocab_size == 7  # counted at construction
     dm.setup()
     assert dm.dictionary.symbols == ("the", "cat", "sat", "<eos>", "a", "dog", "<unk>")
@@ -66,14 +66,14 @@ def test_vocabulary_in_order_of_first_appearance_with_eos(tmp_path: Path) -> Non
 
 def test_cache_is_used_then_rebuilt_when_a_split_changes(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, TRAIN, VALID, TEST)
-    WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2).setup()
+    AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2).setup()
     meta = root / "word_stream_cache" / "meta.json"
     written = meta.stat().st_mtime_ns
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
     dm.setup()
     assert meta.stat().st_mtime_ns == written and dm.vocab_size == 7
     (root / "train.txt").write_text(TRAIN + "a new line here\n")
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
     dm.setup()
     assert dm.vocab_size == 10 and dm.dictionary.symbols[-3:] == ("new", "line", "here")
     assert len(dm.splits["train"]) == 10 + 5
@@ -81,7 +81,7 @@ def test_cache_is_used_then_rebuilt_when_a_split_changes(tmp_path: Path) -> None
 
 def test_rows_continue_across_training_batches(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, numbered(999), EVAL, EVAL)
-    dm = WordStreamDataModule(str(root), vocab_size=1000, batch_size=4, bptt=10, bptt_std=3.0)
+    dm = AWDLMDataModule(str(root), vocab_size=1000, batch_size=4, bptt=10, bptt_std=3.0)
     dm.setup()
     batches = list(dm.train_dataloader())
     steps = 1000 // 4
@@ -121,7 +121,7 @@ def test_epochs_draw_new_lengths_the_same_on_every_rank(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, numbered(1999), EVAL, EVAL)
 
     def shapes(rank: int, epoch: int) -> list[int]:
-        dm = WordStreamDataModule(str(root), vocab_size=2000, batch_size=2, bptt=12)
+        dm = AWDLMDataModule(str(root), vocab_size=2000, batch_size=2, bptt=12)
         attach(dm, rank=rank, world=2, epoch=epoch)
         dm.setup()
         return [inputs.shape[1] for inputs, _ in dm.train_dataloader()]
@@ -129,7 +129,7 @@ def test_epochs_draw_new_lengths_the_same_on_every_rank(tmp_path: Path) -> None:
     assert shapes(0, 0) == shapes(1, 0)
     assert shapes(0, 0) != shapes(0, 1)
     # each pass over one loader is the next epoch
-    dm = WordStreamDataModule(str(root), vocab_size=2000, batch_size=2, bptt=12)
+    dm = AWDLMDataModule(str(root), vocab_size=2000, batch_size=2, bptt=12)
     attach(dm, world=2, epoch=0)
     dm.setup()
     loader = dm.train_dataloader()
@@ -143,7 +143,7 @@ def test_ddp_ranks_take_their_columns_of_the_whole_batch(tmp_path: Path) -> None
     stream = np.arange(1200)
     rows = {}
     for rank in (0, 1):
-        dm = WordStreamDataModule(str(root), vocab_size=1200, batch_size=3, bptt=10)
+        dm = AWDLMDataModule(str(root), vocab_size=1200, batch_size=3, bptt=10)
         attach(dm, rank=rank, world=2)
         dm.setup()
         rows[rank] = torch.cat([inputs for inputs, _ in dm.train_dataloader()], dim=1)
@@ -162,7 +162,7 @@ def test_ddp_ranks_take_their_columns_of_the_whole_batch(tmp_path: Path) -> None
 
 def test_evaluation_windows_score_every_token_once(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, numbered(101), numbered(101), numbered(60))
-    dm = WordStreamDataModule(str(root), batch_size=2, eval_batch_size=3, test_batch_size=1, bptt=8)
+    dm = AWDLMDataModule(str(root), batch_size=2, eval_batch_size=3, test_batch_size=1, bptt=8)
     dm.setup()
     loader = dm.val_dataloader()
     batches = list(loader)
@@ -179,7 +179,7 @@ def test_evaluation_windows_score_every_token_once(tmp_path: Path) -> None:
 def test_missing_files_name_the_root_the_layout_and_the_sources(tmp_path: Path) -> None:
     (tmp_path / "train.txt").write_text(TRAIN)
     with pytest.raises(FileNotFoundError) as error:
-        WordStreamDataModule(str(tmp_path))
+        AWDLMDataModule(str(tmp_path))
     message = str(error.value)
     assert f"not found under {tmp_path}: missing valid.txt, test.txt" in message
     assert "simple-examples.tgz" in message and "wikitext-2-v1.zip" in message
@@ -188,14 +188,14 @@ def test_missing_files_name_the_root_the_layout_and_the_sources(tmp_path: Path) 
 
 def test_an_empty_split_is_named(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, TRAIN, "\n\n", TEST)
-    dm = WordStreamDataModule(str(root), vocab_size=7, batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), vocab_size=7, batch_size=1, bptt=2)
     with pytest.raises(ValueError, match=r"valid.txt holds no words \(an empty split file"):
         dm.setup()
 
 
 def test_unknown_words_become_unk_and_are_counted(tmp_path: Path, caplog) -> None:
     root = write_corpus(tmp_path, TRAIN, "the zebra zebra\n", "a yak\n")
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
     with caplog.at_level(logging.WARNING):
         dm.setup()
     assert np.asarray(dm.splits["val"]).tolist() == [0, 6, 6, 3]
@@ -205,7 +205,7 @@ def test_unknown_words_become_unk_and_are_counted(tmp_path: Path, caplog) -> Non
 
 def test_unknown_words_without_unk_are_listed(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, "the cat sat\n", "the zebra yak zebra\n", "the cat\n")
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
     pattern = (
         r"valid.txt: 3 tokens \(2 distinct words\) are not in the training vocabulary, which has "
         r"no <unk>.*\['zebra', 'yak'\]"
@@ -216,7 +216,7 @@ def test_unknown_words_without_unk_are_listed(tmp_path: Path) -> None:
 
 def test_a_stream_too_short_names_the_sizes_and_what_to_lower(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, numbered(99), numbered(9), numbered(9))
-    dm = WordStreamDataModule(str(root), batch_size=4, eval_batch_size=2, bptt=30)
+    dm = AWDLMDataModule(str(root), batch_size=4, eval_batch_size=2, bptt=30)
     attach(dm, world=2)
     pattern = (
         r"training split has 100 tokens: 2 process\(es\) x batch_size 4 = 8 columns of 12 tokens, "
@@ -224,7 +224,7 @@ def test_a_stream_too_short_names_the_sizes_and_what_to_lower(tmp_path: Path) ->
     )
     with pytest.raises(ValueError, match=pattern):
         dm.setup()
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=6, bptt=30)
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=6, bptt=30)
     pattern = r"val split has 10 tokens: eval_batch_size 6 columns of 1 tokens, fewer than the 2"
     with pytest.raises(ValueError, match=pattern):
         dm.setup()
@@ -232,18 +232,18 @@ def test_a_stream_too_short_names_the_sizes_and_what_to_lower(tmp_path: Path) ->
 
 def test_a_different_vocabulary_size_is_refused_with_the_fix(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, TRAIN, VALID, TEST)
-    dm = WordStreamDataModule(str(root), vocab_size=10000, batch_size=1, eval_batch_size=1, bptt=2)
+    dm = AWDLMDataModule(str(root), vocab_size=10000, batch_size=1, eval_batch_size=1, bptt=2)
     with pytest.raises(ValueError, match="has 7 distinct words .* but data.vocab_size is 10000; "
                                          "set data.vocab_size=7, or null"):
         dm.prepare_data()
-    WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2).setup()  # cached
-    dm = WordStreamDataModule(str(root), vocab_size=8, batch_size=1, eval_batch_size=1, bptt=2)
+    AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2).setup()  # cached
+    dm = AWDLMDataModule(str(root), vocab_size=8, batch_size=1, eval_batch_size=1, bptt=2)
     with pytest.raises(ValueError, match="data.vocab_size is 8"):
         dm.setup()
 
 
 def test_example_input_reads_no_data(tmp_path: Path) -> None:
-    dm = WordStreamDataModule(str(tmp_path / "absent"), vocab_size=10000, bptt=70)
+    dm = AWDLMDataModule(str(tmp_path / "absent"), vocab_size=10000, bptt=70)
     example = dm.example_input(3)
     assert example.shape == (3, 70) and example.dtype == torch.int64
     assert dm.example_input().shape == (1, 70)
@@ -253,7 +253,7 @@ def test_loader_workers_keep_the_order(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, numbered(599), numbered(299), numbered(99))
     batches = {}
     for workers in (0, 2):
-        dm = WordStreamDataModule(
+        dm = AWDLMDataModule(
             str(root), batch_size=2, eval_batch_size=3, bptt=10, num_workers=workers
         )
         dm.setup()
@@ -318,7 +318,7 @@ class RecordLengths(L.LightningModule):
 
 def test_lightning_draws_each_epochs_lengths_and_validates_at_its_end(tmp_path: Path) -> None:
     root = write_corpus(tmp_path / "data", numbered(999), EVAL, EVAL)
-    dm = WordStreamDataModule(str(root), batch_size=4, eval_batch_size=2, bptt=10, seed=7)
+    dm = AWDLMDataModule(str(root), batch_size=4, eval_batch_size=2, bptt=10, seed=7)
     module = RecordLengths()
     trainer = L.Trainer(
         max_epochs=2,
@@ -342,12 +342,12 @@ def test_a_latin1_corpus_is_named_and_read_in_its_encoding(tmp_path: Path) -> No
     root = write_corpus(tmp_path, TRAIN, VALID, TEST)
     offset = write_latin1(root / "train.txt", ["the cat sat", "a dog <unk> sat", "the grün cat"])
     with pytest.raises(TextEncodingError) as error:
-        WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
+        AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2)
     check_message(str(error.value), root / "train.txt", offset)
-    dm = WordStreamDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2, encoding="latin-1")
+    dm = AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2, encoding="latin-1")
     dm.setup()
     assert dm.dictionary.decode(np.asarray(dm.splits["train"])[-4:-1].tolist()) == "the grün cat"
     # the cache is of the Latin-1 reading: read as UTF-8, the files are decoded again (and fail)
-    again = WordStreamDataModule(str(root), vocab_size=dm.vocab_size, batch_size=1, eval_batch_size=1, bptt=2)
+    again = AWDLMDataModule(str(root), vocab_size=dm.vocab_size, batch_size=1, eval_batch_size=1, bptt=2)
     with pytest.raises(TextEncodingError, match="line 3 does not decode as utf-8"):
         again.setup()

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.awd_lm import AWDLanguageModel, AWDOutput, convert_official_state_dict
+from src.compat.pru import load_official
+from src.models.awd_lm import AWDLanguageModel, AWDOutput
 from src.utils.complexity import count_params
 from tests.parity.reference import reference_dir
 
@@ -251,24 +252,32 @@ def test_invalid_arguments() -> None:
         model(torch.zeros(1, 4, dtype=torch.long), model.init_hidden(1)[:2])
 
 
-def test_converter_renames_and_rejects_unknown_keys() -> None:
-    w = torch.zeros(1)
-    official = {
-        "encoder.weight": w,
-        "decoder.bias": w,
-        "rnns.2.pt.pyramid.1.bias": w,
-        "rnns.0.glt.W": w,
-        "rnns.1.weight_hh_l0": w,
-    }
-    assert list(convert_official_state_dict(official)) == [
-        "embedding.weight",
-        "decoder.bias",
-        "rnns.2.cells.0.pyramid.transforms.1.bias",
-        "rnns.0.cells.0.context.glt.weight",
-        "rnns.1.weight_hh_l0",
-    ]
+def official_names(key: str) -> str:
+    """This model's name of a tensor -> the official ``RNNModel``'s (github.com/sacmehta/PRU)."""
+    key = key.replace("embedding.weight", "encoder.weight")
+    key = key.replace("cells.0.pyramid.transforms.", "pt.pyramid.")
+    return key.replace("cells.0.context.glt.weight", "glt.W").replace("cells.0.context.glt.", "glt.")
+
+
+@pytest.mark.parametrize("rnn", ["pru", "lstm"])
+def test_official_names_load_and_unknown_keys_are_refused(rnn: str) -> None:
+    torch.manual_seed(0)
+    source = AWDLanguageModel(V, rnn=rnn, embedding_dim=E, hidden_size=M, num_layers=3, groups=2)
+    official = {official_names(k): v.clone() for k, v in source.state_dict().items()}
+    assert "encoder.weight" in official and "decoder.bias" in official
+    if rnn == "pru":
+        assert {"rnns.0.glt.W", "rnns.2.pt.pyramid.1.bias"} <= official.keys()
+    else:
+        assert "rnns.1.weight_hh_l0" in official
+    model = AWDLanguageModel(V, rnn=rnn, embedding_dim=E, hidden_size=M, num_layers=3, groups=2)
+    load_official(model, official)
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    bad = dict(official, **{"rnns.0.module.weight_hh_l0_raw": torch.zeros(1)})
     with pytest.raises(ValueError, match=r"'rnns.0.module.weight_hh_l0_raw' is not a parameter"):
-        convert_official_state_dict({"rnns.0.module.weight_hh_l0_raw": w})
+        load_official(model, bad)
+    with pytest.raises(KeyError, match=r"missing \['decoder.bias'\]"):
+        load_official(model, {k: v for k, v in official.items() if k != "decoder.bias"})
 
 
 def test_table_4_2_options_reach_the_pyramids() -> None:

@@ -16,13 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.models.delight import (
-    PADDING_IDX,
-    DeLighTEmbedding,
-    DeLighTEncoderDecoder,
-    recurrent_dropout,
-    sinusoidal_positions,
-)
+from src.models.delight import DeLighTEmbedding, DeLighTEncoderDecoder, recurrent_dropout
+from src.models.fairseq_init import PADDING_IDX
 from tests.parity.reference import reference_dir
 
 TINY = {"d_model": 64, "n_min": 2, "n_max": 3, "width_multiplier": 2.0}
@@ -274,25 +269,6 @@ def test_no_projection_at_embedding_width() -> None:
     model = DeLighTEncoderDecoder(VOCAB, VOCAB, d_model=128, n_min=2, n_max=3)
     assert model.project_out is None
     assert model(_tokens(B, S), None, _tokens(B, T)).shape == (B, T, VOCAB)
-
-
-def _fairseq_sinusoids(num: int, dim: int, padding_idx: int) -> torch.Tensor:
-    # fairseq SinusoidalPositionalEmbedding.get_embedding, written out
-    half = dim // 2
-    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000) / (half - 1)))
-    angles = torch.arange(num, dtype=torch.float).unsqueeze(1) * freq.unsqueeze(0)
-    table = torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
-    table[padding_idx] = 0
-    return table
-
-
-def test_sinusoidal_positions_match_fairseq() -> None:
-    tokens = torch.tensor([[7, 8, 9, 10, PADDING_IDX], [PADDING_IDX, PADDING_IDX, 5, 6, 7]])
-    pad = tokens.eq(PADDING_IDX)
-    # fairseq make_positions: cumulative count of non-pads, offset by padding_idx; pads at it
-    positions = torch.tensor([[2, 3, 4, 5, 1], [1, 1, 2, 3, 4]])
-    expected = _fairseq_sinusoids(16, 64, PADDING_IDX)[positions]
-    assert torch.equal(sinusoidal_positions(pad, 64), expected)
 
 
 def test_embedding_dropout_is_per_sequence() -> None:

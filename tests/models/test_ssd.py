@@ -12,7 +12,7 @@ from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import box_convert
 
-from src.compat.edgenets import official_key_map
+from src.compat.edgenets import load_official, official_key_map
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.ssd import SSD
@@ -195,7 +195,7 @@ def test_classification_espnetv2_weights_load_into_the_backbone() -> None:
     torch.testing.assert_close(model.head_conv[3].weight, classifier.head_conv[3].weight)
 
 
-def test_backbone_weights_from_an_official_file(tmp_path) -> None:
+def test_backbone_from_an_official_file(tmp_path) -> None:
     """An official-format ESPNetv2 ImageNet file (our classifier's tensors under the official names)
     initialises backbone and head_conv; the neck and heads keep their initialisation."""
     torch.manual_seed(0)
@@ -207,7 +207,8 @@ def test_backbone_weights_from_an_official_file(tmp_path) -> None:
     torch.manual_seed(1)
     fresh = SSD(21, scale=0.5)
     torch.manual_seed(1)
-    model = SSD(21, scale=0.5, backbone_weights=str(path))
+    model = SSD(21, scale=0.5)
+    load_official(model, path)
     state, initial = model.state_dict(), fresh.state_dict()
     loaded = [k for k in state if k.startswith(("backbone.", "head_conv."))]
     assert len(loaded) > 100
@@ -217,16 +218,14 @@ def test_backbone_weights_from_an_official_file(tmp_path) -> None:
         torch.testing.assert_close(state[key], initial[key], rtol=0, atol=0)
 
 
-def test_backbone_weights_from_a_classifier_checkpoint(tmp_path) -> None:
-    """A checkpoint of this project's DiCENet classifier (10 classes) fills the DiCENet-SSD's
-    backbone; a checkpoint of another scale is refused with the mismatch named."""
+def test_backbone_from_a_classifier_of_this_project() -> None:
+    """This project's DiCENet classifier (10 classes) fills the DiCENet-SSD's backbone; one of
+    another scale is refused with the mismatch named."""
     classifier = DiCENet(0.5, num_classes=10)
-    state = {f"net.{k}": v for k, v in classifier.state_dict().items()}
-    path = tmp_path / "dicenet.ckpt"
-    torch.save({"state_dict": state}, path)
-    model = SSD(2, backbone="dicenet", scale=0.5, backbone_weights=str(path))
+    model = SSD(2, backbone="dicenet", scale=0.5)
+    load_official(model, classifier.state_dict())
     for key, value in classifier.state_dict().items():
         if key.startswith("backbone."):
             torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
     with pytest.raises(KeyError, match=r"does not fit the dicenet s=1.0 backbone: .* differ in shape"):
-        SSD(2, backbone="dicenet", scale=1.0, backbone_weights=str(path))
+        load_official(SSD(2, backbone="dicenet", scale=1.0), classifier.state_dict())

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from src.decoding.beam_search import beam_search, greedy_search
 from src.models.transformer_mt import KeyValueState, TransformerEncoderDecoder
-from src.tasks.beam_search import beam_search, greedy_search
 from tests.amp import NETWORK_TOLERANCE, autocast_errors
 
 BOS, PAD, EOS = 0, 1, 2  # fairseq's dictionary; 3 is <unk>, 4.. ordinary tokens

@@ -18,12 +18,12 @@ from src.ops.eesp import EESP, DepthwiseDilatedSeparableConv, EESPDownsampler
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
-from src.ops.group_layer_norm import SharedGroupLayerNorm
-from src.ops.grouped_norm import PerGroupLayerNorm
 from src.ops.inference_folding import ConvBNPReLU
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.pru import PRU, GroupedContextTransform, PRUCell
 from src.ops.pyramidal import PyramidalTransform
 from src.ops.relative_position import RelativePositionTable
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from tests.amp import OP_TOLERANCE, autocast_errors, device_dtypes, straighten_prelus
 
 

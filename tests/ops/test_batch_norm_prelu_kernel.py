@@ -20,12 +20,12 @@ from torch import Tensor
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import _auto_path_choice, auto_path, batch_norm_prelu
 from src.ops.prelu import PReLU
-from src.ops.triton import launches_for
 from src.ops.triton.batch_norm_prelu import (
     batch_norm_prelu_backward_triton,
     batch_norm_prelu_forward_triton,
 )
 from src.ops.triton.cross_compile import H100
+from src.ops.triton.launch import launches_for
 from tests.helpers import max_relative_error, require_cpu_kernels
 
 CUDA = torch.cuda.is_available()

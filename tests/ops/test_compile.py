@@ -26,7 +26,7 @@ from src.models.group_transformer import GroupTransformer
 from src.ops.dextra import DExTra
 from src.ops.dim_conv import DimConv
 from src.ops.group_linear import GroupLinear
-from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from tests.helpers import tf32
 
 pytest.importorskip("triton")

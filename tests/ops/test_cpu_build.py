@@ -61,6 +61,20 @@ def test_two_checkouts_of_the_same_sources_share_one_build(
     assert fake_load["directory"] != first["directory"]
 
 
+def test_a_renamed_source_is_a_new_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build's command names the sources: a checkout with a source renamed, same bytes, does
+    not share the folder of one with the old name (each would rebuild it for the other)."""
+    before = cpu.build_name("avx2")
+    folder = tmp_path / "cpu"
+    folder.mkdir()
+    first, *rest = cpu.SOURCES
+    renamed = [folder / f"renamed_{first.name}", *(folder / p.name for p in rest)]
+    for source, copy in zip(cpu.SOURCES, renamed, strict=True):
+        copy.write_bytes(source.read_bytes())
+    monkeypatch.setattr(cpu, "SOURCES", tuple(renamed))
+    assert cpu.build_name("avx2") != before
+
+
 def test_stale_build_marker_is_removed_before_building(fake_load: dict) -> None:
     # what a build killed under PyTorch < 2.14 leaves: later builds there would wait forever
     directory = cpu.build_directory(cpu.build_name(cpu._compiler_flags()[2]))

@@ -20,11 +20,11 @@ import src.ops.cpu
 import src.ops.dim_conv
 import src.ops.pointwise_conv
 import src.ops.relative_position
+from src.ops import choices
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.cpu import choice, cpu_kernels_loaded, cpu_path_mode, use_cpu_paths
 from src.ops.dim_conv import DimConv, dim_conv_reference
 from src.ops.pointwise_conv import pointwise_conv
-from src.ops.triton import choices
 from tests.helpers import require_cpu_kernels
 
 ENV = "LIGHTNETS_CPU_KERNELS"

@@ -9,6 +9,8 @@ from tests.helpers import path_timer
 
 triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
 
+from src.ops.triton import stencil
+
 
 def _weights(
     channels: int,
@@ -81,7 +83,7 @@ def test_triton_matches_reference_fp32(
 ) -> None:
     if tile is not None:
         budget = "TILE_GPU" if kernel_device.type == "cuda" else "TILE_INTERPRETER"
-        monkeypatch.setattr(triton_dim_conv, budget, tile)
+        monkeypatch.setattr(stencil, budget, tile)
     torch.manual_seed(0)
     _, c, h, w = shape
     x = torch.randn(*shape, device=kernel_device, requires_grad=True)

@@ -91,8 +91,8 @@ def test_training_pass_over_many_small_tiles(
     """Tiles of 32 pixels (16 columns x 2 rows x 1 channel), so that the per-program partial sums
     and the edge masks of several row and channel blocks are exercised (in the interpreter one tile
     covers a test image otherwise)."""
-    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_INTERPRETER", 32)
-    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_GPU", 32)
+    monkeypatch.setattr("src.ops.triton.stencil.TILE_INTERPRETER", 32)
+    monkeypatch.setattr("src.ops.triton.stencil.TILE_GPU", 32)
     torch.manual_seed(0)
     unit = randomise_norms(DiCE(4, 4, 5, 9)).to(kernel_device)
     x = torch.randn(1, 4, 5, 9, device=kernel_device)

@@ -85,8 +85,8 @@ def test_training_pass_over_many_small_tiles(
     """Tiles of 16 output pixels (4 columns x 4 rows x 1 channel), so that the per-program partial
     sums and the edge masks of several row and channel blocks are exercised (in the interpreter
     one tile covers a test image otherwise)."""
-    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_INTERPRETER", 16)
-    monkeypatch.setattr("src.ops.triton.dim_conv.TILE_GPU", 16)
+    monkeypatch.setattr("src.ops.triton.stencil.TILE_INTERPRETER", 16)
+    monkeypatch.setattr("src.ops.triton.stencil.TILE_GPU", 16)
     torch.manual_seed(0)
     unit = randomise_norms(EESP(8, 16, stride=2)).to(kernel_device)
     r = torch.randn(1, 4, 13, 7, device=kernel_device)

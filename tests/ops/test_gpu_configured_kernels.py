@@ -30,12 +30,13 @@ from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear
-from src.ops.grouped_norm import PerGroupLayerNorm
-from src.ops.triton import launches_for
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.triton.cross_compile import H100
-from src.ops.triton.dim_conv import _launch_config, _weight_grid
+from src.ops.triton.dim_conv import _weight_grid
 from src.ops.triton.group_linear import split_k_splits
-from src.ops.triton.grouped_norm import _launch as _norm_launch
+from src.ops.triton.launch import launches_for
+from src.ops.triton.per_group_layer_norm import _launch as _norm_launch
+from src.ops.triton.stencil import launch_config
 from tests.helpers import randomise_norms
 
 pytestmark = pytest.mark.skipif(
@@ -120,7 +121,7 @@ def test_dim_conv_over_tiles_and_batch_blocks(interleave: bool) -> None:
     # 18 x 34 maps in 8 x 64 tiles: three along H, the last partial, and 34 of 64 columns; 3 images
     # of 12 programs each: the weight gradient sums 3 batch blocks of one image
     x = torch.randn(3, 4, 18, 34)
-    grid, meta = _launch_config(x.shape, on_gpu=True)
+    grid, meta = launch_config(x.shape, on_gpu=True)
     assert (grid, meta["num_warps"]) == ((3 * 3, 4, 1), 8)
     assert _weight_grid(grid, 3, on_gpu=True) == ((3 * 3, 4, 1), 1)
     _assert_paths_agree(

@@ -5,7 +5,7 @@ import torch
 from torch.func import functional_call
 
 from src.ops.group_feedforward import GroupFeedForward
-from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 
 D, G = 16, 2
 

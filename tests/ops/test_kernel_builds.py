@@ -30,7 +30,7 @@ from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
-from src.ops.grouped_norm import PerGroupLayerNorm
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
@@ -101,7 +101,7 @@ def _eesp(dtype: torch.dtype) -> None:
     )
 
 
-def _grouped_norm(dtype: torch.dtype) -> None:
+def _per_group_layer_norm(dtype: torch.dtype) -> None:
     for width, groups in ((256, 4), (256, 1), (512, 8), (1024, 2)):
         train_and_infer(
             PerGroupLayerNorm(width, groups, impl="triton"),
@@ -146,7 +146,7 @@ WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "dim_conv": _dim_conv,
     "dim_fuse": _dim_fuse,
     "eesp": _eesp,
-    "grouped_norm": _grouped_norm,
+    "per_group_layer_norm": _per_group_layer_norm,
     "relative_softmax": _relative_softmax,
     "batch_norm_prelu": _batch_norm_prelu,
 }

@@ -139,6 +139,12 @@ def test_empty_sequence(kernel_device: torch.device) -> None:
     torch.testing.assert_close(c0.grad, torch.full_like(c0, 3.0), rtol=0, atol=0)
 
 
+def test_empty_batch_is_refused(kernel_device: torch.device) -> None:
+    """B = 0: the kernels say so before launching anything."""
+    with pytest.raises(ValueError, match="B, M >= 1"):
+        pru_recurrence_triton(*_operands(3, 0, 2, True, kernel_device))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_storage(dtype: torch.dtype, kernel_device: torch.device) -> None:
     """16-bit operands: outputs and gradients in that dtype, near the float32 loop run on the

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from src.models.transformer_xl import RelativeMultiHeadAttention
 from src.ops.group_attention import GroupAttention
+from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
 from src.ops.relative_position import attention_path, causal_memory_mask, relative_attention
 from tests.helpers import tf32
 

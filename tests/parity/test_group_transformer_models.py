@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.compat.group_transformer_models import group_transformer_from_official, transformer_xl_from_official
+from src.compat.group_transformer import from_official, load_official
+from src.models.group_transformer import GroupTransformer
+from src.models.transformer_xl import TransformerXL
 from tests.parity.reference import fixtures, load
 
 ATOL = RTOL = 1e-5
@@ -30,8 +32,8 @@ def batch_first(x: Tensor) -> Tensor:
 def test_model_matches_official_over_segments(path: Path) -> None:
     fx = load(path)
     config = fx["config"]
-    convert = group_transformer_from_official if path.name.startswith("gt_") else transformer_xl_from_official
-    model = convert(fx["state_dict"], config).eval()
+    model = from_official(fx["state_dict"], config).eval()
+    assert isinstance(model, GroupTransformer if path.name.startswith("gt_") else TransformerXL)
     memories = None
     with torch.no_grad():
         for segment in fx["segments"]:
@@ -51,8 +53,7 @@ def test_model_matches_official_over_segments(path: Path) -> None:
 def test_memory_matters(path: Path) -> None:
     """Without the carried memory the later segments' logits differ (the recurrence is exercised)."""
     fx = load(path)
-    convert = group_transformer_from_official if path.name.startswith("gt_") else transformer_xl_from_official
-    model = convert(fx["state_dict"], fx["config"]).eval()
+    model = from_official(fx["state_dict"], fx["config"]).eval()
     segment = fx["segments"][1]
     with torch.no_grad():
         logits, _ = model(batch_first(segment["input"]))
@@ -66,6 +67,31 @@ def test_converter_refuses_unconverted_entries() -> None:
     fx = load(param.values[0])
     state = dict(fx["state_dict"], extra=torch.zeros(1))
     with pytest.raises(ValueError, match="extra"):
-        transformer_xl_from_official(state, fx["config"])
+        from_official(state, fx["config"])
     with pytest.raises(ValueError, match="same_length"):
-        transformer_xl_from_official(fx["state_dict"], dict(fx["config"], same_length=True))
+        from_official(fx["state_dict"], dict(fx["config"], same_length=True))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_load_official_fills_a_model_of_ours(path: Path) -> None:
+    """Filling a model built from our constructor equals building it from the official config;
+    another depth is refused with the tensors named."""
+    fx = load(path)
+    config = fx["config"]
+    built = from_official(fx["state_dict"], config)
+    sizes = [config[key] for key in ("n_token", "n_layer", "d_model", "n_head", "d_inner")]
+    shared = {"mem_len": config["mem_len"], "tie_weight": config["tie_weight"]}
+    if isinstance(built, GroupTransformer):
+        ours = GroupTransformer(*sizes, config["n_group"], tgt_len=config["tgt_len"], **shared)
+        deeper = GroupTransformer(
+            sizes[0], sizes[1] + 1, *sizes[2:], config["n_group"], tgt_len=config["tgt_len"], **shared
+        )
+    else:
+        ours = TransformerXL(*sizes, pre_norm=config["pre_lnorm"], **shared)
+        deeper = TransformerXL(sizes[0], sizes[1] + 1, *sizes[2:], **shared)
+    load_official(ours, fx["state_dict"])
+    for key, value in built.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    with pytest.raises(KeyError) as error:
+        load_official(deeper, fx["state_dict"])
+    assert f"layers.{sizes[1]}" in str(error.value) and "missing" in str(error.value)

@@ -22,7 +22,7 @@ from src.ops.relative_position import (
     relative_attention_scores,
 )
 from src.ops.shuffle import feature_shuffle
-from src.ops.triton import triton_available
+from src.ops.dispatch import triton_available
 from tests.parity.reference import fixtures, load
 
 ATOL = 1e-5

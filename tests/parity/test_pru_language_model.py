@@ -2,8 +2,9 @@
 
 The fixtures (``$REFERENCE_DIR/pru/pru_*.pt``) hold single official PRU layers. Each is placed in
 an official-layout state dict of a 3-layer model (layer 0, or layer 1, the M -> M one, when the
-fixture's input and hidden sizes are equal), the other entries random; the converted dict must
-load strictly and the model's own layer must reproduce the fixture.
+fixture's input and hidden sizes are equal), the other entries random; the state dict must load
+strictly (:func:`src.compat.pru.load_official`) and the model's own layer must reproduce the
+fixture.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.compat.pru import pru_from_official
-from src.models.awd_lm import AWDLanguageModel, convert_official_state_dict
+from src.compat.pru import load_official, pru_from_official
+from src.models.awd_lm import AWDLanguageModel
 from tests.parity.reference import fixtures, load
 
 FLOAT32_TOL = 1e-5
@@ -86,7 +87,7 @@ def official_model_with(data: dict) -> tuple[dict[str, Tensor], int, dict]:
 def converted_model(data: dict) -> tuple[AWDLanguageModel, dict[str, Tensor], int]:
     state, index, arguments = official_model_with(data)
     model = AWDLanguageModel(VOCAB, **arguments)
-    model.load_state_dict(convert_official_state_dict(state), strict=True)
+    load_official(model, state)
     return model.eval(), state, index
 
 
@@ -141,7 +142,7 @@ def test_lstm_model_from_official_layout() -> None:
     for index, lstm in enumerate(layers):
         state.update({f"rnns.{index}.{k}": v for k, v in lstm.state_dict().items()})
     model = AWDLanguageModel(VOCAB, rnn="lstm", embedding_dim=8, hidden_size=12).double()
-    model.load_state_dict(convert_official_state_dict(state), strict=True)
+    load_official(model, state)
     tokens = torch.randint(0, VOCAB, (3, 5))
     with torch.no_grad():
         out = model.eval()(tokens)

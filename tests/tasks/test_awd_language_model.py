@@ -17,14 +17,10 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from src.datamodules.word_stream import WordStreamDataModule
+from src.datamodules.awd_lm import AWDLMDataModule
 from src.models.awd_lm import AWDLanguageModel
-from src.tasks.awd_language_model import (
-    AWDLanguageModelTask,
-    averaged_sgd,
-    carried_hidden,
-    nonmonotone,
-)
+from src.models.awd_state import carried_hidden
+from src.tasks.awd_language_model import AWDLanguageModelTask, averaged_sgd, nonmonotone
 
 VOCAB, DIM = 6, 8
 
@@ -406,7 +402,7 @@ def write_corpus(root: Path) -> Path:
 
 
 def test_trains_the_awd_pru_on_a_word_stream(tmp_path) -> None:
-    data = WordStreamDataModule(str(write_corpus(tmp_path)), batch_size=4, eval_batch_size=2,
+    data = AWDLMDataModule(str(write_corpus(tmp_path)), batch_size=4, eval_batch_size=2,
                                 bptt=8, bptt_min=2)  # fmt: skip
     torch.manual_seed(0)
     # light regularisation: the network is small

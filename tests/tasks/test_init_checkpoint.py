@@ -1,17 +1,30 @@
 """Every task starts from other weights with ``task.init_checkpoint`` (averaged and exported
-checkpoints too), and ``ckpt_path=`` with a weights-only checkpoint says to use it."""
+checkpoints too, and official release files through ``src.compat``), a file that does not fit is
+one line naming it, and ``ckpt_path=`` with a weights-only checkpoint says to use it."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 
 from src.build import build_task
-from src.utils.run_record import CheckpointError
-from tests.conftest import compose_config
 from src.commands.train import train
+from src.compat import load_official
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+from src.models.segmentation import espnetv2_segmentation
+from src.models.ssd import SSD
+from src.tasks.detection import DetectionTask
+from src.tasks.finetune import InitCheckpointError, load_network_weights
+from src.tasks.segmentation import SemanticSegmentation
+from src.utils.errors import UserError
+from src.utils.run_record import CheckpointError
+from tests.compat.official_files import official_file
+from tests.conftest import compose_config
+from tests.parity.reference import reference_dir
 
 # each task on its embedded data (no download), with the task's default model
 EMBEDDED = {
@@ -50,7 +63,7 @@ def test_init_checkpoint_loads_the_network_when_fitting_starts(task_name: str, t
 
 
 def test_a_weights_only_checkpoint_cannot_resume_and_names_init_checkpoint(tmp_path: Path) -> None:
-    overrides = ["experiment=delight_mt_demo"]
+    overrides = ["experiment=delight_mt/demo"]
     _, task = build_task(compose_config("train", overrides, tmp_path / "a"))
     path = tmp_path / "averaged.ckpt"
     weights_only(task, path)
@@ -62,3 +75,93 @@ def test_a_weights_only_checkpoint_cannot_resume_and_names_init_checkpoint(tmp_p
         f"or weights-only checkpoint), so it cannot resume a run; to start a new run from these "
         f"weights pass task.init_checkpoint={path} instead"
     )
+
+
+SGD = functools.partial(torch.optim.SGD, lr=0.1)
+
+
+def test_init_checkpoint_takes_an_official_file(tmp_path: Path) -> None:
+    """``task.init_checkpoint=<official .pth>`` fills the composed DiCENet through the converter."""
+    torch.manual_seed(0)
+    _, donor = build_task(compose_config("train", ["data=digits", "model=dicenet"], tmp_path / "a"))
+    path = tmp_path / "dicenet_s_0.5_imagenet.pth"
+    saved = official_file(donor.net, path)
+    torch.manual_seed(1)
+    overrides = ["data=digits", "model=dicenet", f"task.init_checkpoint={path}"]
+    _, task = build_task(compose_config("train", overrides, tmp_path / "b"))
+    task.setup("fit")
+    for key, value in task.net.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+
+
+def test_official_segmentation_weights_initialise_the_segmentation_task() -> None:
+    weights = reference_dir() / "edgenets" / "weights" / "espnetv2_s_0.5_pascal_256x256.pth"
+    if not weights.is_file():
+        pytest.skip(f"no official EdgeNets weights {weights}; set REFERENCE_DIR")
+    expected = espnetv2_segmentation(0.5, 21)
+    load_official(expected, weights)
+    net = espnetv2_segmentation(0.5, 21)
+    task = SemanticSegmentation(net, 21, SGD, init_checkpoint=str(weights))
+    task.setup("fit")
+    for key, value in expected.state_dict().items():
+        assert torch.equal(task.net.state_dict()[key], value), key
+
+
+def test_ssd_backbone_from_an_imagenet_classifier(tmp_path: Path) -> None:
+    """An official ImageNet ESPNetv2 file or this project's classifier checkpoint (any number of
+    classes) fills the SSD's backbone and head_conv; the neck and heads keep their init."""
+    torch.manual_seed(0)
+    official = tmp_path / "espnetv2_s_0.5_imagenet_224x224.pth"
+    imagenet = official_file(ESPNetv2(0.5, num_classes=1000), official)
+    classifier = ESPNetv2(0.5, num_classes=10)
+    checkpoint = tmp_path / "classifier.ckpt"
+    state = {f"net.{k}": v for k, v in classifier.state_dict().items()}
+    torch.save({"state_dict": state}, checkpoint)
+    for path, source in ((official, imagenet), (checkpoint, classifier.state_dict())):
+        torch.manual_seed(1)
+        task = DetectionTask(SSD(2, scale=0.5), SGD, init_checkpoint=str(path))
+        fresh = {k: v.clone() for k, v in task.net.state_dict().items()}
+        task.setup("fit")
+        state = task.net.state_dict()
+        backbone = [k for k in state if k.startswith(("backbone.", "head_conv."))]
+        assert len(backbone) > 100
+        assert all(torch.equal(state[k], source[k]) for k in backbone)
+        assert torch.equal(state["cls_heads.0.weight"], fresh["cls_heads.0.weight"])
+
+
+def test_a_file_that_does_not_fit_is_one_line_naming_it(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not weights\n")
+    official = tmp_path / "espnetv2_s_0.5_imagenet_224x224.pth"
+    official_file(ESPNetv2(0.5, num_classes=1000), official)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weight": torch.zeros(1)}, foreign)
+    cases = [
+        (DiCENet(0.5, num_classes=10), text, f"init_checkpoint={text} is not a weights file"),
+        (
+            DiCENet(0.5, num_classes=10),
+            official,
+            (
+                f"init_checkpoint={official} is neither a checkpoint of this project for DiCENet "
+                "nor official EdgeNets weights for it: official state dict does not match: missing ["
+            ),
+        ),
+        (
+            ESPNetv2(1.0, num_classes=1000),
+            official,
+            (
+                f"init_checkpoint={official} is neither a checkpoint of this project for ESPNetv2 "
+                "nor official EdgeNets weights for it: "
+            ),
+        ),
+        (torch.nn.Conv2d(3, 2, 1), foreign, f"init_checkpoint={foreign} does not fit Conv2d: "),
+    ]
+    for net, path, start in cases:
+        with pytest.raises(InitCheckpointError) as error:
+            load_network_weights(net, path)
+        message = str(error.value)
+        assert isinstance(error.value, UserError) and message.startswith(start), message
+        assert len(message.splitlines()) == 1 and len(message) < 800, message
+    missing = tmp_path / "none.pth"
+    with pytest.raises(FileNotFoundError, match=f"init_checkpoint={missing}: no such file"):
+        load_network_weights(DiCENet(0.5, num_classes=10), missing)

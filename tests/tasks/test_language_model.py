@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 
 from src.models.group_transformer import GroupTransformer
 from src.models.transformer_xl import TransformerXL
+from src.optim.schedules import warmup_cosine
 from src.tasks.language_model import LanguageModel
-from src.tasks.schedules import warmup_cosine
 
 
 class RecordingNet(nn.Module):

@@ -1,4 +1,4 @@
-"""The image tasks train channels-last (``src/tasks/memory_format.py``): the network's parameters
+"""The image tasks train channels-last (``src/utils/memory_format.py``): the network's parameters
 and every batch, so that the CPU kernels that read rows of channels run in training."""
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from src.commands.train import train
 from tests.datamodules.test_coco_multilabel import make_coco
 from tests.datamodules.test_voc_seg import make_voc
 from tests.tasks.test_translation_task import reversal_corpus
-from src.commands.train import train
 
 OVERFIT = [
     "trainer.overfit_batches=1",
@@ -68,7 +68,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.optimizer.lr=0.1",
         ],
         "language_model": [
-            "experiment=charlm_demo",
+            "experiment=char_lm/demo",
             "data.tgt_len=16",
             "data.eval_tgt_len=16",
             "data.batch_size=4",
@@ -80,7 +80,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.optimizer.lr=1e-2",
         ],
         "word_language_model": [
-            "experiment=delight_lm_demo",
+            "experiment=delight_lm/demo",
             f"data.root={root / 'pydoc_words'}",
             "data.tokens_per_sample=16",
             "data.eval_context_window=8",
@@ -107,7 +107,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.optimizer.lr=3e-3",
         ],
         "awd_language_model": [
-            "experiment=pru_demo",
+            "experiment=pru_lm/demo",
             f"data.root={root / 'pydoc_ptb'}",
             "data.batch_size=4",
             "data.bptt=16",
@@ -122,7 +122,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.optimizer.lr=5",
         ],
         "text_classification": [
-            "experiment=sentiment_delight",
+            "experiment=delight_sentiment/delight",
             f"data.root={root / 'sentiment_tweets'}",
             "data.batch_size=8",
             "data.max_length=24",
@@ -195,7 +195,7 @@ def test_task_trains_in_mixed_precision(
 def test_clipping_recipes_train_in_mixed_precision(
     make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
 ) -> None:
-    """The recipes that clip gradients (charlm_demo, pru_demo: 0.25) with their fused optimisers:
+    """The recipes that clip gradients (char_lm/demo, pru_lm/demo: 0.25) with their fused optimisers:
     Lightning's mixed-precision plugin alone refuses to clip for those at the first step."""
     epochs = 6
     cfg = make_cfg(

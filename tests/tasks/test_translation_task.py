@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from src.commands.train import train
 from src.datamodules.dictionary import EOS_ID, PAD_ID
 from src.models.delight import DeLighTEncoderDecoder
 from src.tasks.translation import Translation
 from tests.conftest import ROOT
-from src.commands.train import train
 
 WORDS = [f"w{i}" for i in range(12)]
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from src.datamodules.word_lm import PAD, ContextWindows, TokenBlocks, WikiTextDataModule, collate
+from src.commands.train import train
+from src.datamodules.word_lm import PAD, ContextWindows, TokenBlocks, WordLMDataModule, collate
 from src.models.delight_lm import DeLighTLanguageModel
-from src.tasks.schedules import warmup_cosine
+from src.optim.schedules import warmup_cosine
 from src.tasks.word_language_model import WordLanguageModel, sample
 from tests.conftest import compose_config
-from src.commands.train import train
 
 VOCAB = 40
 NO_DROPOUT = {
@@ -126,7 +126,7 @@ def test_full_split_through_the_trainer_matches(tmp_path: Path) -> None:
     (tmp_path / "wiki.train.tokens").write_text("a b c d e\n" * 6)
     (tmp_path / "wiki.valid.tokens").write_text("a b c\nd e a b\n" * 3)
     (tmp_path / "wiki.test.tokens").write_text("e d c b a\n")
-    dm = WikiTextDataModule(str(tmp_path), None, 8, 2, eval_batch_size=2, eval_context_window=4)
+    dm = WordLMDataModule(str(tmp_path), None, 8, 2, eval_batch_size=2, eval_context_window=4)
     net = DeLighTLanguageModel(dm.vocab_size, 64, 2, 3, 2.0, cutoffs=(5, 6), **NO_DROPOUT)
     task = make_task(net)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False)
@@ -140,9 +140,9 @@ def test_full_split_through_the_trainer_matches(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_trains_below_the_unigram_perplexity(tmp_path: Path) -> None:
-    """A short ``experiment=delight_lm_demo`` run: test perplexity below the corpus's unigram one (~81)."""
+    """A short ``experiment=delight_lm/demo`` run: test perplexity below the corpus's unigram one (~81)."""
     overrides = [
-        "experiment=delight_lm_demo", "trainer.max_steps=60", "trainer.val_check_interval=60",
+        "experiment=delight_lm/demo", "trainer.max_steps=60", "trainer.val_check_interval=60",
         "trainer.limit_val_batches=4", "callbacks.progress_bar=null", f"data.root={tmp_path / 'data'}",
     ]  # fmt: skip
     summary = train(compose_config("train", overrides, tmp_path / "run"))

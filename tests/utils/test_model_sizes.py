@@ -14,7 +14,7 @@ from tests.conftest import compose_config
 
 
 def test_unbuildable_sizes_name_the_keys_and_the_nearest_width_that_builds(tmp_path) -> None:
-    overrides = ["experiment=delight_mt_demo", "model.d_model=100", "model.width_multiplier=3"]
+    overrides = ["experiment=delight_mt/demo", "model.d_model=100", "model.width_multiplier=3"]
     with pytest.raises(ModelSizeError) as error:
         build_task(compose_config("train", overrides, tmp_path))
     message = str(error.value)
@@ -34,6 +34,6 @@ def test_unbuildable_sizes_name_the_keys_and_the_nearest_width_that_builds(tmp_p
 
 
 def test_a_refusal_that_no_width_cures_stays_as_it_was(tmp_path) -> None:
-    overrides = ["experiment=delight_mt_demo", "model.dropout=1.5"]
+    overrides = ["experiment=delight_mt/demo", "model.dropout=1.5"]
     with pytest.raises(InstantiationException, match="dropout"):
         build_task(compose_config("train", overrides, tmp_path))

@@ -5,13 +5,14 @@ arithmetic: a DiCE unit makes about twenty ATen calls, four of them oneDNN convo
 us each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K + 2 more calls.
 The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
 EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); both for
-inference. ``grouped_norm.cpp`` is Group-Transformer's per-group layer norm, forward and backward,
-for training: eagerly about twenty-two element-wise ATen passes over each normalised tensor.
-``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's (channels-last)
-in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`); ``batch_norm_prelu.cpp``
-the two fused, forward and backward, for channels-last training (:mod:`src.ops.batch_norm_prelu`). ``relative_softmax.cpp``
-is the attention probabilities of relative-position attention, forward and backward, in one pass
-each (see :mod:`src.ops.relative_softmax`).
+inference. ``per_group_layer_norm.cpp`` is Group-Transformer's per-group layer norm, forward and
+backward, for training: eagerly about twenty-two element-wise ATen passes over each normalised
+tensor. ``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's
+(channels-last) in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`);
+``batch_norm_prelu.cpp`` the two fused, forward and backward, for channels-last training
+(:mod:`src.ops.batch_norm_prelu`). ``relative_softmax.cpp`` is the attention probabilities of
+relative-position attention, forward and backward, in one pass each (see
+:mod:`src.ops.relative_softmax`).
 
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 50 s) into
@@ -58,7 +59,7 @@ HERE = Path(__file__).parent
 SOURCES = (
     HERE / "dice.cpp",
     HERE / "eesp.cpp",
-    HERE / "grouped_norm.cpp",
+    HERE / "per_group_layer_norm.cpp",
     HERE / "prelu.cpp",
     HERE / "batch_norm.cpp",
     HERE / "batch_norm_prelu.cpp",
@@ -139,9 +140,11 @@ def _put_ninja_on_path() -> None:
 
 def build_name(suffix: str) -> str:
     """The build's name: ``suffix`` (the CPU's ISA level), PyTorch's version, whose ABI the build
-    links against, and the sources' digest (the builder rebuilds when a source changes, not a
-    header)."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:10]
+    links against, and the digest of the sources' names and contents (the builder rebuilds when a
+    source changes, not a header; a renamed source changes the build's command, so it is a new
+    build rather than a rebuild of the one that checkouts of the old name share)."""
+    named = (p.name.encode() + b"\0" + p.read_bytes() for p in SOURCES + HEADERS)
+    digest = hashlib.sha256(b"".join(named)).hexdigest()[:10]
     version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
     return f"lightnets_cpu_{suffix}_{version}_{digest}"
 

@@ -14,8 +14,8 @@ ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
 So these ops time both paths on their first call with each shape (forward and backward when
 autograd will need the backward; the median of interleaved samples of a millisecond or more,
 :func:`cpu_times`) and keep the faster for the process and, in a
-:class:`~src.ops.triton.choices.ChoiceCache`, on disk for later processes on this machine, as
-``impl="auto"`` does on CUDA (:func:`src.ops.triton.fastest`). The key holds the thread count:
+:class:`~src.ops.choices.ChoiceCache`, on disk for later processes on this machine, as
+``impl="auto"`` does on CUDA (:func:`src.ops.dispatch.fastest`). The key holds the thread count:
 fewer threads favour other paths. The project's path must win by :data:`MARGIN` (5%): closer
 than that, the measurement goes either way between runs, and ATen's is the path to be no slower
 than.
@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from src.ops.choices import ChoiceCache
 from src.ops.cpu import cpu_path_mode
-from src.ops.triton import Timer, fastest
-from src.ops.triton.choices import ChoiceCache
+from src.ops.dispatch import Timer, fastest
 
 OURS = "ours"
 ATEN = "aten"

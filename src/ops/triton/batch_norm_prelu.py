@@ -1,5 +1,6 @@
 """BatchNorm + PReLU fused for channels-last training on a GPU: the Triton counterpart of
-``src/ops/cpu/batch_norm_prelu.cpp``, with the same two ops' contracts.
+``src/ops/cpu/batch_norm_prelu.cpp``, under the same two ops' contract
+(:mod:`src.ops.contracts.batch_norm_prelu`).
 
 A channels-last (B, C, H, W) activation is read as (R, C) = (B H W, C) rows. With per-channel
 batch mean m, biased variance v, 1/std s, BN's ``scale = w s`` and ``shift = b - m scale``:
@@ -14,7 +15,7 @@ Unfused, cuDNN's BN writes z, PReLU reads it back and writes y, and autograd kee
   k = x[0, c], so that a mean far from zero costs no float32 digits), then one pass writing y;
 - backward: a pass of per-chunk sums (sum dz, sum dz (x - m), PReLU's sum min(z, 0) dy, with
   ``dz = dy (z > 0 ? 1 : a)``), then one writing ``dx = scale dz + q (x - m) + r``
-  (:func:`src.ops.triton.fused_norm.batch_norm_backward`).
+  (:func:`src.ops.fused_norm.batch_norm_backward`).
 
 Autograd keeps x alone; z is recomputed. The per-chunk partial sums are added by PyTorch (float64
 for the statistics), in a fixed order, so nothing depends on the run. Arithmetic is float32 for
@@ -28,9 +29,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.batch_norm_prelu import backward_fake, forward_fake
-from src.ops.triton import gpu_launch, multi_processor_count, opaque_op
-from src.ops.triton.fused_norm import batch_norm_backward, batch_statistics
+from src.ops.contracts import batch_norm_prelu as contract
+from src.ops.dispatch import opaque_op
+from src.ops.fused_norm import batch_norm_backward, batch_statistics
+from src.ops.triton.launch import gpu_launch, multi_processor_count
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x channels) tile
 WARPS_GPU = 8  # 16 elements a thread, as the per-group norm's tiles (docs/gpu.md)
@@ -196,10 +198,7 @@ def _check(x: Tensor, vectors: dict[str, Tensor], residual: Tensor | None) -> No
 
 
 @opaque_op(
-    "lightnets::batch_norm_prelu_forward_triton",
-    "(Tensor x, Tensor weight, Tensor bias, Tensor slope, float eps, Tensor? residual) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
-    forward_fake,
+    "lightnets::batch_norm_prelu_forward_triton", contract.FORWARD_SCHEMA, contract.forward_fake
 )
 def batch_norm_prelu_forward_triton(
     x: Tensor,
@@ -234,10 +233,7 @@ def batch_norm_prelu_forward_triton(
 
 
 @opaque_op(
-    "lightnets::batch_norm_prelu_backward_triton",
-    "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor slope, Tensor save_mean, "
-    "Tensor save_invstd, Tensor? residual) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    backward_fake,
+    "lightnets::batch_norm_prelu_backward_triton", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def batch_norm_prelu_backward_triton(
     grad_y: Tensor,

@@ -4,8 +4,8 @@ The kernel tests run in Triton's interpreter (``TRITON_INTERPRET=1``), which exe
 NumPy and accepts what a GPU build rejects: a ``tl.dot`` of a bfloat16 and a float32 block, a
 dtype mismatch in a ``tl.where``, more shared memory than an SM has. Here the launches an op
 makes are recorded in the interpreter, configured as on the GPU
-(:func:`src.ops.triton.gpu_launch`: its tile sizes, grid splits and 16-bit dot operands) and not
-run. Each is then compiled by Triton for the GPU's architecture down to a cubin (the ptxas that
+(:func:`src.ops.triton.launch.gpu_launch`: its tile sizes, grid splits and 16-bit dot operands) and
+not run. Each is then compiled by Triton for the GPU's architecture down to a cubin (the ptxas that
 Triton ships), in a child process without the interpreter and specialised exactly as Triton
 specialises that launch (:meth:`triton.JITFunction.warmup` against a stand-in driver), and its
 resources are read from the cubin with Triton's cuobjdump: registers per thread, spilled
@@ -36,8 +36,7 @@ from typing import Any
 
 import torch
 
-import src.ops.triton as kernels
-from src.ops.triton import LaunchTarget
+from src.ops.triton.launch import LaunchTarget, launches_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -141,7 +140,7 @@ def recorded_launches(gpu: Gpu) -> Iterator[list[Launch]]:
     run = InterpretedFunction.run
     InterpretedFunction.run = record
     try:
-        with kernels.launches_for(gpu.target):
+        with launches_for(gpu.target):
             yield launches
     finally:
         InterpretedFunction.run = run

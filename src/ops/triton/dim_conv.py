@@ -16,8 +16,8 @@ Backward is all Triton: the input gradient is the same stencil with mirrored off
 three output-gradient slots and summed (one launch); the weight gradients reduce
 ``grad_y * shifted x`` over the tile and a block of images inside each program and accumulate the
 per-program partial sums with float32 atomics (one launch). Accumulation is float32 for every
-input dtype. The GPU tile (512 pixels) and weight-gradient grid (about 512 programs) were picked
-by a small sweep on an H100 at DiCENet shapes.
+input dtype. The GPU tile (512 pixels, :mod:`src.ops.triton.stencil`) and weight-gradient grid
+(about 512 programs) were picked by a small sweep on an H100 at DiCENet shapes.
 
 Every tensor is addressed through its own strides, so a channels-last network (the GPU trainer's
 layout) is read and written in place: a channels-last input gives a channels-last output and input
@@ -35,41 +35,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.layout import memory_format_of
-from src.ops.triton import (
-    autocast_off,
-    autocast_operands,
-    check_same_dtype,
-    gpu_launch,
-    opaque_op,
-)
+from src.ops.contracts import dim_conv as contract
+from src.ops.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.ops.triton.launch import gpu_launch
+from src.ops.triton.stencil import launch_config, tile
 
-TILE_GPU = 512
-# Warps per GPU tile: 8, two pixels per thread. With Triton's default of 4, the fused DiCE and EESP
-# passes built for an H100 need 128-188 registers per thread, leaving 8-16 of 64 warps resident
-# (occupancy 0.12-0.25) to hide the memory latency of these stencils; with 8 they need 32-128 and
-# reach 0.25-1.00 (benchmarks/kernel_builds.py, docs/gpu.md). Their speed is still to be measured.
-WARPS_GPU = 8
-TILE_INTERPRETER = 1 << 14
 PROGRAMS_GPU = 512
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _tile(C, H, W, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
-    """This program's image b and (channel, row, column) index tiles, each 3-D for broadcasting."""
-    n_hblocks = tl.cdiv(H, BLOCK_H)
-    pid_bh = tl.program_id(0)  # b * n_hblocks + row block
-    b = (pid_bh // n_hblocks).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    h = (pid_bh % n_hblocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-    w = tl.program_id(2) * BLOCK_W + tl.arange(0, BLOCK_W)
-    # (BLOCK_C, 1, 1), (1, BLOCK_H, 1), (1, 1, BLOCK_W)
-    return b, c[:, None, None], h[None, :, None], w[None, None, :]
-
-
-@triton.jit
-def _branches(
+def dim_conv_branches(
     x_img, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -120,8 +96,8 @@ def _dim_conv_fwd_kernel(
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    acc_c, acc_h, acc_w = _branches(
+    b, c, h, w = tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    acc_c, acc_h, acc_w = dim_conv_branches(
         x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
         K, D_C, D_H, D_W, BLOCK_C, BLOCK_H, BLOCK_W,
     )  # fmt: skip
@@ -143,7 +119,7 @@ def _dim_conv_bwd_input_kernel(
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    b, c, h, w = tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
     gy_img = gy_ptr + b * sy_b
     c_ok = c < C
     h_ok = h < H
@@ -254,27 +230,6 @@ def _dim_conv_bwd_weight_kernel(
             tl.atomic_add(gww_ptr + w1 * (K * K) + tap, part_w, mask=w1 < W)
 
 
-def _launch_config(shape: Sequence[int], on_gpu: bool) -> tuple[tuple[int, int, int], dict]:
-    """Grid, tile sizes (``BLOCK_C``, ``BLOCK_H``, ``BLOCK_W``) over (B, C, H, W) and, on a GPU, the
-    warp count. A tile holds up to ``TILE_GPU`` pixels on a GPU (``WARPS_GPU`` warps); the
-    interpreter pays per operation, not per element, so there one tile covers as much of the image
-    as it can."""
-    batch, channels, height, width = shape
-    budget = TILE_GPU if on_gpu else TILE_INTERPRETER
-    block_w = min(triton.next_power_of_2(width), budget)
-    block_h = min(triton.next_power_of_2(height), budget // block_w)
-    block_c = min(triton.next_power_of_2(channels), budget // (block_w * block_h))
-    grid = (
-        batch * triton.cdiv(height, block_h),
-        triton.cdiv(channels, block_c),
-        triton.cdiv(width, block_w),
-    )
-    meta = {"BLOCK_C": block_c, "BLOCK_H": block_h, "BLOCK_W": block_w}
-    if on_gpu:
-        meta["num_warps"] = WARPS_GPU
-    return grid, meta
-
-
 def _output_order(interleave: bool, channels: int) -> dict:
     """Where branch ``slot`` of channel c lies in DimConv's 3C outputs: interleaved at 3c + slot,
     concatenated at slot * C + c."""
@@ -335,30 +290,7 @@ class _DimConvFunction(torch.autograd.Function):
         return grad_x, grad_wc, grad_wh, grad_ww, None, None
 
 
-def _dim_conv_forward_fake(
-    x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
-    dilation: Sequence[int],
-    interleave: bool,
-) -> Tensor:
-    return _output_like(x)
-
-
-def _output_like(x: Tensor) -> Tensor:
-    """The (B, 3C, H, W) output in x's memory format: channels-last in, channels-last out."""
-    batch, channels, height, width = x.shape
-    shape = (batch, 3 * channels, height, width)
-    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
-
-
-@opaque_op(
-    "lightnets::dim_conv_triton",
-    "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation, "
-    "bool interleave) -> Tensor",
-    _dim_conv_forward_fake,
-)
+@opaque_op("lightnets::dim_conv_triton", contract.FORWARD_SCHEMA, contract.forward_fake)
 def dim_conv_forward(
     x: Tensor,
     weight_channel: Tensor,
@@ -374,8 +306,8 @@ def dim_conv_forward(
         -> (B, 3C, H_b, W_b), channels-last when x is
     """
     _, channels, height, width = x.shape
-    y = _output_like(x)
-    grid, meta = _launch_config(x.shape, gpu_launch(x))
+    y = contract.output_like(x)
+    grid, meta = launch_config(x.shape, gpu_launch(x))
     meta |= _output_order(interleave, channels)
     d_c, d_h, d_w = dilation
     _dim_conv_fwd_kernel[grid](
@@ -386,28 +318,8 @@ def dim_conv_forward(
     return y
 
 
-def _dim_conv_backward_fake(
-    grad_y: Tensor,
-    x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
-    dilation: Sequence[int],
-    interleave: bool,
-    input_grad: bool,
-    weight_grads: bool,
-) -> list[Tensor]:
-    grads = [torch.empty_like(x)] if input_grad else []
-    if weight_grads:
-        grads += [torch.empty_like(w) for w in (weight_channel, weight_height, weight_width)]
-    return grads
-
-
 @opaque_op(
-    "lightnets::dim_conv_triton_backward",
-    "(Tensor grad_y, Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, "
-    "int[] dilation, bool interleave, bool input_grad, bool weight_grads) -> Tensor[]",
-    _dim_conv_backward_fake,
+    "lightnets::dim_conv_triton_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def dim_conv_backward(
     grad_y: Tensor,
@@ -430,7 +342,7 @@ def dim_conv_backward(
     """
     weights = (weight_channel, weight_height, weight_width)
     _, channels, height, width = x.shape
-    grid, meta = _launch_config(x.shape, gpu_launch(x))
+    grid, meta = launch_config(x.shape, gpu_launch(x))
     meta |= _output_order(interleave, channels)
     d_c, d_h, d_w = dilation
     consts = {"K": weight_channel.shape[-1], "D_C": d_c, "D_H": d_h, "D_W": d_w, **meta}

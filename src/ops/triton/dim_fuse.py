@@ -8,7 +8,8 @@ reads back three times (BN, PReLU, the grouped 1x1 conv) to make C channels:
     l[c] = sum_b w_local[c, b] a[3c + b]  (B, C, H, W)
 
 Here one program computes the three branches of its (channel x row x column) tile in registers
-(:func:`src.ops.triton.dim_conv._branches`), applies BN and PReLU per branch and writes only l.
+(:func:`src.ops.triton.dim_conv.dim_conv_branches`), applies BN and PReLU per branch and writes
+only l.
 The per-channel BN is an affine map ``z = scale * h + shift``; in training its batch statistics
 need every pixel first, so the forward is two passes over x (:func:`local_fusion_statistics`,
 then :func:`local_fusion_forward` with the batch scale and shift) and the backward recomputes h
@@ -38,20 +39,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.triton import (
-    autocast_off,
-    gpu_launch,
-    opaque_op,
-)
-from src.ops.triton.dim_conv import (
-    _branches,
-    _launch_config,
-    _output_like,
-    _tile,
-    dim_conv_backward,
-    dim_conv_operands,
-)
-from src.ops.triton.fused_norm import (
+from src.ops.contracts import dim_fuse as contract
+from src.ops.contracts.dim_conv import output_like
+from src.ops.dispatch import autocast_off, opaque_op
+from src.ops.fused_norm import (
     batch_norm_backward,
     batch_statistics,
     check_batch,
@@ -59,6 +50,9 @@ from src.ops.triton.fused_norm import (
     running_affine,
     update_running_statistics,
 )
+from src.ops.triton.dim_conv import dim_conv_backward, dim_conv_branches, dim_conv_operands
+from src.ops.triton.launch import gpu_launch
+from src.ops.triton.stencil import launch_config, tile
 
 
 @triton.jit
@@ -84,8 +78,8 @@ def _local_fwd_kernel(
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    branches = _branches(
+    b, c, h, w = tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    branches = dim_conv_branches(
         x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
         K, D_C, D_H, D_W, BLOCK_C, BLOCK_H, BLOCK_W,
     )  # fmt: skip
@@ -117,8 +111,8 @@ def _local_stats_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs over b, h and w, 2, 3C): sum h and sum h^2 of this tile per channel
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    branches = _branches(
+    b, c, h, w = tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    branches = dim_conv_branches(
         x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
         K, D_C, D_H, D_W, BLOCK_C, BLOCK_H, BLOCK_W,
     )  # fmt: skip
@@ -146,8 +140,8 @@ def _local_bwd_sums_kernel(
 ):  # fmt: skip
     # partials (programs, 4, 3C): sum dz, sum dz (h - mean), sum dz z [z <= 0] (PReLU),
     # sum dl a (local); centred, so that BN's gradient does not cancel digits
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    branches = _branches(
+    b, c, h, w = tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    branches = dim_conv_branches(
         x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
         K, D_C, D_H, D_W, BLOCK_C, BLOCK_H, BLOCK_W,
     )  # fmt: skip
@@ -191,8 +185,8 @@ def _local_grad_h_kernel(
     K: tl.constexpr, D_C: tl.constexpr, D_H: tl.constexpr, D_W: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, h, w = _tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
-    branches = _branches(
+    b, c, h, w = tile(C, H, W, BLOCK_C, BLOCK_H, BLOCK_W)
+    branches = dim_conv_branches(
         x_ptr + b * sx_b, wc_ptr, wh_ptr, ww_ptr, c, h, w, C, H, W, sx_c, sx_h, sx_w,
         K, D_C, D_H, D_W, BLOCK_C, BLOCK_H, BLOCK_W,
     )  # fmt: skip
@@ -216,28 +210,14 @@ def _local_grad_h_kernel(
 
 
 def _consts(x: Tensor, weight_channel: Tensor, dilation: tuple[int, int, int]) -> tuple:
-    grid, meta = _launch_config(x.shape, gpu_launch(x))
+    grid, meta = launch_config(x.shape, gpu_launch(x))
     d_c, d_h, d_w = dilation
     meta = {**meta, "K": weight_channel.shape[-1], "D_C": d_c, "D_H": d_h, "D_W": d_w}
     return grid, meta
 
 
-def _local_like(x: Tensor) -> Tensor:
-    """A (B, C, H, W) tensor in x's memory format (dense strides even for a view)."""
-    return torch.empty_like(x)
-
-
-def _statistics_fake(
-    x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, dilation: list[int]
-) -> Tensor:
-    return x.new_empty((2, 3 * x.shape[1]), dtype=torch.float64)
-
-
 @opaque_op(
-    "lightnets::local_fusion_statistics",
-    "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation)"
-    " -> Tensor",
-    _statistics_fake,
+    "lightnets::local_fusion_statistics", contract.STATISTICS_SCHEMA, contract.statistics_fake
 )
 def local_fusion_statistics(
     x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, dilation: list[int]
@@ -256,19 +236,7 @@ def local_fusion_statistics(
     return partials.sum(0, dtype=torch.float64)
 
 
-def _forward_fake(
-    x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor, shift: Tensor, alpha: Tensor,
-    w_local: Tensor, post: list[Tensor], dilation: list[int],
-) -> Tensor:  # fmt: skip
-    return _local_like(x)
-
-
-@opaque_op(
-    "lightnets::local_fusion_forward",
-    "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, Tensor scale, "
-    "Tensor shift, Tensor alpha, Tensor w_local, Tensor[] post, int[] dilation) -> Tensor",
-    _forward_fake,
-)
+@opaque_op("lightnets::local_fusion_forward", contract.FORWARD_SCHEMA, contract.forward_fake)
 def local_fusion_forward(
     x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor, shift: Tensor, alpha: Tensor,
     w_local: Tensor, post: list[Tensor], dilation: list[int],
@@ -281,7 +249,7 @@ def local_fusion_forward(
         post [] or three (C,) float32 -> (B, C, H_b, W_b) in x's dtype and memory format
     """
     grid, meta = _consts(x, wc, tuple(dilation))
-    local = _local_like(x)
+    local = contract.local_like(x)
     post_args = post if post else (scale, shift, alpha)  # unread when POST is off
     _local_fwd_kernel[grid](
         x, wc, wh, ww, scale, shift, alpha, w_local, *post_args, local, *x.shape[1:],
@@ -290,19 +258,10 @@ def local_fusion_forward(
     return local
 
 
-def _sums_fake(
-    grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
-    shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, dilation: list[int],
-) -> Tensor:  # fmt: skip
-    return x.new_empty((4, 3 * x.shape[1]), dtype=torch.float32)
-
-
 @opaque_op(
     "lightnets::local_fusion_backward_sums",
-    "(Tensor grad_local, Tensor x, Tensor weight_channel, Tensor weight_height, "
-    "Tensor weight_width, Tensor scale, Tensor shift, Tensor alpha, Tensor w_local, "
-    "Tensor mean, int[] dilation) -> Tensor",
-    _sums_fake,
+    contract.BACKWARD_SUMS_SCHEMA,
+    contract.backward_sums_fake,
 )
 def local_fusion_backward_sums(
     grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
@@ -325,21 +284,7 @@ def local_fusion_backward_sums(
     return partials.sum(0)
 
 
-def _grad_h_fake(
-    grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
-    shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, p: Tensor, q: Tensor, r: Tensor,
-    dilation: list[int],
-) -> Tensor:  # fmt: skip
-    return _output_like(x)
-
-
-@opaque_op(
-    "lightnets::local_fusion_grad_h",
-    "(Tensor grad_local, Tensor x, Tensor weight_channel, Tensor weight_height, "
-    "Tensor weight_width, Tensor scale, Tensor shift, Tensor alpha, Tensor w_local, "
-    "Tensor mean, Tensor p, Tensor q, Tensor r, int[] dilation) -> Tensor",
-    _grad_h_fake,
-)
+@opaque_op("lightnets::local_fusion_grad_h", contract.GRAD_H_SCHEMA, contract.grad_h_fake)
 def local_fusion_grad_h(
     grad_local: Tensor, x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, scale: Tensor,
     shift: Tensor, alpha: Tensor, w_local: Tensor, mean: Tensor, p: Tensor, q: Tensor, r: Tensor,
@@ -351,7 +296,7 @@ def local_fusion_grad_h(
         grad_local and x (B, C, H_b, W_b) any strides -> (B, 3C, H_b, W_b) in x's memory format
     """
     grid, meta = _consts(x, wc, tuple(dilation))
-    grad_h = _output_like(x)
+    grad_h = output_like(x)
     _local_grad_h_kernel[grid](
         x, wc, wh, ww, scale, shift, alpha, w_local, mean, p, q, r, grad_local, grad_h,
         *x.shape[1:], *x.stride(), *grad_local.stride(), *grad_h.stride(), **meta,

@@ -37,16 +37,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.layout import memory_format_of
-from src.ops.triton import (
-    autocast_off,
-    autocast_operands,
-    check_same_dtype,
-    gpu_launch,
-    opaque_op,
-)
-from src.ops.triton.dim_conv import DTYPES, _launch_config, _tile
-from src.ops.triton.fused_norm import (
+from src.ops.contracts import eesp as contract
+from src.ops.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.ops.fused_norm import (
     batch_norm_backward,
     batch_statistics,
     check_batch,
@@ -54,6 +47,10 @@ from src.ops.triton.fused_norm import (
     running_affine,
     update_running_statistics,
 )
+from src.ops.triton.launch import gpu_launch
+from src.ops.triton.stencil import launch_config, tile
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -95,7 +92,7 @@ def _pyramid_fwd_kernel(
     K: tl.constexpr, HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, i, j = _tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
+    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     r_img = r_ptr + b * sr_b
     c_ok = c < C
     m = c_ok & (i < HO) & (j < WO)
@@ -121,7 +118,7 @@ def _pyramid_stats_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs over b, rows and columns, 2, K C): sum f and sum f^2 of this tile
-    b, c, i, j = _tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
+    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     r_img = r_ptr + b * sr_b
     m = (c < C) & (i < HO) & (j < WO)
     c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -146,7 +143,7 @@ def _pyramid_bwd_sums_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs, 3, K C): sum dz, sum dz (f - mean), sum dout z [z <= 0] (PReLU)
-    b, c, i, j = _tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
+    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     r_img = r_ptr + b * sr_b
     c_ok = c < C
     m = c_ok & (i < HO) & (j < WO)
@@ -206,7 +203,7 @@ def _pyramid_grad_branches_kernel(
     K: tl.constexpr, HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, i, j = _tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
+    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     r_img = r_ptr + b * sr_b
     m = (c < C) & (i < HO) & (j < WO)
     grad = g_ptr + b * sg_b + c * sg_c + i * sg_h + j * sg_w
@@ -247,33 +244,14 @@ def _dilation_tensor(dilations: tuple[int, ...], device: torch.device) -> Tensor
     return _dilation_tensors[key]
 
 
-def _output_shape(r: Tensor, branches: int, stride: int) -> tuple[int, int, int, int]:
-    batch, channels, height, width = r.shape
-    return batch, branches * channels, -(-height // stride), -(-width // stride)
-
-
-def _pyramid_like(r: Tensor, branches: int, stride: int) -> Tensor:
-    """The (B, K n, H', W') output in r's memory format: channels-last in, channels-last out."""
-    shape = _output_shape(r, branches, stride)
-    return torch.empty(shape, dtype=r.dtype, device=r.device, memory_format=memory_format_of(r))
-
-
 def _launch(r: Tensor, branches: int, stride: int, hff: bool) -> tuple[tuple, dict]:
-    batch, _, height, width = _output_shape(r, branches, stride)
-    grid, meta = _launch_config((batch, r.shape[1], height, width), gpu_launch(r))
+    batch, _, height, width = contract.output_shape(r, branches, stride)
+    grid, meta = launch_config((batch, r.shape[1], height, width), gpu_launch(r))
     return grid, {**meta, "K": branches, "HFF": hff, "STRIDE": stride}
 
 
-def _statistics_fake(
-    r: Tensor, weight: Tensor, dilations: Tensor, stride: int, hff: bool
-) -> Tensor:
-    return r.new_empty((2, weight.shape[0] * r.shape[1]), dtype=torch.float64)
-
-
 @opaque_op(
-    "lightnets::eesp_pyramid_statistics",
-    "(Tensor r, Tensor weight, Tensor dilations, int stride, bool hff) -> Tensor",
-    _statistics_fake,
+    "lightnets::eesp_pyramid_statistics", contract.STATISTICS_SCHEMA, contract.statistics_fake
 )
 def pyramid_statistics(
     r: Tensor, weight: Tensor, dilations: Tensor, stride: int, hff: bool
@@ -285,7 +263,7 @@ def pyramid_statistics(
     """
     branches = weight.shape[0]
     grid, meta = _launch(r, branches, stride, hff)
-    _, _, out_h, out_w = _output_shape(r, branches, stride)
+    _, _, out_h, out_w = contract.output_shape(r, branches, stride)
     partials = torch.empty(
         (grid[0] * grid[2], 2, branches * r.shape[1]), dtype=torch.float32, device=r.device
     )
@@ -296,19 +274,7 @@ def pyramid_statistics(
     return partials.sum(0, dtype=torch.float64)
 
 
-def _forward_fake(
-    r: Tensor, weight: Tensor, dilations: Tensor, scale: Tensor, shift: Tensor, alpha: Tensor,
-    stride: int, hff: bool,
-) -> Tensor:  # fmt: skip
-    return _pyramid_like(r, weight.shape[0], stride)
-
-
-@opaque_op(
-    "lightnets::eesp_pyramid_forward",
-    "(Tensor r, Tensor weight, Tensor dilations, Tensor scale, Tensor shift, Tensor alpha, "
-    "int stride, bool hff) -> Tensor",
-    _forward_fake,
-)
+@opaque_op("lightnets::eesp_pyramid_forward", contract.FORWARD_SCHEMA, contract.forward_fake)
 def pyramid_forward(
     r: Tensor, weight: Tensor, dilations: Tensor, scale: Tensor, shift: Tensor, alpha: Tensor,
     stride: int, hff: bool,
@@ -321,7 +287,7 @@ def pyramid_forward(
     """
     branches = weight.shape[0]
     grid, meta = _launch(r, branches, stride, hff)
-    y = _pyramid_like(r, branches, stride)
+    y = contract.pyramid_like(r, branches, stride)
     _pyramid_fwd_kernel[grid](
         r, weight, dilations, scale, shift, alpha, y, *r.shape[1:], *y.shape[2:],
         *r.stride(), *y.stride(), **meta,
@@ -329,18 +295,10 @@ def pyramid_forward(
     return y
 
 
-def _sums_fake(
-    grad: Tensor, r: Tensor, weight: Tensor, dilations: Tensor, scale: Tensor, shift: Tensor,
-    alpha: Tensor, mean: Tensor, stride: int, hff: bool,
-) -> Tensor:  # fmt: skip
-    return r.new_empty((3, weight.shape[0] * r.shape[1]), dtype=torch.float32)
-
-
 @opaque_op(
     "lightnets::eesp_pyramid_backward_sums",
-    "(Tensor grad, Tensor r, Tensor weight, Tensor dilations, Tensor scale, Tensor shift, "
-    "Tensor alpha, Tensor mean, int stride, bool hff) -> Tensor",
-    _sums_fake,
+    contract.BACKWARD_SUMS_SCHEMA,
+    contract.backward_sums_fake,
 )
 def pyramid_backward_sums(
     grad: Tensor, r: Tensor, weight: Tensor, dilations: Tensor, scale: Tensor, shift: Tensor,
@@ -363,18 +321,10 @@ def pyramid_backward_sums(
     return partials.sum(0)
 
 
-def _grad_branches_fake(
-    grad: Tensor, r: Tensor, weight: Tensor, dilations: Tensor, scale: Tensor, shift: Tensor,
-    alpha: Tensor, mean: Tensor, p: Tensor, q: Tensor, rr: Tensor, stride: int, hff: bool,
-) -> Tensor:  # fmt: skip
-    return _pyramid_like(r, weight.shape[0], stride)
-
-
 @opaque_op(
     "lightnets::eesp_pyramid_grad_branches",
-    "(Tensor grad, Tensor r, Tensor weight, Tensor dilations, Tensor scale, Tensor shift, "
-    "Tensor alpha, Tensor mean, Tensor p, Tensor q, Tensor rr, int stride, bool hff) -> Tensor",
-    _grad_branches_fake,
+    contract.GRAD_BRANCHES_SCHEMA,
+    contract.grad_branches_fake,
 )
 def pyramid_grad_branches(
     grad: Tensor, r: Tensor, weight: Tensor, dilations: Tensor, scale: Tensor, shift: Tensor,
@@ -388,7 +338,7 @@ def pyramid_grad_branches(
     """
     branches = weight.shape[0]
     grid, meta = _launch(r, branches, stride, hff)
-    grad_y = _pyramid_like(r, branches, stride)
+    grad_y = contract.pyramid_like(r, branches, stride)
     _pyramid_grad_branches_kernel[grid](
         r, weight, dilations, scale, shift, alpha, mean, p, q, rr, grad, grad_y, *r.shape[1:],
         *grad.shape[2:], *r.stride(), *grad.stride(), *grad_y.stride(), **meta,
@@ -406,7 +356,7 @@ class _PyramidFunction(torch.autograd.Function):
         dilations: tuple[int, ...], stride: int, hff: bool, eps: float,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         branches = weight.shape[0]
-        _, _, out_h, out_w = _output_shape(r, branches, stride)
+        _, _, out_h, out_w = contract.output_shape(r, branches, stride)
         count = r.shape[0] * out_h * out_w
         dil = _dilation_tensor(dilations, r.device)
         with autocast_off(r.device.type):
@@ -505,7 +455,7 @@ def eesp_pyramid_triton(
             f"{tuple(weight.shape)} and {tuple(dilations)}"
         )
     gamma, beta, alpha = (t.float().contiguous() for t in (norm_weight, norm_bias, alpha))
-    _, _, out_h, out_w = _output_shape(r, branches, stride)
+    _, _, out_h, out_w = contract.output_shape(r, branches, stride)
     count = r.shape[0] * out_h * out_w
     if training:
         check_batch(count, r.shape)

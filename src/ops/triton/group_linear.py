@@ -28,17 +28,10 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.ops.group_linear import GLT_BACKWARD_SCHEMA, glt_grads_like, unpack_glt_grads
-from src.ops.triton import (
-    Timer,
-    autocast_off,
-    fastest,
-    gpu_launch,
-    multi_processor_count,
-    opaque_op,
-    size_bucket,
-)
-from src.ops.triton.choices import ChoiceCache
+from src.ops.choices import ChoiceCache
+from src.ops.contracts import group_linear as contract
+from src.ops.dispatch import Timer, autocast_off, fastest, opaque_op, size_bucket
+from src.ops.triton.launch import gpu_launch, multi_processor_count
 
 # The grouped GEMM's launch configuration, read at every launch. On a GPU (a CUDA tensor, or
 # launches recorded for one), the fastest of 26 configurations of DExTra(d_m=512, N=8)'s training
@@ -270,21 +263,10 @@ class InterleavedGroupLinearTriton(torch.autograd.Function):
             grads = glt_triton_backward(
                 grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[3:]
             )
-        return unpack_glt_grads(grads, wanted, ctx.has_bias)
+        return contract.unpack_glt_grads(grads, wanted, ctx.has_bias)
 
 
-def _glt_triton_fake(
-    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
-) -> Tensor:
-    groups, _, n = weight.shape
-    return weight.new_empty(parts[0].shape[0], groups * n)
-
-
-@opaque_op(
-    "lightnets::glt_triton",
-    "(Tensor[] parts, Tensor weight, Tensor? bias, bool shuffle) -> Tensor",
-    _glt_triton_fake,
-)
+@opaque_op("lightnets::glt_triton", contract.FORWARD_SCHEMA, contract.forward_fake)
 def glt_triton(
     parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
 ) -> Tensor:
@@ -304,7 +286,7 @@ def glt_triton(
     return y
 
 
-@opaque_op("lightnets::glt_triton_backward", GLT_BACKWARD_SCHEMA, glt_grads_like)
+@opaque_op("lightnets::glt_triton_backward", contract.BACKWARD_SCHEMA, contract.glt_grads_like)
 def glt_triton_backward(
     grad_y: Tensor,
     weight: Tensor,
@@ -315,7 +297,8 @@ def glt_triton_backward(
     part_grads: Sequence[bool],
 ) -> list[Tensor]:
     """Backward of :class:`InterleavedGroupLinearTriton`: the wanted gradients of
-    (weight, bias, *parts), in that order (:func:`src.ops.group_linear.glt_grads_like`).
+    (weight, bias, *parts), in that order
+    (:func:`src.ops.contracts.group_linear.glt_grads_like`).
 
     Shape:
         grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...
@@ -323,7 +306,9 @@ def glt_triton_backward(
     groups = weight.shape[0]
     # (N, g*n) read in place as (N, g, n)
     dy = _grouped_view(grad_y.contiguous(), groups, shuffle)
-    grads = glt_grads_like(grad_y, weight, parts, shuffle, weight_grad, bias_grad, part_grads)
+    grads = contract.glt_grads_like(
+        grad_y, weight, parts, shuffle, weight_grad, bias_grad, part_grads
+    )
     given = iter(grads)
     grad_w = next(given) if weight_grad else None
     grad_b = next(given) if bias_grad else None
@@ -379,9 +364,9 @@ _weight_grad_choice: dict[tuple, str] = ChoiceCache("group_linear.weight_grad")
 def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> str:
     """The weight-gradient method for these operands: ``LIGHTNETS_GLT_WGRAD`` when it names one;
     otherwise, on CUDA, whichever of split-K and bmm measured faster on the first backward of this
-    shape (tokens by :func:`src.ops.triton.size_bucket`) and dtype (:func:`src.ops.triton.fastest`,
-    kept for the process), and split-K on CPU tensors (the interpreter; a ``timer`` measures there
-    too, for tests).
+    shape (tokens by :func:`src.ops.dispatch.size_bucket`) and dtype
+    (:func:`src.ops.dispatch.fastest`, kept for the process), and split-K on CPU tensors (the
+    interpreter; a ``timer`` measures there too, for tests).
     """
     chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")
     if chosen not in ("auto", *WEIGHT_GRAD_METHODS):

@@ -29,8 +29,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.pru_recurrence import GATES, check_recurrence_operands, pru_recurrence_reference
-from src.ops.triton import autocast_off, autocast_operands, check_same_dtype, gpu_launch
+from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
+from src.ops.dispatch import autocast_off, autocast_operands, check_same_dtype
+from src.ops.triton.launch import gpu_launch
 
 BLOCK_GPU = 1024  # (b, m) elements per program; the kernels are memory-bound element-wise passes
 BLOCK_INTERPRETER = 1 << 16
@@ -260,13 +261,19 @@ def pru_recurrence_triton(
     :func:`src.ops.pru_recurrence.pru_recurrence_reference`, differentiable in every operand.
 
     Under ``torch.autocast`` the operands are first cast to its dtype (float32 parameters keep
-    float32 gradients). An empty sequence or batch (T = 0 or B = 0) takes the reference.
+    float32 gradients). An empty sequence (T = 0) passes the state through; an empty batch
+    (B M = 0) is refused (:func:`src.ops.pru_recurrence.pru_recurrence` leaves it to the
+    reference).
 
     Shape:
         inputs (T, B, 4, M), weight (g, w, 4w) with M = g w, bias (g, 4w) or None, h0 and c0
         (B, M), all float32, bfloat16 or float16 -> output (T, B, M), h_T (B, M), c_T (B, M)
     """
-    check_recurrence_operands(inputs, weight, bias, h0, c0)
+    steps, batch, hidden, *_ = check_recurrence_operands(inputs, weight, bias, h0, c0)
+    if batch * hidden == 0:
+        raise ValueError(
+            f"the fused PRU recurrence needs B, M >= 1, got inputs of shape {tuple(inputs.shape)}"
+        )
     operands = autocast_operands(inputs.device.type, inputs, weight, bias, h0, c0)
     inputs, weight, bias, h0, c0 = operands
     dtype = check_same_dtype(
@@ -274,6 +281,6 @@ def pru_recurrence_triton(
     )
     if dtype not in DTYPES:
         raise TypeError(f"the fused PRU recurrence takes {DTYPES}, got {dtype}")
-    if inputs.numel() == 0:
-        return pru_recurrence_reference(inputs, weight, bias, h0, c0)
+    if steps == 0:  # no step: the state passes through, as the reference's loop leaves it
+        return inputs.new_empty(0, *h0.shape), h0, c0
     return PRURecurrenceTriton.apply(*(t.contiguous() if t is not None else None for t in operands))

@@ -21,14 +21,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.relative_softmax import (
-    BACKWARD_SCHEMA,
-    FORWARD_SCHEMA,
-    probabilities_like,
-    score_grads_like,
-    score_rows,
-)
-from src.ops.triton import autocast_off, gpu_launch, opaque_op
+from src.ops.contracts import relative_softmax as contract
+from src.ops.dispatch import autocast_off, opaque_op
+from src.ops.triton.launch import gpu_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the longest key row one program holds (in registers on a GPU); longer rows take the eager ops
@@ -111,7 +106,11 @@ def _meta(keys: int, on_gpu: bool, has_mask: bool) -> dict:
     return meta
 
 
-@opaque_op("lightnets::relative_softmax_triton_forward", FORWARD_SCHEMA, probabilities_like)
+@opaque_op(
+    "lightnets::relative_softmax_triton_forward",
+    contract.FORWARD_SCHEMA,
+    contract.probabilities_like,
+)
 def relative_softmax_forward(
     content: Tensor, position: Tensor, mask: Tensor | None, scale: float
 ) -> Tensor:
@@ -129,7 +128,11 @@ def relative_softmax_forward(
     return prob
 
 
-@opaque_op("lightnets::relative_softmax_triton_backward", BACKWARD_SCHEMA, score_grads_like)
+@opaque_op(
+    "lightnets::relative_softmax_triton_backward",
+    contract.BACKWARD_SCHEMA,
+    contract.score_grads_like,
+)
 def relative_softmax_backward(
     grad_prob: Tensor, prob: Tensor, mask: Tensor | None, scale: float
 ) -> tuple[Tensor, Tensor]:
@@ -187,7 +190,7 @@ def relative_softmax_triton(
             f"{None if mask is None else (mask.dtype, tuple(mask.shape))}"
         )
     shape = content.shape
-    rows = (score_rows(t) for t in (content, position))
+    rows = (contract.score_rows(t) for t in (content, position))
     mask = None if mask is None else mask.contiguous()
     prob = _RelativeSoftmaxTritonFunction.apply(*rows, mask, float(scale))
     return prob.view(shape)

@@ -1,0 +1,9 @@
+"""The ops' custom-op contracts: ``<op>.py`` defines, once, the schema of each custom op of
+:mod:`src.ops.<op>` and its fake function (its outputs' metadata while ``torch.compile`` or
+``torch.export`` traces), and the operand rules that the op's paths share.
+
+A contract is what a reference and its kernels agree on. The op's module (the reference, the
+dispatch and the wrappers of the C++ kernels) and its Triton kernels (:mod:`src.ops.triton.<op>`)
+import it and register their implementations under it with :func:`src.ops.dispatch.opaque_op`.
+A contract imports no op module and no back-end.
+"""
