@@ -4,7 +4,7 @@ The network, data and task are rebuilt from the checkpoint's run record (the con
 with); an override on the command line (``data.root=...``, ``split=val``) still wins and is
 reported. Writes ``metrics.json`` (metrics, params, MACs, checkpoint) into the run directory.
 
-With ``+dynamic_eval=true`` (a ``task=awd_language_model`` checkpoint) the split is scored again
+With ``+dynamic_eval=true`` (a ``task=awd_lm`` checkpoint) the split is scored again
 by dynamic evaluation (``dynamic_eval_options``), written as ``<split>/dynamic_loss`` and
 ``<split>/dynamic_ppl`` beside the plain metrics.
 """

@@ -238,7 +238,7 @@ def test_recipe_then_command_line(tmp_path) -> None:
 
 def test_data_selects_task(tmp_path) -> None:
     cfg = compose_config("train", ["data=imagenet", "model=torchvision"], tmp_path)
-    assert cfg.task._target_ == "src.tasks.classification.ImageClassification"
+    assert cfg.task._target_ == "src.tasks.classification.ClassificationTask"
     assert cfg.task.num_classes == 1000 and cfg.model.num_classes == 1000
 
 

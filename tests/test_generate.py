@@ -16,13 +16,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from src.commands.generate import generate, last_word
 from src.build import build_task
+from src.commands.generate import generate, last_word
 from src.datamodules.awd_lm import ptb_style
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.word_corpus import EOS, UNK
 from src.datamodules.word_lm import decode_words
-from src.tasks import awd_language_model, word_language_model
 from src.decoding.generation import (
     complete_words,
     decode,
@@ -31,6 +30,7 @@ from src.decoding.generation import (
     sample,
     vocabulary_masks,
 )
+from src.tasks import awd_lm, word_lm
 from tests.conftest import ROOT, compose_config
 
 # symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c
@@ -296,14 +296,14 @@ SUM_PROMPT = torch.tensor([[1, 1], [1, 2]])
 
 
 def test_awd_sample_carries_the_state_and_stops_each_row_at_the_end_of_sentence() -> None:
-    out = awd_language_model.sample(SumNet(), SUM_PROMPT, 10, top_k=1, stop=0)
+    out = awd_lm.sample(SumNet(), SUM_PROMPT, 10, top_k=1, stop=0)
     assert out.tolist() == [[2, 0, 0], [3, 2, 0]]  # rows that stopped repeat the stop id; then it ends
-    assert awd_language_model.sample(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [[2, 0, 0, 0, 0], [3, 2, 0, 0, 0]]
-    assert awd_language_model.sample(SumNet(), SUM_PROMPT, 0).shape == (2, 0)
+    assert awd_lm.sample(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [[2, 0, 0, 0, 0], [3, 2, 0, 0, 0]]
+    assert awd_lm.sample(SumNet(), SUM_PROMPT, 0).shape == (2, 0)
 
 
 def test_word_sample_stops_each_row_at_the_end_of_sentence() -> None:
-    out = word_language_model.sample(SumNet(), SUM_PROMPT, 10, context=64, top_k=1, stop=0)
+    out = word_lm.sample(SumNet(), SUM_PROMPT, 10, context=64, top_k=1, stop=0)
     assert out.tolist() == [[2, 0, 0], [3, 2, 0]]
 
 

@@ -1,5 +1,7 @@
-"""Imports go one way: ops -> models -> tasks -> entry points; datamodules stand alone; src has no
-Hydra, except the one command that lives there (``python -m src.datamodules.check``)."""
+"""Imports go one way: utils -> ops -> models -> compat -> tasks -> build -> commands -> the root
+scripts, with decoding, evaluation and optim as libraries beside the tasks; datamodules stand alone;
+nothing imports a root script, and there is no import cycle. Only build and commands (the entry
+layer) and ``python -m src.datamodules.check`` use Hydra."""
 
 from __future__ import annotations
 
@@ -12,14 +14,66 @@ import pytest
 from tests.conftest import ROOT
 
 # package -> src packages it must not import
+ENTRY = {"build", "commands"}
 FORBIDDEN = {
-    "ops": {"models", "tasks", "datamodules", "callbacks"},
-    "models": {"tasks", "datamodules", "callbacks"},
-    "datamodules": {"ops", "models", "tasks", "callbacks"},
-    "tasks": {"datamodules"},
-    "callbacks": {"models", "tasks", "datamodules"},
-    "utils": {"ops", "models", "tasks", "datamodules", "callbacks"},
+    "utils": {
+        "ops",
+        "models",
+        "compat",
+        "tasks",
+        "datamodules",
+        "callbacks",
+        "decoding",
+        "evaluation",
+        "optim",
+    }
+    | ENTRY,
+    "ops": {
+        "models",
+        "compat",
+        "tasks",
+        "datamodules",
+        "callbacks",
+        "decoding",
+        "evaluation",
+        "optim",
+    }
+    | ENTRY,
+    "models": {"compat", "tasks", "datamodules", "callbacks", "decoding", "evaluation", "optim"}
+    | ENTRY,
+    # converters fill our networks from official weights: they import models, never the reverse
+    "compat": {"tasks", "datamodules", "callbacks", "decoding", "evaluation", "optim"} | ENTRY,
+    "decoding": {"models", "compat", "tasks", "datamodules", "callbacks", "evaluation", "optim"}
+    | ENTRY,
+    "evaluation": {"compat", "tasks", "datamodules", "callbacks", "decoding", "optim"} | ENTRY,
+    "optim": {
+        "ops",
+        "models",
+        "compat",
+        "tasks",
+        "datamodules",
+        "callbacks",
+        "decoding",
+        "evaluation",
+    }
+    | ENTRY,
+    "datamodules": {
+        "ops",
+        "models",
+        "compat",
+        "tasks",
+        "callbacks",
+        "decoding",
+        "evaluation",
+        "optim",
+    }
+    | ENTRY,
+    "tasks": {"datamodules"} | ENTRY,
+    "callbacks": {"models", "compat", "tasks", "datamodules", "decoding", "evaluation", "optim"}
+    | ENTRY,
 }
+# the root scripts: thin command lines over src.commands, imported by nothing
+ROOT_SCRIPTS = {path.stem for path in ROOT.glob("*.py")}
 
 # commands run with ``python -m``: like the root entry points, they compose configs with Hydra
 COMMANDS = {ROOT / "src" / "datamodules" / "check.py"}
@@ -40,8 +94,12 @@ def test_import_direction(package: str) -> None:
     for path in (ROOT / "src" / package).rglob("*.py"):
         for name in imported_modules(path):
             parts = name.split(".")
-            assert parts[0] != "hydra" or path in COMMANDS, f"{path} imports Hydra; only the entry points may"
-            assert name != "src.datamodules.check", f"{path} imports the check command (and so Hydra)"
+            assert parts[0] != "hydra" or path in COMMANDS, (
+                f"{path} imports Hydra; only the entry points may"
+            )
+            assert name != "src.datamodules.check", (
+                f"{path} imports the check command (and so Hydra)"
+            )
             if parts[0] == "src" and len(parts) > 1:
                 assert parts[1] not in FORBIDDEN[package], f"{path} imports {name}"
 
@@ -149,3 +207,18 @@ def test_cycle_check_sees_local_imports_of_submodules(tmp_path: Path) -> None:
     graph = import_graph(tmp_path, "pkg")
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.a"}}
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_every_src_package_has_rules() -> None:
+    packages = {p.name for p in (ROOT / "src").iterdir() if (p / "__init__.py").is_file()}
+    assert packages - ENTRY == set(FORBIDDEN), "a new src package needs its row in FORBIDDEN"
+
+
+@pytest.mark.parametrize("folder", ["src", "tests", "benchmarks"])
+def test_nothing_imports_a_root_script(folder: str) -> None:
+    assert {"train", "eval", "predict"} <= ROOT_SCRIPTS
+    for path in (ROOT / folder).rglob("*.py"):
+        for name in imported_modules(path):
+            assert name.split(".")[0] not in ROOT_SCRIPTS, (
+                f"{path} imports the root script {name}; import src.commands"
+            )

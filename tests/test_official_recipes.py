@@ -7,8 +7,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from src.models.delight import DeLighTEncoderDecoder
 from src.models.delight_lm import DeLighTLanguageModel
+from src.models.delight_mt import DeLighTEncoderDecoder
 from src.models.transformer_lm import TransformerLanguageModel
 from src.models.transformer_mt import TransformerEncoderDecoder
 from src.optim.schedules import inverse_sqrt, warmup_linear

@@ -34,7 +34,7 @@ def test_variant_names_follow_the_report() -> None:
         "DeLighT", "block_scaling=false glt_shuffle=false")
     assert variant_of({"_target_": TRANSFORMER, "dim_feedforward": 96})[0] == "Transformer"
     with pytest.raises(ValueError, match="not a model of the study"):
-        variant_of({"_target_": "src.models.delight.DeLighTEncoderDecoder"})
+        variant_of({"_target_": "src.models.delight_mt.DeLighTEncoderDecoder"})
 
 
 def test_tables_and_plot(tmp_path, capsys) -> None:

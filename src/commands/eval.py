@@ -4,7 +4,7 @@ The network, data and task are rebuilt from the checkpoint's run record (the con
 with); an override on the command line (``data.root=...``, ``split=val``) still wins and is
 reported. Writes ``metrics.json`` (metrics, params, MACs, checkpoint) into the run directory.
 
-With ``+dynamic_eval=true`` (a ``task=awd_language_model`` checkpoint) the split is scored again
+With ``+dynamic_eval=true`` (a ``task=awd_lm`` checkpoint) the split is scored again
 by dynamic evaluation (``dynamic_eval_options``), written as ``<split>/dynamic_loss`` and
 ``<split>/dynamic_ppl`` beside the plain metrics.
 """
@@ -22,14 +22,14 @@ from omegaconf import DictConfig
 
 from src.build import build_from_checkpoint, build_trainer, complexity_of, scalars
 from src.evaluation.dynamic_eval import dynamic_evaluate, segments
-from src.tasks.awd_language_model import AWDLanguageModelTask
+from src.tasks.awd_lm import AWDLMTask
 from src.utils.files import write_json
 
 log = logging.getLogger("eval")  # the command's name in its log lines
 
 
 def dynamic_metrics(
-    cfg: DictConfig, task: AWDLanguageModelTask, device: torch.device
+    cfg: DictConfig, task: AWDLMTask, device: torch.device
 ) -> dict[str, float]:
     """Dynamic evaluation of ``cfg.split`` (Krause et al. 2018; :mod:`src.evaluation.dynamic_eval`):
     gradient statistics on the training stream in ``options.batch_size`` rows, then the split in
@@ -68,9 +68,9 @@ def evaluate(cfg: DictConfig) -> dict:
     run = trainer.test if cfg.split == "test" else trainer.validate
     if cfg.dynamic_eval not in (None, False, True):
         raise ValueError(f"dynamic_eval must be true or false, got {cfg.dynamic_eval!r}")
-    if cfg.dynamic_eval and not isinstance(task, AWDLanguageModelTask):
+    if cfg.dynamic_eval and not isinstance(task, AWDLMTask):
         raise ValueError(
-            f"dynamic_eval needs a task=awd_language_model checkpoint, got {type(task).__name__}"
+            f"dynamic_eval needs a task=awd_lm checkpoint, got {type(task).__name__}"
         )
     results = run(task, datamodule=datamodule)
     metrics = scalars(results[0])

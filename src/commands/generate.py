@@ -42,7 +42,7 @@ from src.decoding.generation import (
     sample,
     vocabulary_masks,
 )
-from src.tasks import awd_language_model, word_language_model
+from src.tasks import awd_lm, word_lm
 from src.utils.errors import UsageError, WrongRunError
 
 log = logging.getLogger("generate")  # the command's name in its log lines
@@ -174,7 +174,7 @@ def generate_words(
     )
     stop = EOS_ID if cfg.stop_at_eos else None
     generator = torch.Generator(device).manual_seed(cfg.seed)
-    new = word_language_model.sample(
+    new = word_lm.sample(
         net,
         tokens,
         cfg.max_new_words,
@@ -217,7 +217,7 @@ def generate_stream_words(
         allowed[vocabulary.unk_id] = False  # <unk> stands for any rare word: never printed
     stop = eos if cfg.stop_at_eos else None
     generator = torch.Generator(device).manual_seed(cfg.seed)
-    new = awd_language_model.sample(
+    new = awd_lm.sample(
         net,
         tokens,
         cfg.max_new_words,

@@ -22,7 +22,7 @@ fairseq's ``SequenceGenerator`` conventions, which the official DeLighT translat
 The model maps ``encode(src_tokens, src_padding_mask) -> encoder_out (S, B, d)`` and
 ``decode_step(prev_output_tokens (B, 1), encoder_out, src_padding_mask, state)`` ->
 ``(logits (B, 1, V), state)``, the state having ``reorder(order)``
-(:class:`src.models.delight.DeLighTEncoderDecoder`).
+(:class:`src.models.delight_mt.DeLighTEncoderDecoder`).
 """
 
 from __future__ import annotations

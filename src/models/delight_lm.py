@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.models.delight import EMBEDDING_DIM, recurrent_dropout
 from src.models.delight_block import DeLighTDecoderBlock, block_wise_scaling
+from src.models.delight_mt import EMBEDDING_DIM, recurrent_dropout
 from src.models.fairseq_init import PADDING_IDX, init_official
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from src.ops.dextra import DExTra, dextra_max_groups
@@ -114,7 +114,7 @@ class TiedOutputLanguageModel(nn.Module):
 class DeLighTLMEmbedding(nn.Module):
     """lookup -> per-sequence dropout -> embedding DExTra -> + positions -> per-sequence dropout.
 
-    The LM's variant of :class:`src.models.delight.DeLighTEmbedding` whose lookup is any module
+    The LM's variant of :class:`src.models.delight_mt.DeLighTEmbedding` whose lookup is any module
     mapping tokens to ``embedding_dim``-wide vectors (the adaptive input, which scales each band
     itself, so ``embed_scale`` is 1.0 there as in the official ``DExTraEmb``).
 

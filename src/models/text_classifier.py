@@ -199,7 +199,7 @@ class DeLighTClassifier(_PooledClassifier):
 
     def init_weights(self) -> None:
         """The official DeLighT initialisation (sacmehta/delight ``nn_functions.py``, as
-        :meth:`src.models.delight.DeLighTEncoderDecoder.init_weights`): every Linear and GLT weight
+        :meth:`src.models.delight_mt.DeLighTEncoderDecoder.init_weights`): every Linear and GLT weight
         xavier-uniform with zero biases, LayerNorms at 1 and 0; the lookup N(0, d_m^-0.5)."""
         init_official(self)
         self._init_stem_and_head()

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from src.models.delight import EMBEDDING_DIM
 from src.models.delight_lm import TiedOutputLanguageModel, tied_lookup
+from src.models.delight_mt import EMBEDDING_DIM
 from src.models.fairseq_init import PADDING_IDX
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from src.ops.dropout import dropout

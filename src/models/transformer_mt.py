@@ -9,7 +9,7 @@ decoder layers (ReLU FFN, post-norm by default), logits against the decoder's em
 As in fairseq, the stacks end with a LayerNorm only when ``normalize_before`` (pre-norm).
 
 The layers run time-major (``batch_first=False``): ``encode`` returns (S, B, d) as the searches
-and :class:`src.models.delight.DeLighTEncoderDecoder` do, and torch's inference fast path (only
+and :class:`src.models.delight_mt.DeLighTEncoderDecoder` do, and torch's inference fast path (only
 taken for batch-first layers) stays off, so eval and training run the same kernels.
 
 Parameter counts (``sum(p.numel() for p in model.parameters())``, a tied table once). A torch

@@ -20,7 +20,7 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class ImageClassification(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class ClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with (label-smoothed) cross-entropy; logs loss and accuracy per stage.
 
     Metrics are torchmetrics objects, so in distributed runs they are reduced over all processes

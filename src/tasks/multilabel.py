@@ -51,7 +51,7 @@ def multilabel_metrics(num_labels: int) -> MetricCollection:
     )
 
 
-class MultiLabelClassification(FusedOptimizerClipping, L.LightningModule):
+class MultiLabelTask(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with ``BCEWithLogitsLoss`` on multi-hot targets.
 
     Training logs the loss; validation and test log the loss, CP, CR, CF1, OP, OR, OF1 and mAP,

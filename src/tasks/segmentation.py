@@ -40,7 +40,7 @@ def inverse_log_frequency_weights(pixel_counts: Sequence[float] | Tensor, c: flo
     return (1.0 / torch.log(c + counts / counts.sum())).float()
 
 
-class SemanticSegmentation(FusedOptimizerClipping, L.LightningModule):
+class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` with per-pixel cross-entropy; logs loss, mIoU and pixel accuracy per stage.
 
     Logits smaller than the mask (a decoder that stops at 1/4 resolution) are up-sampled
@@ -121,7 +121,7 @@ class SemanticSegmentation(FusedOptimizerClipping, L.LightningModule):
         if stage == "fit" and self.init_checkpoint is not None:
             load_network_weights(self.net, self.init_checkpoint)
 
-    def train(self, mode: bool = True) -> SemanticSegmentation:
+    def train(self, mode: bool = True) -> SegmentationTask:
         super().train(mode)
         if self.freeze_bn:
             for layer in batch_norms(self.net):

@@ -16,7 +16,7 @@ from src.tasks.finetune import InitFromCheckpoint
 EVAL_STAGES = ("val", "test_epoch")
 
 
-class TextClassification(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` on token sequences with cross-entropy; logs loss, accuracy and macro F1.
 
     Metrics are torchmetrics objects (reduced over processes before logging). ``acc`` is the

@@ -44,7 +44,7 @@ SchedulerFactory = Callable[..., LRScheduler]
 DECODINGS = ("greedy", "beam", "none")
 
 
-class Translation(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class TranslationTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains an encoder-decoder ``net`` by teacher forcing; evaluates by translating.
 
     Args:

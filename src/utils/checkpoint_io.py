@@ -9,12 +9,13 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from src.utils.files import atomic_path
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to a temporary file in the same folder, fsync it, then rename.
-
-    ``os.replace`` within one file system is atomic, so a crash (or a full disk) while saving
-    leaves the previous checkpoint of that name intact. Loading uses ``weights_only=True``.
+    """Write each checkpoint whole or not at all (:func:`src.utils.files.atomic_path`), fsynced
+    before the rename, so a crash (or a full disk) while saving leaves the previous checkpoint of
+    that name intact. Loading uses ``weights_only=True``.
     """
 
     def save_checkpoint(
@@ -24,15 +25,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        try:
-            with open(temporary, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        with atomic_path(path) as temporary, open(temporary, "wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any = None, weights_only: bool | None = None

@@ -47,6 +47,18 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.tasks.voc_eval": "src.evaluation.voc_eval",
     "src.tasks.dynamic_eval": "src.evaluation.dynamic_eval",
     "src.tasks.memory_format": "src.utils.memory_format",
+    "src.tasks.language_model.LanguageModel": "src.tasks.char_lm.CharLMTask",
+    "src.tasks.language_model": "src.tasks.char_lm",
+    "src.tasks.word_language_model.WordLanguageModel": "src.tasks.word_lm.WordLMTask",
+    "src.tasks.word_language_model": "src.tasks.word_lm",
+    "src.tasks.awd_language_model.AWDLanguageModelTask": "src.tasks.awd_lm.AWDLMTask",
+    "src.tasks.awd_language_model": "src.tasks.awd_lm",
+    "src.tasks.classification.ImageClassification": "src.tasks.classification.ClassificationTask",
+    "src.tasks.multilabel.MultiLabelClassification": "src.tasks.multilabel.MultiLabelTask",
+    "src.tasks.segmentation.SemanticSegmentation": "src.tasks.segmentation.SegmentationTask",
+    "src.tasks.text_classification.TextClassification": "src.tasks.text_classification.TextClassificationTask",
+    "src.tasks.translation.Translation": "src.tasks.translation.TranslationTask",
+    "src.models.delight": "src.models.delight_mt",
     "src.datamodules.word_stream.WordStreamDataModule": "src.datamodules.awd_lm.AWDLMDataModule",
     "src.datamodules.word_stream": "src.datamodules.awd_lm",
     "src.datamodules.word_lm.WikiTextDataModule": "src.datamodules.word_lm.WordLMDataModule",
@@ -54,7 +66,9 @@ RENAMED_TARGETS: dict[str, str] = {
 # model arguments that loaded official weights, now task.init_checkpoint's job (src.compat)
 RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")
 # config options renamed since: group -> {old: new}
-RENAMED_CHOICES: dict[str, dict[str, str]] = {}
+RENAMED_CHOICES: dict[str, dict[str, str]] = {
+    "task": {"language_model": "char_lm", "word_language_model": "word_lm", "awd_language_model": "awd_lm"},
+}
 HOW_TO_FIND = "a run writes its checkpoints under <run dir>/checkpoints/; metrics.json names the best one"
 
 

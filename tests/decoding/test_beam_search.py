@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from src.decoding.beam_search import Hypothesis, beam_search, greedy_search
-from src.models.delight import DecoderState, DeLighTEncoderDecoder
+from src.models.delight_mt import DecoderState, DeLighTEncoderDecoder
 
 BOS, PAD, EOS = 0, 1, 2  # fairseq's dictionary; 3 is <unk>, 4.. ordinary tokens
 VOCAB = 8

@@ -19,9 +19,9 @@ from src.commands.train import train
 from src.datamodules.awd_lm import AWDLMDataModule
 from src.evaluation.dynamic_eval import dynamic_evaluate, gradient_statistics, segments
 from src.models.awd_lm import AWDLanguageModel
-from src.tasks.awd_language_model import AWDLanguageModelTask
+from src.tasks.awd_lm import AWDLMTask
 from tests.conftest import compose_config
-from tests.tasks.test_awd_language_model import VOCAB, TinyLM, make_trainer, write_corpus
+from tests.tasks.test_awd_lm import VOCAB, TinyLM, make_trainer, write_corpus
 
 
 def stream(rows: int, length: int, seed: int) -> list[tuple[Tensor, Tensor]]:
@@ -178,7 +178,7 @@ def test_eval_dynamic_metrics_without_steps_equal_the_test_loss(tmp_path) -> Non
     torch.manual_seed(0)
     net = AWDLanguageModel(datamodule.vocab_size, embedding_dim=8, hidden_size=16, num_layers=2,
                            groups=2)  # fmt: skip
-    task = AWDLanguageModelTask(net, partial(torch.optim.SGD, lr=1.0), bptt=8)
+    task = AWDLMTask(net, partial(torch.optim.SGD, lr=1.0), bptt=8)
     (static,) = make_trainer(tmp_path, 1).test(task, datamodule=datamodule, verbose=False)
     metrics = dynamic_metrics(cfg, task, torch.device("cpu"))
     assert metrics["test/dynamic_loss"] == pytest.approx(static["test/loss"], rel=1e-5)

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from src.models.awd_lm import AWDLanguageModel
-from src.models.delight import DeLighTEncoderDecoder
 from src.models.delight_lm import DeLighTLanguageModel
+from src.models.delight_mt import DeLighTEncoderDecoder
 from src.models.dice_variants import dice_mobilenet, dice_resnet
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2

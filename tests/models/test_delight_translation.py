@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.models.delight import DeLighTEmbedding, DeLighTEncoderDecoder, recurrent_dropout
+from src.models.delight_mt import DeLighTEmbedding, DeLighTEncoderDecoder, recurrent_dropout
 from src.models.fairseq_init import PADDING_IDX
 from tests.parity.reference import reference_dir
 

@@ -31,7 +31,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from src.models.delight import DeLighTEncoderDecoder
+from src.models.delight_mt import DeLighTEncoderDecoder
 from tests.parity.reference import fixtures, load
 
 EPS = 1e-5  # every official LayerNorm

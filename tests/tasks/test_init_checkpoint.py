@@ -19,7 +19,7 @@ from src.models.segmentation import espnetv2_segmentation
 from src.models.ssd import SSD
 from src.tasks.detection import DetectionTask
 from src.tasks.finetune import InitCheckpointError, load_network_weights
-from src.tasks.segmentation import SemanticSegmentation
+from src.tasks.segmentation import SegmentationTask
 from src.utils.errors import UserError
 from src.utils.run_record import CheckpointError
 from tests.compat.official_files import official_file
@@ -29,9 +29,9 @@ from tests.parity.reference import reference_dir
 # each task on its embedded data (no download), with the task's default model
 EMBEDDED = {
     "classification": "digits",
-    "language_model": "pydoc_chars",
-    "word_language_model": "pydoc_words",
-    "awd_language_model": "pydoc_ptb",
+    "char_lm": "pydoc_chars",
+    "word_lm": "pydoc_words",
+    "awd_lm": "pydoc_ptb",
     "text_classification": "sentiment_tweets",
     "translation": "gettext_de_en",
 }
@@ -101,7 +101,7 @@ def test_official_segmentation_weights_initialise_the_segmentation_task() -> Non
     expected = espnetv2_segmentation(0.5, 21)
     load_official(expected, weights)
     net = espnetv2_segmentation(0.5, 21)
-    task = SemanticSegmentation(net, 21, SGD, init_checkpoint=str(weights))
+    task = SegmentationTask(net, 21, SGD, init_checkpoint=str(weights))
     task.setup("fit")
     for key, value in expected.state_dict().items():
         assert torch.equal(task.net.state_dict()[key], value), key

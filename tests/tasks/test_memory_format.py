@@ -10,11 +10,11 @@ import torch
 
 from src.models.dicenet import DiCENet
 from src.ops.dim_conv import DimConv
-from src.tasks.classification import ImageClassification
-from src.tasks.multilabel import MultiLabelClassification
+from src.tasks.classification import ClassificationTask
+from src.tasks.multilabel import MultiLabelTask
 from tests.helpers import require_cpu_kernels
 
-TASKS = {"classification": ImageClassification, "multilabel": MultiLabelClassification}
+TASKS = {"classification": ClassificationTask, "multilabel": MultiLabelTask}
 
 
 def _task(kind: str, channels_last: bool):
@@ -68,13 +68,13 @@ class _TinyDetector(torch.nn.Module):
 
 def _dense_task(kind: str, channels_last: bool):
     from src.tasks.detection import DetectionTask
-    from src.tasks.segmentation import SemanticSegmentation
+    from src.tasks.segmentation import SegmentationTask
 
     torch.manual_seed(0)
     optimizer = functools.partial(torch.optim.SGD, lr=0.1)
     if kind == "segmentation":
         net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1))
-        return SemanticSegmentation(net, 4, optimizer, channels_last=channels_last)
+        return SegmentationTask(net, 4, optimizer, channels_last=channels_last)
     return DetectionTask(_TinyDetector(), optimizer, channels_last=channels_last)
 
 

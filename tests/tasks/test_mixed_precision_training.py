@@ -67,7 +67,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "model.scale=0.5",
             "task.optimizer.lr=0.1",
         ],
-        "language_model": [
+        "char_lm": [
             "experiment=char_lm/demo",
             "data.tgt_len=16",
             "data.eval_tgt_len=16",
@@ -79,7 +79,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.scheduler.warmup_steps=2",
             "task.optimizer.lr=1e-2",
         ],
-        "word_language_model": [
+        "word_lm": [
             "experiment=delight_lm/demo",
             f"data.root={root / 'pydoc_words'}",
             "data.tokens_per_sample=16",
@@ -106,7 +106,7 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "task.scheduler.warmup_steps=2",
             "task.optimizer.lr=3e-3",
         ],
-        "awd_language_model": [
+        "awd_lm": [
             "experiment=pru_lm/demo",
             f"data.root={root / 'pydoc_ptb'}",
             "data.batch_size=4",
@@ -146,8 +146,8 @@ def tasks(root: Path) -> dict[str, list[str]]:
 
 # epochs per task: a step of the character LM costs a fraction of a convolutional one
 EPOCHS = {
-    "classification": 6, "multilabel": 6, "segmentation": 6, "language_model": 12, "word_language_model": 12,
-    "translation": 12, "awd_language_model": 12, "text_classification": 12, "detection": 12,
+    "classification": 6, "multilabel": 6, "segmentation": 6, "char_lm": 12, "word_lm": 12,
+    "translation": 12, "awd_lm": 12, "text_classification": 12, "detection": 12,
 }  # fmt: skip
 
 
@@ -191,7 +191,7 @@ def test_task_trains_in_mixed_precision(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("accelerator", "precision"), runs())
-@pytest.mark.parametrize("task", ["language_model", "awd_language_model"])
+@pytest.mark.parametrize("task", ["char_lm", "awd_lm"])
 def test_clipping_recipes_train_in_mixed_precision(
     make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
 ) -> None:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from src.tasks.multilabel import MultiLabelClassification
+from src.tasks.multilabel import MultiLabelTask
 
 SGD = functools.partial(torch.optim.SGD, lr=0.1)
 
@@ -29,7 +29,7 @@ def validate(task: L.LightningModule, logits: Tensor, targets: Tensor, batch_siz
 
 def test_metrics_match_hand_computed_values() -> None:
     # two batches: the metrics are over the epoch, not averaged over batches
-    results = validate(MultiLabelClassification(nn.Identity(), 3, SGD), LOGITS, TARGETS, batch_size=2)
+    results = validate(MultiLabelTask(nn.Identity(), 3, SGD), LOGITS, TARGETS, batch_size=2)
     # per label (TP, FP, FN): (1, 1, 1), (2, 1, 0), (2, 0, 0)
     cp, cr = (1 / 2 + 2 / 3 + 1) / 3, (1 / 2 + 1 + 1) / 3
     assert results["val/CP"] == pytest.approx(cp)
@@ -46,15 +46,15 @@ def test_metrics_match_hand_computed_values() -> None:
 
 def test_threshold_is_logit_zero_even_for_logits_in_unit_interval() -> None:
     logits = torch.tensor([[0.3, 0.8, -0.1]])  # all in [-0.1, 0.8]: logits 0.3 and 0.8 are positive
-    results = validate(MultiLabelClassification(nn.Identity(), 3, SGD), logits, torch.tensor([[1.0, 1.0, 0.0]]), 1)
+    results = validate(MultiLabelTask(nn.Identity(), 3, SGD), logits, torch.tensor([[1.0, 1.0, 0.0]]), 1)
     assert results["val/OR"] == 1.0 and results["val/OP"] == 1.0
 
 
 def test_init_checkpoint_skips_the_mismatched_classifier(tmp_path: Path) -> None:
-    imagenet = MultiLabelClassification(nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 10)), 10, SGD)
+    imagenet = MultiLabelTask(nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 10)), 10, SGD)
     path = tmp_path / "imagenet.ckpt"
     torch.save({"state_dict": imagenet.state_dict()}, path)
-    coco = MultiLabelClassification(nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 3)), 3, SGD, init_checkpoint=str(path))
+    coco = MultiLabelTask(nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.Linear(8, 3)), 3, SGD, init_checkpoint=str(path))
     with pytest.raises(KeyError, match=r"2.weight: file \(10, 8\) vs network \(3, 8\)"):
         coco.setup("fit")
     coco.init_skip_mismatched = True

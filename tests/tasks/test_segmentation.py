@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from src.tasks.segmentation import SemanticSegmentation, inverse_log_frequency_weights
+from src.tasks.segmentation import SegmentationTask, inverse_log_frequency_weights
 
 SGD = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 
@@ -33,7 +33,7 @@ def validate(task: L.LightningModule, logits: Tensor, masks: Tensor) -> dict[str
 def test_miou_pixel_accuracy_and_ignored_pixels() -> None:
     logits = one_hot_logits([[0, 1, 1], [2, 2, 0]])
     masks = torch.tensor([[[0, 1, 2], [2, 255, 1]]])
-    results = validate(SemanticSegmentation(nn.Identity(), 3, SGD), logits, masks)
+    results = validate(SegmentationTask(nn.Identity(), 3, SGD), logits, masks)
     # scored pixels: 3 right of 5; IoU 1/2 (class 0), 1/3 (class 1), 1/2 (class 2; the ignored
     # pixel predicted as 2 is not a false positive)
     assert results["val/pixel_acc"] == pytest.approx(3 / 5)
@@ -48,29 +48,29 @@ def test_ignored_class_inside_the_range_is_not_scored() -> None:
     class, background targets are left out, and the background IoU is not averaged."""
     logits = one_hot_logits([[0, 2], [1, 1]])
     masks = torch.tensor([[[0, 0], [2, 1]]])
-    results = validate(SemanticSegmentation(nn.Identity(), 3, SGD, ignore_index=2), logits, masks)
+    results = validate(SegmentationTask(nn.Identity(), 3, SGD, ignore_index=2), logits, masks)
     assert results["val/pixel_acc"] == pytest.approx(2 / 3)
     assert results["val/mIoU"] == pytest.approx((1 / 2 + 1) / 2)
 
 
 def test_small_logits_are_upsampled_to_the_mask() -> None:
     logits = one_hot_logits([[1]])  # (1, 3, 1, 1)
-    results = validate(SemanticSegmentation(nn.Identity(), 3, SGD), logits, torch.ones(1, 4, 6, dtype=torch.long))
+    results = validate(SegmentationTask(nn.Identity(), 3, SGD), logits, torch.ones(1, 4, 6, dtype=torch.long))
     assert results["val/pixel_acc"] == 1.0
 
 
 def test_network_must_return_pixel_logits() -> None:
     with pytest.raises(ValueError, match=r"needs logits \(B, 3, H', W'\)"):
-        validate(SemanticSegmentation(nn.Identity(), 3, SGD), torch.zeros(2, 3), torch.zeros(2, 4, 4, dtype=torch.long))
+        validate(SegmentationTask(nn.Identity(), 3, SGD), torch.zeros(2, 3), torch.zeros(2, 4, 4, dtype=torch.long))
 
 
 def test_class_weights_from_frequencies() -> None:
     weights = inverse_log_frequency_weights([1, 1, 2])
     assert weights.tolist() == pytest.approx([1 / math.log(1.35), 1 / math.log(1.35), 1 / math.log(1.6)])
-    task = SemanticSegmentation(nn.Identity(), 3, SGD, class_weights=weights.tolist())
+    task = SegmentationTask(nn.Identity(), 3, SGD, class_weights=weights.tolist())
     assert torch.allclose(task.criterion.weight, weights)
     with pytest.raises(ValueError, match="2 values for 3 classes"):
-        SemanticSegmentation(nn.Identity(), 3, SGD, class_weights=[1.0, 2.0])
+        SegmentationTask(nn.Identity(), 3, SGD, class_weights=[1.0, 2.0])
 
 
 class EncoderDecoder(nn.Module):
@@ -86,38 +86,38 @@ class EncoderDecoder(nn.Module):
 
 
 def test_head_lr_multiplier_groups() -> None:
-    task = SemanticSegmentation(EncoderDecoder(), 2, SGD, head_lr_multiplier=10.0)
+    task = SegmentationTask(EncoderDecoder(), 2, SGD, head_lr_multiplier=10.0)
     optimizer = task.configure_optimizers()["optimizer"]
     encoder, decoder = optimizer.param_groups
     assert encoder["lr"] == pytest.approx(0.1) and decoder["lr"] == pytest.approx(1.0)
     assert [p.shape for p in decoder["params"]] == [torch.Size([2, 4, 1, 1]), torch.Size([2])]
     assert len(encoder["params"]) == 4  # conv weight and bias, BN weight and bias
-    single = SemanticSegmentation(EncoderDecoder(), 2, SGD).configure_optimizers()["optimizer"]
+    single = SegmentationTask(EncoderDecoder(), 2, SGD).configure_optimizers()["optimizer"]
     assert len(single.param_groups) == 1
     with pytest.raises(ValueError, match=r"head_prefix='head'.*\['decoder', 'encoder'\]"):
-        SemanticSegmentation(EncoderDecoder(), 2, SGD, head_lr_multiplier=10.0, head_prefix="head").configure_optimizers()
+        SegmentationTask(EncoderDecoder(), 2, SGD, head_lr_multiplier=10.0, head_prefix="head").configure_optimizers()
 
 
 def test_init_checkpoint_loads_network_weights_at_fit(tmp_path: Path) -> None:
-    stage1 = SemanticSegmentation(EncoderDecoder(), 2, SGD, class_weights=[1.0, 2.0])
+    stage1 = SegmentationTask(EncoderDecoder(), 2, SGD, class_weights=[1.0, 2.0])
     path = tmp_path / "stage1.ckpt"
     torch.save({"state_dict": stage1.state_dict(), "epoch": 3}, path)
-    stage2 = SemanticSegmentation(EncoderDecoder(), 2, SGD, init_checkpoint=str(path))
+    stage2 = SegmentationTask(EncoderDecoder(), 2, SGD, init_checkpoint=str(path))
     assert not torch.equal(stage2.net.decoder.weight, stage1.net.decoder.weight)  # nothing read at build
     stage2.setup("fit")
     for name, value in stage1.net.state_dict().items():
         assert torch.equal(stage2.net.state_dict()[name], value), name
 
-    missing = SemanticSegmentation(EncoderDecoder(), 2, SGD, init_checkpoint=str(tmp_path / "none.ckpt"))
+    missing = SegmentationTask(EncoderDecoder(), 2, SGD, init_checkpoint=str(tmp_path / "none.ckpt"))
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "none.ckpt")):
         missing.setup("fit")
-    other = SemanticSegmentation(nn.Conv2d(3, 2, 1), 2, SGD, init_checkpoint=str(path))
+    other = SegmentationTask(nn.Conv2d(3, 2, 1), 2, SGD, init_checkpoint=str(path))
     with pytest.raises(KeyError, match="does not fit Conv2d"):
         other.setup("fit")
 
 
 def test_freeze_bn_keeps_statistics_and_affine_parameters() -> None:
-    task = SemanticSegmentation(EncoderDecoder(), 2, SGD, freeze_bn=True)
+    task = SegmentationTask(EncoderDecoder(), 2, SGD, freeze_bn=True)
     norm = task.net.encoder[1]
     task.train()
     assert not norm.training and task.net.decoder.training

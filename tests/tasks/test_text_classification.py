@@ -13,7 +13,7 @@ from torch import nn
 
 from src.datamodules.text_classification import SentimentTweetsDataModule
 from src.models.text_classifier import DeLighTClassifier
-from src.tasks.text_classification import TextClassification
+from src.tasks.text_classification import TextClassificationTask
 from tests.datamodules.test_text_classification import tweets_file
 
 
@@ -32,7 +32,7 @@ class FixedLogits(nn.Module):
 def test_class_weights_weigh_the_loss() -> None:
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5], [1.0, 0.0, 0.0]])
     labels = torch.tensor([0, 1, 2, 2])
-    task = TextClassification(FixedLogits(logits), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 1.0, 3.0])
+    task = TextClassificationTask(FixedLogits(logits), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 1.0, 3.0])
     expected = F.cross_entropy(logits, labels, weight=torch.tensor([1.0, 1.0, 3.0]))
     loss = task.criterion(task(torch.zeros(4, 2, dtype=torch.long)), labels)
     torch.testing.assert_close(loss, expected)
@@ -44,7 +44,7 @@ def test_class_weights_weigh_the_loss() -> None:
 def test_accuracy_and_macro_f1() -> None:
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5], [1.0, 0.0, 0.0]])
     labels = torch.tensor([0, 1, 2, 2])
-    task = TextClassification(FixedLogits(logits), 3, partial(torch.optim.SGD, lr=0.1))
+    task = TextClassificationTask(FixedLogits(logits), 3, partial(torch.optim.SGD, lr=0.1))
     metrics = task.stage_metrics["test_metrics"]
     metrics.update(logits, labels)
     values = {k: float(v) for k, v in metrics.compute().items()}
@@ -55,7 +55,7 @@ def test_accuracy_and_macro_f1() -> None:
 
 def test_bad_class_weights_are_refused() -> None:
     with pytest.raises(ValueError, match="class_weights must be 3 positive numbers"):
-        TextClassification(nn.Linear(1, 1), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 2.0])
+        TextClassificationTask(nn.Linear(1, 1), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 2.0])
 
 
 @pytest.mark.slow
@@ -66,7 +66,7 @@ def test_fit_logs_the_test_curve_every_epoch(tmp_path: Path) -> None:
         batch_size=16, test_each_epoch=True,
     )
     net = DeLighTClassifier(48, 3, 32, 2, 4, 2.0, block_scaling=True, glt_shuffle=False)
-    task = TextClassification(net, 3, partial(torch.optim.AdamW, lr=3e-3))
+    task = TextClassificationTask(net, 3, partial(torch.optim.AdamW, lr=3e-3))
     trainer = L.Trainer(
         max_epochs=2, accelerator="cpu", logger=L.pytorch.loggers.CSVLogger(tmp_path), enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from src.commands.train import train
 from src.datamodules.dictionary import EOS_ID, PAD_ID
-from src.models.delight import DeLighTEncoderDecoder
-from src.tasks.translation import Translation
+from src.models.delight_mt import DeLighTEncoderDecoder
+from src.tasks.translation import TranslationTask
 from tests.conftest import ROOT
 
 WORDS = [f"w{i}" for i in range(12)]
@@ -30,7 +30,7 @@ def tiny_net(vocab: int = 24) -> DeLighTEncoderDecoder:
 
 
 def test_loss_is_the_token_mean_over_non_pad_targets() -> None:
-    task = Translation(tiny_net(), partial(torch.optim.Adam), label_smoothing=0.1)
+    task = TranslationTask(tiny_net(), partial(torch.optim.Adam), label_smoothing=0.1)
     src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID]])
     target = torch.tensor([[10, 11, EOS_ID], [12, EOS_ID, PAD_ID]])
     prev = torch.tensor([[EOS_ID, 10, 11], [EOS_ID, 12, PAD_ID]])
@@ -52,9 +52,9 @@ def test_loss_is_the_token_mean_over_non_pad_targets() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="val_decoding"):
-        Translation(tiny_net(), partial(torch.optim.Adam), val_decoding="sampling")
+        TranslationTask(tiny_net(), partial(torch.optim.Adam), val_decoding="sampling")
     with pytest.raises(ValueError, match="label_smoothing"):
-        Translation(tiny_net(), partial(torch.optim.Adam), label_smoothing=1.0)
+        TranslationTask(tiny_net(), partial(torch.optim.Adam), label_smoothing=1.0)
 
 
 def reversal_corpus(root: Path, n_train: int = 600) -> Path:

@@ -26,7 +26,7 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class LanguageModel(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-symbol cross-entropy; logs loss (nats) and bpc = loss / ln 2.
 
     Validation and test report the token-weighted mean over the whole split (``val/bpc``,

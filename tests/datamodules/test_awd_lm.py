@@ -9,13 +9,11 @@ import logging
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
-from src.datamodules.text_files import TextEncodingError
-from src.datamodules.word_corpus import Vocabulary
 from src.datamodules.awd_lm import (
     AWDLMDataModule,
     PydocPTBDataModule,
@@ -23,6 +21,8 @@ from src.datamodules.awd_lm import (
     bptt_lengths,
     ptb_style,
 )
+from src.datamodules.text_files import TextEncodingError
+from src.datamodules.word_corpus import Vocabulary
 from tests.datamodules.test_text_files import check_message, write_latin1
 
 TRAIN = " the cat sat\n\n a dog <unk> sat\n"

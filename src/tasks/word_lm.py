@@ -29,7 +29,7 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class WordLanguageModel(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class WordLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word NLL; logs ``train/loss`` (nats per token), and for validation
     and test the loss and perplexity over the whole split, token-weighted and reduced over all
     processes (``val/loss``, ``val/ppl``, ``test/loss``, ``test/ppl``).

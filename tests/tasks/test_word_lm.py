@@ -17,7 +17,7 @@ from src.commands.train import train
 from src.datamodules.word_lm import PAD, ContextWindows, TokenBlocks, WordLMDataModule, collate
 from src.models.delight_lm import DeLighTLanguageModel
 from src.optim.schedules import warmup_cosine
-from src.tasks.word_language_model import WordLanguageModel, sample
+from src.tasks.word_lm import WordLMTask, sample
 from tests.conftest import compose_config
 
 VOCAB = 40
@@ -33,11 +33,11 @@ def tiny_net() -> DeLighTLanguageModel:
     return DeLighTLanguageModel(VOCAB, 64, 2, 3, 2.0, cutoffs=(10, 20), **NO_DROPOUT).eval()
 
 
-def make_task(net: DeLighTLanguageModel) -> WordLanguageModel:
-    return WordLanguageModel(net, partial(torch.optim.Adam, lr=1e-3, betas=(0.9, 0.98)))
+def make_task(net: DeLighTLanguageModel) -> WordLMTask:
+    return WordLMTask(net, partial(torch.optim.Adam, lr=1e-3, betas=(0.9, 0.98)))
 
 
-def evaluate(task: WordLanguageModel, dataset, batch_size: int = 3) -> tuple[float, float]:
+def evaluate(task: WordLMTask, dataset, batch_size: int = 3) -> tuple[float, float]:
     """(loss, ppl) the task logs for ``dataset`` as a validation split."""
     logged = {}
     task.log = lambda name, value, **_: logged.__setitem__(name, float(value))
@@ -93,7 +93,7 @@ def test_training_step_is_the_mean_nll() -> None:
 
 
 def test_optimizer_and_scheduler_factories() -> None:
-    task = WordLanguageModel(
+    task = WordLMTask(
         tiny_net(), partial(torch.optim.Adam, lr=2e-3, betas=(0.9, 0.98)),
         partial(warmup_cosine, warmup_steps=10, eta_min=1e-7),
     )  # fmt: skip

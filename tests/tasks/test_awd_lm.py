@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from src.datamodules.awd_lm import AWDLMDataModule
 from src.models.awd_lm import AWDLanguageModel
 from src.models.awd_state import carried_hidden
-from src.tasks.awd_language_model import AWDLanguageModelTask, averaged_sgd, nonmonotone
+from src.tasks.awd_lm import AWDLMTask, averaged_sgd, nonmonotone
 
 VOCAB, DIM = 6, 8
 
@@ -80,9 +80,9 @@ def loader(batches: list[tuple]) -> DataLoader:
     return DataLoader(batches, batch_size=None)
 
 
-def make_task(net: nn.Module | None = None, *, lr: float = 1.0, **kwargs) -> AWDLanguageModelTask:
+def make_task(net: nn.Module | None = None, *, lr: float = 1.0, **kwargs) -> AWDLMTask:
     optimizer = partial(torch.optim.SGD, lr=lr, weight_decay=1.2e-6)
-    return AWDLanguageModelTask(net or TinyLM(), optimizer, bptt=kwargs.pop("bptt", 4), **kwargs)
+    return AWDLMTask(net or TinyLM(), optimizer, bptt=kwargs.pop("bptt", 4), **kwargs)
 
 
 def make_trainer(root: Path, epochs: int, callbacks: list[Callback] = (), **kwargs) -> L.Trainer:
@@ -144,7 +144,7 @@ class LearningRates(Callback):
 
 def test_learning_rate_scaled_by_length_inside_the_step_and_restored(tmp_path) -> None:
     seen: list[float] = []
-    task = AWDLanguageModelTask(TinyLM(), partial(RecordingSGD, lr=2.0, seen=seen), bptt=4)
+    task = AWDLMTask(TinyLM(), partial(RecordingSGD, lr=2.0, seen=seen), bptt=4)
     batches = [stream_batches([1, 2, 3], 2, t, 1)[0] for t in (4, 8, 2, 5)]
     rates = LearningRates()
     make_trainer(tmp_path, 1, [rates], limit_val_batches=0).fit(task, loader(batches))
@@ -178,7 +178,7 @@ def test_state_reset_when_the_batch_size_changes() -> None:
     assert carried_hidden(net, None, 3)[0][0].abs().sum() == 0
 
 
-def val_loss(task: AWDLanguageModelTask, batches: list, root: Path) -> float:
+def val_loss(task: AWDLMTask, batches: list, root: Path) -> float:
     (result,) = make_trainer(root, 1).validate(task, loader(batches), verbose=False)
     return result["val/loss"]
 
@@ -411,7 +411,7 @@ def test_trains_the_awd_pru_on_a_word_stream(tmp_path) -> None:
         levels=2, dropout=0.1, dropout_hidden=0.1, dropout_input=0.1, dropout_embedding=0.0,
         weight_drop=0.1,
     )  # fmt: skip
-    task = AWDLanguageModelTask(net, partial(torch.optim.SGD, lr=10.0, weight_decay=1.2e-6),
+    task = AWDLMTask(net, partial(torch.optim.SGD, lr=10.0, weight_decay=1.2e-6),
                                 bptt=data.bptt, nonmono=1)  # fmt: skip
     watch = Watch()
     trainer = make_trainer(tmp_path, 6, [watch])

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from src.models.group_transformer import GroupTransformer
 from src.models.transformer_xl import TransformerXL
 from src.optim.schedules import warmup_cosine
-from src.tasks.language_model import LanguageModel
+from src.tasks.char_lm import CharLMTask
 
 
 class RecordingNet(nn.Module):
@@ -50,7 +50,7 @@ def adam(params):
     return torch.optim.Adam(params, lr=1e-3)
 
 
-def fit(task: LanguageModel, tmp_path: Path, **trainer_kwargs) -> L.Trainer:
+def fit(task: CharLMTask, tmp_path: Path, **trainer_kwargs) -> L.Trainer:
     trainer = L.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=tmp_path, **trainer_kwargs,
@@ -62,7 +62,7 @@ def fit(task: LanguageModel, tmp_path: Path, **trainer_kwargs) -> L.Trainer:
 def test_memory_carried_reset_and_eval_length(tmp_path: Path) -> None:
     net = RecordingNet(vocab=5, mem_len=6)
     frozen = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731  (logits stay uniform)
-    task = LanguageModel(net, frozen, eval_mem_len=8)
+    task = CharLMTask(net, frozen, eval_mem_len=8)
     trainer = fit(task, tmp_path, max_epochs=2, num_sanity_val_steps=0)
     train = [m for training, m in net.seen if training]
     evals = [m for training, m in net.seen if not training]
@@ -83,7 +83,7 @@ def test_tiny_models_learn_with_schedule_and_clipping(model: str, tmp_path: Path
         net: nn.Module = GroupTransformer(5, 1, 16, 2, 32, 2, tgt_len=4, mem_len=4, dropout=0.0)
     else:
         net = TransformerXL(5, 1, 16, 2, 32, mem_len=4, dropout=0.0)
-    task = LanguageModel(net, adam, lambda opt, total_steps: warmup_cosine(opt, total_steps, warmup_steps=2))
+    task = CharLMTask(net, adam, lambda opt, total_steps: warmup_cosine(opt, total_steps, warmup_steps=2))
     before = [p.detach().clone() for p in net.parameters()]
     trainer = fit(task, tmp_path, max_steps=6, gradient_clip_val=0.25, num_sanity_val_steps=0)
     assert trainer.global_step == 6
@@ -95,4 +95,4 @@ def test_tiny_models_learn_with_schedule_and_clipping(model: str, tmp_path: Path
 
 def test_negative_eval_mem_len_is_refused() -> None:
     with pytest.raises(ValueError, match="eval_mem_len"):
-        LanguageModel(RecordingNet(5, 2), adam, eval_mem_len=-1)
+        CharLMTask(RecordingNet(5, 2), adam, eval_mem_len=-1)

@@ -141,7 +141,7 @@ def averaged_sgd(optimizer: Optimizer) -> ASGD:
     return ASGD(groups, t0=0, lambd=0.0)
 
 
-class AWDLanguageModelTask(FusedOptimizerClipping, L.LightningModule):
+class AWDLMTask(FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word cross-entropy with AR/TAR and NT-ASGD (module docstring).
 
     Logs ``train/loss`` (cross-entropy, nats per token), ``train/ppl``, ``train/total_loss``
