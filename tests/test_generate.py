@@ -28,9 +28,10 @@ from src.decoding.generation import (
     encode,
     read_context,
     sample,
+    sample_recurrent,
+    sample_windowed,
     vocabulary_masks,
 )
-from src.tasks import awd_lm, word_lm
 from tests.conftest import ROOT, compose_config
 
 # symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c
@@ -296,14 +297,14 @@ SUM_PROMPT = torch.tensor([[1, 1], [1, 2]])
 
 
 def test_awd_sample_carries_the_state_and_stops_each_row_at_the_end_of_sentence() -> None:
-    out = awd_lm.sample(SumNet(), SUM_PROMPT, 10, top_k=1, stop=0)
+    out = sample_recurrent(SumNet(), SUM_PROMPT, 10, top_k=1, stop=0)
     assert out.tolist() == [[2, 0, 0], [3, 2, 0]]  # rows that stopped repeat the stop id; then it ends
-    assert awd_lm.sample(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [[2, 0, 0, 0, 0], [3, 2, 0, 0, 0]]
-    assert awd_lm.sample(SumNet(), SUM_PROMPT, 0).shape == (2, 0)
+    assert sample_recurrent(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [[2, 0, 0, 0, 0], [3, 2, 0, 0, 0]]
+    assert sample_recurrent(SumNet(), SUM_PROMPT, 0).shape == (2, 0)
 
 
 def test_word_sample_stops_each_row_at_the_end_of_sentence() -> None:
-    out = word_lm.sample(SumNet(), SUM_PROMPT, 10, context=64, top_k=1, stop=0)
+    out = sample_windowed(SumNet(), SUM_PROMPT, 10, context=64, top_k=1, stop=0)
     assert out.tolist() == [[2, 0, 0], [3, 2, 0]]
 
 

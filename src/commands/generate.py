@@ -40,9 +40,10 @@ from src.decoding.generation import (
     encode,
     is_boundary,
     sample,
+    sample_recurrent,
+    sample_windowed,
     vocabulary_masks,
 )
-from src.tasks import awd_lm, word_lm
 from src.utils.errors import UsageError, WrongRunError
 
 log = logging.getLogger("generate")  # the command's name in its log lines
@@ -174,7 +175,7 @@ def generate_words(
     )
     stop = EOS_ID if cfg.stop_at_eos else None
     generator = torch.Generator(device).manual_seed(cfg.seed)
-    new = word_lm.sample(
+    new = sample_windowed(
         net,
         tokens,
         cfg.max_new_words,
@@ -217,7 +218,7 @@ def generate_stream_words(
         allowed[vocabulary.unk_id] = False  # <unk> stands for any rare word: never printed
     stop = eos if cfg.stop_at_eos else None
     generator = torch.Generator(device).manual_seed(cfg.seed)
-    new = awd_lm.sample(
+    new = sample_recurrent(
         net,
         tokens,
         cfg.max_new_words,

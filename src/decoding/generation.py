@@ -1,7 +1,9 @@
-"""Text generation with a segment-level-recurrent character language model (Transformer-XL,
-Group-Transformer): sampling for sentence completion and beam search for word completion
-(Group-Transformer, Park et al., COLING 2020, Table 4). :func:`draw`, the choice of one token
-from next-token logits, serves the word language models' samplers too.
+"""Text generation with the language models: for a segment-level-recurrent character model
+(Transformer-XL, Group-Transformer), sampling for sentence completion and beam search for word
+completion (Group-Transformer, Park et al., COLING 2020, Table 4); for the word models,
+:func:`sample_recurrent` (AWD-LSTM / AWD-PRU, the recurrent state carried) and
+:func:`sample_windowed` (DeLighT / Transformer LM, the last window rerun). :func:`draw`, the choice
+of one token from next-token logits, serves them all.
 
 The network maps ``(tokens (B, T), memories | None) -> (logits (B, T, V), new_memories)``. The
 context is read segment by segment (at most ``segment_len`` symbols a call, the memories carried),
@@ -245,3 +247,118 @@ def vocabulary_masks(symbols: Sequence[int], vocab_size: int) -> tuple[Tensor, T
     boundary = torch.zeros(vocab_size, dtype=torch.bool)
     boundary[: len(symbols)] = torch.tensor([is_boundary(chr(code)) for code in symbols], dtype=torch.bool)
     return allowed, boundary
+
+
+@torch.no_grad()
+def sample_recurrent(
+    net: nn.Module,
+    prompt: Tensor,
+    num_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    allowed: Tensor | None = None,
+    stop: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue ``prompt`` by ``num_tokens`` words drawn one at a time from
+    ``softmax(logits / temperature)`` (the ``top_k`` most probable when ``top_k > 0``).
+
+    The recurrent state is carried: the prompt is read in one call from zero state, then each new
+    word is fed alone with the state after everything before it (linear in ``num_tokens``).
+
+    Args:
+        net: the recurrent language model (``net(tokens, hidden)`` -> ``.logits``, ``.hidden``),
+            in eval mode.
+        prompt: the context, at least one token (start it with ``<eos>``, as every corpus line
+            follows one).
+        num_tokens: how many words to add.
+        temperature: > 0.
+        top_k: keep only the k most probable words (0: all; 1: greedy).
+        allowed: ids that may be produced (e.g. all but ``<unk>``), or None for all.
+        stop: an id (the end of sentence) after which a row adds nothing: its later positions
+            repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
+        generator: random source, for reproducible samples.
+
+    Shape:
+        prompt (B, T) int64 -> (B, n) int64, n = num_tokens unless every row stopped earlier
+    """
+    if prompt.ndim != 2 or prompt.shape[1] < 1:
+        raise ValueError(f"prompt must be (B, T) with T >= 1, got {tuple(prompt.shape)}")
+    if num_tokens < 0 or not temperature > 0 or top_k < 0:
+        raise ValueError(
+            f"need num_tokens >= 0, temperature > 0, top_k >= 0; got {num_tokens}, {temperature}, {top_k}"
+        )
+    if num_tokens == 0:
+        return prompt.new_empty(prompt.shape[0], 0)
+    chosen: list[Tensor] = []
+    out = net(prompt, None)
+    logits, hidden = out.logits[:, -1], out.hidden  # (B, V)
+    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
+    for _ in range(num_tokens):
+        choice = draw(logits, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
+        if stop is not None:
+            choice = choice.masked_fill(stopped, stop)
+            stopped |= choice == stop
+        chosen.append(choice)
+        if len(chosen) == num_tokens or (stop is not None and bool(stopped.all())):
+            break
+        out = net(choice[:, None], hidden)  # (B, 1) -> logits (B, 1, V): one new position
+        logits, hidden = out.logits[:, -1], out.hidden
+    return torch.stack(chosen, dim=1)
+
+
+@torch.no_grad()
+def sample_windowed(
+    net: nn.Module,
+    prompt: Tensor,
+    num_tokens: int,
+    *,
+    context: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    banned: Tensor | None = None,
+    stop: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue ``prompt`` by ``num_tokens`` words drawn one at a time from
+    ``softmax(log_prob / temperature)`` (the ``top_k`` most probable when ``top_k > 0``).
+
+    The network keeps no state between calls, so each step reruns the last ``context`` tokens
+    (the training ``tokens_per_sample``: the model has seen no longer history).
+
+    Args:
+        net: the language model (``log_prob(tokens)``), in eval mode.
+        prompt: the context, at least one token (start it with ``</s>`` as the corpus does).
+        num_tokens: how many words to add.
+        context: longest history a step reads.
+        temperature: > 0.
+        top_k: keep only the k most probable words (0: all; 1: greedy).
+        banned: ids never produced (the specials, the padding entries), or None.
+        stop: an id (the end of sentence) after which a row adds nothing: its later positions
+            repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
+        generator: random source, for reproducible samples.
+
+    Shape:
+        prompt (B, T) int64 -> (B, n) int64, n = num_tokens unless every row stopped earlier
+    """
+    if prompt.ndim != 2 or prompt.shape[1] < 1:
+        raise ValueError(f"prompt must be (B, T) with T >= 1, got {tuple(prompt.shape)}")
+    if num_tokens < 0 or context < 1 or not temperature > 0 or top_k < 0:
+        raise ValueError(
+            f"need num_tokens >= 0, context >= 1, temperature > 0, top_k >= 0; got {num_tokens}, "
+            f"{context}, {temperature}, {top_k}"
+        )
+    allowed = None if banned is None else ~banned
+    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
+    tokens = prompt
+    for _ in range(num_tokens):
+        if stop is not None and bool(stopped.all()):
+            break
+        scores = net.log_prob(tokens[:, -context:])[:, -1]  # (B, V)
+        choice = draw(scores, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
+        if stop is not None:
+            choice = choice.masked_fill(stopped, stop)
+            stopped |= choice == stop
+        tokens = torch.cat([tokens, choice[:, None]], dim=1)
+    return tokens[:, prompt.shape[1] :]

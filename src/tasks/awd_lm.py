@@ -51,7 +51,6 @@ from torch import Tensor, nn
 from torch.optim import ASGD, Optimizer
 from torchmetrics import SumMetric
 
-from src.decoding.generation import draw
 from src.models.awd_lm import Hidden
 from src.models.awd_state import carried_hidden, detach_hidden
 from src.optim.clipping import FusedOptimizerClipping
@@ -60,65 +59,6 @@ from src.tasks.finetune import load_network_weights
 log = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
-
-
-@torch.no_grad()
-def sample(
-    net: nn.Module,
-    prompt: Tensor,
-    num_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    allowed: Tensor | None = None,
-    stop: int | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Continue ``prompt`` by ``num_tokens`` words drawn one at a time from
-    ``softmax(logits / temperature)`` (the ``top_k`` most probable when ``top_k > 0``).
-
-    The recurrent state is carried: the prompt is read in one call from zero state, then each new
-    word is fed alone with the state after everything before it (linear in ``num_tokens``).
-
-    Args:
-        net: the recurrent language model (``net(tokens, hidden)`` -> ``.logits``, ``.hidden``),
-            in eval mode.
-        prompt: the context, at least one token (start it with ``<eos>``, as every corpus line
-            follows one).
-        num_tokens: how many words to add.
-        temperature: > 0.
-        top_k: keep only the k most probable words (0: all; 1: greedy).
-        allowed: ids that may be produced (e.g. all but ``<unk>``), or None for all.
-        stop: an id (the end of sentence) after which a row adds nothing: its later positions
-            repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
-        generator: random source, for reproducible samples.
-
-    Shape:
-        prompt (B, T) int64 -> (B, n) int64, n = num_tokens unless every row stopped earlier
-    """
-    if prompt.ndim != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"prompt must be (B, T) with T >= 1, got {tuple(prompt.shape)}")
-    if num_tokens < 0 or not temperature > 0 or top_k < 0:
-        raise ValueError(
-            f"need num_tokens >= 0, temperature > 0, top_k >= 0; got {num_tokens}, {temperature}, {top_k}"
-        )
-    if num_tokens == 0:
-        return prompt.new_empty(prompt.shape[0], 0)
-    chosen: list[Tensor] = []
-    out = net(prompt, None)
-    logits, hidden = out.logits[:, -1], out.hidden  # (B, V)
-    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
-    for _ in range(num_tokens):
-        choice = draw(logits, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
-        if stop is not None:
-            choice = choice.masked_fill(stopped, stop)
-            stopped |= choice == stop
-        chosen.append(choice)
-        if len(chosen) == num_tokens or (stop is not None and bool(stopped.all())):
-            break
-        out = net(choice[:, None], hidden)  # (B, 1) -> logits (B, 1, V): one new position
-        logits, hidden = out.logits[:, -1], out.hidden
-    return torch.stack(chosen, dim=1)
 
 
 def nonmonotone(history: Sequence[float], loss: float, nonmono: int) -> bool:

@@ -20,7 +20,6 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import SumMetric
 
-from src.decoding.generation import draw
 from src.optim.clipping import FusedOptimizerClipping
 from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
@@ -104,57 +103,3 @@ class WordLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
         return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)
 
 
-@torch.no_grad()
-def sample(
-    net: nn.Module,
-    prompt: Tensor,
-    num_tokens: int,
-    *,
-    context: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    banned: Tensor | None = None,
-    stop: int | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Continue ``prompt`` by ``num_tokens`` words drawn one at a time from
-    ``softmax(log_prob / temperature)`` (the ``top_k`` most probable when ``top_k > 0``).
-
-    The network keeps no state between calls, so each step reruns the last ``context`` tokens
-    (the training ``tokens_per_sample``: the model has seen no longer history).
-
-    Args:
-        net: the language model (``log_prob(tokens)``), in eval mode.
-        prompt: the context, at least one token (start it with ``</s>`` as the corpus does).
-        num_tokens: how many words to add.
-        context: longest history a step reads.
-        temperature: > 0.
-        top_k: keep only the k most probable words (0: all; 1: greedy).
-        banned: ids never produced (the specials, the padding entries), or None.
-        stop: an id (the end of sentence) after which a row adds nothing: its later positions
-            repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
-        generator: random source, for reproducible samples.
-
-    Shape:
-        prompt (B, T) int64 -> (B, n) int64, n = num_tokens unless every row stopped earlier
-    """
-    if prompt.ndim != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"prompt must be (B, T) with T >= 1, got {tuple(prompt.shape)}")
-    if num_tokens < 0 or context < 1 or not temperature > 0 or top_k < 0:
-        raise ValueError(
-            f"need num_tokens >= 0, context >= 1, temperature > 0, top_k >= 0; got {num_tokens}, "
-            f"{context}, {temperature}, {top_k}"
-        )
-    allowed = None if banned is None else ~banned
-    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
-    tokens = prompt
-    for _ in range(num_tokens):
-        if stop is not None and bool(stopped.all()):
-            break
-        scores = net.log_prob(tokens[:, -context:])[:, -1]  # (B, V)
-        choice = draw(scores, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
-        if stop is not None:
-            choice = choice.masked_fill(stopped, stop)
-            stopped |= choice == stop
-        tokens = torch.cat([tokens, choice[:, None]], dim=1)
-    return tokens[:, prompt.shape[1] :]
