@@ -1,7 +1,7 @@
 """AWD-style word language modelling (AWD-LSTM, AWD-PRU; thesis Sec. 4.4, Merity et al. 2018):
 truncated BPTT over contiguous streams, activation regularisation, NT-ASGD.
 
-Batches come from :mod:`src.datamodules.word_stream`: ``(inputs, targets)``, both (B, T), and row
+Batches come from :mod:`src.datamodules.awd_lm`: ``(inputs, targets)``, both (B, T), and row
 b of consecutive batches continues one stream, so the recurrent state at the end of a batch is
 where the next one starts (detached: truncated back-propagation). The network follows
 :class:`src.models.awd_lm.AWDLanguageModel`: ``net(tokens, hidden)`` returns ``logits``,
