@@ -15,9 +15,10 @@ import torch
 
 from src.commands.train import train
 from src.datamodules.word_lm import PAD, ContextWindows, TokenBlocks, WordLMDataModule, collate
+from src.decoding.generation import sample_windowed
 from src.models.delight_lm import DeLighTLanguageModel
 from src.optim.schedules import warmup_cosine
-from src.tasks.word_lm import WordLMTask, sample
+from src.tasks.word_lm import WordLMTask
 from tests.conftest import compose_config
 
 VOCAB = 40
@@ -113,7 +114,7 @@ def test_sampling_draws_allowed_words_reproducibly() -> None:
     prompt = torch.tensor([[2, 5, 6]])
     banned = torch.zeros(VOCAB, dtype=torch.bool)
     banned[:4] = True
-    draw = partial(sample, net, prompt, 12, context=8, banned=banned)
+    draw = partial(sample_windowed, net, prompt, 12, context=8, banned=banned)
     a = draw(generator=torch.Generator().manual_seed(0))
     b = draw(generator=torch.Generator().manual_seed(0))
     assert a.shape == (1, 12) and torch.equal(a, b) and int(a.min()) >= 4
