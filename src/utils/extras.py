@@ -1,7 +1,7 @@
-"""Optional parts of the install: the embedded demo corpora and plots (``[demos]``) and Weights &
-Biases (``[wandb]``) are extras, so the core install holds only what the library and the default
-job need; ``[dev]`` includes both. A missing extra stops with one line naming the command that adds
-it."""
+"""Optional parts of the install: the embedded demo corpora and plots (``[demos]``), Weights &
+Biases (``[wandb]``) and ONNX export (``[export]``) are extras, so the core install holds only what
+the library and the default job need; ``[dev]`` includes them all. A missing extra stops with one
+line naming the command that adds it."""
 
 from __future__ import annotations
 

