@@ -69,6 +69,8 @@ FORBIDDEN = {
     }
     | ENTRY,
     "tasks": {"datamodules"} | ENTRY,
+    # export builds graphs of networks and runs them: it sits beside the tasks, above models
+    "export": {"tasks", "datamodules", "callbacks", "compat"} | ENTRY,
     "callbacks": {"models", "compat", "tasks", "datamodules", "decoding", "evaluation", "optim"}
     | ENTRY,
 }

