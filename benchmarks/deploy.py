@@ -1,6 +1,7 @@
 """Batch-1 latency of the deployed networks: eager PyTorch against onnxruntime fp32 and int8.
 
-DiCENet and ESPNetv2 (s = 1.0) and torchvision's ShuffleNetV2 x1.0 and MobileNetV2 classify one
+DiCENet and ESPNetv2 (s = 1.0; ``dicenet_prelu_node``: DiCENet with ONNX's own ``PRelu`` node
+instead of this project's Max/Min form) and torchvision's ShuffleNetV2 x1.0 and MobileNetV2 classify one
 224x224 image; the ESPNetv2 and DiCENet segmentation networks label one 512x256 (W x H) image. Each
 network is exported the same way (``torch.onnx.export``, dynamo exporter, opset 18, static
 batch-1 shapes, eval mode) and run by onnxruntime on the CPU with ``--threads`` intra-op threads;
@@ -30,11 +31,12 @@ import torchvision
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation  # noqa: E402
-from src.utils.complexity import measure  # noqa: E402
-from src.utils.extras import require  # noqa: E402
+from src.export.onnx import custom_translations
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from src.utils.complexity import measure
+from src.utils.extras import require
 
 BASELINE = "shufflenet_v2_x1_0"
 CLASSIFICATION = (1, 3, 224, 224)
@@ -45,6 +47,7 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(name, network in eval mode, input shape) of every measured network."""
     nets = [
         ("dicenet", DiCENet(scale=1.0), CLASSIFICATION),
+        ("dicenet_prelu_node", DiCENet(scale=1.0), CLASSIFICATION),
         ("espnetv2", ESPNetv2(scale=1.0), CLASSIFICATION),
         *(
             (name, torchvision.models.get_model(name), CLASSIFICATION)
@@ -56,9 +59,18 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     return [(name, net.eval(), shape) for name, net, shape in nets]
 
 
-def export(net: nn.Module, x: torch.Tensor, path: Path) -> Path:
+def export(net: nn.Module, x: torch.Tensor, path: Path, project_prelu: bool = True) -> Path:
+    """``net`` at ``x``'s shape as ONNX; ``project_prelu``: PReLU as Max/Min/Mul/Add
+    (:func:`src.export.onnx.prelu_as_min_max`) instead of onnxruntime's slow ``PRelu`` node."""
     with torch.no_grad():
-        program = torch.onnx.export(net, (x,), dynamo=True, opset_version=18, input_names=["image"])
+        program = torch.onnx.export(
+            net,
+            (x,),
+            dynamo=True,
+            opset_version=18,
+            input_names=["image"],
+            custom_translation_table=custom_translations() if project_prelu else None,
+        )
     program.save(str(path))
     return path
 
@@ -161,7 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
         if args.only and name not in args.only:
             continue
         x = torch.randn(shape)
-        fp32 = export(net, x, folder / f"{name}.onnx")
+        fp32 = export(
+            net, x, folder / f"{name}.onnx", project_prelu=not name.endswith("_prelu_node")
+        )
         int8 = quantize(fp32, shape, args.calibration, folder / f"{name}.int8.onnx")
         with torch.no_grad():
             reference = net(x)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from src.export.spec import ExportSpec
+from src.ops.cpu import use_cpu_paths
 from src.utils.extras import require
 from src.utils.files import atomic_write_bytes
 
@@ -24,7 +25,9 @@ def _require() -> None:
     require("executorch", "executorch", "format=executorch")
 
 
-def quantized_program(spec: ExportSpec, calibration: Iterable[Sequence[Tensor]]) -> torch.export.ExportedProgram:
+def quantized_program(
+    spec: ExportSpec, calibration: Iterable[Sequence[Tensor]]
+) -> torch.export.ExportedProgram:
     """``spec.module`` quantised to int8 by PT2E with the XNNPACK quantizer, observers calibrated
     on ``calibration`` (each item: inputs in ``spec.inputs``' order), exported again for lowering."""
     _require()
@@ -34,8 +37,11 @@ def quantized_program(spec: ExportSpec, calibration: Iterable[Sequence[Tensor]])
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
-    captured = torch.export.export(spec.module.eval(), spec.inputs).module()
+    quantizer = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True)
+    )
+    with use_cpu_paths("0"):
+        captured = torch.export.export(spec.module.eval(), spec.inputs).module()
     prepared = prepare_pt2e(captured, quantizer)
     with torch.no_grad():
         for inputs in calibration:
@@ -53,12 +59,17 @@ def export_executorch(
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    with torch.no_grad():
+    with (
+        torch.no_grad(),
+        use_cpu_paths("0"),
+    ):  # ATen's paths: the C++ kernels are opaque to lowering
         if calibration is None:
             program = torch.export.export(spec.module.eval(), spec.inputs)
         else:
             program = quantized_program(spec, calibration)
-        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+        lowered = to_edge_transform_and_lower(
+            program, partitioner=[XnnpackPartitioner()]
+        ).to_executorch()
     return atomic_write_bytes(path, lowered.buffer)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from src.export.onnx import custom_translations
 from src.export.spec import ExportSpec
 from src.models.awd_lm import AWDLanguageModel
 from src.models.delight_lm import DeLighTLanguageModel
@@ -137,7 +138,8 @@ def export_onnx(spec: ExportSpec, path: str | Path) -> ExportSpec:
                 dynamic_shapes=_dynamic_shapes(spec),
                 opset_version=OPSET,
                 custom_translation_table={
-                    torch.ops.aten.scaled_dot_product_attention.default: _attention_any_rank
+                    **custom_translations(),
+                    torch.ops.aten.scaled_dot_product_attention.default: _attention_any_rank,
                 },
                 optimize=True,
                 verbose=False,

@@ -46,6 +46,7 @@ from src.ops.dispatch import (
     autocast_dtype,
     autocast_operands,
     check_impl,
+    exporting,
     fastest,
     size_bucket,
     use_triton,
@@ -249,6 +250,31 @@ def resize_matrix(n_in: int, n_out: int, *, dtype: torch.dtype, device: torch.de
     return matrix.to(dtype)
 
 
+def resize_matrix_traced(
+    n_in: int, n_out: int, *, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """:func:`resize_matrix` without a Python branch on the sizes, for exported graphs whose image
+    size is dynamic: both maps are built from the index ranges and the graph picks one by
+    comparing the sizes (equal sizes give the identity, as the pooling map does then).
+
+    Shape:
+        (n_out, n_in)
+    """
+    out_idx = torch.arange(n_out, device=device, dtype=torch.float64)
+    in_idx = torch.arange(n_in, device=device, dtype=torch.float64)
+    size_in, size_out = in_idx[-1:] + 1, out_idx[-1:] + 1  # (1,) each: the sizes as tensors
+    pos = out_idx * ((size_in - 1) / (size_out - 1).clamp(min=1))
+    low = torch.minimum(pos.floor(), size_in - 1)
+    high = torch.minimum(low + 1, size_in - 1)
+    frac = (pos - low)[:, None]
+    grow = (1 - frac) * (in_idx == low[:, None]) + frac * (in_idx == high[:, None])
+    start = torch.floor(out_idx * size_in / size_out)
+    end = -torch.floor(-(out_idx + 1) * size_in / size_out)  # ceil
+    inside = (in_idx >= start[:, None]) & (in_idx < end[:, None])
+    shrink = inside / (end - start)[:, None]
+    return torch.where(size_out > size_in, grow, shrink).to(dtype)
+
+
 def resize_axis(x: Tensor, dim: int, size: int) -> Tensor:
     """Resize axis ``dim`` (1 or -1) of ``x`` to ``size`` with :func:`resize_matrix`.
 
@@ -256,9 +282,12 @@ def resize_axis(x: Tensor, dim: int, size: int) -> Tensor:
         (B, N, A, M) -> (B, size, A, M) for dim=1, (B, N, A, size) for dim=-1.
     """
     n = x.shape[dim]
-    if n == size:
+    if exporting():  # the size is the graph's: both resizes, chosen in the graph
+        matrix = resize_matrix_traced(n, size, dtype=x.dtype, device=x.device)
+    elif n == size:
         return x
-    matrix = resize_matrix(n, size, dtype=x.dtype, device=x.device)
+    else:
+        matrix = resize_matrix(n, size, dtype=x.dtype, device=x.device)
     if dim == 1:
         # (size, N) @ (B, N, A * M) -> (B, size, A * M) -> (B, size, A, M)
         return (matrix @ x.flatten(2)).unflatten(2, x.shape[2:])

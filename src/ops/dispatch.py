@@ -42,6 +42,21 @@ def triton_available() -> bool:
     return _TRITON
 
 
+def exporting() -> bool:
+    """Whether a graph is being captured for export: ``torch.export`` (and the dynamo exporter of
+    ``torch.onnx.export`` over it), the TorchScript exporter, ``torch.jit.trace``.
+
+    The one rule of export: every op then takes its plain PyTorch reference path, so the graph
+    holds only ATen operators (no custom op, no C++ or Triton kernel, no measured choice, no
+    folded inference path) and no branch on a size that the graph leaves dynamic. The fast-path
+    conditions of the ops ask :func:`use_triton`, :func:`opaque_op`'s call,
+    :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`src.ops.cpu.choice.cpu_path` and
+    :func:`src.ops.inference_folding.folded_inference`, which all ask this."""
+    if torch.compiler.is_compiling():  # torch.export traces with Dynamo's flag set too
+        return torch.compiler.is_exporting()
+    return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
 def check_impl(impl: str) -> str:
     """Validate an ``impl`` argument; returns it."""
     if impl not in IMPLS:
@@ -50,8 +65,9 @@ def check_impl(impl: str) -> str:
 
 
 def use_triton(impl: str, x: Tensor) -> bool:
-    """Resolve ``impl`` for input ``x``: True to run the Triton kernel, False for the reference."""
-    if check_impl(impl) == "reference":
+    """Resolve ``impl`` for input ``x``: True to run the Triton kernel, False for the reference
+    (always while :func:`exporting`)."""
+    if check_impl(impl) == "reference" or exporting():
         return False
     if impl == "triton":
         if not triton_available():
@@ -108,7 +124,8 @@ def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F],
     ``schema`` and ``fake`` are the op's contract, taken from :mod:`src.ops.contracts`: a
     reference and its kernels that compute the same thing register under one contract.
 
-    The function returned calls the op while tracing and the function itself otherwise: eager
+    The function returned calls the op while ``torch.compile`` traces and the function itself
+    otherwise, under export too (:func:`exporting`: the graph then holds its ATen ops): eager
     calls skip the dispatcher round trip of a Python custom op (tens of us a call, more than the
     kernels of a small layer take). ``schema`` is spelled out: older torch versions cannot infer it
     from postponed annotations.
@@ -120,7 +137,7 @@ def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F],
 
         @functools.wraps(fn)
         def call(*args: Any) -> Any:
-            return op(*args) if torch.compiler.is_compiling() else fn(*args)
+            return op(*args) if torch.compiler.is_compiling() and not exporting() else fn(*args)
 
         return cast(F, call)
 

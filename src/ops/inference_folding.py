@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import batch_norm_prelu
+from src.ops.dispatch import exporting
 from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.prelu import PReLU
 
@@ -38,8 +39,8 @@ def folded_inference(module: nn.Module, x: Tensor) -> bool:
         and not torch.is_grad_enabled()
         and x.is_cpu
         and not torch.is_autocast_enabled("cpu")
-        and not torch.jit.is_tracing()
         and not torch.compiler.is_compiling()
+        and not exporting()
     )
 
 

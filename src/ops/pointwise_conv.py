@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 from src.ops.choices import ChoiceCache
 from src.ops.cpu import dispatch_mode_active
 from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
-from src.ops.dispatch import size_bucket
+from src.ops.dispatch import exporting, size_bucket
 from src.ops.layout import channel_rows, from_channel_rows
 
 # Fewer input channels keep oneDNN: ESPNetv2's image shortcut, 3 -> 64 channels at 56², took 0.72
@@ -133,6 +133,7 @@ def _applies(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int) -> boo
         and weight.dim() == 4
         and weight.shape[1:] == (x.shape[1], 1, 1)
         and x.shape[1] >= MIN_INPUT_CHANNELS
+        and not exporting()  # before the measured choice's key: no branch on a traced size
         and row_view(x) is not None
         and not dispatch_mode_active()
     )

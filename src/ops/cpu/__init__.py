@@ -51,6 +51,7 @@ import torch
 from filelock import FileLock
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from src.ops.dispatch import exporting
 from src.utils.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -256,5 +257,6 @@ def dispatch_mode_active() -> bool:
 def cpu_kernels_loaded() -> bool:
     """:func:`cpu_kernels`, taken by ``torch.compile`` as a constant while tracing: for the ops
     whose compiled graphs call the kernels (PReLU's and BatchNorm's backward, the relative softmax).
-    False under ``LIGHTNETS_CPU_KERNELS=0`` set after they were built."""
-    return cpu_path_mode() != "0" and cpu_kernels()
+    False under ``LIGHTNETS_CPU_KERNELS=0`` set after they were built, and while a graph is
+    exported (:func:`src.ops.dispatch.exporting`)."""
+    return cpu_path_mode() != "0" and not exporting() and cpu_kernels()

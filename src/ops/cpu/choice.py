@@ -36,7 +36,7 @@ from torch import Tensor
 
 from src.ops.choices import ChoiceCache
 from src.ops.cpu import cpu_path_mode
-from src.ops.dispatch import Timer, fastest
+from src.ops.dispatch import Timer, exporting, fastest
 
 OURS = "ours"
 ATEN = "aten"
@@ -81,6 +81,8 @@ def cpu_path(
     else measured once (module docstring). ``candidates()`` builds the two paths as zero-argument
     callables, each a whole call (see :func:`call_with_backward`); ``timer`` is a test's stand-in
     for :func:`cpu_times` (one candidate at a time)."""
+    if exporting():  # an exported graph holds ATen's operators only
+        return ATEN
     if torch.compiler.is_compiling():  # nothing is timed while tracing
         return ATEN if _aten_only() else OURS
     mode = cpu_path_mode()

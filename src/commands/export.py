@@ -1,0 +1,259 @@
+"""Export a checkpoint for devices: ``python export.py ckpt_path=/path/to.ckpt [format=onnx]
+[quantize=int8] [out=/path/stem]``.
+
+The network is rebuilt from the checkpoint's run record (as ``eval.py`` does; without a checkpoint,
+from the command line's config with ``allow_random=true``), exported to ONNX with a dynamic batch
+(and image size where the network takes other sizes: :mod:`src.export.vision`), and run by
+onnxruntime on real images of the validation split against eager PyTorch. Writes ``<out>.onnx`` and
+the card ``<out>.json`` (model, parameters and MACs, inputs and their dynamic dimensions, opset,
+exporter, parity at each size checked, notes); with ``quantize=int8`` also ``<out>.int8.onnx``,
+calibrated on batches of the training split, and the task metric on the validation split before
+and after.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import Tensor
+
+from src.build import build_from_checkpoint, complexity_of, hydra_choices
+from src.utils.errors import UsageError
+from src.utils.extras import require
+
+log = logging.getLogger("export")  # the command's name in its log lines
+
+FORMATS = ("onnx", "executorch")
+QUANTIZATIONS = (None, "int8")
+EXPORT_BATCH = 2  # images in the traced example; the batch is dynamic
+
+
+def check_options(cfg: DictConfig) -> None:
+    """One-line errors for options that cannot work, before anything is built."""
+    if cfg.format not in FORMATS:
+        raise UsageError(f"format must be one of {list(FORMATS)}, got {cfg.format!r}")
+    if cfg.quantize not in QUANTIZATIONS:
+        raise UsageError(f"quantize must be null or 'int8', got {cfg.quantize!r}")
+    if cfg.ckpt_path is None and not cfg.allow_random:
+        raise UsageError(
+            "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one); "
+            "allow_random=true exports the randomly initialised network"
+        )
+    if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
+        raise UsageError(f"checkpoint {cfg.ckpt_path} does not exist")
+    if cfg.calibration_batches < 1:
+        raise UsageError(f"calibration_batches must be >= 1, got {cfg.calibration_batches}")
+    for distribution in ("onnx", "onnxruntime", "onnxscript"):
+        require(distribution, "export", "python export.py")
+
+
+def images_of(batch: Any) -> Tensor:
+    """The images of a data batch: ``(images, targets)`` or images alone."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def task_metric(
+    kind: str, predict: Callable[[Tensor], Tensor], batches: Iterable[Any], ignore_index: int
+) -> dict[str, float]:
+    """Top-1 accuracy (classification) or mIoU over the classes present (segmentation) of
+    ``predict`` (images -> logits) on ``batches``, in percent."""
+    correct = total = 0
+    confusion: Tensor | None = None
+    for images, targets in batches:
+        logits = predict(images)
+        if kind == "classification":
+            correct += int((logits.argmax(1) == targets).sum())
+            total += targets.numel()
+            continue
+        classes = logits.shape[1]
+        keep = targets != ignore_index
+        pairs = targets[keep] * classes + logits.argmax(1)[keep]
+        counts = torch.bincount(pairs, minlength=classes * classes).view(classes, classes)
+        confusion = counts if confusion is None else confusion + counts
+    if kind == "classification":
+        return {"accuracy": 100.0 * correct / max(total, 1)}
+    assert confusion is not None
+    hits = confusion.diag().double()
+    union = confusion.sum(0).double() + confusion.sum(1).double() - hits
+    present = union > 0
+    return {"miou": 100.0 * (hits[present] / union[present]).mean().item()}
+
+
+def export(cfg: DictConfig) -> dict:
+    """Export the configured network (module docstring); returns the card."""
+    from src.export.card import write_card
+    from src.export.onnx import (
+        DEFAULT_OPSET,
+        EXPORTER,
+        export_onnx,
+        graph_inputs,
+        op_counts,
+        parity,
+        session,
+    )
+    from src.export.vision import other_sizes, vision_spec
+
+    check_options(cfg)
+    if cfg.format == "executorch" and cfg.quantize is not None:
+        raise UsageError(
+            "quantize=int8 is written for format=onnx; format=executorch exports float32"
+        )
+    start = time.perf_counter()
+    L.seed_everything(cfg.seed)
+    datamodule, task = build_from_checkpoint(cfg)
+    task.eval()
+    net = task.net.eval()
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    first = images_of(next(iter(datamodule.val_dataloader())))
+    spec = vision_spec(net, first[:EXPORT_BATCH])
+    out = Path(cfg.out) if cfg.out else Path(cfg.paths.output_dir) / type(net).__name__.lower()
+    if cfg.format == "executorch":
+        return executorch_card(cfg, task, datamodule, net, first, out, start)
+    onnx_path = export_onnx(spec, out.with_suffix(".onnx"), opset=cfg.opset or DEFAULT_OPSET)
+    log.info("wrote %s", onnx_path)
+    runner = session(onnx_path)
+    checks = [parity(runner, spec, (first,))]
+    for height, width in other_sizes(spec):
+        resized = F.interpolate(first, size=(height, width), mode="bilinear", align_corners=False)
+        checks.append(parity(runner, spec, (resized,)))
+    for check in checks:
+        log.info("parity at %s: max abs %.3g, max rel %.3g", *check.values())
+    complexity = complexity_of(task, datamodule)
+    card: dict[str, Any] = {
+        "model": {
+            "choice": hydra_choices().get("model"),
+            "target": cfg.model.get("_target_"),
+            "class": f"{type(net).__module__}.{type(net).__name__}",
+        },
+        **complexity.as_dict(),
+        "checkpoint": None if cfg.ckpt_path is None else str(cfg.ckpt_path),
+        "file": str(onnx_path),
+        "format": cfg.format,
+        "exporter": EXPORTER,
+        "opset": cfg.opset or DEFAULT_OPSET,
+        "inputs": graph_inputs(onnx_path),
+        "outputs": spec.output_names,
+        "parity": {
+            "against": "eager PyTorch (eval mode) on validation images",
+            "max_rel_is": "max abs error / max abs eager output",
+            "checks": checks,
+        },
+        "operators": op_counts(onnx_path),
+        "notes": spec.notes,
+    }
+    if cfg.quantize == "int8":
+        card["int8"] = quantized(cfg, task, datamodule, spec, onnx_path, runner)
+    card_path = write_card(out.with_suffix(".json"), {**card, "wall_time_s": 0.0})
+    card["wall_time_s"] = round(time.perf_counter() - start, 2)
+    write_card(card_path, card)
+    log.info("wrote %s", card_path)
+    return card
+
+
+def executorch_card(
+    cfg: DictConfig,
+    task: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    net: torch.nn.Module,
+    images: Tensor,
+    out: Path,
+    start: float,
+) -> dict:
+    """``format=executorch``: the network lowered to XNNPACK for one image of the validation
+    size (ExecuTorch plans fixed shapes), its parity on validation images, and the card."""
+    from src.export.card import write_card
+    from src.export.executorch import export_executorch, run_executorch
+    from src.export.vision import vision_spec
+
+    spec = vision_spec(net, images[:1])
+    path = export_executorch(spec, out.with_suffix(".pte"))
+    log.info("wrote %s", path)
+    errors = []
+    with torch.no_grad():
+        for image in images[: min(len(images), 4)]:
+            expected = net(image[None])
+            expected = expected[0] if isinstance(expected, (tuple, list)) else expected
+            got = run_executorch(path, [image[None]])[0]
+            errors.append(float((got - expected).abs().max()))
+    card = {
+        "model": {"choice": hydra_choices().get("model"), "target": cfg.model.get("_target_")},
+        **complexity_of(task, datamodule).as_dict(),
+        "checkpoint": None if cfg.ckpt_path is None else str(cfg.ckpt_path),
+        "file": str(path),
+        "format": "executorch",
+        "backend": "XNNPACK",
+        "input": {"name": "image", "shape": list(images[:1].shape), "dynamic": []},
+        "parity": {
+            "against": "eager PyTorch (eval mode), one validation image at a time",
+            "max_abs": max(errors),
+        },
+        "notes": [*spec.notes, "ExecuTorch program planned for this one input shape"],
+        "wall_time_s": round(time.perf_counter() - start, 2),
+    }
+    write_card(out.with_suffix(".json"), card)
+    return card
+
+
+def quantized(
+    cfg: DictConfig,
+    task: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    spec: Any,
+    onnx_path: Path,
+    runner: Any,
+) -> dict[str, Any]:
+    """Write ``<out>.int8.onnx`` calibrated on the training split; the validation metric of eager
+    PyTorch, the fp32 file and the int8 file."""
+    from src.export.onnx import run_session, session
+    from src.export.quantize import calibration_feeds, quantize_int8
+
+    if spec.output_names != ["logits"]:
+        raise UsageError("quantize=int8 measures classification and segmentation networks only")
+    kind = "segmentation" if first_output_is_map(spec) else "classification"
+    int8_path = onnx_path.with_suffix(".int8.onnx")
+    feeds = calibration_feeds(
+        datamodule.train_dataloader(), spec.input_names[0], cfg.calibration_batches
+    )
+    quantize_int8(onnx_path, int8_path, feeds)
+    log.info("wrote %s", int8_path)
+    int8_runner = session(int8_path)
+    ignore = getattr(task, "ignore_index", 255)
+
+    def onnx_predict(which: Any) -> Callable[[Tensor], Tensor]:
+        return lambda images: run_session(which, spec.input_names, (images,))[0]
+
+    def eager(images: Tensor) -> Tensor:
+        with torch.no_grad():
+            return task.net(images)
+
+    metrics = {
+        name: task_metric(kind, predict, datamodule.val_dataloader(), ignore)
+        for name, predict in (
+            ("eager", eager),
+            ("fp32_onnx", onnx_predict(runner)),
+            ("int8_onnx", onnx_predict(int8_runner)),
+        )
+    }
+    log.info("validation %s: %s", kind, metrics)
+    return {
+        "file": str(int8_path),
+        "method": "onnxruntime quantize_static, QDQ, weights int8 per channel, activations uint8",
+        "calibration": f"{cfg.calibration_batches} batches of the training split (min/max)",
+        "split": "val",
+        "metric": metrics,
+    }
+
+
+def first_output_is_map(spec: Any) -> bool:
+    """Whether the network's output is a per-pixel map (segmentation)."""
+    with torch.no_grad():
+        return spec.module(*spec.inputs).dim() == 4

@@ -1,0 +1,56 @@
+"""DiCENet as an XNNPACK-delegated ExecuTorch program: fp32 matches eager; int8 (PT2E, XNNPACK
+quantizer) stays close to it and keeps the digits' predictions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from src.export.spec import ExportSpec
+from src.models.dicenet import DiCENet
+
+pytest.importorskip("executorch")
+# lowering a network of DiCE units takes minutes on 2 cores: run with -m heavy
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+
+from src.export.executorch import export_executorch, run_executorch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def network() -> DiCENet:
+    torch.manual_seed(0)
+    net = DiCENet(scale=0.5, num_classes=10, input_size=32, stem_stride=2).eval()
+    # trained-like statistics, so that int8 is judged on a non-degenerate output
+    for module in net.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_var.uniform_(0.5, 2.0)
+            module.running_mean.normal_(0.0, 0.1)
+    return net
+
+
+def test_fp32_program_matches_eager(network: DiCENet, tmp_path) -> None:
+    x = torch.randn(1, 3, 32, 32)
+    path = export_executorch(
+        ExportSpec("network", network, (x,), ["image"], ["logits"]), tmp_path / "dicenet.pte"
+    )
+    for seed in (1, 2):
+        image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            expected = network(image)
+        (out,) = run_executorch(path, [image])
+        assert out.shape == (1, 10)
+        assert (out - expected).abs().max() <= 1e-4
+
+
+def test_int8_program_stays_close(network: DiCENet, tmp_path) -> None:
+    x = torch.randn(1, 3, 32, 32)
+    calibration = [(torch.randn(1, 3, 32, 32),) for _ in range(8)]
+    spec = ExportSpec("network", network, (x,), ["image"], ["logits"])
+    path = export_executorch(spec, tmp_path / "dicenet_int8.pte", calibration=calibration)
+    images = torch.randn(6, 1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = torch.cat([network(image) for image in images])
+    got = torch.cat([run_executorch(path, [image])[0] for image in images])
+    cosine = torch.nn.functional.cosine_similarity(got, expected, dim=1)
+    assert cosine.min() > 0.95, cosine
+    assert path.stat().st_size < 0.5 * export_executorch(spec, tmp_path / "fp32.pte").stat().st_size
