@@ -44,6 +44,7 @@ ENTRY_POINTS = {
     "generate": "generate.py",
     "translate": "translate.py",
     "complexity": "complexity.py",
+    "export": "export.py",
 }
 # top-level keys of a primary config that are not described key by key
 SKIPPED_KEYS = frozenset({"defaults", "hydra"})
