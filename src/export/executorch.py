@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from src.export.spec import ExportSpec
-from src.ops.cpu import use_cpu_paths
+from src.ops.dispatch import capture_for_export
 from src.utils.extras import require
 from src.utils.files import atomic_write_bytes
 
@@ -40,7 +40,7 @@ def quantized_program(
     quantizer = XNNPACKQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=True)
     )
-    with use_cpu_paths("0"):
+    with capture_for_export():
         captured = torch.export.export(spec.module.eval(), spec.inputs).module()
     prepared = prepare_pt2e(captured, quantizer)
     with torch.no_grad():
@@ -59,10 +59,7 @@ def export_executorch(
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    with (
-        torch.no_grad(),
-        use_cpu_paths("0"),
-    ):  # ATen's paths: the C++ kernels are opaque to lowering
+    with torch.no_grad(), capture_for_export():  # every op on its PyTorch path
         if calibration is None:
             program = torch.export.export(spec.module.eval(), spec.inputs)
         else:

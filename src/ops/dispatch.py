@@ -16,11 +16,12 @@ Function bodies run with autocast off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar, cast
 
@@ -52,9 +53,25 @@ def exporting() -> bool:
     conditions of the ops ask :func:`use_triton`, :func:`opaque_op`'s call,
     :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`src.ops.cpu.choice.cpu_path` and
     :func:`src.ops.inference_folding.folded_inference`, which all ask this."""
-    if torch.compiler.is_compiling():  # torch.export traces with Dynamo's flag set too
-        return torch.compiler.is_exporting()
+    if _EXPORT_CAPTURES or torch.compiler.is_exporting():
+        return True
+    if torch.compiler.is_compiling():  # strict torch.export traces with Dynamo's flag set too
+        return False
     return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
+_EXPORT_CAPTURES: list[None] = []  # one entry per open capture_for_export block
+
+
+@contextlib.contextmanager
+def capture_for_export() -> Iterator[None]:
+    """Inside the block :func:`exporting` is true: wrap a non-strict ``torch.export.export`` (as
+    ExecuTorch lowering uses it), which sets none of the flags :func:`exporting` reads."""
+    _EXPORT_CAPTURES.append(None)
+    try:
+        yield
+    finally:
+        _EXPORT_CAPTURES.pop()
 
 
 def check_impl(impl: str) -> str:
