@@ -1,14 +1,6 @@
 """Parameters and MACs of a network: ``python complexity.py model=... [data=...] [model.x=...]``.
 
-Builds the network exactly as training does (the data config only supplies the input shape and
-number of classes; no data is read), counts one forward pass with ``src.utils.complexity`` and
-prints a table, then one JSON object as the last line. Recurrent-memory language models (a
-``mem_len`` attribute) are also counted with a full memory of ``mem_len`` cached states
-(``macs_with_memory``, the training/evaluation steady state), and networks that define
-``paper_flops`` report their paper's own FLOP convention next to the measurement. An SSD is also
-counted at its other image size (300 and 512, as the model zoo lists both), each beside the
-published figures of that configuration.
-"""
+The command line only; what it does is :mod:`src.commands.complexity`."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """Evaluate a checkpoint: ``python eval.py ckpt_path=/path/to.ckpt [overrides]``.
 
-The network, data and task are rebuilt from the checkpoint's run record (the config it was trained
-with); an override on the command line (``data.root=...``, ``split=val``) still wins and is
-reported. Writes ``metrics.json`` (metrics, params, MACs, checkpoint) into the run directory.
-
-With ``+dynamic_eval=true`` (a ``task=awd_lm`` checkpoint) the split is scored again
-by dynamic evaluation (``dynamic_eval_options``), written as ``<split>/dynamic_loss`` and
-``<split>/dynamic_ppl`` beside the plain metrics.
-"""
+The command line only; what it does is :mod:`src.commands.eval`."""
 
 from __future__ import annotations
 

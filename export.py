@@ -1,11 +1,6 @@
-"""Export a checkpoint for devices: ``python export.py ckpt_path=/path/to.ckpt [format=onnx]
-[quantize=int8] [out=/path/stem]``.
+"""Export a checkpoint for devices: ``python export.py ckpt_path=... [format=onnx|executorch]``.
 
-Writes ``<out>.onnx`` (dynamic batch, and image size where the network takes other sizes), its card
-``<out>.json`` (model, parameters, MACs, inputs, opset, exporter, parity against eager PyTorch on
-validation images, notes) and with ``quantize=int8`` ``<out>.int8.onnx`` with the validation metric
-before and after. Needs the ``[export]`` extra (onnx, onnxruntime, onnxscript).
-"""
+The command line only; what it does is :mod:`src.commands.export`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Train a network: ``python train.py [model=...] [data=...] [key=value ...]``.
 
-Hydra composes ``conf/train.yaml``; this script only instantiates and wires: seed, datamodule,
-network, task, callbacks, loggers and Trainer; fit (or resume with ``ckpt_path=...``); test the
-best checkpoint when the data has a test split; write ``metrics.json`` into the run directory.
-The building functions it shares with the other entry points are in :mod:`src.build`.
-"""
+The command line only; what it does is :mod:`src.commands.train`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Translate sentences with a trained model: ``python translate.py ckpt_path=... "Ein Satz."``.
 
-Arguments that are not ``key=value`` overrides are source sentences; ``input=<file>`` (``-`` for
-stdin) adds one sentence a line, decoded as ``encoding=`` (UTF-8 by default). The datamodule, network and task are rebuilt from the
-checkpoint's run record (command-line overrides such as ``task.beam_size=5`` win) and its weights
-loaded; without ``ckpt_path`` the run is refused unless ``allow_random=true``. Each translation is
-written to stdout on its own line, in the order of the sources; a blank source (empty or white
-space only) gives a blank line, so the output stays aligned with the input line for line.
-"""
+The command line only; what it does is :mod:`src.commands.translate`."""
 
 from __future__ import annotations
 
