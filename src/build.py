@@ -25,6 +25,7 @@ from src.utils.config_checks import (
     known_top_level_keys,
     reject_unknown_keys,
 )
+from src.utils.errors import UsageError
 from src.utils.extras import require
 from src.utils.model_sizes import size_error
 from src.utils.run_record import (
@@ -35,6 +36,7 @@ from src.utils.run_record import (
     override_key,
     read_checkpoint,
     record_of,
+    renamed,
 )
 
 log = logging.getLogger(__name__)
@@ -117,16 +119,27 @@ def complexity_of(task: L.LightningModule, datamodule: L.LightningDataModule) ->
 
 
 def build_from_checkpoint(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModule]:
-    """``build_task`` for a run's checkpoint (``eval.py``, ``predict.py``, ``generate.py``).
+    """``build_task`` for a run's checkpoint (``eval.py``, ``predict.py``, ``generate.py``) or an
+    exported file (``onnx=``).
 
     With ``cfg.ckpt_path`` the ``model``, ``data`` and ``task`` sections come from the checkpoint's
     run record, except those the command line chose (``model=...``, ``data.batch_size=...``:
     reported in the log), and the weights are loaded, with a short message when they do not fit.
+    With ``cfg.onnx`` they come from the run record ``export.py`` wrote into the file; the network
+    keeps its random weights, for the caller to replace by the file's runtime.
     """
-    if cfg.get("ckpt_path") is None:
+    onnx = cfg.get("onnx")
+    if cfg.get("ckpt_path") is None and onnx is None:
         return build_task(cfg)
-    checkpoint = read_checkpoint(cfg.ckpt_path)
-    record = record_of(checkpoint)
+    if cfg.get("ckpt_path") is not None and onnx is not None:
+        raise UsageError("pass ckpt_path=<a run's .ckpt> or onnx=<an exported file>, not both")
+    if onnx is not None:
+        from src.export.metadata import exported_record
+
+        checkpoint, record, source = None, renamed(exported_record(onnx)), f"onnx={onnx}"
+    else:
+        checkpoint = read_checkpoint(cfg.ckpt_path)
+        record, source = record_of(checkpoint), str(cfg.ckpt_path)
     overrides = hydra_overrides()
     chosen = {override_key(o) for o in overrides}
     choices = {k: v for k, v in hydra_choices().items() if k in chosen}
@@ -136,10 +149,11 @@ def build_from_checkpoint(cfg: DictConfig) -> tuple[L.LightningDataModule, L.Lig
         choices = {**record.get("choices", {}), **choices}
     else:
         log.warning(
-            "%s carries no run record: the network is the one the command line composes",
-            cfg.ckpt_path,
+            "%s carries no run record: the network is the one the command line composes", source
         )
     datamodule, task = build_task(cfg)
+    if checkpoint is None:
+        return datamodule, task
     model = OmegaConf.to_container(cfg.model, resolve=True)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     asked = (

@@ -26,8 +26,12 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from src.build import build_from_checkpoint, complexity_of, hydra_choices
+from src.export.metadata import attach_metadata
+from src.export.text import is_text_network
+from src.models.delight_mt import DeLighTEncoderDecoder
 from src.utils.errors import UsageError
 from src.utils.extras import require
+from src.utils.run_record import make_record, read_checkpoint, record_of
 
 log = logging.getLogger("export")  # the command's name in its log lines
 
@@ -53,6 +57,13 @@ def check_options(cfg: DictConfig) -> None:
         raise UsageError(f"calibration_batches must be >= 1, got {cfg.calibration_batches}")
     for distribution in ("onnx", "onnxruntime", "onnxscript"):
         require(distribution, "export", "python export.py")
+
+
+def first_val_batch(datamodule: L.LightningDataModule) -> Any:
+    """The first batch of the validation split (of its first loader, when there are several)."""
+    loaders = datamodule.val_dataloader()
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+    return next(iter(loader))
 
 
 def images_of(batch: Any) -> Tensor:
@@ -113,12 +124,20 @@ def export(cfg: DictConfig) -> dict:
     net = task.net.eval()
     datamodule.prepare_data()
     datamodule.setup("fit")
-    first = images_of(next(iter(datamodule.val_dataloader())))
-    spec = vision_spec(net, first[:EXPORT_BATCH])
     out = Path(cfg.out) if cfg.out else Path(cfg.paths.output_dir) / type(net).__name__.lower()
+    if is_text_network(net) or isinstance(net, DeLighTEncoderDecoder):
+        if cfg.format != "onnx" or cfg.quantize is not None:
+            raise UsageError(
+                f"{type(net).__name__} exports as float32 ONNX only (format=onnx, quantize=null); "
+                "ExecuTorch and int8 are written for the vision networks"
+            )
+        return text_card(cfg, task, datamodule, net, out, start)
+    first = images_of(first_val_batch(datamodule))
+    spec = vision_spec(net, first[:EXPORT_BATCH])
     if cfg.format == "executorch":
         return executorch_card(cfg, task, datamodule, net, first, out, start)
     onnx_path = export_onnx(spec, out.with_suffix(".onnx"), opset=cfg.opset or DEFAULT_OPSET)
+    attach_metadata(onnx_path, {"kind": "vision", "graph": spec.name, "record": record_of_run(cfg)})
     log.info("wrote %s", onnx_path)
     runner = session(onnx_path)
     checks = [parity(runner, spec, (first,))]
@@ -257,3 +276,104 @@ def first_output_is_map(spec: Any) -> bool:
     """Whether the network's output is a per-pixel map (segmentation)."""
     with torch.no_grad():
         return spec.module(*spec.inputs).dim() == 4
+
+
+def record_of_run(cfg: DictConfig) -> dict[str, Any]:
+    """The run record an exported file carries: the checkpoint's config choices, or the command
+    line's without one, with the ``model``, ``data`` and ``task`` sections the network was built
+    from (``cfg`` after :func:`build_from_checkpoint` merged the checkpoint's in)."""
+    choices = hydra_choices()
+    if cfg.ckpt_path is not None:
+        saved = record_of(read_checkpoint(cfg.ckpt_path))
+        if saved is not None:
+            choices = {**saved.get("choices", {}), **choices}
+    return make_record(cfg, choices)
+
+
+def text_card(
+    cfg: DictConfig,
+    task: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    net: torch.nn.Module,
+    out: Path,
+    start: float,
+) -> dict:
+    """A text network's graphs (:func:`src.export.text.text_specs`; translation: the encoder and
+    the decoder step), each ``<out>.<graph>.onnx`` for translation and ``<out>.onnx`` otherwise,
+    checked through their runtimes against eager PyTorch on a validation batch; the card."""
+    from src.export.card import write_card
+    from src.export.onnx import graph_inputs, op_counts
+    from src.export.runtime import RUNTIMES
+    from src.export.text import export_onnx, text_specs
+    from src.export.text_checks import (
+        awd_lm_checks,
+        classifier_checks,
+        segment_lm_checks,
+        translation_checks,
+        word_lm_checks,
+    )
+    from src.export.translate_onnx import OnnxTranslator, translation_specs
+
+    record = record_of_run(cfg)
+    batch = first_val_batch(datamodule)
+    if isinstance(net, DeLighTEncoderDecoder):
+        kind, specs, settings = "translation", translation_specs(net), {}
+    else:
+        kind, specs, settings = text_specs(net)
+    paths = []
+    for spec in specs:
+        path = out.with_suffix(f".{spec.name}.onnx" if len(specs) > 1 else ".onnx")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        export_onnx(spec, path)
+        metadata = {"kind": kind, "graph": spec.name, **settings, "record": record}
+        attach_metadata(path, metadata)
+        log.info("wrote %s", path)
+        paths.append(path)
+    if kind == "translation":
+        translator = OnnxTranslator.from_export(paths[0])
+
+        def use_exported(exported: bool) -> None:
+            task.net = translator if exported else net
+
+        checks = translation_checks(task.translate, use_exported, batch)
+    else:
+        runtime = RUNTIMES[kind](paths[0])
+        check = {
+            "segment_lm": segment_lm_checks,
+            "awd_lm": awd_lm_checks,
+            "word_lm": word_lm_checks,
+            "classifier": classifier_checks,
+        }[kind]
+        checks = check(net, runtime, batch)
+    for found in checks:
+        log.info("parity, %s: max abs %.3g", found["compared"], found["max_abs"])
+    card: dict[str, Any] = {
+        "model": {
+            "choice": record["choices"].get("model"),
+            "target": cfg.model.get("_target_"),
+            "class": f"{type(net).__module__}.{type(net).__name__}",
+        },
+        **complexity_of(task, datamodule).as_dict(),
+        "checkpoint": None if cfg.ckpt_path is None else str(cfg.ckpt_path),
+        "format": "onnx",
+        "runtime": f"src.export.runtime ({kind})" if kind != "translation" else "OnnxTranslator",
+        "graphs": [
+            {
+                "name": spec.name,
+                "file": str(path),
+                "inputs": graph_inputs(path),
+                "outputs": spec.output_names,
+                "operators": op_counts(path),
+                "notes": spec.notes,
+            }
+            for spec, path in zip(specs, paths)
+        ],
+        "parity": {
+            "against": "eager PyTorch (eval mode) on a validation batch, through the runtime",
+            "checks": checks,
+        },
+        "wall_time_s": round(time.perf_counter() - start, 2),
+    }
+    write_card(out.with_suffix(".json"), card)
+    log.info("wrote %s", out.with_suffix(".json"))
+    return card

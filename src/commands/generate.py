@@ -27,7 +27,7 @@ import logging
 import sys
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from src.build import build_from_checkpoint
 from src.datamodules.awd_lm import EOS, AWDLMDataModule, PydocPTBDataModule, ptb_style
@@ -59,6 +59,18 @@ def last_word(text: str) -> str:
     return text[start:]
 
 
+def exported_language_model(path: str) -> torch.nn.Module:
+    """The language model of an exported file, run by onnxruntime behind the eager network's
+    interface (:mod:`src.export.runtime`)."""
+    from src.export.metadata import exported_file
+    from src.export.runtime import RUNTIMES, kind_of
+
+    kind = kind_of(exported_file(path))
+    if kind not in ("segment_lm", "awd_lm", "word_lm"):
+        raise WrongRunError(f"generate.py runs exported language models; onnx={path} holds a {kind} graph")
+    return RUNTIMES[kind](exported_file(path))
+
+
 def generate(cfg: DictConfig) -> dict:
     """Run the configured mode on ``cfg.prompt``; returns what was written to stdout, as data."""
     if cfg.mode not in MODES:
@@ -66,12 +78,16 @@ def generate(cfg: DictConfig) -> dict:
     prompt = str(cfg.prompt)  # a prompt like 123 arrives as a number
     if not prompt:
         raise UsageError("prompt is empty; pass prompt='some text'")
-    if cfg.ckpt_path is None and not cfg.allow_random:
+    if cfg.ckpt_path is None and cfg.get("onnx") is None and not cfg.allow_random:
         raise UsageError(
             "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names the best "
             "one); allow_random=true generates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
+    if cfg.get("onnx") is not None:
+        task.net = exported_language_model(cfg.onnx)
+        with open_dict(cfg):  # onnxruntime's CPU session reads and writes host memory
+            cfg.device = "cpu"
     if isinstance(datamodule, WordLMDataModule):
         return generate_words(cfg, prompt, datamodule, task.net)
     if isinstance(datamodule, AWDLMDataModule):

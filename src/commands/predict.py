@@ -31,7 +31,7 @@ import lightning as L
 import numpy as np
 import torch
 import torchvision.transforms.functional as TF
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from PIL import Image, ImageDraw
 from torch import Tensor
 
@@ -41,7 +41,7 @@ from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
 from src.datamodules.voc_seg import VOC_CLASSES
 from src.models.ssd_boxes import postprocess, to_pixels
 from src.tasks.finetune import load_network_weights
-from src.utils.errors import InputFileError, UsageError
+from src.utils.errors import InputFileError, UsageError, WrongRunError
 
 log = logging.getLogger("predict")  # the command's name in its log lines
 
@@ -291,6 +291,17 @@ def read_image(path: Path) -> Image.Image:
         ) from None
 
 
+def exported_network(path: str) -> torch.nn.Module:
+    """The vision network of an exported file, run by onnxruntime (:mod:`src.export.runtime`)."""
+    from src.export.metadata import exported_file
+    from src.export.runtime import OnnxVisionNetwork, kind_of
+
+    kind = kind_of(exported_file(path))
+    if kind != "vision":
+        raise WrongRunError(f"predict.py runs exported vision networks; onnx={path} holds a {kind} graph")
+    return OnnxVisionNetwork(exported_file(path))
+
+
 def predict(cfg: DictConfig) -> dict:
     """Run the configured network on ``cfg.image``; returns what was predicted (and written)."""
     image_path = Path(cfg.image)
@@ -300,7 +311,7 @@ def predict(cfg: DictConfig) -> dict:
         raise UsageError(f"top_k must be >= 1, got {cfg.top_k}")
     if not 0.0 <= cfg.alpha <= 1.0:
         raise UsageError(f"alpha must be in [0, 1], got {cfg.alpha}")
-    if cfg.ckpt_path is None and not has_weights(cfg) and not cfg.allow_random:
+    if cfg.ckpt_path is None and cfg.get("onnx") is None and not has_weights(cfg) and not cfg.allow_random:
         raise UsageError(
             "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one) or "
             "task.init_checkpoint=/model.weights=<file>; allow_random=true predicts with the randomly "
@@ -309,7 +320,12 @@ def predict(cfg: DictConfig) -> dict:
     image = read_image(image_path)
     L.seed_everything(cfg.seed)
     datamodule, task = build_from_checkpoint(cfg)
-    if cfg.ckpt_path is None and cfg.task.get("init_checkpoint") is not None:
+    if cfg.get("onnx") is not None:
+        task.net = exported_network(cfg.onnx)
+        if cfg.size is None and task.net.image_size is not None:
+            with open_dict(cfg):  # a graph of fixed image size takes that size only
+                cfg.size = list(reversed(task.net.image_size))
+    elif cfg.ckpt_path is None and cfg.task.get("init_checkpoint") is not None:
         load_network_weights(task.net, cfg.task.init_checkpoint)
     size = input_size(cfg, image.size)
     x = preprocess(image, datamodule, size)

@@ -80,6 +80,19 @@ def read_sources(cfg: DictConfig, sentences: list[str]) -> list[str]:
     return sources
 
 
+def exported_translator(path: str) -> torch.nn.Module:
+    """The encoder and decoder-step graphs of an exported translation model, run by onnxruntime
+    behind the interface the searches take (:class:`src.export.translate_onnx.OnnxTranslator`)."""
+    from src.export.metadata import exported_file
+    from src.export.runtime import kind_of
+    from src.export.translate_onnx import OnnxTranslator
+
+    kind = kind_of(exported_file(path))
+    if kind != "translation":
+        raise WrongRunError(f"translate.py runs exported translation models; onnx={path} holds a {kind} graph")
+    return OnnxTranslator.from_export(exported_file(path))
+
+
 def translate(cfg: DictConfig, sentences: list[str]) -> list[str]:
     """Translate ``sentences`` (and ``cfg.input``); prints and returns the translations."""
     if cfg.decoding not in DECODINGS:
@@ -87,7 +100,7 @@ def translate(cfg: DictConfig, sentences: list[str]) -> list[str]:
     if cfg.batch_size < 1:
         raise UsageError(f"batch_size must be >= 1, got {cfg.batch_size}")
     sources = read_sources(cfg, sentences)
-    if cfg.ckpt_path is None and not cfg.allow_random:
+    if cfg.ckpt_path is None and cfg.get("onnx") is None and not cfg.allow_random:
         raise UsageError(
             "no weights: pass ckpt_path=<a translation run's .ckpt> (its metrics.json names the best one); "
             "allow_random=true translates with the randomly initialised network"
@@ -113,6 +126,9 @@ def translate(cfg: DictConfig, sentences: list[str]) -> list[str]:
                 f"{limit} (data.max_source_positions); split it into shorter sentences"
             )
     device = torch.device(cfg.device)
+    if cfg.get("onnx") is not None:
+        task.net = exported_translator(cfg.onnx)
+        device = torch.device("cpu")  # onnxruntime's CPU session reads and writes host memory
     task = task.to(device).eval()
     translations = [""] * len(sources)
     progress = Progress(f"translating ({cfg.decoding})", len(encoded))

@@ -148,18 +148,24 @@ def export_onnx(spec: ExportSpec, path: str | Path) -> ExportSpec:
         spec.notes.append("exporter: dynamo (torch.export)")
     except Exception as error:  # noqa: BLE001 - any failure of the dynamo exporter falls back
         reason = _reason(error)
-        with warnings.catch_warnings(), use_cpu_paths("0"):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                spec.module,
-                spec.inputs,
-                str(path),
-                dynamo=False,
-                input_names=spec.input_names,
-                output_names=spec.output_names,
-                dynamic_axes={k: dict(v) for k, v in spec.dynamic.items()},
-                opset_version=OPSET,
-            )
+        try:
+            with warnings.catch_warnings(), use_cpu_paths("0"):
+                warnings.simplefilter("ignore")
+                torch.onnx.export(
+                    spec.module,
+                    spec.inputs,
+                    str(path),
+                    dynamo=False,
+                    input_names=spec.input_names,
+                    output_names=spec.output_names,
+                    dynamic_axes={k: dict(v) for k, v in spec.dynamic.items()},
+                    opset_version=OPSET,
+                )
+        except Exception as fallback:
+            raise RuntimeError(
+                f"{type(spec.module).__name__} did not export to ONNX: the dynamo exporter failed "
+                f"with {reason}; the TorchScript exporter with {_reason(fallback)}"
+            ) from fallback
         spec.notes.append(f"exporter: TorchScript; the dynamo exporter failed with {reason}")
     return spec
 
@@ -366,3 +372,41 @@ def segment_lm_specs(
             dynamic=dynamic,
         )
     ]
+
+
+# --- which graphs a network exports as ---------------------------------------------------------
+
+
+def text_specs(network: nn.Module) -> tuple[str, list[ExportSpec], dict[str, object]]:
+    """``(kind, specs, settings)`` of a text network: the :mod:`src.export.runtime` kind that
+    drives its graphs, the graphs, and the settings that runtime reads from the file's metadata.
+
+    Translation models are exported by :func:`src.export.translate_onnx.translation_specs`."""
+    _check_eval(network)
+    if isinstance(network, AWDLanguageModel):
+        return "awd_lm", awd_lm_specs(network), {}
+    if isinstance(network, (TransformerXL, GroupTransformer)):
+        return "segment_lm", segment_lm_specs(network), {"mem_len": network.mem_len}
+    if isinstance(network, DeLighTLanguageModel):
+        return "word_lm", delight_lm_specs(network), {}
+    if isinstance(network, _PooledClassifier):
+        return "classifier", classifier_specs(network), {"padding_idx": network.padding_idx}
+    raise TypeError(
+        f"{type(network).__name__} has no ONNX export; exported text networks: AWDLanguageModel, "
+        "TransformerXL, GroupTransformer, DeLighTLanguageModel, DeLighTClassifier, "
+        "TransformerClassifier, DeLighTEncoderDecoder"
+    )
+
+
+def is_text_network(network: nn.Module) -> bool:
+    """Whether :func:`text_specs` exports ``network``."""
+    return isinstance(
+        network,
+        (
+            AWDLanguageModel,
+            TransformerXL,
+            GroupTransformer,
+            DeLighTLanguageModel,
+            _PooledClassifier,
+        ),
+    )

@@ -20,6 +20,7 @@ from src.export.spec import ExportSpec
 from src.models.delight_block import DecoderBlockCache
 from src.models.delight_mt import DeLighTEncoderDecoder
 from src.ops.single_head_attention import KeyValueCache
+from src.utils.errors import UsageError
 from src.utils.extras import require
 
 
@@ -147,14 +148,14 @@ class OnnxDecoderState:
         )
 
 
-class OnnxTranslator:
+class OnnxTranslator(nn.Module):
     """The exported encoder and decoder step, run by onnxruntime, as the model
     :func:`src.decoding.beam_search.beam_search` and ``greedy_search`` take.
 
     Args:
         encoder / decoder_step: the ``.onnx`` files of :func:`translation_specs`' graphs.
-        cache_widths: d_o of each decoder block (:func:`cache_widths`).
-        padding_idx: the target padding id.
+        cache_widths: d_o of each decoder block (:func:`cache_widths`); None: read from the
+            step graph's cache inputs.
         threads: onnxruntime intra-op threads.
     """
 
@@ -162,10 +163,11 @@ class OnnxTranslator:
         self,
         encoder: str | Path,
         decoder_step: str | Path,
-        cache_widths: list[int],
+        cache_widths: list[int] | None = None,
         *,
         threads: int = 1,
     ) -> None:
+        super().__init__()
         require("onnxruntime", "export", "running exported translation graphs")
         import onnxruntime as ort
 
@@ -177,8 +179,29 @@ class OnnxTranslator:
         self.step = ort.InferenceSession(
             str(decoder_step), options, providers=["CPUExecutionProvider"]
         )
+        if cache_widths is None:  # keys_i are (P, B, d_o): d_o is static
+            keys = [i for i in self.step.get_inputs() if i.name.startswith("key_")]
+            cache_widths = [int(i.shape[2]) for i in sorted(keys, key=lambda i: int(i.name[4:]))]
         self.cache_widths = cache_widths
         self.dtype = torch.float32
+
+    @classmethod
+    def from_export(cls, path: str | Path, *, threads: int = 1) -> OnnxTranslator:
+        """The pair ``export.py`` wrote, from either file (``<out>.encoder.onnx``,
+        ``<out>.decoder_step.onnx``) or their common stem ``<out>``."""
+        stem = str(path)
+        for suffix in (".encoder.onnx", ".decoder_step.onnx", ".onnx"):
+            if stem.endswith(suffix):
+                stem = stem[: -len(suffix)]
+                break
+        encoder, step = Path(f"{stem}.encoder.onnx"), Path(f"{stem}.decoder_step.onnx")
+        missing = [str(p) for p in (encoder, step) if not p.is_file()]
+        if missing:
+            raise UsageError(
+                f"onnx={path}: missing {', '.join(missing)}; a translation export is the pair "
+                "<out>.encoder.onnx and <out>.decoder_step.onnx that export.py writes"
+            )
+        return cls(encoder, step, threads=threads)
 
     def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         (out,) = self.encoder.run(

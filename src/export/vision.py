@@ -73,11 +73,20 @@ def vision_spec(net: nn.Module, image: Tensor) -> ExportSpec:
     stride = output_stride(net, image)
     with torch.no_grad():
         out = net(image)
-    segmentation = out.dim() == 4
-    if segmentation:
-        # the EPP decoder's resizes bake index tables of the traced size into the graph (onnxruntime
-        # then fails at another size): a segmentation graph runs the size it was exported at
-        notes.append(f"image size fixed at {tuple(image.shape[2:])}; batch dynamic; logits per pixel")
+    if out.dim() == 4:
+        # the EPP decoder's resizes bake index tables of the traced size into the graph
+        # (onnxruntime then fails at another size): a segmentation graph runs its export size
+        notes.append(
+            f"image size fixed at {tuple(image.shape[2:])}; batch dynamic; logits per pixel"
+        )
+    elif min(image.shape[-2:]) < 2 * stride:
+        # a dynamic side is traced as steps * stride with steps >= 2 (some units refuse a 1x1
+        # last map): an image under two output strides is exported at its own size
+        notes.append(
+            f"image size fixed at {tuple(image.shape[2:])}, under two output strides "
+            f"({2 * stride}); batch dynamic"
+        )
+    if out.dim() == 4 or min(image.shape[-2:]) < 2 * stride:
         return ExportSpec(
             name="network",
             module=net,

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.ops.dispatch import exporting
 from src.ops.dropout import dropout
 
 REDUCTIONS = ("sum", "mean", "none")
@@ -139,6 +140,15 @@ class AdaptiveInputSoftmax(nn.Module):
         """
         flat = tokens.reshape(-1)  # (N,)
         band = self.band_of(flat)
+        if exporting():
+            # the rows of a band are a data-dependent count (nonzero), which torch.export cannot
+            # size under a dynamic batch: a graph embeds every token in every band and keeps its own
+            out = None
+            for i, (embedding, projection) in enumerate(zip(self.embeddings, self.projections)):
+                local = (flat - self.bounds[i]).clamp(0, embedding.num_embeddings - 1)
+                vectors = projection(embedding(local) * math.sqrt(embedding.embedding_dim))
+                out = vectors if out is None else torch.where((band == i)[:, None], vectors, out)
+            return out.reshape(*tokens.shape, self.output_dim)
         parts, order = [], []
         for i, (embedding, projection) in enumerate(zip(self.embeddings, self.projections)):
             index = torch.nonzero(band == i).squeeze(1)  # (n_i,)

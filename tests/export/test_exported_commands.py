@@ -1,0 +1,159 @@
+"""``export.py`` on every text system and a vision network, then ``generate.py``,
+``translate.py`` and ``predict.py`` with ``onnx=<the file>``: the same output as with the
+checkpoint, the config coming from the run record inside the file. Small untrained networks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from src.build import build_task
+from src.commands.export import export
+from src.commands.generate import generate
+from src.commands.predict import predict
+from src.commands.translate import translate
+from src.export.metadata import read_metadata
+from src.utils.errors import UsageError, WrongRunError
+from tests.conftest import compose_config
+from tests.tasks.test_translation_task import reversal_corpus
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+TOL = 1e-4
+SYSTEMS = {
+    "group_transformer": [
+        "experiment=char_lm/demo", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+        "model.d_inner=64", "model.mem_len=16", "data.tgt_len=16",
+    ],
+    "pru": ["experiment=pru_lm/demo", "model.embedding_dim=16", "model.hidden_size=32"],
+    "delight_lm": [
+        "experiment=delight_lm/demo", "data.tokens_per_sample=16", "data.eval_context_window=8",
+    ],
+    "delight_classifier": ["experiment=delight_sentiment/delight", "model.d_model=32"],
+}  # fmt: skip
+
+
+def checkpoint_of(overrides: list[str], tmp: Path) -> Path:
+    """A checkpoint of the untrained network ``overrides`` compose (no run record: the command
+    line's config is the one used, and recorded in the export)."""
+    torch.manual_seed(0)
+    _, task = build_task(compose_config("train", overrides, tmp / "train"))
+    path = tmp / "model.ckpt"
+    torch.save({"state_dict": task.state_dict()}, path)
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(SYSTEMS))
+def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One system's checkpoint, its export and the card."""
+    tmp = tmp_path_factory.mktemp(request.param)
+    overrides = [*SYSTEMS[request.param], f"data.root={tmp / 'data'}"]
+    ckpt = checkpoint_of(overrides, tmp)
+    card = export(
+        compose_config(
+            "export", [*overrides, f"ckpt_path={ckpt}", f"out={tmp / 'net'}"], tmp / "export"
+        )
+    )
+    return {"name": request.param, "overrides": overrides, "ckpt": ckpt, "card": card, "tmp": tmp}
+
+
+def test_export_card_and_parity(exported: dict) -> None:
+    card = exported["card"]
+    (graph,) = card["graphs"]
+    path = Path(graph["file"])
+    assert path.suffix == ".onnx" and path.is_file()
+    assert json.loads(path.with_suffix(".json").read_text())["graphs"][0]["file"] == str(path)
+    assert "exporter: dynamo (torch.export)" in graph["notes"]
+    assert card["parity"]["checks"]
+    for check in card["parity"]["checks"]:
+        assert check["max_abs"] <= TOL, check
+    metadata = read_metadata(path)
+    assert metadata["record"]["config"]["model"]["_target_"] == card["model"]["target"]
+    assert card["params"] > 0
+
+
+def generated(overrides: list[str], tmp: Path, capsys: pytest.CaptureFixture, *extra: str) -> str:
+    capsys.readouterr()
+    generate(compose_config("generate", [*overrides, *extra], tmp / "generate"))
+    return capsys.readouterr().out
+
+
+def test_generate_from_the_exported_file(exported: dict, capsys) -> None:
+    if exported["name"] == "delight_classifier":
+        with pytest.raises(WrongRunError, match="holds a classifier graph"):
+            generated([f"onnx={exported['tmp'] / 'net.onnx'}", "prompt=x"], exported["tmp"], capsys)
+        return
+    data = [o for o in exported["overrides"] if o.startswith("data.root=")]
+    # only the file and the data root (where the vocabulary is cached): the rest is in the file
+    from_file = [f"onnx={exported['tmp'] / 'net.onnx'}", *data]
+    from_ckpt = [*exported["overrides"], f"ckpt_path={exported['ckpt']}"]
+    greedy = ["prompt='The default value of the'", "top_k=1"]
+    greedy.append("max_new_chars=24" if exported["name"] == "group_transformer" else "max_new_words=8")
+    eager = generated(from_ckpt, exported["tmp"], capsys, *greedy)
+    assert generated(from_file, exported["tmp"], capsys, *greedy) == eager
+    if exported["name"] == "group_transformer":  # word completion ranks the same words
+        words = ["prompt='The default val'", "mode=words", "num_words=4", "max_word_len=5"]
+        rows = [
+            generated(o, exported["tmp"], capsys, *words).splitlines()[1:] for o in (from_ckpt, from_file)
+        ]
+        assert [r.split()[1] for r in rows[0]] == [r.split()[1] for r in rows[1]]
+        scores = np.array([[float(r.split()[2]) for r in found] for found in rows])
+        assert np.abs(scores[0] - scores[1]).max() <= 1e-3
+
+
+@pytest.fixture(scope="module")
+def translation(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("translation")
+    corpus = reversal_corpus(tmp / "corpus", n_train=200)
+    overrides = [
+        "data=iwslt14_de_en", f"data.root={corpus}", "data.source_lang=xx", "data.target_lang=yy",
+        "data.src_vocab_size=null", "data.tgt_vocab_size=null", "model.d_model=32", "model.n_min=2",
+        "model.n_max=3", "task.max_len_a=0", "task.max_len_b=6",
+    ]  # fmt: skip
+    ckpt = checkpoint_of(overrides, tmp)
+    card = export(
+        compose_config(
+            "export", [*overrides, f"ckpt_path={ckpt}", f"out={tmp / 'mt'}"], tmp / "export"
+        )
+    )
+    return {"overrides": overrides, "ckpt": ckpt, "card": card, "tmp": tmp}
+
+
+def test_translate_from_the_exported_pair(translation: dict) -> None:
+    card, tmp = translation["card"], translation["tmp"]
+    assert [g["name"] for g in card["graphs"]] == ["encoder", "decoder_step"]
+    assert [c["identical"] for c in card["parity"]["checks"]] == [True, True]
+    sources = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]
+    with_ckpt = [*translation["overrides"], f"ckpt_path={translation['ckpt']}", "batch_size=2"]
+    eager = translate(compose_config("translate", with_ckpt, tmp / "translate"), sources)
+    for name in ("mt.encoder.onnx", "mt.decoder_step.onnx", "mt"):  # either file, or the stem
+        cfg = compose_config("translate", [f"onnx={tmp / name}", "batch_size=2"], tmp / "translate")
+        assert translate(cfg, sources) == eager
+
+
+def test_predict_from_the_exported_file(tmp_path: Path) -> None:
+    overrides = ["model=espnetv2", "model.scale=0.5"]
+    ckpt = checkpoint_of(overrides, tmp_path)
+    export(
+        compose_config(
+            "export", [*overrides, f"ckpt_path={ckpt}", f"out={tmp_path / 'espnet'}"], tmp_path
+        )
+    )
+    image = tmp_path / "digit.png"
+    Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)).save(image)
+    common = [f"image={image}", "top_k=3"]
+    eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
+    got = predict(compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", *common], tmp_path))
+    assert [name for name, _ in got["top_k"]] == [name for name, _ in eager["top_k"]]
+    assert np.allclose([p for _, p in got["top_k"]], [p for _, p in eager["top_k"]], atol=1e-5)
+    # a text graph is refused by predict.py; ckpt_path and onnx together are refused
+    with pytest.raises(UsageError, match="not both"):
+        predict(compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", f"ckpt_path={ckpt}", *common], tmp_path))
+    with pytest.raises(UsageError, match="no such file"):
+        predict(compose_config("predict", [f"onnx={tmp_path / 'none.onnx'}", *common], tmp_path))
