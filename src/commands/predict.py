@@ -321,7 +321,9 @@ def predict(cfg: DictConfig) -> dict:
     L.seed_everything(cfg.seed)
     datamodule, task = build_from_checkpoint(cfg)
     if cfg.get("onnx") is not None:
-        task.net = exported_network(cfg.onnx)
+        eager, task.net = task.net, exported_network(cfg.onnx)
+        if hasattr(eager, "priors"):  # SSD's priors follow from its config; the graph ends before them
+            task.net.priors = eager.priors
         if cfg.size is None and task.net.image_size is not None:
             with open_dict(cfg):  # a graph of fixed image size takes that size only
                 cfg.size = list(reversed(task.net.image_size))
