@@ -29,6 +29,7 @@ from src.build import build_from_checkpoint, complexity_of, hydra_choices
 from src.export.metadata import attach_metadata
 from src.export.text import is_text_network
 from src.models.delight_mt import DeLighTEncoderDecoder
+from src.models.ssd import SSD
 from src.utils.errors import UsageError
 from src.utils.extras import require
 from src.utils.run_record import make_record, read_checkpoint, record_of
@@ -38,6 +39,8 @@ log = logging.getLogger("export")  # the command's name in its log lines
 FORMATS = ("onnx", "executorch")
 QUANTIZATIONS = (None, "int8")
 EXPORT_BATCH = 2  # images in the traced example; the batch is dynamic
+# the detection task's post-processing settings that nms=true bakes into the graph
+NMS_SETTINGS = ("score_threshold", "nms_threshold", "max_per_class", "pre_nms_top_k")
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -101,6 +104,7 @@ def task_metric(
 def export(cfg: DictConfig) -> dict:
     """Export the configured network (module docstring); returns the card."""
     from src.export.card import write_card
+    from src.export.detection import detection_parity, ssd_nms_spec
     from src.export.onnx import (
         DEFAULT_OPSET,
         EXPORTER,
@@ -108,6 +112,7 @@ def export(cfg: DictConfig) -> dict:
         graph_inputs,
         op_counts,
         parity,
+        run_session,
         session,
     )
     from src.export.vision import other_sizes, vision_spec
@@ -133,19 +138,33 @@ def export(cfg: DictConfig) -> dict:
             )
         return text_card(cfg, task, datamodule, net, out, start)
     first = images_of(first_val_batch(datamodule))
-    spec = vision_spec(net, first[:EXPORT_BATCH])
+    if cfg.get("nms"):
+        if not isinstance(net, SSD) or cfg.format != "onnx" or cfg.quantize is not None:
+            raise UsageError("nms=true puts SSD's post-processing into a float32 ONNX graph: "
+                             "an SSD model, format=onnx, quantize=null")  # fmt: skip
+        settings = {key: getattr(task, key) for key in NMS_SETTINGS}
+        spec = ssd_nms_spec(net, first, settings)
+    else:
+        spec = vision_spec(net, first[:EXPORT_BATCH])
     if cfg.format == "executorch":
         return executorch_card(cfg, task, datamodule, net, first, out, start)
     onnx_path = export_onnx(spec, out.with_suffix(".onnx"), opset=cfg.opset or DEFAULT_OPSET)
     attach_metadata(onnx_path, {"kind": "vision", "graph": spec.name, "record": record_of_run(cfg)})
     log.info("wrote %s", onnx_path)
     runner = session(onnx_path)
-    checks = [parity(runner, spec, (first,))]
+    if cfg.get("nms"):
+        checks = [
+            detection_parity(
+                lambda image: run_session(runner, spec.input_names, (image,)), spec.module, first
+            )
+        ]
+    else:
+        checks = [parity(runner, spec, (first,))]
     for height, width in other_sizes(spec):
         resized = F.interpolate(first, size=(height, width), mode="bilinear", align_corners=False)
         checks.append(parity(runner, spec, (resized,)))
     for check in checks:
-        log.info("parity at %s: max abs %.3g, max rel %.3g", *check.values())
+        log.info("parity: %s", check)
     complexity = complexity_of(task, datamodule)
     card: dict[str, Any] = {
         "model": {

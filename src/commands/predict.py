@@ -322,8 +322,8 @@ def predict(cfg: DictConfig) -> dict:
     datamodule, task = build_from_checkpoint(cfg)
     if cfg.get("onnx") is not None:
         eager, task.net = task.net, exported_network(cfg.onnx)
-        if hasattr(eager, "priors"):  # SSD's priors follow from its config; the graph ends before them
-            task.net.priors = eager.priors
+        if hasattr(eager, "priors"):  # SSD's priors and classes follow from its config
+            task.net.priors, task.net.num_classes = eager.priors, eager.num_classes
         if cfg.size is None and task.net.image_size is not None:
             with open_dict(cfg):  # a graph of fixed image size takes that size only
                 cfg.size = list(reversed(task.net.image_size))
@@ -336,6 +336,12 @@ def predict(cfg: DictConfig) -> dict:
     with torch.no_grad():
         logits = task.net(x)
 
+    if isinstance(logits, tuple) and len(logits) == 3:  # an exported SSD with NMS in its graph
+        # NMS keeps the same boxes above a higher threshold as it keeps above the graph's
+        boxes, scores, labels = logits
+        chosen = scores > cfg.score_threshold
+        found = {"boxes": boxes[chosen], "scores": scores[chosen], "labels": labels[chosen]}
+        num_classes = task.net.num_classes
     if isinstance(logits, tuple) and len(logits) == 2:  # SSD: (1, P, 4) offsets, (1, P, C)
         locations, scores = logits
         # the task's NMS settings; only the drawing threshold is predict.py's own
@@ -344,6 +350,7 @@ def predict(cfg: DictConfig) -> dict:
             task.max_per_class, task.pre_nms_top_k,
         )[0]  # fmt: skip
         num_classes = scores.shape[-1]
+    if isinstance(logits, tuple):
         names = getattr(datamodule, "class_names", tuple(f"class {i}" for i in range(num_classes)))
         default = Path(cfg.paths.output_dir) / f"{image_path.stem}_detections.png"
         output = Path(cfg.output) if cfg.output is not None else default

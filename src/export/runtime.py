@@ -72,8 +72,9 @@ class OnnxGraph:
 
 
 class OnnxVisionNetwork(nn.Module):
-    """An exported vision network: images -> logits (B, K) or (B, K, H, W), or SSD's encoded
-    offsets and class logits ((B, P, 4), (B, P, K)).
+    """An exported vision network: images -> logits (B, K) or (B, K, H, W), SSD's encoded
+    offsets and class logits ((B, P, 4), (B, P, K)), or with NMS in the graph one image's
+    boxes (N, 4), scores (N,) and labels (N,).
 
     ``image_size`` is the (H, W) a graph of fixed image size takes (None when dynamic)."""
 
@@ -84,14 +85,14 @@ class OnnxVisionNetwork(nn.Module):
         fixed = isinstance(height, int) and isinstance(width, int)
         self.image_size: tuple[int, int] | None = (height, width) if fixed else None
 
-    def forward(self, images: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, images: Tensor) -> Tensor | tuple[Tensor, ...]:
         if self.image_size is not None and tuple(images.shape[2:]) != self.image_size:
             raise UsageError(
                 f"{self.graph.path.name} takes images of {self.image_size[0]}x{self.image_size[1]} "
                 f"(H x W, fixed when it was exported), got {images.shape[2]}x{images.shape[3]}"
             )
         outputs = self.graph(images.float())
-        return outputs[0] if len(outputs) == 1 else (outputs[0], outputs[1])
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 class OnnxSegmentLM(nn.Module):

@@ -157,3 +157,25 @@ def test_predict_from_the_exported_file(tmp_path: Path) -> None:
         predict(compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", f"ckpt_path={ckpt}", *common], tmp_path))
     with pytest.raises(UsageError, match="no such file"):
         predict(compose_config("predict", [f"onnx={tmp_path / 'none.onnx'}", *common], tmp_path))
+
+
+def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
+    """``nms=true``: decoding and NMS in the graph give ``predict.py`` the checkpoint's detections."""
+    overrides = [
+        "experiment=detection/ssd_demo", f"data.root={tmp_path / 'coins'}", "data.num_train=8",
+        "data.num_test=4",
+    ]  # fmt: skip
+    ckpt = checkpoint_of(overrides, tmp_path)
+    stem = tmp_path / "ssd"
+    card = export(compose_config("export", [*overrides, f"ckpt_path={ckpt}", f"out={stem}", "nms=true"], tmp_path))
+    (check,) = card["parity"]["checks"]
+    assert check["same_detections"] and check["max_abs"] <= TOL, check
+    assert card["operators"]["NonMaxSuppression"] == 1
+    image = tmp_path / "photo.png"
+    Image.fromarray((np.random.default_rng(1).random((120, 160, 3)) * 255).astype(np.uint8)).save(image)
+    common = [f"image={image}", "score_threshold=0.3"]
+    eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
+    got = predict(compose_config("predict", [f"onnx={stem}.onnx", *common], tmp_path))
+    assert len(eager["detections"]) > 0
+    by_score = lambda found: sorted(found, key=lambda d: (-d[1], d[2]))
+    assert by_score(got["detections"]) == by_score(eager["detections"])
