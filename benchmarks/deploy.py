@@ -1,16 +1,22 @@
 """Batch-1 latency of the deployed networks: eager PyTorch against onnxruntime fp32 and int8.
 
-DiCENet and ESPNetv2 (s = 1.0; ``dicenet_prelu_node``: DiCENet with ONNX's own ``PRelu`` node
-instead of this project's Max/Min form) and torchvision's ShuffleNetV2 x1.0 and MobileNetV2 classify one
-224x224 image; the ESPNetv2 and DiCENet segmentation networks label one 512x256 (W x H) image. Each
+DiCENet and ESPNetv2 (s = 1.0) and torchvision's ShuffleNetV2 x1.0 and MobileNetV2 classify one
+224x224 image (variants: ``_plain`` without the rewrites of :mod:`src.export.rewrites`, as exported
+before them; ``dicenet_prelu_node`` also with ONNX's own ``PRelu`` node instead of the Max/Min
+form); the ESPNetv2 and DiCENet segmentation networks label one 512x256 (W x H) image. Each
 network is exported the same way (``torch.onnx.export``, dynamo exporter, opset 18, static
-batch-1 shapes, eval mode) and run by onnxruntime on the CPU with ``--threads`` intra-op threads;
-int8 is onnxruntime's static QDQ quantisation (per-channel weights) calibrated on
-``--calibration`` random images: enough to time it, not to judge its accuracy (export.py
+batch-1 shapes, eval mode, the rewrites of :mod:`src.export.rewrites` as ``export.py`` applies
+them) and run by onnxruntime on the CPU with ``--threads`` intra-op threads (``ORT_ENABLE_ALL``;
+the ``ext`` column: ``ORT_ENABLE_EXTENDED``, without the NCHWc layout); int8 is onnxruntime's
+static QDQ quantisation (per-channel weights) of the dense products
+(:func:`src.export.quantize.dense_nodes`, as ``export.py`` does; the ``int8 all`` column: of every
+operator, as before) calibrated on ``--calibration`` random images: enough to time it, not to judge its accuracy (export.py
 calibrates on the training split and measures the metric). Eager PyTorch runs our CPU inference
 path (fused kernels and folded BatchNorm where built). All measurements are interleaved round-robin
 so that machine drift affects all alike; each is the median of ``--repeats`` runs after
-``--warmup``. Prints a table with the ratios the deployment targets name, then one JSON object.
+``--warmup`` (and the minimum, less disturbed by other jobs on shared cores). Prints a table with
+the ratios the deployment targets name (DiCENet's fp32 latency over ShuffleNetV2's, each int8
+speed-up over its fp32), then one JSON object.
 
     python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy]
 """
@@ -32,6 +38,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from src.export.onnx import custom_translations
+from src.export.quantize import dense_nodes
+from src.export.rewrites import prelu_as_max
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
@@ -47,8 +55,10 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     """(name, network in eval mode, input shape) of every measured network."""
     nets = [
         ("dicenet", DiCENet(scale=1.0), CLASSIFICATION),
+        ("dicenet_plain", DiCENet(scale=1.0), CLASSIFICATION),
         ("dicenet_prelu_node", DiCENet(scale=1.0), CLASSIFICATION),
         ("espnetv2", ESPNetv2(scale=1.0), CLASSIFICATION),
+        ("espnetv2_plain", ESPNetv2(scale=1.0), CLASSIFICATION),
         *(
             (name, torchvision.models.get_model(name), CLASSIFICATION)
             for name in (BASELINE, "mobilenet_v2")
@@ -59,9 +69,14 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
     return [(name, net.eval(), shape) for name, net, shape in nets]
 
 
-def export(net: nn.Module, x: torch.Tensor, path: Path, project_prelu: bool = True) -> Path:
+def export(
+    net: nn.Module, x: torch.Tensor, path: Path, project_prelu: bool = True, rewrite: bool = True
+) -> Path:
     """``net`` at ``x``'s shape as ONNX; ``project_prelu``: PReLU as Max/Min/Mul/Add
-    (:func:`src.export.onnx.prelu_as_min_max`) instead of onnxruntime's slow ``PRelu`` node."""
+    (:func:`src.export.onnx.prelu_as_min_max`) instead of onnxruntime's slow ``PRelu`` node;
+    ``rewrite``: with the rewrites of :mod:`src.export.rewrites`."""
+    import onnx
+
     with torch.no_grad():
         program = torch.onnx.export(
             net,
@@ -72,10 +87,18 @@ def export(net: nn.Module, x: torch.Tensor, path: Path, project_prelu: bool = Tr
             custom_translation_table=custom_translations() if project_prelu else None,
         )
     program.save(str(path))
+    if rewrite:
+        model = onnx.load(str(path))
+        prelu_as_max(model)
+        onnx.save(model, str(path))
     return path
 
 
-def quantize(fp32: Path, shape: tuple[int, ...], count: int, path: Path) -> Path:
+def quantize(
+    fp32: Path, shape: tuple[int, ...], count: int, path: Path, every_op: bool = False
+) -> Path:
+    """The int8 QDQ file of ``fp32``: its dense products, or ``every_op`` the quantizer takes."""
+    import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -104,17 +127,22 @@ def quantize(fp32: Path, shape: tuple[int, ...], count: int, path: Path) -> Path
         per_channel=True,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
+        nodes_to_quantize=None if every_op else dense_nodes(onnx.load(str(prepared))),
     )
     return path
 
 
-def session(path: Path, threads: int):
+def session(path: Path, threads: int, extended: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        if extended
+        else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -173,10 +201,16 @@ def main(argv: list[str] | None = None) -> dict:
         if args.only and name not in args.only:
             continue
         x = torch.randn(shape)
+        plain = name.endswith(("_plain", "_prelu_node"))
         fp32 = export(
-            net, x, folder / f"{name}.onnx", project_prelu=not name.endswith("_prelu_node")
+            net,
+            x,
+            folder / f"{name}.onnx",
+            project_prelu=not name.endswith("_prelu_node"),
+            rewrite=not plain,
         )
         int8 = quantize(fp32, shape, args.calibration, folder / f"{name}.int8.onnx")
+        classifier = list(shape) == list(CLASSIFICATION)
         with torch.no_grad():
             reference = net(x)
             reference = reference[0] if isinstance(reference, (tuple, list)) else reference
@@ -185,6 +219,12 @@ def main(argv: list[str] | None = None) -> dict:
             "onnxruntime_fp32": session(fp32, args.threads),
             "onnxruntime_int8": session(int8, args.threads),
         }
+        if classifier:  # the variants: without the NCHWc layout, int8 of every operator
+            runs["onnxruntime_fp32_extended"] = session(fp32, args.threads, extended=True)
+            every_op = folder / f"{name}.int8_every_op.onnx"
+            runs["onnxruntime_int8_every_op"] = session(
+                quantize(fp32, shape, args.calibration, every_op, every_op=True), args.threads
+            )
         exported = runs["onnxruntime_fp32"].run(None, feeds)[0]
         info[name] = {
             "input": list(shape),
@@ -211,30 +251,56 @@ def main(argv: list[str] | None = None) -> dict:
                 run()
                 times[key].append(1e3 * (time.perf_counter() - start))
     ms = {key: statistics.median(values) for key, values in times.items()}
+    least = {key: min(values) for key, values in times.items()}
 
     rows = []
     for name, facts in info.items():
         row = {"model": name, **facts}
-        for runtime in ("eager", "onnxruntime_fp32", "onnxruntime_int8"):
-            row[f"{runtime}_ms"] = round(ms[(name, runtime)], 3)
+        for (model, runtime), value in ms.items():
+            if model == name:
+                row[f"{runtime}_ms"] = round(value, 3)
+                row[f"{runtime}_min_ms"] = round(least[(model, runtime)], 3)
         row["int8_speedup"] = round(row["onnxruntime_fp32_ms"] / row["onnxruntime_int8_ms"], 2)
+        if "onnxruntime_int8_every_op_ms" in row:
+            row["int8_every_op_speedup"] = round(
+                row["onnxruntime_fp32_ms"] / row["onnxruntime_int8_every_op_ms"], 2
+            )
+            row["extended_over_all"] = round(
+                row["onnxruntime_fp32_extended_ms"] / row["onnxruntime_fp32_ms"], 2
+            )
         if (BASELINE, "onnxruntime_fp32") in ms and facts["input"] == list(CLASSIFICATION):
             for runtime in ("onnxruntime_fp32", "onnxruntime_int8"):
                 row[f"{runtime}_vs_{BASELINE}"] = round(
                     ms[(name, runtime)] / ms[(BASELINE, runtime)], 2
                 )
+            row[f"onnxruntime_fp32_min_vs_{BASELINE}"] = round(
+                least[(name, "onnxruntime_fp32")] / least[(BASELINE, "onnxruntime_fp32")], 2
+            )
         rows.append(row)
 
-    header = f"{'model':<20}{'input':>16}{'MMACs':>9}{'eager ms':>10}{'ort fp32':>10}{'ort int8':>10}{'int8 x':>8}"
-    header += f"{'fp32 / SNv2':>13}{'max |err|':>11}"
+    def cell(row: dict, key: str, width: int, digits: int = 2) -> str:
+        return f"{'' if key not in row else f'{row[key]:.{digits}f}':>{width}}"
+
+    header = (
+        f"{'model':<20}{'input':>12}{'MMACs':>8}{'eager ms':>10}{'ort fp32':>10}{'fp32 min':>10}"
+    )
+    header += f"{'ext':>8}{'ort int8':>10}{'int8 x':>8}{'int8 all':>10}{'all x':>7}"
+    header += f"{'fp32 / SNv2':>13}{'min / SNv2':>12}{'max |err|':>11}"
     print(header)
     for row in rows:
-        ratio = row.get(f"onnxruntime_fp32_vs_{BASELINE}")
         print(
-            f"{row['model']:<20}{'x'.join(map(str, row['input'][1:])):>16}{row['macs'] / 1e6:>9.1f}"
-            f"{row['eager_ms']:>10.2f}{row['onnxruntime_fp32_ms']:>10.2f}{row['onnxruntime_int8_ms']:>10.2f}"
-            f"{row['int8_speedup']:>8.2f}{'' if ratio is None else f'{ratio:.2f}':>13}"
-            f"{row['fp32_max_abs_error']:>11.1e}"
+            f"{row['model']:<20}{'x'.join(map(str, row['input'][1:])):>12}{row['macs'] / 1e6:>8.1f}"
+            + cell(row, "eager_ms", 10)
+            + cell(row, "onnxruntime_fp32_ms", 10)
+            + cell(row, "onnxruntime_fp32_min_ms", 10)
+            + cell(row, "onnxruntime_fp32_extended_ms", 8)
+            + cell(row, "onnxruntime_int8_ms", 10)
+            + cell(row, "int8_speedup", 8)
+            + cell(row, "onnxruntime_int8_every_op_ms", 10)
+            + cell(row, "int8_every_op_speedup", 7)
+            + cell(row, f"onnxruntime_fp32_vs_{BASELINE}", 13)
+            + cell(row, f"onnxruntime_fp32_min_vs_{BASELINE}", 12)
+            + f"{row['fp32_max_abs_error']:>11.1e}"
         )
     result = {
         "threads": args.threads,

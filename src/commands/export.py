@@ -284,7 +284,10 @@ def quantized(
     log.info("validation %s: %s", kind, metrics)
     return {
         "file": str(int8_path),
-        "method": "onnxruntime quantize_static, QDQ, weights int8 per channel, activations uint8",
+        "method": (
+            "onnxruntime quantize_static, QDQ, weights int8 per channel, activations uint8; the "
+            "dense products only (convolutions of one group, matrix products with a constant weight)"
+        ),
         "calibration": f"{cfg.calibration_batches} batches of the training split (min/max)",
         "split": "val",
         "metric": metrics,

@@ -1,0 +1,85 @@
+"""Rewrites of exported ONNX graphs that onnxruntime runs faster, the same map.
+
+:func:`src.export.onnx.export_onnx` applies them to the file it writes; no op of :mod:`src.ops`
+changes.
+
+- **PReLU with every slope in [0, 1]** (:func:`prelu_as_max`): ``Max(x, slope * x)``, two
+  element-wise nodes instead of the four of :func:`src.export.onnx.prelu_as_min_max`; for such
+  slopes it is the same map, bit for bit. The slopes are the graph's initializers, so a PReLU
+  with any slope outside [0, 1] keeps the four-node form. In DiCENet s=1.0 (71 PReLUs) it took
+  onnxruntime's element-wise share from about 25% to 15% of the run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def _initializer_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:  # Constant nodes too
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def prelu_as_max(model: onnx.ModelProto) -> int:
+    """Rewrite, in place, each ``Max(x, 0) + slope * Min(x, 0)`` of the main graph (the PReLU of
+    :func:`src.export.onnx.prelu_as_min_max`) whose constant slopes are all in [0, 1] as
+    ``Max(x, slope * x)``: two element-wise nodes instead of four, the same map bit for bit there
+    (x >= 0: slope * x <= x; x < 0: slope * x >= x). Returns how many were rewritten.
+    """
+    graph = model.graph
+    values = _initializer_values(model)
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    for out in graph.output:
+        consumers[out.name] = consumers.get(out.name, 0) + 1
+
+    def is_zero(name: str) -> bool:
+        value = values.get(name)
+        return value is not None and value.size == 1 and float(value.reshape(())) == 0.0
+
+    drop, replace = set(), {}
+    for add in graph.node:
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        parents = [producer.get(name) for name in add.input]
+        if any(p is None for p in parents):
+            continue
+        maximum = next((p for p in parents if p.op_type == "Max"), None)
+        mul = next((p for p in parents if p.op_type == "Mul"), None)
+        if maximum is None or mul is None or len(maximum.input) != 2:
+            continue
+        x = next((n for n in maximum.input if not is_zero(n)), None)
+        if x is None or not any(is_zero(n) for n in maximum.input):
+            continue
+        minimum = next((producer.get(n) for n in mul.input if n in producer
+                        and producer[n].op_type == "Min"), None)  # fmt: skip
+        if minimum is None or sorted(minimum.input) != sorted(maximum.input):
+            continue
+        slope = next((n for n in mul.input if n != minimum.output[0]), None)
+        slope_value = values.get(slope)
+        if slope_value is None or not ((slope_value >= 0) & (slope_value <= 1)).all():
+            continue
+        if any(consumers.get(node.output[0], 0) != 1 for node in (maximum, minimum, mul)):
+            continue
+        scaled = f"{add.output[0]}_slope_x"
+        replace[id(add)] = [
+            helper.make_node("Mul", [slope, x], [scaled], name=f"{add.name}_slope_x"),
+            helper.make_node("Max", [x, scaled], list(add.output), name=f"{add.name}_max"),
+        ]
+        drop.update(id(node) for node in (maximum, minimum, mul))
+    nodes = []
+    for node in graph.node:
+        if id(node) in drop:
+            continue
+        nodes.extend(replace.get(id(node), [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replace)
