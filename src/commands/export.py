@@ -324,9 +324,9 @@ def text_card(
     the decoder step), each ``<out>.<graph>.onnx`` for translation and ``<out>.onnx`` otherwise,
     checked through their runtimes against eager PyTorch on a validation batch; the card."""
     from src.export.card import write_card
-    from src.export.onnx import graph_inputs, op_counts
+    from src.export.onnx import DEFAULT_OPSET, EXPORTER, export_onnx, graph_inputs, op_counts
     from src.export.runtime import RUNTIMES
-    from src.export.text import export_onnx, text_specs
+    from src.export.text import text_specs
     from src.export.text_checks import (
         awd_lm_checks,
         classifier_checks,
@@ -346,7 +346,7 @@ def text_card(
     for spec in specs:
         path = out.with_suffix(f".{spec.name}.onnx" if len(specs) > 1 else ".onnx")
         path.parent.mkdir(parents=True, exist_ok=True)
-        export_onnx(spec, path)
+        export_onnx(spec, path, opset=cfg.opset or DEFAULT_OPSET)
         metadata = {"kind": kind, "graph": spec.name, **settings, "record": record}
         attach_metadata(path, metadata)
         log.info("wrote %s", path)
@@ -378,6 +378,8 @@ def text_card(
         **complexity_of(task, datamodule).as_dict(),
         "checkpoint": None if cfg.ckpt_path is None else str(cfg.ckpt_path),
         "format": "onnx",
+        "exporter": EXPORTER,
+        "opset": cfg.opset or DEFAULT_OPSET,
         "runtime": f"src.export.runtime ({kind})" if kind != "translation" else "OnnxTranslator",
         "graphs": [
             {

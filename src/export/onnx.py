@@ -14,6 +14,7 @@ used.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,9 +32,10 @@ DEFAULT_OPSET = 18
 MIN_STEPS = 2  # an image side of one output stride leaves 1x1 maps, which some units refuse
 
 
-def dynamic_shapes(spec: ExportSpec) -> tuple[dict[int, Any] | None, ...]:
-    """``torch.export`` dimensions of ``spec.inputs``, in their order: one ``Dim`` per dimension
-    name (inputs that share a name share it), ``step * Dim`` where ``spec.steps`` has the name."""
+def dynamic_shapes(spec: ExportSpec) -> tuple[Any, ...]:
+    """``torch.export`` dimensions of ``spec.inputs``: one ``Dim`` per dimension name (inputs that
+    share a name share it), ``step * Dim`` where ``spec.steps`` has the name; grouped as the
+    module's ``forward`` takes its inputs (a ``*state`` parameter takes the rest as one tuple)."""
     dims: dict[str, Any] = {}
     for axes in spec.dynamic.values():
         for name in axes.values():
@@ -45,12 +47,21 @@ def dynamic_shapes(spec: ExportSpec) -> tuple[dict[int, Any] | None, ...]:
                 if step > 1
                 else torch.export.Dim(name, min=1)
             )
-    return tuple(
+    shapes = [
         {axis: dims[name] for axis, name in spec.dynamic[input_name].items()}
         if input_name in spec.dynamic
         else None
         for input_name in spec.input_names
-    )
+    ]
+    grouped: list[Any] = []
+    parameters = inspect.signature(spec.module.forward).parameters.values()
+    for i, parameter in enumerate(parameters):
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            grouped.append(tuple(shapes[i:]))
+            break
+        if i < len(shapes):
+            grouped.append(shapes[i])
+    return tuple(grouped)
 
 
 def prelu_as_min_max(x: Any, weight: Any) -> Any:
@@ -69,11 +80,53 @@ def prelu_as_min_max(x: Any, weight: Any) -> Any:
     return op.Add(op.Max(x, zero), op.Mul(weight, op.Min(x, zero)))
 
 
+def attention_any_rank(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> object:
+    """ONNX of ``aten.scaled_dot_product_attention`` for 3-D operands as well (DeLighT's single
+    head attention, (B, T, d)), which onnxscript's translation refuses: ``softmax(q k^T scale +
+    mask) v``, written out. Dropout is not exported (eval mode)."""
+    import numpy as np
+    from onnxscript import ir
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.ops.nn import aten_scaled_dot_product_attention
+
+    if len(query.shape) != 3:  # type: ignore[attr-defined]
+        return aten_scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+        )
+    if scale is None:
+        scale = 1.0 / float(query.shape[-1]) ** 0.5  # type: ignore[attr-defined]
+    scores = op.MatMul(query, op.Transpose(key, perm=[0, 2, 1]))  # (B, T, S)
+    scores = op.Mul(scores, op.CastLike(scale, query))
+    if is_causal:
+        ones = op.ConstantOfShape(
+            op.Concat(op.Shape(query, start=1, end=2), op.Shape(key, start=1, end=2), axis=0),
+            value=ir.tensor(np.ones(1, dtype=bool)),
+        )
+        attn_mask = op.Trilu(ones, upper=0)  # (T, S), True where a query may read a key
+    if attn_mask is not None:
+        if attn_mask.dtype == ir.DataType.BOOL:  # type: ignore[attr-defined]
+            minus_inf = op.CastLike(float("-inf"), query)
+            attn_mask = op.Where(attn_mask, op.CastLike(0.0, query), minus_inf)
+        scores = op.Add(scores, attn_mask)
+    return op.MatMul(op.Softmax(scores, axis=-1), value)  # (B, T, d)
+
+
 def custom_translations() -> dict:
-    """The ATen ops this project translates itself (:func:`prelu_as_min_max`)."""
+    """The ATen ops this project translates itself (:func:`prelu_as_min_max`,
+    :func:`attention_any_rank`)."""
     return {
         torch.ops.aten.prelu.default: prelu_as_min_max,
         torch.ops.aten._prelu_kernel.default: prelu_as_min_max,
+        torch.ops.aten.scaled_dot_product_attention.default: attention_any_rank,
     }
 
 

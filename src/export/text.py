@@ -8,26 +8,20 @@ and return the network's state as explicit tensors, so the caller carries it bet
   the new memories (the last ``mem_len`` positions).
 - DeLighT LM: tokens -> next-token log-probabilities.
 - DeLighT and Transformer classifiers: tokens and their padding mask -> class logits.
-- DeLighT and Transformer translation: two graphs, ``encoder`` (source tokens and padding mask ->
+- DeLighT translation: two graphs, ``encoder`` (source tokens and padding mask ->
   encoder output and mask) and ``decoder_step`` (previous tokens, encoder output, mask and the
   self-attention key/value caches -> logits and the grown caches), which
   :mod:`src.export.translate_onnx` runs for greedy and beam search.
 
-:func:`export_onnx` writes a spec with ``torch.onnx.export`` (the dynamo exporter, else the
-TorchScript one, the reason recorded in ``spec.notes``); :func:`run_onnx` runs it with
-onnxruntime. Networks must be in eval mode: dropout is not exported.
+:func:`src.export.onnx.export_onnx` writes each spec; :mod:`src.export.runtime` runs them.
+Networks must be in eval mode: dropout is not exported.
 """
 
 from __future__ import annotations
 
-import inspect
-import warnings
-from pathlib import Path
-
 import torch
 from torch import Tensor, nn
 
-from src.export.onnx import custom_translations
 from src.export.spec import ExportSpec
 from src.models.awd_lm import AWDLanguageModel
 from src.models.delight_lm import DeLighTLanguageModel
@@ -35,147 +29,12 @@ from src.models.group_transformer import GroupTransformer
 from src.models.text_classifier import _PooledClassifier, masked_mean_pool
 from src.models.transformer_xl import TransformerXL
 from src.ops.adaptive_io import AdaptiveInputSoftmax
-from src.ops.cpu import use_cpu_paths
 from src.ops.sinusoidal_positions import sinusoidal_positions
-from src.utils.extras import require
-
-OPSET = 18
 
 
 def _check_eval(network: nn.Module) -> None:
     if network.training:
         raise ValueError(f"{type(network).__name__} must be in eval mode to export (dropout)")
-
-
-def _dynamic_shapes(spec: ExportSpec) -> tuple[object, ...]:
-    """``spec.dynamic`` as the dynamo exporter's ``dynamic_shapes``: one ``Dim`` per name (so
-    dimensions that share a name must be equal), grouped as the module's ``forward`` takes its
-    inputs (a ``*state`` parameter takes the rest as one tuple)."""
-    dims: dict[str, torch.export.Dim] = {}
-    shapes: list[dict[int, torch.export.Dim] | None] = []
-    for name in spec.input_names:
-        axes = spec.dynamic.get(name)
-        shapes.append(
-            {i: dims.setdefault(d, torch.export.Dim(d)) for i, d in axes.items()} if axes else None
-        )
-    parameters = list(inspect.signature(spec.module.forward).parameters.values())
-    grouped: list[object] = []
-    for i, parameter in enumerate(parameters):
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            grouped.append(tuple(shapes[i:]))
-            break
-        if i < len(shapes):
-            grouped.append(shapes[i])
-    return tuple(grouped)
-
-
-def _attention_any_rank(
-    query: object,
-    key: object,
-    value: object,
-    attn_mask: object = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> object:
-    """ONNX of ``aten.scaled_dot_product_attention`` for 3-D operands as well (DeLighT's single
-    head attention, (B, T, d)), which onnxscript's translation refuses: ``softmax(q k^T scale +
-    mask) v``, written out. Dropout is not exported (eval mode)."""
-    import numpy as np
-    from onnxscript import ir
-    from onnxscript import opset18 as op
-    from onnxscript.function_libs.torch_lib.ops.nn import aten_scaled_dot_product_attention
-
-    if len(query.shape) != 3:  # type: ignore[attr-defined]
-        return aten_scaled_dot_product_attention(
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-        )
-    if scale is None:
-        scale = 1.0 / float(query.shape[-1]) ** 0.5  # type: ignore[attr-defined]
-    scores = op.MatMul(query, op.Transpose(key, perm=[0, 2, 1]))  # (B, T, S)
-    scores = op.Mul(scores, op.CastLike(scale, query))
-    if is_causal:
-        ones = op.ConstantOfShape(
-            op.Concat(op.Shape(query, start=1, end=2), op.Shape(key, start=1, end=2), axis=0),
-            value=ir.tensor(np.ones(1, dtype=bool)),
-        )
-        attn_mask = op.Trilu(ones, upper=0)  # (T, S), True where a query may read a key
-    if attn_mask is not None:
-        if attn_mask.dtype == ir.DataType.BOOL:  # type: ignore[attr-defined]
-            minus_inf = op.CastLike(float("-inf"), query)
-            attn_mask = op.Where(attn_mask, op.CastLike(0.0, query), minus_inf)
-        scores = op.Add(scores, attn_mask)
-    return op.MatMul(op.Softmax(scores, axis=-1), value)  # (B, T, d)
-
-
-def _reason(error: BaseException) -> str:
-    """The root cause of an exporter failure in one line."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
-
-
-def export_onnx(spec: ExportSpec, path: str | Path) -> ExportSpec:
-    """Write ``spec`` to ``path`` as ONNX (opset 18): the dynamo exporter, falling back to the
-    TorchScript exporter when it fails (the reason appended to ``spec.notes``). Returns ``spec``.
-
-    The graph is traced on ATen's paths (``LIGHTNETS_CPU_KERNELS=0``): the ops' C++ kernels are
-    opaque to ONNX, and their PyTorch references compute the same."""
-    require("onnxscript", "export", "The dynamo ONNX exporter")
-    path = Path(path)
-    spec.module.eval()
-    try:
-        with warnings.catch_warnings(), use_cpu_paths("0"):
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                spec.module,
-                spec.inputs,
-                dynamo=True,
-                input_names=spec.input_names,
-                output_names=spec.output_names,
-                dynamic_shapes=_dynamic_shapes(spec),
-                opset_version=OPSET,
-                custom_translation_table={
-                    **custom_translations(),
-                    torch.ops.aten.scaled_dot_product_attention.default: _attention_any_rank,
-                },
-                optimize=True,
-                verbose=False,
-            )
-        program.save(str(path))
-        spec.notes.append("exporter: dynamo (torch.export)")
-    except Exception as error:  # noqa: BLE001 - any failure of the dynamo exporter falls back
-        reason = _reason(error)
-        try:
-            with warnings.catch_warnings(), use_cpu_paths("0"):
-                warnings.simplefilter("ignore")
-                torch.onnx.export(
-                    spec.module,
-                    spec.inputs,
-                    str(path),
-                    dynamo=False,
-                    input_names=spec.input_names,
-                    output_names=spec.output_names,
-                    dynamic_axes={k: dict(v) for k, v in spec.dynamic.items()},
-                    opset_version=OPSET,
-                )
-        except Exception as fallback:
-            raise RuntimeError(
-                f"{type(spec.module).__name__} did not export to ONNX: the dynamo exporter failed "
-                f"with {reason}; the TorchScript exporter with {_reason(fallback)}"
-            ) from fallback
-        spec.notes.append(f"exporter: TorchScript; the dynamo exporter failed with {reason}")
-    return spec
-
-
-def run_onnx(session: object, spec: ExportSpec, inputs: tuple[Tensor, ...]) -> list[Tensor]:
-    """Run an onnxruntime ``InferenceSession`` of ``spec`` on ``inputs`` (in the spec's order);
-    returns its outputs as tensors, in ``spec.output_names``' order."""
-    feed = {name: t.detach().cpu().numpy() for name, t in zip(spec.input_names, inputs)}
-    outputs = session.run(spec.output_names, feed)  # type: ignore[attr-defined]
-    return [torch.from_numpy(o) for o in outputs]
 
 
 # --- AWD word language model -------------------------------------------------------------------

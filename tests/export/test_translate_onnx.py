@@ -13,7 +13,7 @@ from src.models.delight_mt import DeLighTEncoderDecoder
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from src.export.text import export_onnx
+from src.export.onnx import export_onnx
 from src.export.translate_onnx import OnnxTranslator, cache_widths, translation_specs
 
 VOCAB = 50
