@@ -18,7 +18,11 @@ so that machine drift affects all alike; each is the median of ``--repeats`` run
 the ratios the deployment targets name (DiCENet's fp32 latency over ShuffleNetV2's, each int8
 speed-up over its fp32), then one JSON object.
 
-    python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy]
+With ``--executorch`` (the ``[executorch]`` extra) the classifiers are also lowered to XNNPACK
+ExecuTorch programs, fp32 and int8 (PT2E with the XNNPACK quantizer, as ``export.py
+format=executorch`` does), and timed in the same round-robin through the Python runtime.
+
+    python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy] [--executorch]
 """
 
 from __future__ import annotations
@@ -173,6 +177,29 @@ def profile(path: Path, feeds: dict, threads: int, runs: int = 10, top: int = 6)
     ]
 
 
+def executorch_runs(
+    net: nn.Module, x: torch.Tensor, stem: Path, calibration: int, runs: dict
+) -> dict[str, float]:
+    """Lower ``net`` to XNNPACK ExecuTorch programs, fp32 and int8 (PT2E, XNNPACK quantizer,
+    calibrated on random images) as ``export.py format=executorch`` does; adds their loaded
+    programs to ``runs`` and returns their sizes and the fp32 program's error against eager."""
+    from src.export.executorch import export_executorch, load_program
+    from src.export.spec import ExportSpec
+
+    spec = ExportSpec("network", net, (x,), ["image"], ["logits"])
+    fp32 = export_executorch(spec, stem.with_suffix(".pte"))
+    images = [(torch.randn_like(x),) for _ in range(calibration)]
+    int8 = export_executorch(spec, stem.with_suffix(".int8.pte"), calibration=images)
+    runs["executorch_fp32"], runs["executorch_int8"] = load_program(fp32), load_program(int8)
+    with torch.no_grad():
+        error = (runs["executorch_fp32"]([x])[0] - net(x)).abs().max().item()
+    return {
+        "executorch_fp32_max_abs_error": error,
+        "pte_mb": round(fp32.stat().st_size / 2**20, 2),
+        "pte_int8_mb": round(int8.stat().st_size / 2**20, 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -187,6 +214,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--profile", action="store_true", help="add onnxruntime's per-op-type time shares"
+    )
+    parser.add_argument(
+        "--executorch",
+        action="store_true",
+        help="add ExecuTorch XNNPACK fp32 and int8 programs of the classifiers (minutes to lower)",
     )
     args = parser.parse_args(argv)
     require("onnxruntime", "export", "benchmarks/deploy.py")
@@ -236,9 +268,14 @@ def main(argv: list[str] | None = None) -> dict:
         if args.profile:
             info[name]["fp32_profile"] = profile(fp32, feeds, args.threads)
             info[name]["int8_profile"] = profile(int8, feeds, args.threads)
+        if args.executorch and classifier and not plain:
+            info[name].update(executorch_runs(net, x, folder / name, args.calibration, runs))
         runners[(name, "eager")] = lambda net=net, x=x: net(x)
         for runtime, sess in runs.items():
-            runners[(name, runtime)] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
+            if runtime.startswith("executorch"):  # a loaded program: inputs -> outputs
+                runners[(name, runtime)] = lambda run=sess, x=x: run([x])
+            else:
+                runners[(name, runtime)] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
 
     times: dict[tuple[str, str], list[float]] = {key: [] for key in runners}
     with torch.no_grad():
@@ -261,6 +298,10 @@ def main(argv: list[str] | None = None) -> dict:
                 row[f"{runtime}_ms"] = round(value, 3)
                 row[f"{runtime}_min_ms"] = round(least[(model, runtime)], 3)
         row["int8_speedup"] = round(row["onnxruntime_fp32_ms"] / row["onnxruntime_int8_ms"], 2)
+        if "executorch_int8_ms" in row:
+            row["executorch_int8_speedup"] = round(
+                row["executorch_fp32_ms"] / row["executorch_int8_ms"], 2
+            )
         if "onnxruntime_int8_every_op_ms" in row:
             row["int8_every_op_speedup"] = round(
                 row["onnxruntime_fp32_ms"] / row["onnxruntime_int8_every_op_ms"], 2
@@ -286,6 +327,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     header += f"{'ext':>8}{'ort int8':>10}{'int8 x':>8}{'int8 all':>10}{'all x':>7}"
     header += f"{'fp32 / SNv2':>13}{'min / SNv2':>12}{'max |err|':>11}"
+    header += f"{'et fp32':>9}{'et int8':>9}{'et x':>6}" if args.executorch else ""
     print(header)
     for row in rows:
         print(
@@ -301,6 +343,13 @@ def main(argv: list[str] | None = None) -> dict:
             + cell(row, f"onnxruntime_fp32_vs_{BASELINE}", 13)
             + cell(row, f"onnxruntime_fp32_min_vs_{BASELINE}", 12)
             + f"{row['fp32_max_abs_error']:>11.1e}"
+            + (
+                cell(row, "executorch_fp32_ms", 9)
+                + cell(row, "executorch_int8_ms", 9)
+                + cell(row, "executorch_int8_speedup", 6)
+                if args.executorch
+                else ""
+            )
         )
     result = {
         "threads": args.threads,

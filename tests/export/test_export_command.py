@@ -17,10 +17,7 @@ from tests.conftest import compose_config
             "format must be one of ['onnx', 'executorch'], got 'tflite'",
         ),
         (["quantize=int4", "allow_random=true"], "quantize must be null or 'int8', got 'int4'"),
-        (
-            ["format=executorch", "quantize=int8", "allow_random=true"],
-            "quantize=int8 is written for format=onnx; format=executorch exports float32",
-        ),
+        (["nms=true", "allow_random=true"], "nms=true puts SSD's post-processing into"),
         ([], "no weights: pass ckpt_path="),
         (["ckpt_path=/no/such.ckpt"], "checkpoint /no/such.ckpt does not exist"),
     ],
