@@ -56,6 +56,10 @@ def check_options(cfg: DictConfig) -> None:
         )
     if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise UsageError(f"checkpoint {cfg.ckpt_path} does not exist")
+    if cfg.int8_activations not in ("uint8", "uint16"):
+        raise UsageError(f"int8_activations must be uint8 or uint16, got {cfg.int8_activations!r}")
+    if cfg.int8_activations != "uint8" and cfg.format != "onnx":
+        raise UsageError("int8_activations=uint16 is written for format=onnx")
     if cfg.calibration_batches < 1:
         raise UsageError(f"calibration_batches must be >= 1, got {cfg.calibration_batches}")
     for distribution in ("onnx", "onnxruntime", "onnxscript"):
@@ -325,7 +329,7 @@ def quantized(
     feeds = calibration_feeds(
         datamodule.train_dataloader(), spec.input_names[0], cfg.calibration_batches
     )
-    quantize_int8(onnx_path, int8_path, feeds)
+    quantize_int8(onnx_path, int8_path, feeds, activations=cfg.int8_activations)
     log.info("wrote %s", int8_path)
     int8_runner = session(int8_path)
     ignore = getattr(task, "ignore_index", 255)
@@ -349,7 +353,8 @@ def quantized(
     return {
         "file": str(int8_path),
         "method": (
-            "onnxruntime quantize_static, QDQ, weights int8 per channel, activations uint8; the "
+            "onnxruntime quantize_static, QDQ, weights int8 per channel, activations "
+            f"{cfg.int8_activations}; the "
             "dense products only (convolutions of one group, matrix products with a constant weight)"
         ),
         "calibration": f"{cfg.calibration_batches} batches of the training split (min/max)",

@@ -27,6 +27,9 @@ from torch import Tensor
 
 from src.utils.files import atomic_path
 
+# activation element type -> onnxruntime's QuantType name
+ACTIVATIONS = {"uint8": "QUInt8", "uint16": "QUInt16"}
+
 
 def calibration_feeds(
     batches: Iterable[Any], input_name: str, limit: int
@@ -61,10 +64,15 @@ def quantize_int8(
     feeds: Iterable[dict[str, np.ndarray]],
     *,
     per_channel: bool = True,
+    activations: str = "uint8",
 ) -> Path:
     """Write the int8 (QDQ) form of the ONNX file at ``fp32_path`` to ``int8_path`` (whole or not
     at all), its :func:`dense_nodes` quantized, calibrated on ``feeds`` (dicts of input name ->
-    array)."""
+    array). ``activations``: ``uint8`` (W8A8), or ``uint16`` (W8A16: int8 weights, 16-bit
+    activations, as NPUs such as Qualcomm's QNN run them; onnxruntime's CPU kernels compute it in
+    float, so it is no faster there)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {list(ACTIVATIONS)}, got {activations!r}")
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -87,7 +95,7 @@ def quantize_int8(
             str(temporary),
             Reader(),
             quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8,
+            activation_type=getattr(QuantType, ACTIVATIONS[activations]),
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
             nodes_to_quantize=dense_nodes(onnx.load(str(fp32_path), load_external_data=False)),

@@ -34,8 +34,11 @@ SYSTEMS = {
     "pru": ["experiment=pru_lm/demo", "model.embedding_dim=16", "model.hidden_size=32"],
     "delight_lm": [
         "experiment=delight_lm/demo", "data.tokens_per_sample=16", "data.eval_context_window=8",
+        "model.d_model=32", "model.n_min=2", "model.n_max=3",
     ],
-    "delight_classifier": ["experiment=delight_sentiment/delight", "model.d_model=32"],
+    "delight_classifier": [
+        "experiment=delight_sentiment/delight", "model.d_model=32", "model.n_min=2", "model.n_max=3",
+    ],
 }  # fmt: skip
 
 
