@@ -17,7 +17,9 @@ from src.commands.export import export
 from src.commands.generate import generate
 from src.commands.predict import predict
 from src.commands.translate import translate
+from src.decoding.beam_search import beam_search
 from src.export.metadata import read_metadata
+from src.export.translate_onnx import OnnxTranslator
 from src.utils.errors import UsageError, WrongRunError
 from tests.conftest import compose_config
 from tests.tasks.test_translation_task import reversal_corpus
@@ -35,9 +37,6 @@ SYSTEMS = {
     "delight_lm": [
         "experiment=delight_lm/demo", "data.tokens_per_sample=16", "data.eval_context_window=8",
         "model.d_model=32", "model.n_min=2", "model.n_max=3",
-    ],
-    "delight_classifier": [
-        "experiment=delight_sentiment/delight", "model.d_model=32", "model.n_min=2", "model.n_max=3",
     ],
 }  # fmt: skip
 
@@ -88,22 +87,21 @@ def generated(overrides: list[str], tmp: Path, capsys: pytest.CaptureFixture, *e
 
 
 def test_generate_from_the_exported_file(exported: dict, capsys) -> None:
-    if exported["name"] == "delight_classifier":
-        with pytest.raises(WrongRunError, match="holds a classifier graph"):
-            generated([f"onnx={exported['tmp'] / 'net.onnx'}", "prompt=x"], exported["tmp"], capsys)
-        return
     data = [o for o in exported["overrides"] if o.startswith("data.root=")]
     # only the file and the data root (where the vocabulary is cached): the rest is in the file
     from_file = [f"onnx={exported['tmp'] / 'net.onnx'}", *data]
     from_ckpt = [*exported["overrides"], f"ckpt_path={exported['ckpt']}"]
     greedy = ["prompt='The default value of the'", "top_k=1"]
-    greedy.append("max_new_chars=24" if exported["name"] == "group_transformer" else "max_new_words=8")
+    greedy.append(
+        "max_new_chars=24" if exported["name"] == "group_transformer" else "max_new_words=8"
+    )
     eager = generated(from_ckpt, exported["tmp"], capsys, *greedy)
     assert generated(from_file, exported["tmp"], capsys, *greedy) == eager
     if exported["name"] == "group_transformer":  # word completion ranks the same words
         words = ["prompt='The default val'", "mode=words", "num_words=4", "max_word_len=5"]
         rows = [
-            generated(o, exported["tmp"], capsys, *words).splitlines()[1:] for o in (from_ckpt, from_file)
+            generated(o, exported["tmp"], capsys, *words).splitlines()[1:]
+            for o in (from_ckpt, from_file)
         ]
         assert [r.split()[1] for r in rows[0]] == [r.split()[1] for r in rows[1]]
         scores = np.array([[float(r.split()[2]) for r in found] for found in rows])
@@ -140,6 +138,38 @@ def test_translate_from_the_exported_pair(translation: dict) -> None:
         assert translate(cfg, sources) == eager
 
 
+def test_exported_pair_steps_and_beam_scores(translation: dict) -> None:
+    """The decoder step fed its own caches matches eager decoding step by step; beam search on the
+    pair gives the eager hypotheses and scores."""
+    _, task = build_task(
+        compose_config("train", translation["overrides"], translation["tmp"] / "t")
+    )
+    task.load_state_dict(torch.load(translation["ckpt"], weights_only=True)["state_dict"])
+    model = task.net.eval()
+    translator = OnnxTranslator.from_export(translation["tmp"] / "mt")
+    torch.manual_seed(1)
+    src = torch.randint(4, 12, (4, 9))
+    src[1, 6:] = src[3, 4:] = model.padding_idx  # right-padded rows of other lengths
+    mask = src.eq(model.padding_idx)
+    with torch.no_grad():
+        encoder_out = model.encode(src, mask)
+        assert (translator.encode(src, mask) - encoder_out).abs().max() <= TOL
+        state = onnx_state = None
+        tokens = torch.full((4, 1), task.eos)
+        for step in range(4):
+            logits, state = model.decode_step(tokens, encoder_out, mask, state)
+            onnx_logits, onnx_state = translator.decode_step(tokens, encoder_out, mask, onnx_state)
+            assert (onnx_logits - logits).abs().max() <= TOL, step
+            assert onnx_state.keys[0].shape[0] == step + 1
+            tokens = logits[:, -1].argmax(-1, keepdim=True)
+        search = {"eos": task.eos, "pad": model.padding_idx, "max_len_a": 1.2, "max_len_b": 5,
+                  "length_penalty": 1.0}  # fmt: skip
+        eager = beam_search(model, src, beam_size=4, **search)
+        onnx = beam_search(translator, src, beam_size=4, **search)
+    assert [h[0].tokens.tolist() for h in onnx] == [h[0].tokens.tolist() for h in eager]
+    assert [h[0].score for h in onnx] == pytest.approx([h[0].score for h in eager], abs=1e-5)
+
+
 def test_predict_from_the_exported_file(tmp_path: Path) -> None:
     overrides = ["model=espnetv2", "model.scale=0.5"]
     ckpt = checkpoint_of(overrides, tmp_path)
@@ -149,17 +179,31 @@ def test_predict_from_the_exported_file(tmp_path: Path) -> None:
         )
     )
     image = tmp_path / "digit.png"
-    Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)).save(image)
+    Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)).save(
+        image
+    )
     common = [f"image={image}", "top_k=3"]
     eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
-    got = predict(compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", *common], tmp_path))
+    got = predict(
+        compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", *common], tmp_path)
+    )
     assert [name for name, _ in got["top_k"]] == [name for name, _ in eager["top_k"]]
     assert np.allclose([p for _, p in got["top_k"]], [p for _, p in eager["top_k"]], atol=1e-5)
     # a text graph is refused by predict.py; ckpt_path and onnx together are refused
     with pytest.raises(UsageError, match="not both"):
-        predict(compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", f"ckpt_path={ckpt}", *common], tmp_path))
+        predict(
+            compose_config(
+                "predict",
+                [f"onnx={tmp_path / 'espnet.onnx'}", f"ckpt_path={ckpt}", *common],
+                tmp_path,
+            )
+        )
     with pytest.raises(UsageError, match="no such file"):
         predict(compose_config("predict", [f"onnx={tmp_path / 'none.onnx'}", *common], tmp_path))
+    with pytest.raises(WrongRunError, match="holds a vision graph"):
+        generate(
+            compose_config("generate", [f"onnx={tmp_path / 'espnet.onnx'}", "prompt=x"], tmp_path)
+        )
 
 
 def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
@@ -170,12 +214,18 @@ def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
     ]  # fmt: skip
     ckpt = checkpoint_of(overrides, tmp_path)
     stem = tmp_path / "ssd"
-    card = export(compose_config("export", [*overrides, f"ckpt_path={ckpt}", f"out={stem}", "nms=true"], tmp_path))
+    card = export(
+        compose_config(
+            "export", [*overrides, f"ckpt_path={ckpt}", f"out={stem}", "nms=true"], tmp_path
+        )
+    )
     (check,) = card["parity"]["checks"]
     assert check["same_detections"] and check["max_abs"] <= TOL, check
     assert card["operators"]["NonMaxSuppression"] == 1
     image = tmp_path / "photo.png"
-    Image.fromarray((np.random.default_rng(1).random((120, 160, 3)) * 255).astype(np.uint8)).save(image)
+    Image.fromarray((np.random.default_rng(1).random((120, 160, 3)) * 255).astype(np.uint8)).save(
+        image
+    )
     common = [f"image={image}", "score_threshold=0.3"]
     eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
     got = predict(compose_config("predict", [f"onnx={stem}.onnx", *common], tmp_path))

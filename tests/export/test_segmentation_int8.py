@@ -1,0 +1,105 @@
+"""The official EdgeNets PASCAL segmentation networks as int8 ONNX keep their fp32 masks.
+
+Each ``edgenets/seg_pascal/<family>_s_<s>_pascal_<W>x<H>.npz`` under ``$REFERENCE_DIR`` names the
+network (family, width s) and its input size; the network is built with the official weights of
+the same name. The fixture's images (``images/``) are read and preprocessed as ``predict.py`` does
+at that size. The fp32 ONNX file must match eager PyTorch within 1e-4 on every image, and the int8
+file (:func:`src.export.quantize.quantize_int8`, calibrated on the same images and their
+horizontal flips) should give the fp32 file's argmax mask on >= 99% of each image's pixels: with
+8-bit activations no network reaches it, with 16-bit ones (W8A16) ESPNetv2 does and DiCENet does
+not (docs/deploy.md has the figures); those known misses are reported as xfail with the measured
+agreement.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from src.commands.predict import preprocess, read_image
+from src.compat import load_official
+from src.datamodules.voc_seg import VOCSegmentationDataModule
+from src.export.onnx import export_onnx, parity, run_session, session
+from src.export.quantize import quantize_int8
+from src.export.vision import vision_spec
+from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from tests.parity.reference import fixtures, reference_dir
+
+pytest.importorskip("onnxruntime")
+# an ONNX export of a DiCE network takes minutes on 2 cores: run with -m heavy
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+
+FIXTURE_NAME = re.compile(r"(dicenet|espnetv2)_s_(\d+(?:\.\d+)?)_pascal_(\d+)x(\d+)")
+BUILDERS = {"dicenet": dicenet_segmentation, "espnetv2": espnetv2_segmentation}
+PASCAL_CLASSES = 21
+MIN_AGREEMENT = 0.99
+# (activations, family) measured below MIN_AGREEMENT on these images (docs/deploy.md)
+KNOWN_MISSES = {("uint8", "dicenet"), ("uint8", "espnetv2"), ("uint16", "dicenet")}
+
+
+def official_network(fixture: Path) -> tuple[torch.nn.Module, tuple[int, int]]:
+    """The network the fixture's name points to, with its official weights, and its (W, H)."""
+    match = FIXTURE_NAME.fullmatch(fixture.stem)
+    assert match is not None, fixture.name
+    family, scale = match.group(1), float(match.group(2))
+    weights = reference_dir() / "edgenets" / "weights" / f"{fixture.stem}.pth"
+    if not weights.is_file():
+        pytest.fail(f"{fixture.name} needs {weights}, which does not exist")
+    net = BUILDERS[family](scale, PASCAL_CLASSES)
+    load_official(net, torch.load(weights, map_location="cpu", weights_only=True))
+    return net.eval(), (int(match.group(3)), int(match.group(4)))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """fp32 files by fixture, exported once for both activation types."""
+    return {"folder": tmp_path_factory.mktemp("seg_int8")}
+
+
+@pytest.mark.parametrize("activations", ["uint8", "uint16"])
+@pytest.mark.parametrize(
+    "fixture",
+    # the fixtures run at the weights' own size (the demo-style ones are named otherwise)
+    [
+        p
+        for p in fixtures("edgenets", "seg_pascal/*_pascal_*.npz")
+        if p.values[0] is None or FIXTURE_NAME.fullmatch(p.values[0].stem)
+    ],
+)
+def test_int8_masks_agree_with_fp32(
+    fixture: Path, activations: str, exported: dict, record_property
+) -> None:
+    net, size = official_network(fixture)
+    folder = reference_dir() / "edgenets" / "images"
+    names = [str(n) for n in np.load(fixture)["images"]]
+    work = exported["folder"] / fixture.stem
+    datamodule = VOCSegmentationDataModule(root=str(work / "voc"))  # its normalisation only
+    images = [preprocess(read_image(folder / name), datamodule, size) for name in names]
+
+    spec = vision_spec(net, images[0])  # (1, 3, H, W), the side fixed at the weights' size
+    fp32_path = work / "fp32.onnx"
+    if not fp32_path.is_file():
+        export_onnx(spec, fp32_path)
+    fp32 = session(fp32_path)
+    errors = [parity(fp32, spec, [image])["max_abs"] for image in images]
+    record_property("fp32_max_abs", errors)
+    assert max(errors) <= 1e-4, dict(zip(names, errors))
+
+    feeds = [{"image": x.numpy()} for x in images + [image.flip(-1) for image in images]]
+    int8_path = quantize_int8(fp32_path, work / f"int8_{activations}.onnx", feeds,
+                              activations=activations)  # fmt: skip
+    int8 = session(int8_path)
+    agreement = {}
+    for name, image in zip(names, images):
+        (reference,) = run_session(fp32, spec.input_names, [image])  # (1, 21, H, W)
+        (quantized,) = run_session(int8, spec.input_names, [image])
+        agreement[name] = (quantized.argmax(1) == reference.argmax(1)).double().mean().item()
+    record_property("int8_agreement", agreement)
+    family = FIXTURE_NAME.fullmatch(fixture.stem).group(1)
+    if (activations, family) in KNOWN_MISSES and min(agreement.values()) < MIN_AGREEMENT:
+        pytest.xfail(f"{activations} activations: pixel agreement {agreement}")
+    assert min(agreement.values()) >= MIN_AGREEMENT, agreement
