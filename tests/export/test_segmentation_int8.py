@@ -6,8 +6,8 @@ the same name. The fixture's images (``images/``) are read and preprocessed as `
 at that size. The fp32 ONNX file must match eager PyTorch within 1e-4 on every image, and the int8
 file (:func:`src.export.quantize.quantize_int8`, calibrated on the same images and their
 horizontal flips) should give the fp32 file's argmax mask on >= 99% of each image's pixels: with
-8-bit activations no network reaches it, with 16-bit ones (W8A16) ESPNetv2 does and DiCENet does
-not (docs/deploy.md has the figures); those known misses are reported as xfail with the measured
+8-bit activations no network reaches it, with 16-bit ones (W8A16) three of the seven do
+(docs/deploy.md has the figures); the known misses are reported as xfail with the measured
 agreement.
 """
 
@@ -37,8 +37,15 @@ FIXTURE_NAME = re.compile(r"(dicenet|espnetv2)_s_(\d+(?:\.\d+)?)_pascal_(\d+)x(\
 BUILDERS = {"dicenet": dicenet_segmentation, "espnetv2": espnetv2_segmentation}
 PASCAL_CLASSES = 21
 MIN_AGREEMENT = 0.99
-# (activations, family) measured below MIN_AGREEMENT on these images (docs/deploy.md)
-KNOWN_MISSES = {("uint8", "dicenet"), ("uint8", "espnetv2"), ("uint16", "dicenet")}
+# measured below MIN_AGREEMENT on these images (docs/deploy.md): 8-bit activations on every
+# network; 16-bit ones on these (the lowest image 0.96-0.99)
+KNOWN_MISSES = {
+    "uint8": None,  # every fixture
+    "uint16": {
+        "dicenet_s_0.2_pascal_256x256", "dicenet_s_0.2_pascal_384x384",
+        "dicenet_s_0.75_pascal_256x256", "espnetv2_s_1.0_pascal_256x256",
+    },
+}  # fmt: skip
 
 
 def official_network(fixture: Path) -> tuple[torch.nn.Module, tuple[int, int]]:
@@ -99,7 +106,8 @@ def test_int8_masks_agree_with_fp32(
         (quantized,) = run_session(int8, spec.input_names, [image])
         agreement[name] = (quantized.argmax(1) == reference.argmax(1)).double().mean().item()
     record_property("int8_agreement", agreement)
-    family = FIXTURE_NAME.fullmatch(fixture.stem).group(1)
-    if (activations, family) in KNOWN_MISSES and min(agreement.values()) < MIN_AGREEMENT:
+    misses = KNOWN_MISSES[activations]
+    known = misses is None or fixture.stem in misses
+    if known and min(agreement.values()) < MIN_AGREEMENT:
         pytest.xfail(f"{activations} activations: pixel agreement {agreement}")
     assert min(agreement.values()) >= MIN_AGREEMENT, agreement
