@@ -82,4 +82,20 @@ def prelu_as_max(model: onnx.ModelProto) -> int:
         nodes.extend(replace.get(id(node), [node]))
     del graph.node[:]
     graph.node.extend(nodes)
+    drop_unused_initializers(model)
     return len(replace)
+
+
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """Remove the main graph's initializers no node or output reads any more (the zeros of the
+    rewritten PReLUs), which onnxruntime would otherwise warn about on every load."""
+    graph = model.graph
+    used = {name for node in graph.node for name in node.input}
+    used.update(out.name for out in graph.output)
+    for node in graph.node:  # inputs of subgraphs (If, Loop) read the outer scope too
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                used.update(name for inner in attribute.g.node for name in inner.input)
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)

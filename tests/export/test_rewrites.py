@@ -13,6 +13,7 @@ from src.ops.prelu import PReLU
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
+onnx = pytest.importorskip("onnx")
 
 TOLERANCE = 1e-4  # fp32 max abs error against eager
 
@@ -55,6 +56,9 @@ def test_prelu_as_max(tmp_path) -> None:
     # of the dynamic size hold Min, Max and Add nodes of their own)
     assert (ops["Min"], ops["Add"]) == (plain["Min"] - 1, plain["Add"] - 1), (ops, plain)
     assert (ops["Max"], ops["Mul"]) == (plain["Max"], plain["Mul"]), (ops, plain)
+    graph = onnx.load(str(path)).graph  # no initializer left unread (the rewritten zero)
+    read = {name for node in graph.node for name in node.input}
+    assert [t.name for t in graph.initializer if t.name not in read] == []
     runner = session(path)
     for height, width in [(16, 16), (24, 32), (8, 12)]:  # the export size and two others
         check = parity(runner, spec, (torch.randn(3, 4, height, width),))
