@@ -27,10 +27,15 @@ def _require() -> None:
 
 
 def _traced_copy(spec: ExportSpec) -> torch.nn.Module:
-    """A copy of ``spec.module`` in eval mode to trace: the caller's module must not keep traced
-    tensors in its folded-inference caches (in the int8 test an eager forward after the int8 export
-    failed reading a FakeTensor's data pointer there), as :func:`src.export.onnx.export_onnx` does."""
-    return copy.deepcopy(spec.module).eval()
+    """A copy of ``spec.module`` in eval mode and in contiguous memory format, to trace.
+
+    A copy: the caller's module must not keep traced tensors in its folded-inference caches (in
+    the int8 test an eager forward after the export failed reading a fake tensor's data pointer
+    there), as :func:`src.export.onnx.export_onnx` does. Contiguous: a task that trains
+    channels-last hands over channels-last weights, and the XNNPACK delegate of executorch 1.5.1
+    then sized a transposed activation wrongly at run time ("Attempted to resize a static tensor.
+    Expected shape (1, 8, 24, 8), but received (1, 24, 8, 8)", the digits DiCENet)."""
+    return copy.deepcopy(spec.module).eval().to(memory_format=torch.contiguous_format)
 
 
 def captured_program(spec: ExportSpec) -> torch.export.ExportedProgram:

@@ -25,7 +25,8 @@ def network() -> DiCENet:
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_var.uniform_(0.5, 2.0)
             module.running_mean.normal_(0.0, 0.1)
-    return net
+    # channels-last weights, as a task that trains channels-last hands them over
+    return net.to(memory_format=torch.channels_last)
 
 
 def test_fp32_program_matches_eager(network: DiCENet, tmp_path) -> None:
