@@ -144,6 +144,9 @@ def session(path: Path, threads: int, extended: bool = False):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # onnxruntime's workers spin-wait after a run by default, taking the cores from the runner
+    # timed next in the round-robin (eager DiCENet's median was twice its minimum): off
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         if extended
