@@ -12,12 +12,17 @@ changes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+
+if TYPE_CHECKING:  # onnx is the [export] extra's: imported where a rewrite runs
+    import onnx
 
 
 def _initializer_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for node in model.graph.node:  # Constant nodes too
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -31,6 +36,8 @@ def prelu_as_max(model: onnx.ModelProto) -> int:
     ``Max(x, slope * x)``: two element-wise nodes instead of four, the same map bit for bit there
     (x >= 0: slope * x <= x; x < 0: slope * x >= x). Returns how many were rewritten.
     """
+    from onnx import helper
+
     graph = model.graph
     values = _initializer_values(model)
     producer = {out: node for node in graph.node for out in node.output}
@@ -89,12 +96,14 @@ def prelu_as_max(model: onnx.ModelProto) -> int:
 def drop_unused_initializers(model: onnx.ModelProto) -> None:
     """Remove the main graph's initializers no node or output reads any more (the zeros of the
     rewritten PReLUs), which onnxruntime would otherwise warn about on every load."""
+    from onnx import AttributeProto
+
     graph = model.graph
     used = {name for node in graph.node for name in node.input}
     used.update(out.name for out in graph.output)
     for node in graph.node:  # inputs of subgraphs (If, Loop) read the outer scope too
         for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
+            if attribute.type == AttributeProto.GRAPH:
                 used.update(name for inner in attribute.g.node for name in inner.input)
     kept = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
