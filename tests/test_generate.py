@@ -25,13 +25,16 @@ from src.datamodules.word_lm import decode_words
 from src.decoding.generation import (
     complete_words,
     decode,
+    draw,
     encode,
     read_context,
     sample,
     sample_recurrent,
     sample_windowed,
+    symbol_mask,
     vocabulary_masks,
 )
+from src.evaluation.word_completion import spread, word_completion, word_spans
 from tests.conftest import ROOT, compose_config
 
 # symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c
@@ -148,6 +151,51 @@ def test_complete_words_empty_continuation_and_length_limit() -> None:
                        allowed=torch.tensor([False, True, True, True]))
 
 
+def test_top_p_keeps_the_nucleus() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    generator = torch.Generator().manual_seed(0)
+    drawn = {int(draw(probs.log(), top_p=0.75, generator=generator)) for _ in range(300)}
+    assert drawn == {0, 1}  # 0.5 alone is short of 0.75; 0.5 + 0.3 reaches it
+    drawn = {int(draw(probs.log(), top_p=0.8, generator=generator)) for _ in range(300)}
+    assert drawn == {0, 1}  # the mass before id 2 (0.8) already reaches top_p
+    assert {int(draw(probs.log(), top_p=0.81, generator=generator)) for _ in range(300)} == {0, 1, 2}
+    assert int(draw(probs.log(), top_p=0.01)) == 0  # the most probable id is always kept
+    with pytest.raises(ValueError, match="top_p"):
+        draw(probs.log(), top_p=0.0)
+
+
+def test_sample_stops_each_row_at_its_sentence_end() -> None:
+    # from a: b (.4) then a space (.9) or a (.1); the space is the sentence end here
+    stop = torch.tensor([True, False, False, False])
+    out = sample(MarkovNet(TOY_TRANSITIONS), torch.tensor([[1]]).expand(6, 1), 40, segment_len=4,
+                 stop=stop, generator=torch.Generator().manual_seed(1))
+    assert out.shape[0] == 6 and out.shape[1] < 40  # every row ended well before the cap
+    for row in out.tolist():
+        end = row.index(0)  # the first stop symbol, then repeats of it
+        assert all(s == 0 for s in row[end:]) and 0 not in row[:end]
+    # greedy with stops: the most probable symbol after a is the space, at once
+    assert sample(MarkovNet(TOY_TRANSITIONS), torch.tensor([[1]]), 5, segment_len=4, top_k=1, stop=stop).tolist() == [[0]]
+    assert symbol_mask(TOY_SYMBOLS, 6, lambda ch: ch in " b").tolist() == [True, False, True, False, False, False]
+
+
+def test_word_completion_counts_ranks_against_exact_probabilities() -> None:
+    # the toy chain's best words after a space: a (.30), b (.27), c (.20), ab (.18)
+    boundary = torch.tensor([True, False, False, False])
+    assert word_spans([True, False, False, True, False, True, False, False], 2) == [(1, 3)]  # the run at the end is open
+    assert word_spans([False, True, False, False, False, True], 1) == [(0, 1), (2, 5)]
+    assert spread(list(range(10)), 4) == [0, 2, 5, 7] and spread([1, 2], None) == [1, 2]
+    # prefix_len 1: " ab " (after " a": the empty continuation .6 beats "b" .36), " b ", " c "
+    text = torch.tensor([0, 1, 2, 0, 2, 0, 3, 0, 1, 0])
+    result = word_completion(MarkovNet(TOY_TRANSITIONS), text, boundary, segment_len=4, context_len=4,
+                             prefix_len=1, top=(1, 2), beam_size=4, max_word_len=3)
+    # words: ab (rank 2 after "a"), b (rank 1: "" .9), c (rank 1: "" 1.0), a (rank 1: "" .6)
+    assert result.count == 4 and result.hits == {1: 3, 2: 4}
+    metrics = result.as_metrics("test")
+    assert metrics == {"test/word_top1": 0.75, "test/word_top2": 1.0, "test/word_count": 4.0}
+    with pytest.raises(ValueError, match="beam_size"):
+        word_completion(MarkovNet(TOY_TRANSITIONS), text, boundary, segment_len=4, context_len=4, top=(1, 20), beam_size=8)
+
+
 def test_encode_decode_and_masks() -> None:
     assert encode("ab c", TOY_SYMBOLS) == [1, 2, 0, 3]
     assert decode([1, 2, 0, 3], TOY_SYMBOLS) == "ab c"
@@ -235,6 +283,21 @@ def test_words_mode_prints_ranked_words(checkpoint, capsys) -> None:
     assert len(set(words)) == 4
     values = [float(s) for s in scores]
     assert all(v <= 0 for v in values) and values == sorted(values, reverse=True)
+
+
+def test_sentences_mode_prints_endings_of_the_last_sentence(checkpoint, capsys) -> None:
+    _, overrides, _, symbols = checkpoint
+    prompt = "First one. The default val"
+    out = generate_here(capsys, overrides, f"prompt='{prompt}'", "mode=sentences", "num_samples=3",
+                        "max_new_chars=30", "top_p=0.9", "temperature=1.5", "seed=5")
+    lines = out.splitlines()
+    assert len(lines) == 3
+    for number, line in enumerate(lines, 1):
+        head, ending = line[:3], line[5 + len("The default val"):]
+        assert int(head) == number and line[5:].startswith("The default val")
+        assert len(ending) <= 30 and set(ending) <= {chr(code) for code in symbols}
+        stops = [i for i, ch in enumerate(ending) if ch in ".!?"]
+        assert stops in ([], [len(ending) - 1])  # at most one sentence end, the last character
 
 
 # -- word language models ---------------------------------------------------------------------

@@ -14,8 +14,12 @@ is refused unless ``allow_random=true``. The prompt is encoded with the datamodu
 under ``data.root``) and read in segments of the training ``tgt_len``, carrying the memories.
 Then, by ``mode``:
 
-- ``sample`` (sentence completion): ``max_new_chars`` characters drawn one at a time with
-  ``temperature`` and ``top_k``; stdout gets the prompt followed by the continuation;
+- ``sample``: ``max_new_chars`` characters drawn one at a time with ``temperature``, ``top_k`` and
+  ``top_p``; stdout gets the prompt followed by the continuation;
+- ``sentences`` (sentence completion, Group-Transformer Table 5): ``num_samples`` independent
+  samples, each ending at the first sentence end (``. ! ?`` or a line break) or after
+  ``max_new_chars`` characters; stdout gets one numbered line per sample, the prompt's last
+  sentence followed by its ending;
 - ``words`` (word completion, Group-Transformer Table 4): beam search ranks whole-word
   continuations of the prompt's last (partial) word by log-probability; stdout gets a table of
   the ``num_words`` best words (the partial word plus its continuation) and their log-probabilities.
@@ -39,16 +43,18 @@ from src.decoding.generation import (
     decode,
     encode,
     is_boundary,
+    is_sentence_end,
     sample,
     sample_recurrent,
     sample_windowed,
+    symbol_mask,
     vocabulary_masks,
 )
 from src.utils.errors import UsageError, WrongRunError
 
 log = logging.getLogger("generate")  # the command's name in its log lines
 
-MODES = ("sample", "words")
+MODES = ("sample", "sentences", "words")
 
 
 def last_word(text: str) -> str:
@@ -57,6 +63,20 @@ def last_word(text: str) -> str:
     while start > 0 and not is_boundary(text[start - 1]):
         start -= 1
     return text[start:]
+
+
+def last_sentence(text: str) -> str:
+    """The part of ``text`` after its last sentence end (the sentence a completion finishes)."""
+    start = len(text)
+    while start > 0 and not is_sentence_end(text[start - 1]):
+        start -= 1
+    return text[start:].lstrip()
+
+
+def until_sentence_end(text: str) -> str:
+    """``text`` up to and including its first sentence end (all of it when it has none)."""
+    end = next((i for i, ch in enumerate(text) if is_sentence_end(ch)), len(text) - 1)
+    return text[: end + 1]
 
 
 def exported_language_model(path: str) -> torch.nn.Module:
@@ -112,21 +132,33 @@ def generate(cfg: DictConfig) -> dict:
         "prompt: %d characters, segments of %d, mem_len %d", len(ids), segment_len, net.mem_len
     )
     with torch.no_grad():
-        if cfg.mode == "sample":
+        if cfg.mode in ("sample", "sentences"):
             generator = torch.Generator(device).manual_seed(cfg.seed)
+            sentences = cfg.mode == "sentences"
+            if sentences and cfg.num_samples < 1:
+                raise UsageError(f"num_samples must be >= 1, got {cfg.num_samples}")
             new = sample(
                 net,
-                tokens,
+                tokens.expand(cfg.num_samples if sentences else 1, -1),
                 cfg.max_new_chars,
                 segment_len=segment_len,
                 temperature=cfg.temperature,
                 top_k=cfg.top_k,
+                top_p=cfg.top_p,
                 allowed=allowed,
+                stop=symbol_mask(symbols, datamodule.vocab_size, is_sentence_end) if sentences else None,
                 generator=generator,
-            )  # (1, max_new_chars)
-            continuation = decode(new[0].tolist(), symbols)
-            sys.stdout.write(prompt + continuation + "\n")
-            return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+            )  # (S, n)
+            if not sentences:
+                continuation = decode(new[0].tolist(), symbols)
+                sys.stdout.write(prompt + continuation + "\n")
+                return {"mode": "sample", "prompt": prompt, "continuation": continuation}
+            endings = [until_sentence_end(decode(row, symbols)) for row in new.tolist()]
+            start = last_sentence(prompt)
+            sys.stdout.write(
+                "".join(f"{i:>3}  {start}{ending}".rstrip("\n") + "\n" for i, ending in enumerate(endings, 1))
+            )
+            return {"mode": "sentences", "prompt": prompt, "endings": endings}
         partial = last_word(prompt)
         found = complete_words(
             net,
@@ -173,7 +205,10 @@ def generate_words(
     """``mode=sample`` for a word language model: the prompt's whitespace words (after ``</s>``,
     as every corpus line starts) continued by up to ``max_new_words`` sampled words."""
     if cfg.mode != "sample":
-        raise UsageError(f"word language models support mode=sample only, got mode={cfg.mode}")
+        raise UsageError(
+            f"word language models support mode=sample only (stop_at_eos=true ends the sentence), "
+            f"got mode={cfg.mode}"
+        )
     datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
     dictionary = datamodule.dictionary
     words = prompt.split()
@@ -198,6 +233,7 @@ def generate_words(
         context=datamodule.tokens_per_sample,
         temperature=cfg.temperature,
         top_k=cfg.top_k,
+        top_p=cfg.top_p,
         banned=banned,
         stop=stop,
         generator=generator,
@@ -212,7 +248,10 @@ def generate_stream_words(
     as every corpus line starts) read from zero state, then up to ``max_new_words`` sampled words,
     each fed alone with the recurrent state carried."""
     if cfg.mode != "sample":
-        raise UsageError(f"word language models support mode=sample only, got mode={cfg.mode}")
+        raise UsageError(
+            f"word language models support mode=sample only (stop_at_eos=true ends the sentence), "
+            f"got mode={cfg.mode}"
+        )
     datamodule.setup("predict")  # reads (or builds) the vocabulary under data.root
     vocabulary = datamodule.dictionary
     # the demo corpus is written in PTB style; its prompt is read the same way
@@ -240,6 +279,7 @@ def generate_stream_words(
         cfg.max_new_words,
         temperature=cfg.temperature,
         top_k=cfg.top_k,
+        top_p=cfg.top_p,
         allowed=allowed,
         stop=stop,
         generator=generator,

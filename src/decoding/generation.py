@@ -68,19 +68,30 @@ def draw(
     *,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     allowed: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """One id per row drawn from ``softmax(logits / temperature)`` over the ``allowed`` ids,
-    restricted to the ``top_k`` most probable when ``top_k > 0`` (``top_k=1``: the argmax).
+    restricted to the ``top_k`` most probable when ``top_k > 0`` (``top_k=1``: the argmax) and to
+    the smallest set of most probable ids whose probability reaches ``top_p`` when ``top_p < 1``
+    (nucleus sampling, Holtzman et al. 2020; the most probable id is always kept).
 
     Shape:
         logits (B, V) -> (B,) int64
     """
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     scores = _masked(logits.float(), allowed) / temperature  # (B, V)
     if 0 < top_k < scores.shape[-1]:
         kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
         scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)  # (B, V)
+        mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)  # (B, V)
+        # drop an id once the more probable ones already reach top_p
+        dropped = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, order, mass_before >= top_p)
+        scores = scores.masked_fill(dropped, float("-inf"))
     return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
 
 
@@ -92,25 +103,32 @@ def sample(
     segment_len: int,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     allowed: Tensor | None = None,
+    stop: Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Continue ``prompt`` by ``num_symbols`` symbols drawn one at a time from
+    """Continue ``prompt`` by up to ``num_symbols`` symbols drawn one at a time from
     ``softmax(logits / temperature)``, restricted to the ``top_k`` most probable ids when ``top_k > 0``
-    (``top_k=1`` is greedy decoding).
+    (``top_k=1`` is greedy decoding) and to the ``top_p`` nucleus when ``top_p < 1``.
 
     Args:
         net: the recurrent language model (``mem_len >= 1``), in eval mode.
-        prompt: the context (see :func:`read_context`).
-        num_symbols: how many symbols to produce (0 returns an empty continuation).
+        prompt: the context (see :func:`read_context`); each row is sampled independently (the
+            rows of one prompt repeated give several samples).
+        num_symbols: how many symbols to produce at most (0 returns an empty continuation).
         segment_len: longest segment one call may take while reading the prompt.
         temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
         top_k: keep only the k most probable ids (0: all).
+        top_p: keep the most probable ids up to this probability mass (1: all).
         allowed: ids that may be produced (e.g. the symbols of the vocabulary), or None for all.
+        stop: ids after which a row adds nothing (sentence completion: the sentence ends), as a
+            (V,) bool mask; the row's later positions repeat the stop symbol it drew, and sampling
+            ends once every row has stopped. None: always ``num_symbols`` symbols.
         generator: random source, for reproducible samples.
 
     Shape:
-        prompt: (B, T) int64 -> (B, num_symbols) int64
+        prompt: (B, T) int64 -> (B, n) int64, n = num_symbols unless every row stopped earlier
     """
     if num_symbols < 0:
         raise ValueError(f"num_symbols must be >= 0, got {num_symbols}")
@@ -122,8 +140,18 @@ def sample(
     if num_symbols == 0:
         return out
     logits, memories = read_context(net, prompt, segment_len)
+    if stop is not None:
+        stop = stop.to(logits.device)
+    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
     for i in range(num_symbols):
-        out[:, i] = draw(logits, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)
+        choice = draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed, generator=generator)
+        if stop is not None:
+            if i > 0:
+                choice = torch.where(stopped, out[:, i - 1], choice)  # a stopped row repeats its end
+            stopped |= stop[choice]
+        out[:, i] = choice
+        if stop is not None and bool(stopped.all()):
+            return out[:, : i + 1]
         if i + 1 < num_symbols:
             logits, memories = net(out[:, i : i + 1], memories)  # (B, 1, V): one new position
             logits = logits[:, -1]
@@ -233,6 +261,14 @@ def is_boundary(ch: str) -> bool:
     return ch.isspace() or ch in string.punctuation or unicodedata.category(ch).startswith("P")
 
 
+SENTENCE_ENDS = ".!?\n"  # what ends a sampled sentence (a line ends a paragraph in the pydoc corpus)
+
+
+def is_sentence_end(ch: str) -> bool:
+    """Whether ``ch`` ends a sentence: a full stop, question or exclamation mark, or a line break."""
+    return ch in SENTENCE_ENDS
+
+
 def vocabulary_masks(symbols: Sequence[int], vocab_size: int) -> tuple[Tensor, Tensor]:
     """Masks over the model's ids: those that are symbols of the corpus (the model may have more
     ids than the corpus has symbols; they are never trained) and those that end a word.
@@ -244,9 +280,15 @@ def vocabulary_masks(symbols: Sequence[int], vocab_size: int) -> tuple[Tensor, T
         raise ValueError(f"{len(symbols)} symbols do not fit a vocabulary of {vocab_size} ids")
     allowed = torch.zeros(vocab_size, dtype=torch.bool)
     allowed[: len(symbols)] = True
-    boundary = torch.zeros(vocab_size, dtype=torch.bool)
-    boundary[: len(symbols)] = torch.tensor([is_boundary(chr(code)) for code in symbols], dtype=torch.bool)
-    return allowed, boundary
+    return allowed, symbol_mask(symbols, vocab_size, is_boundary)
+
+
+def symbol_mask(symbols: Sequence[int], vocab_size: int, predicate) -> Tensor:
+    """(vocab_size,) bool: the ids whose character (code point ``symbols[i]``) satisfies
+    ``predicate``; ids past the corpus's symbols are False."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[: len(symbols)] = torch.tensor([bool(predicate(chr(code))) for code in symbols], dtype=torch.bool)
+    return mask
 
 
 @torch.no_grad()
@@ -257,6 +299,7 @@ def sample_recurrent(
     *,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     allowed: Tensor | None = None,
     stop: int | None = None,
     generator: torch.Generator | None = None,
@@ -275,6 +318,7 @@ def sample_recurrent(
         num_tokens: how many words to add.
         temperature: > 0.
         top_k: keep only the k most probable words (0: all; 1: greedy).
+        top_p: keep the most probable words up to this probability mass (1: all).
         allowed: ids that may be produced (e.g. all but ``<unk>``), or None for all.
         stop: an id (the end of sentence) after which a row adds nothing: its later positions
             repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
@@ -296,7 +340,7 @@ def sample_recurrent(
     logits, hidden = out.logits[:, -1], out.hidden  # (B, V)
     stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
     for _ in range(num_tokens):
-        choice = draw(logits, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
+        choice = draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed, generator=generator)  # (B,)
         if stop is not None:
             choice = choice.masked_fill(stopped, stop)
             stopped |= choice == stop
@@ -317,6 +361,7 @@ def sample_windowed(
     context: int,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     banned: Tensor | None = None,
     stop: int | None = None,
     generator: torch.Generator | None = None,
@@ -334,6 +379,7 @@ def sample_windowed(
         context: longest history a step reads.
         temperature: > 0.
         top_k: keep only the k most probable words (0: all; 1: greedy).
+        top_p: keep the most probable words up to this probability mass (1: all).
         banned: ids never produced (the specials, the padding entries), or None.
         stop: an id (the end of sentence) after which a row adds nothing: its later positions
             repeat ``stop``, and sampling ends once every row has produced it. None: never stop.
@@ -356,7 +402,7 @@ def sample_windowed(
         if stop is not None and bool(stopped.all()):
             break
         scores = net.log_prob(tokens[:, -context:])[:, -1]  # (B, V)
-        choice = draw(scores, temperature=temperature, top_k=top_k, allowed=allowed, generator=generator)  # (B,)
+        choice = draw(scores, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed, generator=generator)  # (B,)
         if stop is not None:
             choice = choice.masked_fill(stopped, stop)
             stopped |= choice == stop
