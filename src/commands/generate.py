@@ -1,11 +1,13 @@
 """Generate text with a language model: ``python generate.py ckpt_path=... prompt='...'``.
 
 Character models (Transformer-XL, Group-Transformer; data pydoc_chars, enwik8, text8), word models
-(DeLighT LM, Transformer LM; wikitext103, pydoc_words) and AWD word models (PRU, LSTM; ptb,
+(DeLighT LM, Transformer LM; wikitext103, pydoc_words), word-level Transformer-XL and
+Group-Transformer (wikitext103_segments, pydoc_words_segments) and AWD word models (PRU, LSTM; ptb,
 wikitext2, pydoc_ptb) are served; word models support ``mode=sample`` only. A word model reads the
 prompt's whitespace-separated words after an end of sentence (as every corpus line starts; the
 pydoc_ptb demo's words in its PTB style: lower case, numbers as N, punctuation dropped), adds up to
-``max_new_words`` words joined by spaces, carrying the AWD models' recurrent state, and stops at
+``max_new_words`` words joined by spaces, carrying the AWD models' recurrent state or the
+segment models' memories, and stops at
 the end-of-sentence token unless ``stop_at_eos=false`` (then each end of sentence is a line break).
 
 The datamodule, network and task are rebuilt from the checkpoint's run record (command-line
@@ -38,6 +40,7 @@ from src.datamodules.awd_lm import EOS, AWDLMDataModule, PydocPTBDataModule, ptb
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.dictionary import EOS_ID, SPECIALS
 from src.datamodules.word_lm import WordLMDataModule, decode_words
+from src.datamodules.word_segments import WordSegmentsDataModule
 from src.decoding.generation import (
     complete_words,
     decode,
@@ -108,6 +111,8 @@ def generate(cfg: DictConfig) -> dict:
         task.net = exported_language_model(cfg.onnx)
         with open_dict(cfg):  # onnxruntime's CPU session reads and writes host memory
             cfg.device = "cpu"
+    if isinstance(datamodule, WordSegmentsDataModule):
+        return generate_segment_words(cfg, prompt, datamodule, task.net)
     if isinstance(datamodule, WordLMDataModule):
         return generate_words(cfg, prompt, datamodule, task.net)
     if isinstance(datamodule, AWDLMDataModule):
@@ -239,6 +244,53 @@ def generate_words(
         generator=generator,
     )  # (1, n), n <= max_new_words
     return write_continuation(prompt, decode_words(dictionary, until_stop(new[0].tolist(), stop)))
+
+
+def generate_segment_words(
+    cfg: DictConfig, prompt: str, datamodule: WordSegmentsDataModule, net: torch.nn.Module
+) -> dict:
+    """``mode=sample`` for a word-level Transformer-XL or Group-Transformer: the prompt's
+    whitespace words (after ``</s>``) read in segments of the training ``tgt_len`` with the
+    memories carried, then up to ``max_new_words`` sampled words, each fed alone with the memories
+    of everything before it."""
+    if cfg.mode != "sample":
+        raise UsageError(
+            f"word language models support mode=sample only (stop_at_eos=true ends the sentence), "
+            f"got mode={cfg.mode}"
+        )
+    datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
+    dictionary = datamodule.dictionary
+    words = prompt.split()
+    unknown = [w for w in words if dictionary.index(w) == dictionary.index(SPECIALS[-1])]
+    if unknown:
+        log.warning("words outside the vocabulary read as <unk>: %s", ", ".join(unknown[:10]))
+    device = torch.device(cfg.device)
+    net = net.to(device).eval()
+    tokens = torch.tensor([[EOS_ID, *(dictionary.index(w) for w in words)]], device=device)  # (1, T)
+    # never produce the specials but </s> (a line break), nor the dictionary's padding entries
+    allowed = torch.tensor(
+        [not (s in SPECIALS[:2] + SPECIALS[3:] or s.startswith("madeupword")) for s in dictionary.symbols]
+    )
+    stop = None
+    if cfg.stop_at_eos:
+        stop = torch.zeros(len(allowed), dtype=torch.bool)
+        stop[EOS_ID] = True
+    generator = torch.Generator(device).manual_seed(cfg.seed)
+    with torch.no_grad():
+        new = sample(
+            net,
+            tokens,
+            cfg.max_new_words,
+            segment_len=datamodule.tgt_len,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            allowed=allowed,
+            stop=stop,
+            generator=generator,
+        )  # (1, n), n <= max_new_words
+    ids = until_stop(new[0].tolist(), EOS_ID if cfg.stop_at_eos else None)
+    return write_continuation(prompt, decode_words(dictionary, ids))
 
 
 def generate_stream_words(

@@ -1,4 +1,4 @@
-"""Group-Transformer (Park et al., COLING 2020) for character-level language modelling.
+"""Group-Transformer (Park et al., COLING 2020) for character- and word-level language modelling.
 
 The official model (clovaai/group-transformer, ``model_type="group"``): the token embedding read
 as G feature groups (Sec. 3.1), ``L`` layers of group attention (Sec. 3.2) and group feed-forward
@@ -15,6 +15,8 @@ sublayers); ``inter_group=False`` drops the inter-group maps of both group subla
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -24,6 +26,7 @@ from src.models.transformer_xl import (
     check_memories,
     update_memories,
 )
+from src.models.lm_head import AdaptiveHead
 from src.ops.dropout import dropout
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
@@ -34,7 +37,7 @@ from src.ops.relative_position import ATTENTION_PATHS, RelativePositionTable, re
 from src.ops.dispatch import check_impl
 
 
-class GroupTransformer(nn.Module):
+class GroupTransformer(AdaptiveHead, nn.Module):
     """Group-Transformer language model with segment-level recurrence.
 
     ``x = E[token] * sqrt(D)`` -> dropout -> L x [group attention, group FFN] -> LayerNorm ->
@@ -64,11 +67,16 @@ class GroupTransformer(nn.Module):
             ``"auto" | "reference" | "triton"``.
         attention: every layer's relative-attention path, ``"auto" | "eager" | "sdpa"``
             (:func:`src.ops.relative_position.relative_attention`).
+        cutoffs: word level: the adaptive input/softmax band boundaries (None: a plain embedding
+            and output layer); needs ``tie_weight`` (the bands are shared by input and output).
+        adaptive_factor: band i has width ``d_model / adaptive_factor^i``.
+        adaptive_dropout: dropout on the hidden states inside the adaptive softmax.
 
     Shape:
         tokens (B, T) int64, memories ``n_layer + 1`` x (B, M, D) or None
-        -> logits (B, T, n_token), new memories ``n_layer + 1`` x (B, min(mem_len, M + T), D)
-        (None when ``mem_len == 0``)
+        -> logits (B, T, n_token) (log-probabilities with ``cutoffs``), new memories
+        ``n_layer + 1`` x (B, min(mem_len, M + T), D) (None when ``mem_len == 0``);
+        ``loss(tokens, targets, memories)`` -> (B, T) negative log-likelihoods, new memories
     """
 
     def __init__(
@@ -92,6 +100,9 @@ class GroupTransformer(nn.Module):
         pre_norm: bool = True,
         impl: str = "auto",
         attention: str = "auto",
+        cutoffs: Sequence[int] | None = None,
+        adaptive_factor: float = 4.0,
+        adaptive_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         check_impl(impl)
@@ -117,7 +128,11 @@ class GroupTransformer(nn.Module):
         self.tie_weight = tie_weight
         self.learnable_pos = learnable_pos
         d_head = d_model // n_head
-        self.embedding = GroupEmbedding(n_token, d_model)
+        self.embedding: nn.Module = (
+            GroupEmbedding(n_token, d_model)
+            if cutoffs is None
+            else self.adaptive_io(n_token, d_model, cutoffs, adaptive_factor, adaptive_dropout, tie_weight)
+        )
         self.pos_table = RelativePositionTable(tgt_len + mem_len, d_model) if learnable_pos else None
         self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
         self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
@@ -142,8 +157,8 @@ class GroupTransformer(nn.Module):
                 module.attention = attention
         self.out_norm = nn.LayerNorm(d_model)
         self.out_trans = nn.Linear(d_model, d_model)
-        self.output = nn.Linear(d_model, n_token)
-        if tie_weight:
+        self.output = nn.Linear(d_model, n_token) if cutoffs is None else None
+        if tie_weight and self.output is not None:
             self.output.weight = self.embedding.weight
         self.init_weights()
 
@@ -152,9 +167,10 @@ class GroupTransformer(nn.Module):
         names: ``nn.Linear`` weights N(0, std) and biases 0, the embedding N(0, std), ``out_norm``
         gains N(1, std), ``r_w_bias``/``r_r_bias`` N(0, std). Its 1x1 convolutions (every grouped
         map and the attention's k/v and inter-group query maps) and its custom norms keep their
-        default init, and so do their counterparts here; the position table stays sinusoidal.
+        default init, and so do their counterparts here; the position table stays sinusoidal. An
+        adaptive input/softmax keeps its own (fairseq's) init.
         """
-        keep_default: set[nn.Module] = set()
+        keep_default: set[nn.Module] = set(self.embedding.modules()) if self.adaptive else set()
         for module in self.modules():
             if isinstance(module, GroupAttention):
                 keep_default.add(module.kv_net)
@@ -168,7 +184,8 @@ class GroupTransformer(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.normal_(module.weight, mean=1.0, std=std)
                 nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embedding.weight, std=std)
+        if not self.adaptive:
+            nn.init.normal_(self.embedding.weight, std=std)
         nn.init.normal_(self.r_w_bias, std=std)
         nn.init.normal_(self.r_r_bias, std=std)
 
@@ -189,7 +206,12 @@ class GroupTransformer(nn.Module):
         ffn = 2 * d * self.d_inner // (g if self.group_ffn else 1)
         return 2 * segment_len * self.n_layer * (attention + ffn + PAPER_PER_POSITION * d)
 
-    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+    def hidden_states(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+        """The states the output layer scores, and the new memories.
+
+        Shape:
+            tokens (B, T) -> (B, T, D), new memories
+        """
         batch, qlen = tokens.shape
         mlen = check_memories(memories, self.n_layer + 1, batch)
         h = dropout(self.embedding(tokens), p=self.dropout, training=self.training)  # (B, T, D)
@@ -210,11 +232,10 @@ class GroupTransformer(nn.Module):
             h = layer(h, r, self.r_w_bias, self.r_r_bias, None if memories is None else memories[i])
             hiddens.append(h)
         h = dropout(self.out_norm(h), p=self.dropout, training=self.training)
-        logits = self.output(self.out_trans(h))  # (B, T, n_token)
-        return logits, update_memories(hiddens, memories, self.mem_len)
+        return self.out_trans(h), update_memories(hiddens, memories, self.mem_len)
 
     def extra_repr(self) -> str:
         return (
             f"n_group={self.n_group}, mem_len={self.mem_len}, tie_weight={self.tie_weight}, "
-            f"learnable_pos={self.learnable_pos}"
+            f"learnable_pos={self.learnable_pos}, adaptive={self.adaptive}"
         )

@@ -14,10 +14,12 @@ Memories are a list of ``n_layer + 1`` batch-first tensors: slot 0 holds the emb
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
+from src.models.lm_head import AdaptiveHead
 from src.ops.dropout import dropout
 from src.ops.positionwise_feedforward import PositionwiseFeedForward
 from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
@@ -82,7 +84,7 @@ def update_memories(hiddens: list[Tensor], memories: list[Tensor] | None, mem_le
         return [torch.cat([m, h], dim=1)[:, -mem_len:].detach() for m, h in zip(memories, hiddens)]
 
 
-class TransformerXL(nn.Module):
+class TransformerXL(AdaptiveHead, nn.Module):
     """Transformer-XL language model (Dai et al., 2019) with segment-level recurrence.
 
     ``emb = E[token] * sqrt(D)`` -> dropout -> L x [relative attention, FFN] -> dropout -> output
@@ -103,11 +105,18 @@ class TransformerXL(nn.Module):
         tie_weight: share the output weight with the embedding (the official enwik8 script).
         attention: every layer's relative-attention path, ``"auto" | "eager" | "sdpa"``
             (:func:`src.ops.relative_position.relative_attention`).
+        cutoffs: word level: the adaptive input/softmax band boundaries
+            (:class:`~src.ops.adaptive_io.AdaptiveInputSoftmax`, which scales each band's vectors
+            by ``sqrt(d_i)`` before projecting them; the official AdaptiveEmbedding scales after,
+            by ``sqrt(D)``); None: a plain embedding and output layer. Needs ``tie_weight``.
+        adaptive_factor: band i has width ``d_model / adaptive_factor^i`` (the official div_val).
+        adaptive_dropout: dropout on the hidden states inside the adaptive softmax.
 
     Shape:
         tokens (B, T) int64, memories ``n_layer + 1`` x (B, M, D) or None
-        -> logits (B, T, n_token), new memories ``n_layer + 1`` x (B, min(mem_len, M + T), D)
-        (None when ``mem_len == 0``)
+        -> logits (B, T, n_token) (log-probabilities with ``cutoffs``), new memories
+        ``n_layer + 1`` x (B, min(mem_len, M + T), D) (None when ``mem_len == 0``);
+        ``loss(tokens, targets, memories)`` -> (B, T) negative log-likelihoods, new memories
     """
 
     def __init__(
@@ -124,6 +133,9 @@ class TransformerXL(nn.Module):
         pre_norm: bool = False,
         tie_weight: bool = True,
         attention: str = "auto",
+        cutoffs: Sequence[int] | None = None,
+        adaptive_factor: float = 4.0,
+        adaptive_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if attention not in ATTENTION_PATHS:
@@ -141,7 +153,11 @@ class TransformerXL(nn.Module):
         self.dropout = dropout
         self.tie_weight = tie_weight
         d_head = d_model // n_head
-        self.embedding = nn.Embedding(n_token, d_model)
+        self.embedding: nn.Module = (
+            nn.Embedding(n_token, d_model)
+            if cutoffs is None
+            else self.adaptive_io(n_token, d_model, cutoffs, adaptive_factor, adaptive_dropout, tie_weight)
+        )
         self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
         self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
         self.layers = nn.ModuleList(
@@ -153,15 +169,19 @@ class TransformerXL(nn.Module):
         )
         for layer in self.layers:
             layer.attn.attention = attention
-        self.output = nn.Linear(d_model, n_token)
-        if tie_weight:
+        self.output = nn.Linear(d_model, n_token) if cutoffs is None else None
+        if tie_weight and self.output is not None:
             self.output.weight = self.embedding.weight
         self.init_weights()
 
     def init_weights(self, std: float = 0.02) -> None:
         """kimiyoung/transformer-xl ``train.py`` (``--init normal``): weights and the embedding
-        N(0, std), biases 0, LayerNorm gains N(1, std), ``r_w_bias``/``r_r_bias`` N(0, std)."""
+        N(0, std), biases 0, LayerNorm gains N(1, std), ``r_w_bias``/``r_r_bias`` N(0, std). An
+        adaptive input/softmax keeps its own (fairseq's) init."""
+        keep_default = set(self.embedding.modules()) if self.adaptive else set()
         for module in self.modules():
+            if module in keep_default:
+                continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=std)
                 if isinstance(module, nn.Linear) and module.bias is not None:
@@ -182,18 +202,24 @@ class TransformerXL(nn.Module):
         weights = 5 * self.d_model**2 + 2 * self.d_model * self.d_inner
         return 2 * segment_len * self.n_layer * (weights + PAPER_PER_POSITION * self.d_model)
 
-    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+    def hidden_states(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+        """The states the output layer scores, and the new memories.
+
+        Shape:
+            tokens (B, T) -> (B, T, D), new memories
+        """
         batch, qlen = tokens.shape
         mlen = check_memories(memories, self.n_layer + 1, batch)
-        h = dropout(self.embedding(tokens) * math.sqrt(self.d_model), p=self.dropout, training=self.training)
+        scale = 1.0 if self.adaptive else math.sqrt(self.d_model)  # the adaptive input scales its bands
+        h = dropout(self.embedding(tokens) * scale, p=self.dropout, training=self.training)
         r = relative_sinusoid(mlen + qlen, self.d_model, dtype=h.dtype, device=h.device)  # (K, D)
         r = dropout(r, p=self.dropout, training=self.training)
         hiddens = [h]
         for i, layer in enumerate(self.layers):
             h = layer(h, r, self.r_w_bias, self.r_r_bias, None if memories is None else memories[i])
             hiddens.append(h)
-        logits = self.output(dropout(h, p=self.dropout, training=self.training))  # (B, T, n_token)
-        return logits, update_memories(hiddens, memories, self.mem_len)
+        h = dropout(h, p=self.dropout, training=self.training)
+        return h, update_memories(hiddens, memories, self.mem_len)
 
     def extra_repr(self) -> str:
-        return f"mem_len={self.mem_len}, tie_weight={self.tie_weight}"
+        return f"mem_len={self.mem_len}, tie_weight={self.tie_weight}, adaptive={self.adaptive}"

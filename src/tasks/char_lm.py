@@ -73,8 +73,15 @@ class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
 
     def _nll(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         tokens, targets = batch
+        if hasattr(self.net, "loss"):  # scores without forming (B, T, V) where it can (adaptive softmax)
+            nll, self.memories[stage] = self.net.loss(tokens, targets, self.memories[stage])
+            return nll.mean()  # over B*T
         logits, self.memories[stage] = self.net(tokens, self.memories[stage])
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # mean over B*T
+
+    def units(self, nll: Tensor) -> dict[str, Tensor]:
+        """The metrics a mean NLL (nats) is reported in besides ``loss``: bits per character."""
+        return {"bpc": nll / math.log(2)}
 
     # -- training -----------------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
@@ -83,7 +90,8 @@ class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._nll(batch, "train")
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True)
-        self.log("train/bpc", loss / math.log(2), prog_bar=True, on_step=True, on_epoch=True)
+        for name, value in self.units(loss.detach()).items():
+            self.log(f"train/{name}", value, prog_bar=True, on_step=True, on_epoch=True)
         return loss
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -98,7 +106,8 @@ class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
         nll = metric.compute()  # token-weighted mean over the split and all processes
         metric.reset()
         self.log(f"{stage}/loss", nll, prog_bar=False)
-        self.log(f"{stage}/bpc", nll / math.log(2), prog_bar=True)
+        for name, value in self.units(nll).items():
+            self.log(f"{stage}/{name}", value, prog_bar=True)
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str, metric: MeanMetric) -> None:
         loss = self._nll(batch, stage)

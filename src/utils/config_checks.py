@@ -32,6 +32,8 @@ MODEL_TASKS: dict[str, frozenset[str]] = {
     "ssd": frozenset({"detection"}),
     "group_transformer": frozenset({"char_lm"}),
     "transformer_xl": frozenset({"char_lm"}),
+    "group_transformer_lm": frozenset({"segment_word_lm"}),
+    "transformer_xl_lm": frozenset({"segment_word_lm"}),
     "delight_lm": frozenset({"word_lm"}),
     "transformer_lm": frozenset({"word_lm"}),
     "awd_lm": frozenset({"awd_lm"}),
