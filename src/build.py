@@ -80,8 +80,16 @@ def compile_network(net: nn.Module, options: DictConfig | None) -> None:
 
 
 def build_trainer(cfg: DictConfig, extra_callbacks: tuple = ()) -> L.Trainer:
-    """Instantiate callbacks and loggers (each a dict of named configs) and the Trainer."""
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    """Instantiate callbacks and loggers (each a dict of named configs) and the Trainer.
+
+    A ``callbacks.<name>`` entry without ``_target_`` is a setting of a callback the entry point
+    does not build (a recipe's ``callbacks.model_checkpoint.monitor`` under ``eval.py``, which
+    composes no callbacks) and is skipped."""
+    callbacks = [
+        instantiate(c)
+        for c in (cfg.get("callbacks") or {}).values()
+        if c is not None and "_target_" in c
+    ]
     chosen = [c for c in (cfg.get("logger") or {}).values() if c is not None]
     if any(str(c.get("_target_", "")).endswith("WandbLogger") for c in chosen):
         require("wandb", "wandb", "logger=wandb")

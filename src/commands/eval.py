@@ -7,6 +7,12 @@ reported. Writes ``metrics.json`` (metrics, params, MACs, checkpoint) into the r
 With ``+dynamic_eval=true`` (a ``task=awd_lm`` checkpoint) the split is scored again
 by dynamic evaluation (``dynamic_eval_options``), written as ``<split>/dynamic_loss`` and
 ``<split>/dynamic_ppl`` beside the plain metrics.
+
+With ``official_eval=true`` (a segmentation checkpoint with ``data=cityscapes``, ``split=val``) the
+validation images are predicted again, written at the full label size as label-id PNGs under
+``<output_dir>/official_eval/predictions`` and scored by the official ``cityscapesScripts``
+(:mod:`src.evaluation.cityscapes_eval`): ``official/mIoU`` (19 classes, the papers' number) and
+``official/mIoU_categories`` beside ours, the script's full result in ``official_eval/result.json``.
 """
 
 from __future__ import annotations
@@ -21,8 +27,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from src.build import build_from_checkpoint, build_trainer, complexity_of, scalars
+from src.datamodules.cityscapes import CityscapesDataModule
+from src.evaluation.cityscapes_eval import evaluate_cityscapes
 from src.evaluation.dynamic_eval import dynamic_evaluate, segments
 from src.tasks.awd_lm import AWDLMTask
+from src.tasks.segmentation import SegmentationTask
+from src.utils.errors import UsageError
+from src.utils.extras import require
 from src.utils.files import write_json
 
 log = logging.getLogger("eval")  # the command's name in its log lines
@@ -55,6 +66,49 @@ def dynamic_metrics(
     return {f"{cfg.split}/dynamic_loss": result.loss, f"{cfg.split}/dynamic_ppl": result.ppl}
 
 
+def check_official_eval(
+    cfg: DictConfig, task: L.LightningModule, datamodule: L.LightningDataModule
+) -> None:
+    """Raise before anything runs unless ``official_eval`` can run: a bool, a segmentation task on
+    Cityscapes, the val split, cityscapesScripts installed."""
+    if cfg.official_eval not in (True, False):
+        raise UsageError(f"official_eval must be true or false, got {cfg.official_eval!r}")
+    if not cfg.official_eval:
+        return
+    if not (isinstance(task, SegmentationTask) and isinstance(datamodule, CityscapesDataModule)):
+        raise UsageError(
+            "official_eval=true needs a segmentation checkpoint with data=cityscapes, got "
+            f"{type(task).__name__} on {type(datamodule).__name__}"
+        )
+    if cfg.split != "val":
+        raise UsageError(
+            "official_eval=true scores the Cityscapes val labels (the test labels are not public): "
+            f"pass split=val, got split={cfg.split}"
+        )
+    require("cityscapesScripts", "official-eval", "official_eval=true")
+
+
+def official_metrics(
+    cfg: DictConfig, task: SegmentationTask, datamodule: CityscapesDataModule, trainer: L.Trainer
+) -> dict[str, float]:
+    """The official cityscapesScripts scores of the val split
+    (:mod:`src.evaluation.cityscapes_eval`), the network run as in the plain evaluation (device,
+    precision, input size)."""
+    out_dir = Path(cfg.paths.output_dir) / "official_eval"
+    device = trainer.strategy.root_device
+    task.to(device).eval()
+    with trainer.precision_plugin.forward_context():
+        result = evaluate_cityscapes(
+            task, datamodule.splits["val"], out_dir / "predictions",
+            batch_size=datamodule.batch_size, num_workers=datamodule.num_workers, device=device,
+            json_file=out_dir / "result.json",
+        )  # fmt: skip
+    return {
+        "official/mIoU": float(result["averageScoreClasses"]),
+        "official/mIoU_categories": float(result["averageScoreCategories"]),
+    }
+
+
 def evaluate(cfg: DictConfig) -> dict:
     """Run the chosen split (``split=test|val``) on the checkpoint; returns the summary."""
     start = time.perf_counter()
@@ -72,10 +126,13 @@ def evaluate(cfg: DictConfig) -> dict:
         raise ValueError(
             f"dynamic_eval needs a task=awd_lm checkpoint, got {type(task).__name__}"
         )
+    check_official_eval(cfg, task, datamodule)
     results = run(task, datamodule=datamodule)
     metrics = scalars(results[0])
     if cfg.dynamic_eval:
         metrics.update(dynamic_metrics(cfg, task, trainer.strategy.root_device))
+    if cfg.official_eval and trainer.is_global_zero:
+        metrics.update(official_metrics(cfg, task, datamodule, trainer))
     output_dir = Path(cfg.paths.output_dir)
     summary = {
         "metrics": metrics,

@@ -10,6 +10,10 @@ Every other label id (void, ego vehicle, parking, ...) becomes either
   ``ignore_index=19`` gives: background pixels are left out of the loss and of the metrics, while
   a background prediction on a real class still counts as a miss of that class.
 - ``background_class=False``: 255, the standard 19-class benchmark with ``ignore_index=255``.
+
+Validation resizes images and masks to ``crop_size``; the benchmark scores predictions at the
+label size (2048x1024), which ``eval_full_resolution=True`` gives
+(:mod:`src.evaluation.cityscapes_eval` scores them with the official script).
 """
 
 from __future__ import annotations
@@ -56,19 +60,23 @@ def train_id_table(background_class: bool) -> Tensor:
 
 class CityscapesTransform:
     """Joint transform of a Cityscapes (PIL image, PIL labelIds mask) pair: map the label ids to
-    train ids, then apply ``transform`` to both.
+    train ids, then apply ``transform`` to both, or to the image alone with ``image_only`` (the
+    mask keeps its stored size, 2048x1024 for Cityscapes).
 
     Shape:
-        returns ((3, H, W) float32, (H, W) int64).
+        returns ((3, h, w) float32, (H, W) int64); (h, w) = (H, W) unless ``image_only``.
     """
 
-    def __init__(self, table: Tensor, transform: v2.Transform) -> None:
+    def __init__(self, table: Tensor, transform: v2.Transform, *, image_only: bool = False) -> None:
         self.table = table
         self.transform = transform
+        self.image_only = image_only
 
     def __call__(self, image: Image.Image, mask: Image.Image) -> tuple[Tensor, Tensor]:
         label_ids = torch.from_numpy(mask_values(mask, mask.filename)).long()
         pixels = tv_tensors.Image(v2.functional.pil_to_tensor(image))
+        if self.image_only:
+            return self.transform(pixels).as_subclass(Tensor), self.table[label_ids]
         image_t, mask_t = self.transform(pixels, tv_tensors.Mask(self.table[label_ids]))
         return image_t.as_subclass(Tensor), mask_t.as_subclass(Tensor)
 
@@ -88,12 +96,17 @@ class CityscapesDataModule(SegmentationDataModule):
         ignore_index: the mask value left out of loss and metrics: 19 with ``background_class``
             (the official protocol), else 255.
         crop_scale: area range of the random-resized training crop.
+        eval_full_resolution: validation images are still resized to ``crop_size``, but their
+            masks keep the stored label size (2048x1024); the task up-samples the logits
+            bilinearly to it, so mIoU is scored against the original labels, as the official
+            benchmark does. False resizes the masks with the images (nearest neighbour).
         on_bad_file: "error" (``setup`` raises naming every bad image or mask) or "skip" (leave
             their pairs out, the files listed in ``<root>/bad_files.txt``).
         check_max_seconds: time limit of the file check in ``setup`` (None: none; 0: no check).
 
     Shape:
-        batches are ((B, 3, H, W) float normalised, (B, H, W) int64 train ids).
+        batches are ((B, 3, H, W) float normalised, (B, H, W) int64 train ids), (H, W) =
+        ``crop_size``; with ``eval_full_resolution`` validation masks are (B, 1024, 2048).
     """
 
     def __init__(
@@ -108,6 +121,7 @@ class CityscapesDataModule(SegmentationDataModule):
         background_class: bool = True,
         ignore_index: int = BACKGROUND,
         crop_scale: Sequence[float] = (0.0625, 0.25),
+        eval_full_resolution: bool = False,
         on_bad_file: str = "error",
         check_max_seconds: float | None = 300.0,
     ) -> None:
@@ -125,6 +139,7 @@ class CityscapesDataModule(SegmentationDataModule):
         self.background_class = background_class
         self.ignore_index = ignore_index
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
+        self.eval_full_resolution = eval_full_resolution
 
     def _pairs(self, split: str, layout: str) -> Pairs:
         """The split's (image, labelIds mask) files; raises naming a missing folder or mask."""
@@ -153,7 +168,9 @@ class CityscapesDataModule(SegmentationDataModule):
             transform = segmentation_transform(split == "train", self.crop_size, crop_scale=self.crop_scale)
             dataset = Cityscapes(
                 str(self.root), split=split, mode="fine", target_type="semantic",
-                transforms=CityscapesTransform(table, transform),
+                transforms=CityscapesTransform(
+                    table, transform, image_only=self.eval_full_resolution and split != "train"
+                ),
             )  # fmt: skip
             # torchvision lists the files itself: keep those the check let through
             keep = {image for image, _ in pairs}

@@ -12,7 +12,8 @@ from src.utils.errors import UserError
 from src.utils.extras import MissingExtraError, require
 from tests.conftest import ROOT
 
-# the distributions of the [demos], [wandb], [export] and [executorch] extras, as modules
+# the distributions of the [demos], [wandb], [export], [executorch] and [official-eval] extras, as
+# modules
 EXTRA_MODULES = (
     "django",
     "pycountry",
@@ -25,6 +26,7 @@ EXTRA_MODULES = (
     "onnxscript",
     "executorch",
     "torchao",
+    "cityscapesscripts",
 )
 
 # hides the extras' modules (None in sys.modules: import fails, importlib.util.find_spec says
