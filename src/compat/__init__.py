@@ -12,6 +12,12 @@ Transformer-XL) and :mod:`~src.compat.pru` (PRU, AWD-LM). Each has the same two 
 :func:`load_official` here picks the family by the network's type. The converters only rename and
 reshape tensors; the models hold no official-layout special cases. Imports go one way: compat
 imports models and ops, which never import compat.
+
+``python -m src.compat.convert <official file> family=... model=... data=... out=<path.ckpt>``
+(:mod:`src.compat.convert`, not imported here: it composes configs with Hydra) writes a whole
+official model as a checkpoint of this project, which ``eval.py``, ``predict.py``,
+``generate.py``, ``translate.py`` and ``export.py`` rebuild the network from
+(``ckpt_path=<path.ckpt>``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 :func:`from_official` builds the layer an official config describes and fills it;
 :func:`load_official` fills a :class:`GroupLinear`, :class:`DExTra` or DeLighT encoder or decoder
-block of ours in place. Whole DeLighT networks (fairseq checkpoints) are not converted.
+block of ours in place, and a whole :class:`DeLighTEncoderDecoder` or
+:class:`DeLighTLanguageModel` from a fairseq DeLighT checkpoint (``{"args": ..., "model":
+state_dict}``; the state dict alone works too).
 
 Official names and layouts (README of the reference fixtures, "Parameter names and layouts"):
 
@@ -17,6 +19,21 @@ Official names and layouts (README of the reference fixtures, "Parameter names a
   ``fc2`` (all Linear) and the LayerNorms ``self_attn_layer_norm``, ``encoder_attn_layer_norm``,
   ``final_layer_norm``.
 
+- The translation model (``delight_transformer``): per side ``encoder.`` / ``decoder.``,
+  ``embed_tokens.map_layer.weight`` (the 128-wide table), ``embed_tokens.dextra_layer.*`` (the
+  embedding ``DExTraUnit``), ``layers.<b>.*`` (the layers above) and the buffers ``version`` and
+  ``embed_positions._float_tensor`` (dropped: the sinusoids are recomputed); the decoder adds
+  ``project_out_dim.weights`` (Linear d_m -> 128, no bias; absent when d_m = 128) and, without
+  ``share_decoder_input_output_embed``, ``embed_out.weights`` (Linear 128 -> V). Pre-norm models
+  (``encoder.layer_norm``, ``decoder.layer_norm``) and adaptive input/softmax are not built by
+  :class:`DeLighTEncoderDecoder` and are refused.
+- The language model (``delight_transformer_lm``): the decoder's names alone, its layers without
+  encoder attention; the table is ``decoder.embed_tokens.map_layer.weight`` or, with adaptive
+  input, ``map_layer.embeddings.<i>.weight`` and ``map_layer.projections.<i>.weight``. The adaptive
+  softmax (``decoder.adaptive_softmax.*``) holds only ``head.class_proj.weight`` of its own: its
+  ``head.word_proj`` and ``tail.<i>.{0,2}`` weights are the adaptive input's (tied; checked equal,
+  then dropped), its ``version`` and ``_float_tensor`` buffers are dropped.
+
 Sizes come from the official config dict (or the module being filled) and the tensors; nothing
 here knows a particular model.
 """
@@ -30,6 +47,8 @@ from torch import Tensor, nn
 
 from src.compat.common import OfficialWeightsError, Weights, fill, load_with, unsupported
 from src.models.delight_block import DeLighTDecoderBlock, DeLighTEncoderBlock
+from src.models.delight_lm import DeLighTLanguageModel
+from src.models.delight_mt import DeLighTEncoderDecoder
 from src.ops.dextra import DExTra
 from src.ops.group_linear import GroupLinear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
@@ -234,10 +253,10 @@ def _block_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fill_block(
+def _block_params(
     block: DeLighTEncoderBlock | DeLighTDecoderBlock, state_dict: Mapping[str, Tensor]
-) -> None:
-    """Fill ``block`` with an official layer's tensors; every official tensor must be consumed."""
+) -> dict[str, Tensor]:
+    """An official layer's tensors in ``block``'s names; every official tensor must be consumed."""
     if isinstance(block, DeLighTDecoderBlock):
         dextra_prefix = "dextra_layer_sa."
         cross = _ENCODER_ATTENTION if block.cross_attention else ()
@@ -266,7 +285,7 @@ def _fill_block(
             params[f"{ours}{our_suffix}"] = state_dict[name]
             used.add(name)
     _unmapped(state_dict, used, "DeLighT layer")
-    fill(block, params)
+    return params
 
 
 def encoder_layer_from_official(
@@ -304,16 +323,166 @@ def decoder_layer_from_official(
     return block
 
 
+# fairseq buffers of a DeLighT translation model that hold no weights: the state-dict version and
+# the sinusoidal embedding's device marker (the sinusoids are recomputed)
+_MT_BUFFERS = ("version", "embed_positions._float_tensor", "embed_positions.weights")
+
+
+def _under(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The tensors named ``prefix...``, without the prefix."""
+    return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def _mt_params(model: DeLighTEncoderDecoder, state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A fairseq ``DeLighTTransformerModel`` state dict in ``model``'s names (module docstring)."""
+    refused = [k for k in state_dict if k.split(".")[1:2] in (["layer_norm"], ["adaptive_softmax"])]
+    if refused:
+        raise OfficialWeightsError(
+            f"official tensors {refused[:4]} belong to a pre-norm or adaptive-softmax model, which "
+            "DeLighTEncoderDecoder does not build (post-norm, tied or plain output)"
+        )
+    params: dict[str, Tensor] = {}
+    used = {f"{side}.{name}" for side in ("encoder", "decoder") for name in _MT_BUFFERS}
+    sides = (
+        ("encoder", model.encoder_embedding, model.encoder_blocks),
+        ("decoder", model.decoder_embedding, model.decoder_blocks),
+    )
+    for side, embedding, blocks in sides:
+        table = f"{side}.embed_tokens.map_layer.weight"
+        if table not in state_dict:
+            raise OfficialWeightsError(
+                f"official tensor {table} missing: not a fairseq DeLighT translation state dict "
+                f"(expected encoder.embed_tokens.*, encoder.layers.<b>.*, decoder.embed_tokens.*, "
+                f"decoder.layers.<b>.*); keys start {sorted(state_dict)[:4]}"
+            )
+        params[f"{side}_embedding.lookup.weight"] = state_dict[table]
+        used.add(table)
+        dextra_prefix = f"{side}.embed_tokens.dextra_layer."
+        dextra = _dextra_params(embedding.dextra, _under(state_dict, dextra_prefix))
+        params |= {f"{side}_embedding.dextra.{k}": v for k, v in dextra.items()}
+        used |= {k for k in state_dict if k.startswith(dextra_prefix)}
+        for b, block in enumerate(blocks):
+            prefix = f"{side}.layers.{b}."
+            layer = _under(state_dict, prefix)
+            if not layer:
+                raise OfficialWeightsError(
+                    f"official layer {prefix}* missing: the file has fewer {side} layers than the "
+                    f"{len(blocks)} of this model"
+                )
+            try:
+                converted = _block_params(block, layer)
+            except OfficialWeightsError as error:
+                raise OfficialWeightsError(f"{prefix.rstrip('.')}: {error}") from None
+            params |= {f"{side}_blocks.{b}.{k}": v for k, v in converted.items()}
+            used |= {f"{prefix}{k}" for k in layer}
+    outputs = (
+        ("decoder.project_out_dim.weights", "project_out.weight", model.project_out),
+        ("decoder.embed_out.weights", "output.weight", model.output),
+    )
+    for theirs, ours, module in outputs:
+        if module is not None:
+            if theirs not in state_dict:
+                raise OfficialWeightsError(f"official tensor {theirs} missing from the state dict")
+            params[ours] = state_dict[theirs]
+            used.add(theirs)
+    _unmapped(state_dict, used, "DeLighT translation model")
+    return params
+
+
+def _tied(state_dict: Mapping[str, Tensor], name: str, ties: str) -> None:
+    """Refuse a tensor that should be the one it is tied to but is not (an untied file)."""
+    if name in state_dict and not (
+        state_dict[name].shape == state_dict[ties].shape
+        and bool((state_dict[name] == state_dict[ties]).all())
+    ):
+        raise OfficialWeightsError(
+            f"official {name} is not {ties}: an untied adaptive softmax, which "
+            "DeLighTLanguageModel does not build"
+        )
+
+
+def _lm_params(model: DeLighTLanguageModel, state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A fairseq ``DeLighTTransformerLanguageModel`` state dict in ``model``'s names."""
+    if "decoder.layer_norm.weight" in state_dict:
+        raise OfficialWeightsError(
+            "official decoder.layer_norm.* present: DeLighTLanguageModel has no final LayerNorm "
+            "(the official no_decoder_final_norm)"
+        )
+    used = {
+        "decoder.version",
+        "decoder.embed_positions._float_tensor",
+        "decoder.embed_positions.weights",
+        "decoder.embed_tokens.map_layer._float_tensor",
+        "decoder.adaptive_softmax.version",
+        "decoder.adaptive_softmax.head._float_tensor",
+    }
+    params: dict[str, Tensor] = {}
+    table = "decoder.embed_tokens.map_layer."
+    for ours in model.embedding.lookup.state_dict():
+        theirs = f"{table}{ours}"
+        if ours == "class_proj.weight":
+            theirs = "decoder.adaptive_softmax.head.class_proj.weight"
+        if theirs not in state_dict:
+            raise OfficialWeightsError(
+                f"official tensor {theirs} missing: not a fairseq DeLighT language model state "
+                f"dict of this table (expected {table}*, decoder.layers.<b>.*); keys start "
+                f"{sorted(state_dict)[:4]}"
+            )
+        params[f"embedding.lookup.{ours}"] = state_dict[theirs]
+        used.add(theirs)
+    bands = sum(1 for k in params if k.startswith("embedding.lookup.embeddings."))
+    head = "decoder.adaptive_softmax.head.word_proj.weight"
+    _tied(state_dict, head, f"{table}embeddings.0.weight")
+    used.add(head)
+    for i in range(1, bands):
+        for part, ties in ((0, "projections"), (2, "embeddings")):
+            name = f"decoder.adaptive_softmax.tail.{i - 1}.{part}.weight"
+            _tied(state_dict, name, f"{table}{ties}.{i}.weight")
+            used.add(name)
+    dextra_prefix = "decoder.embed_tokens.dextra_layer."
+    dextra = _dextra_params(model.embedding.dextra, _under(state_dict, dextra_prefix))
+    params |= {f"embedding.dextra.{k}": v for k, v in dextra.items()}
+    used |= {k for k in state_dict if k.startswith(dextra_prefix)}
+    for b, block in enumerate(model.blocks):
+        prefix = f"decoder.layers.{b}."
+        layer = _under(state_dict, prefix)
+        if not layer:
+            raise OfficialWeightsError(
+                f"official layer {prefix}* missing: the file has fewer layers than the "
+                f"{len(model.blocks)} of this model"
+            )
+        try:
+            converted = _block_params(block, layer)
+        except OfficialWeightsError as error:
+            raise OfficialWeightsError(f"{prefix.rstrip('.')}: {error}") from None
+        params |= {f"blocks.{b}.{k}": v for k, v in converted.items()}
+        used |= {f"{prefix}{k}" for k in layer}
+    if model.project_out is not None:
+        name = "decoder.project_out_dim.weights"
+        if name not in state_dict:
+            raise OfficialWeightsError(f"official tensor {name} missing from the state dict")
+        params["project_out.weight"] = state_dict[name]
+        used.add(name)
+    _unmapped(state_dict, used, "DeLighT language model")
+    return params
+
+
 def _fill(network: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
     if isinstance(network, GroupLinear):
         _fill_glt(network, state_dict)
     elif isinstance(network, DExTra):
         fill(network, _dextra_params(network, state_dict))
+    elif isinstance(network, DeLighTEncoderDecoder):
+        fill(network, _mt_params(network, unwrap_checkpoint(state_dict)[0]))
+    elif isinstance(network, DeLighTLanguageModel):
+        fill(network, _lm_params(network, unwrap_checkpoint(state_dict)[0]))
     else:
-        _fill_block(network, state_dict)
+        fill(network, _block_params(network, state_dict))
 
 
 NETWORKS: tuple[type[nn.Module], ...] = (
+    DeLighTEncoderDecoder,
+    DeLighTLanguageModel,
     GroupLinear,
     DExTra,
     DeLighTEncoderBlock,
@@ -321,12 +490,92 @@ NETWORKS: tuple[type[nn.Module], ...] = (
 )
 
 
+def unwrap_checkpoint(loaded: Mapping[str, Any]) -> tuple[Mapping[str, Tensor], dict[str, Any]]:
+    """A fairseq checkpoint's model state dict and its ``args`` as a dict (empty without them);
+    any other mapping is returned as the state dict itself."""
+    model = loaded.get("model")
+    if not isinstance(model, Mapping):
+        return loaded, {}
+    args = loaded.get("args")
+    return model, ({} if args is None else dict(vars(args) if hasattr(args, "__dict__") else args))
+
+
+# fairseq DeLighT arguments -> DeLighTEncoderDecoder's (sizes only: what the tensors depend on)
+MT_ARGUMENTS = {
+    "delight_emb_out_dim": "d_model",
+    "delight_enc_min_depth": "n_min",
+    "delight_enc_max_depth": "n_max",
+    "delight_enc_width_mult": "width_multiplier",
+    "delight_enc_layers": "num_blocks",
+    "delight_enc_max_groups": "max_groups",
+    "delight_emb_map_dim": "embedding_dim",
+    "share_all_embeddings": "share_all_embeddings",
+    "share_decoder_input_output_embed": "share_decoder_input_output_embed",
+}
+
+
+# fairseq DeLighT language-model arguments -> DeLighTLanguageModel's (sizes only)
+LM_ARGUMENTS = {
+    "delight_emb_out_dim": "d_model",
+    "delight_dec_min_depth": "n_min",
+    "delight_dec_max_depth": "n_max",
+    "delight_dec_width_mult": "width_multiplier",
+    "delight_dec_layers": "num_blocks",
+    "delight_dec_max_groups": "max_groups",
+    "delight_emb_map_dim": "embedding_dim",
+    "adaptive_input": "adaptive_input",
+    "adaptive_input_factor": "adaptive_factor",
+}
+
+
+def lm_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`DeLighTLanguageModel` arguments a fairseq language-model checkpoint's ``args``
+    give (``adaptive_input_cutoff`` "20000,60000" as ``cutoffs``)."""
+    found = {ours: args[theirs] for theirs, ours in LM_ARGUMENTS.items() if theirs in args}
+    for key in ("width_multiplier", "adaptive_factor"):
+        if key in found:
+            found[key] = float(found[key])
+    if found.get("adaptive_input") and args.get("adaptive_input_cutoff"):
+        found["cutoffs"] = [int(c) for c in str(args["adaptive_input_cutoff"]).split(",")]
+    return found
+
+
+def mt_arguments(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`DeLighTEncoderDecoder` arguments a fairseq checkpoint's ``args`` give.
+
+    The decoder's depths, width and block count must equal the encoder's (every official
+    architecture; the model here has one set); pre-norm and adaptive input are refused."""
+    for enc, dec in (
+        ("delight_enc_min_depth", "delight_dec_min_depth"),
+        ("delight_enc_max_depth", "delight_dec_max_depth"),
+        ("delight_enc_width_mult", "delight_dec_width_mult"),
+        ("delight_enc_layers", "delight_dec_layers"),
+    ):
+        if enc in args and dec in args and args[enc] != args[dec]:
+            raise OfficialWeightsError(
+                f"official args {enc}={args[enc]} and {dec}={args[dec]} differ; "
+                "DeLighTEncoderDecoder has one depth and width schedule for both sides"
+            )
+    for flag in ("encoder_normalize_before", "decoder_normalize_before", "adaptive_input"):
+        if args.get(flag):
+            raise OfficialWeightsError(
+                f"official args {flag}=True: DeLighTEncoderDecoder is post-norm with a plain table"
+            )
+    found = {ours: args[theirs] for theirs, ours in MT_ARGUMENTS.items() if theirs in args}
+    if "width_multiplier" in found:
+        found["width_multiplier"] = float(found["width_multiplier"])
+    return found
+
+
 def load_official(network: nn.Module, weights: Weights) -> None:
     """Fill ``network`` in place with an official DeLighT layer's weights (a path or a state dict).
 
     ``network``: a :class:`GroupLinear` (official ``GroupLinear`` or ``Linear``: ``weights``,
-    ``bias``), a :class:`DExTra` (``DExTraUnit``), or a :class:`DeLighTEncoderBlock` /
-    :class:`DeLighTDecoderBlock` (``DeLighTTransformerEncoderLayer`` / ``DecoderLayer``).
+    ``bias``), a :class:`DExTra` (``DExTraUnit``), a :class:`DeLighTEncoderBlock` /
+    :class:`DeLighTDecoderBlock` (``DeLighTTransformerEncoderLayer`` / ``DecoderLayer``), a
+    :class:`DeLighTEncoderDecoder` or :class:`DeLighTLanguageModel` (a fairseq
+    ``delight_transformer`` or ``delight_transformer_lm`` state dict, or the checkpoint holding it
+    under ``model``).
 
     Raises:
         OfficialWeightsError: official tensors missing or not mapped, or shapes that differ.
@@ -334,6 +583,8 @@ def load_official(network: nn.Module, weights: Weights) -> None:
     """
     if not isinstance(network, NETWORKS):
         raise unsupported(network, FAMILY, NETWORKS)
+    if isinstance(weights, Mapping):
+        weights = unwrap_checkpoint(weights)[0]
     load_with(network, weights, FAMILY, _fill)
 
 
