@@ -34,7 +34,7 @@ from src.decoding.generation import (
     symbol_mask,
     vocabulary_masks,
 )
-from src.evaluation.word_completion import spread, word_completion, word_spans
+from src.decoding.word_completion import spread, word_completion, word_spans
 from tests.conftest import ROOT, compose_config
 
 # symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c

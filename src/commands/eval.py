@@ -8,6 +8,11 @@ With ``+dynamic_eval=true`` (a ``task=awd_lm`` checkpoint) the split is scored a
 by dynamic evaluation (``dynamic_eval_options``), written as ``<split>/dynamic_loss`` and
 ``<split>/dynamic_ppl`` beside the plain metrics.
 
+With ``word_completion=true`` (a character model: ``task=char_lm``) the split is also scored by
+word completion (Group-Transformer Table 4 as a metric, :mod:`src.decoding.word_completion`):
+``<split>/word_top1``, ``word_top5``, ``word_top20`` (fractions of the words whose true completion
+ranks there, from their first ``prefix_len`` characters) and ``<split>/word_count``.
+
 With ``official_eval=true`` (a segmentation checkpoint with ``data=cityscapes``, ``split=val``) the
 validation images are predicted again, written at the full label size as label-id PNGs under
 ``<output_dir>/official_eval/predictions`` and scored by the official ``cityscapesScripts``
@@ -27,10 +32,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from src.build import build_from_checkpoint, build_trainer, complexity_of, scalars
+from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.cityscapes import CityscapesDataModule
 from src.evaluation.cityscapes_eval import evaluate_cityscapes
+from src.decoding.generation import vocabulary_masks
 from src.evaluation.dynamic_eval import dynamic_evaluate, segments
+from src.decoding.word_completion import word_completion
 from src.tasks.awd_lm import AWDLMTask
+from src.tasks.char_lm import CharLMTask
 from src.tasks.segmentation import SegmentationTask
 from src.utils.errors import UsageError
 from src.utils.extras import require
@@ -64,6 +73,46 @@ def dynamic_metrics(
         old_hyper=options.old_hyper,
     )
     return {f"{cfg.split}/dynamic_loss": result.loss, f"{cfg.split}/dynamic_ppl": result.ppl}
+
+
+def check_word_completion(cfg: DictConfig, task: L.LightningModule, datamodule: L.LightningDataModule) -> None:
+    """Raise before anything runs unless ``word_completion`` can run: a bool, a character model."""
+    if cfg.word_completion not in (True, False):
+        raise UsageError(f"word_completion must be true or false, got {cfg.word_completion!r}")
+    if cfg.word_completion and not (
+        isinstance(task, CharLMTask) and isinstance(datamodule, CharLMDataModule)
+    ):
+        raise UsageError(
+            "word_completion=true needs a character language model checkpoint (task=char_lm: data "
+            f"pydoc_chars, enwik8, text8), got {type(task).__name__} on {type(datamodule).__name__}"
+        )
+
+
+def word_completion_metrics(
+    cfg: DictConfig, task: CharLMTask, datamodule: CharLMDataModule, device: torch.device
+) -> dict[str, float]:
+    """Word completion accuracy on ``cfg.split`` (:mod:`src.decoding.word_completion`), each word
+    read after ``mem_len + tgt_len`` characters of context, in training-length segments."""
+    options = cfg.word_completion_options
+    net = task.net.to(device).eval()
+    allowed, boundary = vocabulary_masks(datamodule.symbols, datamodule.vocab_size)
+    tokens = torch.from_numpy(datamodule.splits[cfg.split].astype("int64"))  # (N,)
+    start = time.perf_counter()
+    result = word_completion(
+        net,
+        tokens,
+        boundary,
+        segment_len=datamodule.tgt_len,
+        context_len=net.mem_len + datamodule.tgt_len,
+        prefix_len=options.prefix_len,
+        top=tuple(options.top),
+        max_words=options.max_words,
+        max_word_len=options.max_word_len,
+        beam_size=options.beam_size,
+        allowed=allowed,
+    )
+    log.info("word completion: %d words in %.1f s", result.count, time.perf_counter() - start)
+    return result.as_metrics(cfg.split)
 
 
 def check_official_eval(
@@ -127,10 +176,13 @@ def evaluate(cfg: DictConfig) -> dict:
             f"dynamic_eval needs a task=awd_lm checkpoint, got {type(task).__name__}"
         )
     check_official_eval(cfg, task, datamodule)
+    check_word_completion(cfg, task, datamodule)
     results = run(task, datamodule=datamodule)
     metrics = scalars(results[0])
     if cfg.dynamic_eval:
         metrics.update(dynamic_metrics(cfg, task, trainer.strategy.root_device))
+    if cfg.word_completion and trainer.is_global_zero:
+        metrics.update(word_completion_metrics(cfg, task, datamodule, trainer.strategy.root_device))
     if cfg.official_eval and trainer.is_global_zero:
         metrics.update(official_metrics(cfg, task, datamodule, trainer))
     output_dir = Path(cfg.paths.output_dir)
