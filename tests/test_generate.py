@@ -24,6 +24,7 @@ from src.datamodules.word_corpus import EOS, UNK
 from src.datamodules.word_lm import decode_words
 from src.decoding.generation import (
     complete_words,
+    complete_words_batch,
     decode,
     draw,
     encode,
@@ -194,6 +195,17 @@ def test_word_completion_counts_ranks_against_exact_probabilities() -> None:
     assert metrics == {"test/word_top1": 0.75, "test/word_top2": 1.0, "test/word_count": 4.0}
     with pytest.raises(ValueError, match="beam_size"):
         word_completion(MarkovNet(TOY_TRANSITIONS), text, boundary, segment_len=4, context_len=4, top=(1, 20), beam_size=8)
+
+
+def test_complete_words_batch_equals_one_prefix_at_a_time() -> None:
+    boundary = torch.tensor([True, False, False, False])
+    prefixes = torch.tensor([[1, 0], [0, 1], [2, 2], [0, 3]])
+    args = dict(segment_len=4, num_words=3, max_word_len=3, beam_size=3, allow_empty=True)
+    batched = complete_words_batch(MarkovNet(TOY_TRANSITIONS), prefixes, boundary, **args)
+    alone = [complete_words(MarkovNet(TOY_TRANSITIONS), p[None], boundary, **args) for p in prefixes]
+    assert [[path for path, _ in words] for words in batched] == [[path for path, _ in words] for words in alone]
+    for got, want in zip(batched, alone):
+        assert [score for _, score in got] == pytest.approx([score for _, score in want], abs=1e-6)
 
 
 def test_encode_decode_and_masks() -> None:

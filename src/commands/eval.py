@@ -110,6 +110,7 @@ def word_completion_metrics(
         max_word_len=options.max_word_len,
         beam_size=options.beam_size,
         allowed=allowed,
+        words_per_batch=options.words_per_batch,
     )
     log.info("word completion: %d words in %.1f s", result.count, time.perf_counter() - start)
     return result.as_metrics(cfg.split)

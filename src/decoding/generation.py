@@ -196,43 +196,91 @@ def complete_words(
     """
     if prefix.ndim != 2 or prefix.shape[0] != 1:
         raise ValueError(f"prefix must be one sequence (1, T), got shape {tuple(prefix.shape)}")
+    return complete_words_batch(
+        net, prefix, boundary, segment_len=segment_len, num_words=num_words,
+        max_word_len=max_word_len, beam_size=beam_size, allowed=allowed, allow_empty=allow_empty,
+    )[0]  # fmt: skip
+
+
+@torch.no_grad()
+def complete_words_batch(
+    net: nn.Module,
+    prefixes: Tensor,
+    boundary: Tensor,
+    *,
+    segment_len: int,
+    num_words: int = 5,
+    max_word_len: int = 20,
+    beam_size: int = 16,
+    allowed: Tensor | None = None,
+    allow_empty: bool = False,
+) -> list[list[tuple[list[int], float]]]:
+    """:func:`complete_words` for ``W`` prefixes of one length at once: each keeps its own beam of
+    ``beam_size`` rows (a dead row scores -inf), all ``W * beam_size`` rows run in one call per
+    step, and the search ends when every prefix's has.
+
+    Shape:
+        prefixes: (W, T) int64, boundary: (V,) bool -> W lists of up to ``num_words`` (symbol ids,
+        log-probability) pairs, best first.
+    """
+    if prefixes.ndim != 2 or prefixes.shape[0] < 1:
+        raise ValueError(f"prefixes must be (W, T) with W >= 1, got shape {tuple(prefixes.shape)}")
     if num_words < 1 or max_word_len < 1 or beam_size < 1:
         raise ValueError(
             f"need num_words, max_word_len, beam_size >= 1, got {num_words}, {max_word_len}, {beam_size}"
         )
-    logits, memories = read_context(net, prefix, segment_len)  # (1, V)
-    if boundary.dtype != torch.bool or boundary.shape != logits.shape[-1:]:
-        raise ValueError(f"boundary must be a ({logits.shape[-1]},) bool mask, got {boundary.dtype} {tuple(boundary.shape)}")
+    logits, memories = read_context(net, prefixes, segment_len)  # (W, V)
+    n_prefix, vocab = logits.shape
+    if boundary.dtype != torch.bool or boundary.shape != (vocab,):
+        raise ValueError(f"boundary must be a ({vocab},) bool mask, got {boundary.dtype} {tuple(boundary.shape)}")
     boundary = boundary.to(logits.device)
     if allowed is not None:
         boundary = boundary & allowed.to(logits.device)
     if not bool(boundary.any()):
         raise ValueError("no allowed symbol ends a word (boundary is empty)")
 
-    words: list[tuple[list[int], float]] = []
-    paths: list[list[int]] = [[]]
-    scores = logits.new_zeros(1, dtype=torch.float)  # (K,) log-probability of each unfinished path
+    k = beam_size
+    rows = torch.arange(n_prefix, device=logits.device)[:, None] * k  # (W, 1) first row of each beam
+    # every beam starts as one live row (the prefix) and k - 1 dead ones
+    logits = logits.repeat_interleave(k, dim=0)  # (W*k, V)
+    if memories is not None:
+        memories = [m.repeat_interleave(k, dim=0) for m in memories]  # (W*k, M, D)
+    scores = torch.full((n_prefix, k), float("-inf"), device=logits.device)  # (W, k)
+    scores[:, 0] = 0.0
+    paths: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n_prefix)]
+    words: list[list[tuple[list[int], float]]] = [[] for _ in range(n_prefix)]
+    searching = [True] * n_prefix
     for length in range(max_word_len + 1):
-        log_probs = (scores[:, None] + _masked(logits.float(), allowed).log_softmax(-1))  # (K, V)
+        log_probs = scores[..., None] + _masked(logits.float(), allowed).log_softmax(-1).view(n_prefix, k, vocab)
         if length > 0 or allow_empty:
-            ended = log_probs[:, boundary].logsumexp(-1)  # (K,)
-            words += [(path, score) for path, score in zip(paths, ended.tolist()) if score > float("-inf")]
-            words.sort(key=lambda word: -word[1])
-            del words[num_words:]
+            ended = log_probs[..., boundary].logsumexp(-1).tolist()  # (W, k)
+            for w in range(n_prefix):
+                if searching[w]:
+                    found = [(path, score) for path, score in zip(paths[w], ended[w]) if score > float("-inf")]
+                    words[w] = sorted(words[w] + found, key=lambda word: -word[1])[:num_words]
         if length == max_word_len:
             break
-        grown = log_probs.masked_fill(boundary, float("-inf")).flatten()  # (K * V,)
-        k = min(beam_size, int(torch.isfinite(grown).sum()))
-        if k == 0:
+        grown = log_probs.masked_fill(boundary, float("-inf")).view(n_prefix, k * vocab)  # (W, k*V)
+        scores, index = grown.topk(min(k, k * vocab), dim=-1)  # (W, k)
+        best = scores[:, 0].tolist()
+        for w in range(n_prefix):
+            full = len(words[w]) == num_words
+            if searching[w] and (best[w] == float("-inf") or (full and best[w] <= words[w][-1][1])):
+                searching[w] = False  # every longer word scores below the ones kept
+        if not any(searching):
             break
-        scores, index = grown.topk(k)  # (k,)
-        if len(words) == num_words and float(scores[0]) <= words[-1][1]:
-            break  # every longer word scores below the ones kept
-        origin, symbol = index // logits.shape[-1], index % logits.shape[-1]  # (k,), (k,)
-        paths = [paths[o] + [s] for o, s in zip(origin.tolist(), symbol.tolist())]
+        done = torch.tensor([not s for s in searching], device=scores.device)
+        scores = scores.masked_fill(done[:, None], float("-inf"))
+        origin, symbol = index // vocab, index % vocab  # (W, k), (W, k)
+        origins, symbols = origin.tolist(), symbol.tolist()
+        paths = [
+            [paths[w][o] + [sym] for o, sym in zip(origins[w], symbols[w])] if searching[w] else paths[w]
+            for w in range(n_prefix)
+        ]
         if memories is not None:
-            memories = [m.index_select(0, origin) for m in memories]  # (K, M, D) -> (k, M, D)
-        out, memories = net(symbol[:, None], memories)  # (k, 1, V)
+            take = (rows + origin).flatten()  # (W*k,) rows of the previous step
+            memories = [m.index_select(0, take) for m in memories]
+        out, memories = net(symbol.reshape(-1, 1), memories)  # (W*k, 1, V)
         logits = out[:, -1]
     return words
 

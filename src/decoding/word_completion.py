@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from src.decoding.generation import complete_words
+from src.decoding.generation import complete_words_batch
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ def word_completion(
     max_word_len: int = 20,
     beam_size: int = 32,
     allowed: Tensor | None = None,
+    words_per_batch: int = 16,
 ) -> WordCompletionResult:
     """Score word completion on ``tokens`` (see the module docstring).
 
@@ -99,6 +100,7 @@ def word_completion(
         max_word_len: longest continuation searched, in symbols.
         beam_size: unfinished continuations kept per search step (>= ``max(top)``).
         allowed: ids that may be produced, or None for all.
+        words_per_batch: words searched at once (``words_per_batch * beam_size`` rows a call).
 
     Shape:
         tokens: (N,) int64, boundary: (V,) bool
@@ -116,22 +118,30 @@ def word_completion(
     weight = next(net.parameters(), None)  # an exported graph's runtime has none: the CPU
     device = weight.device if weight is not None else torch.device("cpu")
     hits = dict.fromkeys(top, 0)
+    # words whose contexts have one length are searched together (all but the first few words)
+    by_length: dict[int, list[tuple[int, int]]] = {}
     for start, end in spans:
-        given = start + prefix_len
-        context = tokens[max(0, given - context_len - prefix_len) : given].to(device)[None]  # (1, T)
-        truth = tokens[given:end].tolist()
-        found = complete_words(
-            net,
-            context,
-            boundary,
-            segment_len=segment_len,
-            num_words=max(top),
-            max_word_len=max_word_len,
-            beam_size=beam_size,
-            allowed=allowed,
-            allow_empty=True,
-        )
-        rank = next((r for r, (path, _) in enumerate(found) if path == truth), None)
-        for k in top:
-            hits[k] += rank is not None and rank < k
+        by_length.setdefault(min(start, context_len), []).append((start, end))
+    for length, group in by_length.items():
+        for first in range(0, len(group), words_per_batch):
+            batch = group[first : first + words_per_batch]
+            contexts = torch.stack(
+                [tokens[start - length : start + prefix_len] for start, _ in batch]
+            ).to(device)  # (W, length + prefix_len)
+            found = complete_words_batch(
+                net,
+                contexts,
+                boundary,
+                segment_len=segment_len,
+                num_words=max(top),
+                max_word_len=max_word_len,
+                beam_size=beam_size,
+                allowed=allowed,
+                allow_empty=True,
+            )
+            for (start, end), ranked in zip(batch, found):
+                truth = tokens[start + prefix_len : end].tolist()
+                rank = next((r for r, (path, _) in enumerate(ranked) if path == truth), None)
+                for k in top:
+                    hits[k] += rank is not None and rank < k
     return WordCompletionResult(count=len(spans), hits=hits)
