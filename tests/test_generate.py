@@ -297,6 +297,20 @@ def test_words_mode_prints_ranked_words(checkpoint, capsys) -> None:
     assert all(v <= 0 for v in values) and values == sorted(values, reverse=True)
 
 
+def test_eval_word_completion_scores_the_split(checkpoint, tmp_path) -> None:
+    """eval.py word_completion=true on a character model: the top-k fractions of the words asked."""
+    from src.commands.eval import evaluate
+
+    path, overrides, _, _ = checkpoint
+    options = ["word_completion=true", "word_completion_options.max_words=6", "word_completion_options.max_word_len=6",
+               "word_completion_options.beam_size=20", "trainer=cpu", "logger=csv", "data.eval_tgt_len=16"]  # fmt: skip
+    eval_overrides = [o for o in overrides if not o.startswith("paths.")]
+    metrics = evaluate(compose_config("eval", [*eval_overrides, *options], tmp_path / "eval"))["metrics"]
+    assert metrics["test/word_count"] == 6.0
+    assert 0.0 <= metrics["test/word_top1"] <= metrics["test/word_top5"] <= metrics["test/word_top20"] <= 1.0
+    assert math.isfinite(metrics["test/bpc"])
+
+
 def test_sentences_mode_prints_endings_of_the_last_sentence(checkpoint, capsys) -> None:
     _, overrides, _, symbols = checkpoint
     prompt = "First one. The default val"
@@ -451,3 +465,29 @@ def test_awd_model_stops_at_a_forced_end_of_sentence(awd_checkpoint, capsys, tmp
     forced = [*overrides[:-1], f"ckpt_path={path}", f"prompt='{WORD_PROMPT}'", "max_new_words=12"]
     assert generate_here(capsys, forced) == f"{WORD_PROMPT}\n"
     assert generate_here(capsys, forced, "stop_at_eos=false").count("\n") == 12 + 1
+
+
+def test_word_level_group_transformer_samples_dictionary_words(tmp_path, capsys) -> None:
+    """A word-level Group-Transformer (adaptive softmax, memories carried) continues the prompt by
+    dictionary words; greedy decoding is the argmax of its log-probabilities."""
+    overrides = ["experiment=group_transformer_lm/demo", "model.n_layer=1", "model.d_model=32", "model.d_inner=64",
+                 "model.mem_len=8", "data.tgt_len=8", f"data.root={tmp_path / 'data'}"]  # fmt: skip
+    cfg = compose_config("train", overrides, tmp_path / "run")
+    datamodule, task = build_task(cfg)
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": task.state_dict()}, path)
+    args = [*overrides, f"ckpt_path={path}", f"prompt='{WORD_PROMPT}'", "max_new_words=12", "stop_at_eos=false"]
+    out = generate_here(capsys, args, "top_k=1")
+    assert out.startswith(WORD_PROMPT + " ")
+    new = out[len(WORD_PROMPT) + 1 :].split()
+    assert 1 <= len(new) <= 12
+    datamodule.setup("fit")
+    words = set(datamodule.dictionary.symbols)
+    assert all(word in words for word in new)
+    # greedy by hand: the first new word is the argmax after </s> + the prompt
+    ids = torch.tensor([[EOS_ID, *(datamodule.dictionary.index(w) for w in WORD_PROMPT.split())]])
+    with torch.no_grad():
+        log_probs, _ = task.net.eval()(ids, None)
+    allowed = [not (s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword")) for s in datamodule.dictionary.symbols]
+    scores = log_probs[0, -1].masked_fill(~torch.tensor(allowed), float("-inf"))
+    assert new[0] == datamodule.dictionary.symbols[int(scores.argmax())] or int(scores.argmax()) == EOS_ID
