@@ -19,9 +19,9 @@ Then, by ``mode``:
 - ``sample``: ``max_new_chars`` characters drawn one at a time with ``temperature``, ``top_k`` and
   ``top_p``; stdout gets the prompt followed by the continuation;
 - ``sentences`` (sentence completion, Group-Transformer Table 5): ``num_samples`` independent
-  samples, each ending at the first sentence end (``. ! ?`` or a line break) or after
-  ``max_new_chars`` characters; stdout gets one numbered line per sample, the prompt's last
-  sentence followed by its ending;
+  samples, each ending at the first sentence end (``. ! ?``) or after ``max_new_chars``
+  characters; stdout gets one numbered line per sample, the prompt's last sentence followed by its
+  ending, line breaks shown as spaces;
 - ``words`` (word completion, Group-Transformer Table 4): beam search ranks whole-word
   continuations of the prompt's last (partial) word by log-probability; stdout gets a table of
   the ``num_words`` best words (the partial word plus its continuation) and their log-probabilities.
@@ -161,7 +161,10 @@ def generate(cfg: DictConfig) -> dict:
             endings = [until_sentence_end(decode(row, symbols)) for row in new.tolist()]
             start = last_sentence(prompt)
             sys.stdout.write(
-                "".join(f"{i:>3}  {start}{ending}".rstrip("\n") + "\n" for i, ending in enumerate(endings, 1))
+                "".join(
+                    f"{i:>3}  {start}{ending}".replace("\n", " ") + "\n"
+                    for i, ending in enumerate(endings, 1)
+                )
             )
             return {"mode": "sentences", "prompt": prompt, "endings": endings}
         partial = last_word(prompt)

@@ -309,11 +309,11 @@ def is_boundary(ch: str) -> bool:
     return ch.isspace() or ch in string.punctuation or unicodedata.category(ch).startswith("P")
 
 
-SENTENCE_ENDS = ".!?\n"  # what ends a sampled sentence (a line ends a paragraph in the pydoc corpus)
+SENTENCE_ENDS = ".!?"  # what ends a sampled sentence (line breaks wrap sentences in the corpora)
 
 
 def is_sentence_end(ch: str) -> bool:
-    """Whether ``ch`` ends a sentence: a full stop, question or exclamation mark, or a line break."""
+    """Whether ``ch`` ends a sentence: a full stop, question or exclamation mark."""
     return ch in SENTENCE_ENDS
 
 
