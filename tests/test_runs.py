@@ -199,7 +199,8 @@ def test_unknown_top_level_key_is_refused() -> None:
      ("wmt14_en_fr", "delight_mt"),
      ("sentiment_tweets", "delight_classifier"), ("imdb", "delight_classifier"), ("sst2", "delight_classifier"),
      ("ptb", "awd_lm"), ("wikitext2", "awd_lm"), ("pydoc_ptb", "awd_lm"),
-     ("voc_det", "ssd"), ("coco_det", "ssd"), ("coins_det", "ssd")],
+     ("voc_det", "ssd"), ("coco_det", "ssd"), ("coins_det", "ssd"),
+     ("wikitext103_segments", "group_transformer_lm"), ("pydoc_words_segments", "group_transformer_lm")],
 )  # fmt: skip
 def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
     needs = ["data.num_classes=5"] if data == "image_folder" else []  # the folders give it at run time
@@ -219,7 +220,7 @@ def test_every_data_config_is_covered() -> None:
                        "coco_multilabel", "image_folder", "wikitext103", "pydoc_words", "gettext_de_en",
                        "iwslt14_de_en", "wmt16_en_ro", "wmt14_en_de", "wmt14_en_fr",
                        "sentiment_tweets", "imdb", "sst2", "ptb", "wikitext2", "pydoc_ptb",
-                       "voc_det", "coco_det", "coins_det"}  # fmt: skip
+                       "voc_det", "coco_det", "coins_det", "wikitext103_segments", "pydoc_words_segments"}  # fmt: skip
 
 
 def test_an_explicit_model_still_wins() -> None:
