@@ -9,9 +9,14 @@ statistics) nor a per-group GroupNorm (one affine per group). With g = 1 it is `
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from src.ops.choices import ChoiceCache
+from src.ops.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
 
 
 class SharedGroupLayerNorm(nn.Module):
@@ -73,7 +78,11 @@ def shared_group_layer_norm(
         raise ValueError(f"cannot cut {d} features into {groups} groups")
     # (..., d) -> (..., g, d/g)
     chunks = x.unflatten(-1, (groups, d // groups))
-    if weight is not None and weight.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+    if (
+        weight is not None
+        and weight.dtype != x.dtype
+        and not torch.is_autocast_enabled(x.device.type)
+    ):
         # a 16-bit input with float32 affine outside autocast: normalised in float32 and returned
         # in the input's dtype on every device (CUDA's layer_norm refuses the mix; the CPU's
         # computes it so too)
@@ -85,3 +94,91 @@ def shared_group_layer_norm(
 
 def _float(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.float()
+
+
+def shared_group_layer_norm_swish(
+    x: Tensor,
+    groups: int,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float = 1e-5,
+    *,
+    impl: str = "auto",
+) -> Tensor:
+    """``silu(shared_group_layer_norm(x, ...))``: DExTra's norm and activation after each GLT.
+
+    ``impl="auto"`` runs, on CUDA, the faster (per shape and dtype, :func:`auto_path`) of the
+    fused Triton kernel (:mod:`src.ops.triton.shared_group_layer_norm`: one launch forward, one
+    and a sum backward, the output in x's dtype) and the PyTorch ops (under autocast
+    ``layer_norm`` in float32, then ``silu``); the PyTorch ops elsewhere and under
+    ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
+
+    Shape:
+        x (..., d), weight and bias (d/g,) -> (..., d)
+    """
+    kernel = use_triton(check_impl(impl), x) and _kernel_covers(x, weight, bias)
+    if kernel and impl == "auto":
+        # traced by torch.compile, the PyTorch ops are fused by inductor with their neighbours
+        kernel = (
+            not torch.compiler.is_compiling()
+            and auto_path(x, groups, weight, bias, eps) == "triton"
+        )
+    if kernel:
+        from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
+
+        return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
+    return F.silu(shared_group_layer_norm(x, groups, weight, bias, eps))
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _kernel_covers(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> bool:
+    """The fused kernel's inputs: an affine, x and the affine in float32 or 16 bits."""
+    return (
+        weight is not None
+        and bias is not None
+        and x.dtype in _KERNEL_DTYPES
+        and weight.dtype in _KERNEL_DTYPES
+        and bias.dtype == weight.dtype
+    )
+
+
+# (row bucket, d, groups, dtype, autocast dtype, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = ChoiceCache("shared_group_layer_norm")
+
+
+def auto_path(
+    x: Tensor,
+    groups: int,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float,
+    timer: Timer | None = None,
+) -> str:
+    """``impl="auto"`` on CUDA: "triton" or "reference" for :func:`shared_group_layer_norm_swish`,
+    whichever forward ran faster on the first call with this shape (rows by
+    :func:`src.ops.dispatch.size_bucket`) and dtype (:func:`src.ops.dispatch.fastest`). Both are
+    deterministic; deterministic mode takes the kernel.
+
+    Shape:
+        x (..., d), weight and bias (d/g,)
+    """
+    rows = x.numel() // max(x.shape[-1], 1)
+    key = (
+        size_bucket(rows), x.shape[-1], groups, x.dtype, autocast_dtype(x.device.type),
+        str(x.device),
+    )  # fmt: skip
+
+    def run(path: str) -> Tensor:
+        from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
+
+        with torch.no_grad():
+            if path == "triton":
+                return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
+            return F.silu(shared_group_layer_norm(x, groups, weight, bias, eps))
+
+    def candidates() -> dict:
+        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+
+    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")

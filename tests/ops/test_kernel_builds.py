@@ -34,6 +34,7 @@ from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
+from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.triton.cross_compile import (
     H100,
     Build,
@@ -109,6 +110,18 @@ def _per_group_layer_norm(dtype: torch.dtype) -> None:
         )
 
 
+def _shared_group_layer_norm(dtype: torch.dtype) -> None:
+    # DeLighT's: x0 of a DExTra unit (one group of 160), GLT outputs of 2-16 groups of 24-90
+    for width, groups in ((160, 1), (360, 4), (704, 16), (192, 8)):
+        x = torch.randn(4096, width, dtype=dtype, requires_grad=True)
+        weight = torch.ones(width // groups, requires_grad=True)
+        bias = torch.zeros(width // groups, requires_grad=True)
+        y = shared_group_layer_norm_swish(x, groups, weight, bias, impl="triton")
+        y.float().sum().backward()
+        with torch.no_grad():
+            shared_group_layer_norm_swish(x, groups, weight, bias, impl="triton")
+
+
 def _batch_norm_prelu(dtype: torch.dtype) -> None:
     # DiCENet s=1.0's CBR outputs: the stem's, and a unit's at each stage
     for channels, size in ((24, 112), (116, 28), (232, 14), (464, 7)):
@@ -147,6 +160,7 @@ WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "dim_fuse": _dim_fuse,
     "eesp": _eesp,
     "per_group_layer_norm": _per_group_layer_norm,
+    "shared_group_layer_norm": _shared_group_layer_norm,
     "relative_softmax": _relative_softmax,
     "batch_norm_prelu": _batch_norm_prelu,
 }

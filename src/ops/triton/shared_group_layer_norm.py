@@ -1,0 +1,217 @@
+"""Fused DeLighT per-group LayerNorm and swish: one launch forward, one (and a sum) backward.
+
+Inside DExTra every GLT is followed by :class:`src.ops.shared_group_layer_norm.SharedGroupLayerNorm`
+and a swish. In PyTorch that is, under CUDA autocast, a cast of the 16-bit GLT output to float32,
+``layer_norm``, ``silu`` and, at the next GLT, a cast back to 16 bits: four launches forward and as
+many backward, for tensors a few hundred features wide, where the step is launch-bound (docs/gpu.md:
+6,444 launches in a DeLighT MT training step). Here one program normalises a block of rows of one
+group and applies the shared affine and the swish:
+
+    c = x_g - mean(x_g),  r = 1 / sqrt(mean(c^2) + eps),  z = c r w + b,  y = z sigmoid(z)
+
+keeping the per-(row, group) mean and r for the backward, which recomputes z. With
+``dz = dy sigmoid(z) (1 + z (1 - sigmoid(z)))`` (dy itself without the swish), ``x_hat = c r`` and
+``g = dz w``, the input gradient of one group row is
+
+    dx = r (g - mean(g) - x_hat mean(g x_hat))
+
+and the shared weight and bias gradients (sums of ``dz x_hat`` and ``dz`` over rows and groups) are
+written as one partial row per program and summed by PyTorch in one reduction, so they do not
+depend on the run.
+
+Statistics and arithmetic are float32; the output is in x's dtype (a 16-bit GLT output gives a
+16-bit activation, which the next GLT reads without a cast).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from src.ops.contracts import shared_group_layer_norm as contract
+from src.ops.dispatch import autocast_off, opaque_op
+from src.ops.triton.launch import gpu_launch
+
+ELEMENTS_GPU = 2048  # elements of one program's (rows x group width) tile
+# 8 warps, 8 elements per thread: built for an A100 or H100 at DeLighT's widths
+# (tests/ops/test_kernel_builds.py), tiles of 4,096 elements needed 80-140 registers per thread
+# (occupancy 0.12-0.38), tiles of 2,048 need 32-80 (0.38-1.00). Speed: to be measured.
+WARPS_GPU = 8
+ELEMENTS_INTERPRETER = 1 << 16
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _norm_swish_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    R, D, G, n, eps,
+    SWISH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    group = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < R
+    col_ok = cols < n
+    m = row_ok[:, None] & col_ok[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + (group * n + cols)[None, :]
+    x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / n
+    c = tl.where(m, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(c * c, axis=1) / n + eps)
+    # one affine of the group width, shared by every group
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    z = c * rstd[:, None] * w[None, :] + b[None, :]
+    if SWISH:
+        z = z * tl.sigmoid(z)
+    tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(mean_ptr + rows * G + group, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows * G + group, rstd, mask=row_ok)
+
+
+@triton.jit
+def _norm_swish_bwd_kernel(
+    x_ptr, dy_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
+    R, D, G, n, P,
+    SWISH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    group = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < R
+    col_ok = cols < n
+    m = row_ok[:, None] & col_ok[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + (group * n + cols)[None, :]
+    x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    mean = tl.load(mean_ptr + rows * G + group, mask=row_ok, other=0.0)
+    rstd = tl.load(rstd_ptr + rows * G + group, mask=row_ok, other=0.0)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x_hat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
+    dz = dy
+    if SWISH:
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        z = x_hat * w[None, :] + b[None, :]
+        s = tl.sigmoid(z)
+        dz = dy * s * (1.0 + z * (1.0 - s))
+    dz = tl.where(m, dz, 0.0)
+    g = dz * w[None, :]
+    dx = rstd[:, None] * (
+        g - (tl.sum(g, axis=1) / n)[:, None] - x_hat * (tl.sum(g * x_hat, axis=1) / n)[:, None]
+    )
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    # partial rows of the shared weight and bias gradients: (2, P, n), program p = (block, group)
+    program = tl.program_id(0).to(tl.int64) * G + group
+    tl.store(part_ptr + program * n + cols, tl.sum(dz * x_hat, axis=0), mask=col_ok)
+    tl.store(part_ptr + (P + program) * n + cols, tl.sum(dz, axis=0), mask=col_ok)
+
+
+def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int, int], dict]:
+    block_n = triton.next_power_of_2(width)
+    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
+    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_n))
+    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n}
+    if on_gpu:
+        meta["num_warps"] = WARPS_GPU
+    return (triton.cdiv(rows, block_r), groups), meta
+
+
+@opaque_op("lightnets::shared_group_layer_norm", contract.FORWARD_SCHEMA, contract.forward_fake)
+def shared_group_layer_norm_forward(
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool
+) -> list[Tensor]:
+    """The normalised (and activated) rows, and each (row, group)'s mean and 1 / std. One launch.
+
+    Shape:
+        x (R, D) contiguous, weight and bias (D / groups,) -> [(R, D), (R, G), (R, G)]
+    """
+    rows, width = x.shape
+    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
+    y = torch.empty_like(x)
+    mean = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    _norm_swish_fwd_kernel[grid](
+        x, weight, bias, y, mean, rstd, rows, width, groups, width // groups, eps,
+        SWISH=swish, **meta,
+    )  # fmt: skip
+    return [y, mean, rstd]
+
+
+@opaque_op(
+    "lightnets::shared_group_layer_norm_backward",
+    contract.BACKWARD_SCHEMA,
+    contract.backward_fake,
+)
+def shared_group_layer_norm_backward(
+    grad_y: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
+    swish: bool,
+) -> list[Tensor]:  # fmt: skip
+    """The input gradient, and the weight and bias gradients stacked. One launch and one sum over
+    the programs' partial rows.
+
+    Shape:
+        grad_y and x (R, D) contiguous, weight and bias (D / G,), mean and rstd (R, G)
+        -> [(R, D) in x's dtype, (2, D / G) in weight's dtype]
+    """
+    rows, width = x.shape
+    groups = mean.shape[1]
+    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
+    programs = grid[0] * groups
+    grad_x = torch.empty_like(x)
+    parts = torch.empty((2, programs, width // groups), dtype=torch.float32, device=x.device)
+    _norm_swish_bwd_kernel[grid](
+        x, grad_y, weight, bias, mean, rstd, grad_x, parts,
+        rows, width, groups, width // groups, programs, SWISH=swish, **meta,
+    )  # fmt: skip
+    return [grad_x, parts.sum(1).to(weight.dtype)]  # (2, D / G): weight, then bias
+
+
+class _SharedGroupLayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool
+    ) -> Tensor:
+        with autocast_off(x.device.type):
+            y, mean, rstd = shared_group_layer_norm_forward(x, weight, bias, groups, eps, swish)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.swish = swish
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        with autocast_off(x.device.type):
+            grad_x, grad_affine = shared_group_layer_norm_backward(
+                grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.swish
+            )
+        return grad_x, grad_affine[0], grad_affine[1], None, None, None
+
+
+def shared_group_layer_norm_triton(
+    x: Tensor, groups: int, weight: Tensor, bias: Tensor, eps: float, swish: bool
+) -> Tensor:
+    """The fused norm (and swish); the contract of
+    :func:`src.ops.shared_group_layer_norm.shared_group_layer_norm` (then ``F.silu``), with the
+    output in x's dtype.
+
+    Shape:
+        x (..., D) float32/float16/bfloat16, weight and bias (D / groups,) -> (..., D)
+    """
+    if x.dtype not in DTYPES or weight.dtype not in DTYPES or bias.dtype != weight.dtype:
+        raise TypeError(
+            f"the fused per-group LayerNorm takes x, weight and bias in {DTYPES} (weight and bias "
+            f"of one dtype), got x {x.dtype}, weight {weight.dtype}, bias {bias.dtype}"
+        )
+    width = x.shape[-1]
+    if groups < 1 or width % groups or {weight.shape, bias.shape} != {(width // groups,)}:
+        raise ValueError(
+            f"cannot normalise {width} features in {groups} groups with a shared affine of "
+            f"{tuple(weight.shape)} and {tuple(bias.shape)}"
+        )
+    rows = x.reshape(-1, width).contiguous()  # (..., D) -> (R, D)
+    y = _SharedGroupLayerNormFunction.apply(
+        rows, weight.contiguous(), bias.contiguous(), groups, float(eps), bool(swish)
+    )
+    return y.view(*x.shape[:-1], width)
