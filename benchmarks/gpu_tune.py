@@ -24,6 +24,8 @@ those globals, under bf16 autocast and in fp32. The cases, most important first:
   and 4 groups; ELEMENTS_GPU x WARPS_GPU.
 - ``relative_softmax``: the relative-attention softmax of (22, 8, 512, 1024) scores under the
   causal memory mask; ELEMENTS_PER_THREAD.
+- ``dextra_norm``: DeLighT's per-group LayerNorm and swish on ``--tokens`` rows of DExTra GLT
+  outputs (360 features in 4 groups, 704 in 16); ELEMENTS_GPU x WARPS_GPU.
 
 The vision cases take ``--vision-batch`` (256) images of ``--image-size`` (224), channels-last,
 nets and inputs alike; the defaults are ``benchmarks/gpu.py``'s on CUDA.
@@ -56,7 +58,7 @@ as for an H100 (:func:`src.ops.triton.launches_for`) so that the globals reach t
 times mean nothing: it checks the plumbing (``tests/test_gpu_tune.py``).
 
     python benchmarks/gpu_tune.py [--budget 120] [--cases glt glt_wgrad dice eesp bn_prelu
-        grouped_norm relative_softmax] [--precisions bf16 fp32] [--repeats 10] [--warmup 2]
+        grouped_norm relative_softmax dextra_norm] [--precisions bf16 fp32] [--repeats 10] [--warmup 2]
         [--tokens 16384] [--vision-batch 256] [--image-size 224] [--compile-jobs 8]
         [--json PATH] [--md PATH] [--dry]
 """
@@ -108,6 +110,8 @@ from src.ops.triton import group_linear as glt_kernels  # noqa: E402
 from src.ops.triton import per_group_layer_norm as grouped_norm_kernels  # noqa: E402
 from src.ops.triton.launch import launches_for  # noqa: E402
 from src.ops.triton import relative_softmax as softmax_kernels  # noqa: E402
+from src.ops.triton import shared_group_layer_norm as dextra_norm_kernels  # noqa: E402
+from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish  # noqa: E402
 from src.ops.triton.cross_compile import H100  # noqa: E402
 
 PRECISIONS = ("bf16", "fp32")  # bf16 first: the models train under bf16 autocast
@@ -175,6 +179,12 @@ NORM_ELEMENTS = Knob(
     "grouped_norm.ELEMENTS_GPU", (2048, 4096, 8192), (2048, 4096), grouped_norm_kernels
 )
 NORM_WARPS = Knob("grouped_norm.WARPS_GPU", (4, 8, 16), (8,), grouped_norm_kernels)
+DEXTRA_NORM_ELEMENTS = Knob(
+    "shared_group_layer_norm.ELEMENTS_GPU", (1024, 2048, 4096), (1024, 2048), dextra_norm_kernels
+)
+DEXTRA_NORM_WARPS = Knob(
+    "shared_group_layer_norm.WARPS_GPU", (4, 8, 16), (8,), dextra_norm_kernels
+)
 SOFTMAX_ELEMENTS = Knob(
     "relative_softmax.ELEMENTS_PER_THREAD", (2, 4, 8, 16), (4, 8), softmax_kernels
 )
@@ -405,6 +415,30 @@ def relative_softmax_shapes(s: Settings) -> list[Shape]:
     return [Shape("x".join(map(str, shape)), build)]
 
 
+# DeLighT's GLT outputs (width, groups): 4 groups of 90 and 16 of 44 features
+DEXTRA_NORMS = ((360, 4), (704, 16))
+
+
+def dextra_norm_shapes(s: Settings) -> list[Shape]:
+    def shape(width: int, groups: int) -> Shape:
+        def build(precision: str) -> Run:
+            torch.manual_seed(0)
+            x = torch.randn(
+                s.tokens, width, device=s.device, dtype=DTYPES[precision], requires_grad=True
+            )
+            weight = torch.ones(width // groups, device=s.device, requires_grad=True)
+            bias = torch.zeros(width // groups, device=s.device, requires_grad=True)
+            return training_step(
+                lambda: shared_group_layer_norm_swish(x, groups, weight, bias, impl="triton"),
+                s,
+                precision,
+            )
+
+        return Shape(f"{s.tokens}x{width} g{groups}", build)
+
+    return [shape(*norm) for norm in (DEXTRA_NORMS[:1] if s.dry else DEXTRA_NORMS)]
+
+
 CASES: dict[str, Case] = {
     "glt": Case(
         f"DExTra(d_m={gpu.D_M}, w_m=2, N=8) forward+backward, every GLT on the Triton kernel",
@@ -447,6 +481,12 @@ CASES: dict[str, Case] = {
         (SOFTMAX_ELEMENTS,),
         (grid(SOFTMAX_ELEMENTS),),
         relative_softmax_shapes,
+    ),
+    "dextra_norm": Case(
+        "DeLighT's per-group LayerNorm and swish forward+backward on DExTra's GLT outputs",
+        (DEXTRA_NORM_ELEMENTS, DEXTRA_NORM_WARPS),
+        (grid(DEXTRA_NORM_ELEMENTS, DEXTRA_NORM_WARPS),),
+        dextra_norm_shapes,
     ),
 }
 KNOBS = tuple(dict.fromkeys(knob for case in CASES.values() for knob in case.knobs))
