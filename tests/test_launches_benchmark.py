@@ -23,8 +23,10 @@ def test_dextra_launches_per_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert reference["top_aten"]["silu"] == 10
     assert triton["top_aten"]["native_layer_norm"] == 1
     assert triton["top_aten"]["silu"] == 1
-    # dropout after each swish, as CUDA runs it: one kernel forward, one backward
-    assert reference["top_aten"]["native_dropout"] == triton["top_aten"]["native_dropout"] == 10
+    # dropout after each swish, as CUDA runs it (one kernel forward, one backward), except where
+    # the fused norm draws it
+    assert reference["top_aten"]["native_dropout"] == 10
+    assert triton["top_aten"]["native_dropout"] == 1
     assert triton["launches"] < reference["launches"]
     assert triton["ratio"] == round(triton["launches"] / reference["launches"], 3)
     table = capsys.readouterr().out

@@ -217,12 +217,12 @@ class DExTra(nn.Module):
         return dropout(x, self.dropout, self.training) if self.dropout > 0 else x
 
     def _norm_swish(self, x: Tensor, groups: int, norm: nn.Module) -> Tensor:
-        # LayerNorm and swish as one op: on CUDA one fused launch each way where it times faster
-        # (src/ops/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
-        y = shared_group_layer_norm_swish(
-            x, groups, norm.weight, norm.bias, norm.eps, impl=self.impl
+        # LayerNorm, swish and dropout as one op: on CUDA one fused launch each way where it
+        # times faster (src/ops/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
+        p = self.dropout if self.training else 0.0
+        return shared_group_layer_norm_swish(
+            x, groups, norm.weight, norm.bias, norm.eps, p=p, impl=self.impl
         )
-        return self._dropout(y)
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from src.ops.choices import ChoiceCache
 from src.ops.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.ops.dropout import dropout
 
 
 class SharedGroupLayerNorm(nn.Module):
@@ -103,15 +104,20 @@ def shared_group_layer_norm_swish(
     bias: Tensor,
     eps: float = 1e-5,
     *,
+    p: float = 0.0,
     impl: str = "auto",
 ) -> Tensor:
-    """``silu(shared_group_layer_norm(x, ...))``: DExTra's norm and activation after each GLT.
+    """``dropout(silu(shared_group_layer_norm(x, ...)), p)``: DExTra's norm, activation and
+    dropout after each GLT (pass ``p=0`` outside training).
 
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtype, :func:`auto_path`) of the
     fused Triton kernel (:mod:`src.ops.triton.shared_group_layer_norm`: one launch forward, one
     and a sum backward, the output in x's dtype) and the PyTorch ops (under autocast
     ``layer_norm`` in float32, then ``silu``); the PyTorch ops elsewhere and under
     ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
+    The kernel draws its dropout mask itself (Philox, from a seed of the default CPU generator;
+    :mod:`src.ops.triton.shared_group_layer_norm`), the PyTorch path with
+    :func:`src.ops.dropout.dropout`: the masks differ, their distribution does not.
 
     Shape:
         x (..., d), weight and bias (d/g,) -> (..., d)
@@ -126,8 +132,16 @@ def shared_group_layer_norm_swish(
     if kernel:
         from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
-        return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
-    return F.silu(shared_group_layer_norm(x, groups, weight, bias, eps))
+        if not torch.compiler.is_compiling():
+            return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True, p)
+        # traced, the mask's seed would be a constant of the graph: PyTorch's dropout draws it
+        y = shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
+        return F.dropout(y, p, True) if p > 0 else y
+    return _dropout(F.silu(shared_group_layer_norm(x, groups, weight, bias, eps)), p)
+
+
+def _dropout(x: Tensor, p: float) -> Tensor:
+    return dropout(x, p, True) if p > 0 else x
 
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -116,7 +116,8 @@ def _shared_group_layer_norm(dtype: torch.dtype) -> None:
         x = torch.randn(4096, width, dtype=dtype, requires_grad=True)
         weight = torch.ones(width // groups, requires_grad=True)
         bias = torch.zeros(width // groups, requires_grad=True)
-        y = shared_group_layer_norm_swish(x, groups, weight, bias, impl="triton")
+        # in training with DExTra's dropout, drawn in the kernel
+        y = shared_group_layer_norm_swish(x, groups, weight, bias, p=0.1, impl="triton")
         y.float().sum().backward()
         with torch.no_grad():
             shared_group_layer_norm_swish(x, groups, weight, bias, impl="triton")

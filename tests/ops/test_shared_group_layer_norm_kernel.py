@@ -175,3 +175,45 @@ def test_dextra_under_bf16_autocast_on_the_kernels(kernel_device: torch.device) 
     assert got.dtype == want.dtype
     scale = float(want.float().abs().max())
     assert float((got.float() - want.float()).abs().max()) <= 0.05 * scale
+
+
+def test_dropout_in_the_kernel(kernel_device: torch.device) -> None:
+    """The kernel's dropout equals the PyTorch ops times its own mask, forward and backward (the
+    backward draws the mask again from the seed), keeps about 1 - p, and follows
+    ``torch.manual_seed``."""
+    p = 0.3
+    x = torch.randn(64, 4, 96, device=kernel_device) * 2 + 0.5
+
+    def fused(x: Tensor, groups: int, w: Tensor, b: Tensor, eps: float, swish: bool) -> Tensor:
+        torch.manual_seed(7)
+        return shared_group_layer_norm_triton(x, groups, w, b, eps, swish, p)
+
+    got = _run(fused, x, 4, True, torch.float32)
+    kept = got[0] != 0
+    assert abs(float(kept.float().mean()) - (1 - p)) < 0.02  # 24,576 draws: 6.8 sigma
+
+    def masked(x: Tensor, groups: int, w: Tensor, b: Tensor, eps: float, swish: bool) -> Tensor:
+        return _reference(x, groups, w, b, eps, swish) * kept / (1 - p)
+
+    want = _run(masked, x, 4, True, torch.float32)
+    for name, a, e in zip(["y", "x", "weight", "bias"], got, want, strict=True):
+        atol = 1e-5 * max(1.0, float(e.detach().abs().max()))
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=atol, msg=name)
+    again = _run(fused, x, 4, True, torch.float32)[0]
+    assert torch.equal(again != 0, kept)
+    other = shared_group_layer_norm_triton(x, 4, torch.ones(24), torch.zeros(24), 1e-5, True, p)
+    assert not torch.equal(other != 0, kept)
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\), got 1.0"):
+        shared_group_layer_norm_triton(x, 4, torch.ones(24), torch.zeros(24), 1e-5, True, 1.0)
+
+
+def test_dextra_drops_out_in_the_kernel_in_training_only(kernel_device: torch.device) -> None:
+    unit = DExTra(32, 16, 16, width_multiplier=2.0, depth=4, max_groups=4, dropout=0.5,
+                  impl="triton").to(kernel_device)  # fmt: skip
+    reference = DExTra(32, 16, 16, width_multiplier=2.0, depth=4, max_groups=4,
+                       impl="reference").to(kernel_device)  # fmt: skip
+    reference.load_state_dict(unit.state_dict())
+    x = torch.randn(6, 32, device=kernel_device)
+    assert not torch.allclose(unit(x), reference(x), atol=1e-3)
+    unit.eval()
+    torch.testing.assert_close(unit(x), reference(x), rtol=1e-5, atol=1e-5)

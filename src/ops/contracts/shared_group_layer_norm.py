@@ -9,17 +9,19 @@ import torch
 from torch import Tensor
 
 FORWARD_SCHEMA = (
-    "(Tensor x, Tensor weight, Tensor bias, int groups, float eps, bool swish) -> Tensor[]"
+    "(Tensor x, Tensor weight, Tensor bias, int groups, float eps, bool swish, int seed, "
+    "float p) -> Tensor[]"
 )
 BACKWARD_SCHEMA = (
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, "
-    "bool swish) -> Tensor[]"
+    "bool swish, int seed, float p) -> Tensor[]"
 )
 
 
 def forward_fake(
-    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool
-) -> list[Tensor]:
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool, seed: int,
+    p: float,
+) -> list[Tensor]:  # fmt: skip
     """The forward op's outputs' metadata: y like x (its dtype too), float32 (R, G) mean and
     reciprocal standard deviation."""
     stats = (x.shape[0], groups)
@@ -32,7 +34,7 @@ def forward_fake(
 
 def backward_fake(
     grad_y: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
-    swish: bool,
+    swish: bool, seed: int, p: float,
 ) -> list[Tensor]:  # fmt: skip
     """The backward op's outputs' metadata: grad_x like x, then the weight and bias gradients
     stacked, (2, d/g) in the weight's dtype (one tensor: a custom op's outputs may not alias)."""

@@ -1,4 +1,5 @@
-"""Fused DeLighT per-group LayerNorm and swish: one launch forward, one (and a sum) backward.
+"""Fused DeLighT per-group LayerNorm, swish and dropout: one launch forward, one (and a sum)
+backward.
 
 Inside DExTra every GLT is followed by :class:`src.ops.shared_group_layer_norm.SharedGroupLayerNorm`
 and a swish. In PyTorch that is, under CUDA autocast, a cast of the 16-bit GLT output to float32,
@@ -9,9 +10,14 @@ group and applies the shared affine and the swish:
 
     c = x_g - mean(x_g),  r = 1 / sqrt(mean(c^2) + eps),  z = c r w + b,  y = z sigmoid(z)
 
-keeping the per-(row, group) mean and r for the backward, which recomputes z. With
-``dz = dy sigmoid(z) (1 + z (1 - sigmoid(z)))`` (dy itself without the swish), ``x_hat = c r`` and
-``g = dz w``, the input gradient of one group row is
+then drops y out with probability p (DExTra's ``dextra_dropout``; PyTorch's dropout would be one
+launch more each way), keeping the per-(row, group) mean and r for the backward, which recomputes
+z and draws the mask again: element i is kept when Philox's ``tl.rand(seed, i)`` is at or above
+p, the seed drawn once per call from PyTorch's default CPU generator (``torch.manual_seed`` fixes
+it; the masks differ from ``F.dropout``'s, their distribution does not). With dy first taken
+through the mask and the 1 / (1 - p) scale, ``dz = dy sigmoid(z) (1 + z (1 - sigmoid(z)))`` (dy
+itself without the swish), ``x_hat = c r`` and ``g = dz w``, the input gradient of one group row
+is
 
     dx = r (g - mean(g) - x_hat mean(g x_hat))
 
@@ -44,10 +50,17 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _kept(seed, offsets, p):
+    # element (row, feature) is kept when its Philox draw is at or above p; the int32 counter
+    # wraps above 2^31 elements, which only repeats draws
+    return tl.rand(seed, offsets.to(tl.int32)) >= p
+
+
+@triton.jit
 def _norm_swish_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    R, D, G, n, eps,
-    SWISH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    R, D, G, n, eps, seed, p,
+    SWISH: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
@@ -66,6 +79,8 @@ def _norm_swish_fwd_kernel(
     z = c * rstd[:, None] * w[None, :] + b[None, :]
     if SWISH:
         z = z * tl.sigmoid(z)
+    if DROPOUT:
+        z = tl.where(_kept(seed, offsets, p), z / (1.0 - p), 0.0)
     tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=m)
     tl.store(mean_ptr + rows * G + group, mean, mask=row_ok)
     tl.store(rstd_ptr + rows * G + group, rstd, mask=row_ok)
@@ -74,8 +89,8 @@ def _norm_swish_fwd_kernel(
 @triton.jit
 def _norm_swish_bwd_kernel(
     x_ptr, dy_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
-    R, D, G, n, P,
-    SWISH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    R, D, G, n, P, seed, p,
+    SWISH: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
@@ -90,6 +105,8 @@ def _norm_swish_bwd_kernel(
     rstd = tl.load(rstd_ptr + rows * G + group, mask=row_ok, other=0.0)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     x_hat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
+    if DROPOUT:  # the forward's mask, drawn again
+        dy = tl.where(_kept(seed, offsets, p), dy / (1.0 - p), 0.0)
     dz = dy
     if SWISH:
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -120,9 +137,11 @@ def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int
 
 @opaque_op("lightnets::shared_group_layer_norm", contract.FORWARD_SCHEMA, contract.forward_fake)
 def shared_group_layer_norm_forward(
-    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool
-) -> list[Tensor]:
-    """The normalised (and activated) rows, and each (row, group)'s mean and 1 / std. One launch.
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool, seed: int,
+    p: float,
+) -> list[Tensor]:  # fmt: skip
+    """The normalised (activated, dropped out with probability p > 0 by the mask of ``seed``)
+    rows, and each (row, group)'s mean and 1 / std. One launch.
 
     Shape:
         x (R, D) contiguous, weight and bias (D / groups,) -> [(R, D), (R, G), (R, G)]
@@ -133,8 +152,8 @@ def shared_group_layer_norm_forward(
     mean = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     _norm_swish_fwd_kernel[grid](
-        x, weight, bias, y, mean, rstd, rows, width, groups, width // groups, eps,
-        SWISH=swish, **meta,
+        x, weight, bias, y, mean, rstd, rows, width, groups, width // groups, eps, seed, p,
+        SWISH=swish, DROPOUT=p > 0, **meta,
     )  # fmt: skip
     return [y, mean, rstd]
 
@@ -146,7 +165,7 @@ def shared_group_layer_norm_forward(
 )
 def shared_group_layer_norm_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
-    swish: bool,
+    swish: bool, seed: int, p: float,
 ) -> list[Tensor]:  # fmt: skip
     """The input gradient, and the weight and bias gradients stacked. One launch and one sum over
     the programs' partial rows.
@@ -163,7 +182,8 @@ def shared_group_layer_norm_backward(
     parts = torch.empty((2, programs, width // groups), dtype=torch.float32, device=x.device)
     _norm_swish_bwd_kernel[grid](
         x, grad_y, weight, bias, mean, rstd, grad_x, parts,
-        rows, width, groups, width // groups, programs, SWISH=swish, **meta,
+        rows, width, groups, width // groups, programs, seed, p, SWISH=swish, DROPOUT=p > 0,
+        **meta,
     )  # fmt: skip
     return [grad_x, parts.sum(1).to(weight.dtype)]  # (2, D / G): weight, then bias
 
@@ -171,12 +191,18 @@ def shared_group_layer_norm_backward(
 class _SharedGroupLayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool
-    ) -> Tensor:
+        ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool,
+        p: float,
+    ) -> Tensor:  # fmt: skip
+        # the dropout mask's seed, from the default CPU generator: torch.manual_seed fixes it, and
+        # drawing it on the host costs no launch
+        seed = int(torch.randint(2**31 - 1, ())) if p > 0 else 0
         with autocast_off(x.device.type):
-            y, mean, rstd = shared_group_layer_norm_forward(x, weight, bias, groups, eps, swish)
+            y, mean, rstd = shared_group_layer_norm_forward(
+                x, weight, bias, groups, eps, swish, seed, p
+            )
         ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.swish = swish
+        ctx.swish, ctx.seed, ctx.p = swish, seed, p
         return y
 
     @staticmethod
@@ -184,17 +210,19 @@ class _SharedGroupLayerNormFunction(torch.autograd.Function):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         with autocast_off(x.device.type):
             grad_x, grad_affine = shared_group_layer_norm_backward(
-                grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.swish
+                grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.swish, ctx.seed, ctx.p
             )
-        return grad_x, grad_affine[0], grad_affine[1], None, None, None
+        return grad_x, grad_affine[0], grad_affine[1], None, None, None, None
 
 
 def shared_group_layer_norm_triton(
-    x: Tensor, groups: int, weight: Tensor, bias: Tensor, eps: float, swish: bool
+    x: Tensor, groups: int, weight: Tensor, bias: Tensor, eps: float, swish: bool, p: float = 0.0
 ) -> Tensor:
-    """The fused norm (and swish); the contract of
-    :func:`src.ops.shared_group_layer_norm.shared_group_layer_norm` (then ``F.silu``), with the
-    output in x's dtype.
+    """The fused norm (and swish, and dropout with probability p); the contract of
+    :func:`src.ops.shared_group_layer_norm.shared_group_layer_norm` (then ``F.silu`` and
+    dropout), with the output in x's dtype. The dropout mask is Philox's (``tl.rand``) from a
+    seed drawn from PyTorch's default CPU generator, not ``F.dropout``'s; the backward draws it
+    again.
 
     Shape:
         x (..., D) float32/float16/bfloat16, weight and bias (D / groups,) -> (..., D)
@@ -211,7 +239,9 @@ def shared_group_layer_norm_triton(
             f"{tuple(weight.shape)} and {tuple(bias.shape)}"
         )
     rows = x.reshape(-1, width).contiguous()  # (..., D) -> (R, D)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     y = _SharedGroupLayerNormFunction.apply(
-        rows, weight.contiguous(), bias.contiguous(), groups, float(eps), bool(swish)
+        rows, weight.contiguous(), bias.contiguous(), groups, float(eps), bool(swish), float(p)
     )
     return y.view(*x.shape[:-1], width)
