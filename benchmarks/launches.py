@@ -10,21 +10,27 @@ launches are recorded in Triton's interpreter with an H100's configuration and n
 ``src/ops/triton/cross_compile.py``), side by side. The optimiser step is left out (fused: a few
 multi-tensor launches either way).
 
-Dropout is counted as CUDA runs it: ``F.dropout`` there is ``native_dropout``, one fused kernel
-each way, where the CPU's composes ``bernoulli_``, ``div_`` and ``mul`` (the count maps it). The
-counts are float32's. Under CUDA autocast the PyTorch path adds casts that the CPU's autocast
-does not make (CUDA's ``layer_norm`` runs in float32: a cast of its 16-bit input and, at the next
-GLT, one back, each with its backward), so on the GPU the paths differ by more than here.
+Dropout and fused attention are counted as CUDA runs them: ``F.dropout`` there is
+``native_dropout``, one fused kernel each way, where the CPU's composes ``bernoulli_``, ``div_`` and
+``mul``; ``F.scaled_dot_product_attention`` there is one memory-efficient attention kernel each way
+(float mask and dropout included), where the CPU's math path runs the products, softmax and
+dropout one by one (the count maps both; the mask's preparation is counted as it runs).
+
+``--dtype bfloat16`` counts a step under autocast as CUDA's autocast casts: the CPU's casts the
+products' operands as CUDA's does, but runs ``layer_norm``, ``softmax``, ``sum`` and the other
+operators of CUDA's float32 list in the input's 16-bit dtype, so the count casts their 16-bit
+inputs to float32 first, as CUDA does (each a ``_to_copy``, with one back at the next product).
 
 Entries (``--only``): ``dextra`` (one DExTra unit of DeLighT MT's d_m 320 decoder, N = 8, over
 ``--tokens`` tokens), ``delight_mt`` (the 14.0 M IWSLT model, ``--tokens`` source and target
 tokens in sentences of 32) and, as the yardstick, ``transformer_mt`` (the fairseq-size IWSLT
 Transformer, which has no kernels of ours).
 
-    TRITON_INTERPRET=1 python benchmarks/launches.py [--tokens 256] [--only NAME ...] [--json PATH]
+    TRITON_INTERPRET=1 python benchmarks/launches.py [--tokens 256] [--only NAME ...]
+        [--dtype float32|bfloat16] [--json PATH]
 
 It prints a table, then one JSON line per entry and path (``aten``, ``triton``, ``launches``, the
-ratio to the PyTorch path, and the ATen operators counted most).
+ratio to the PyTorch path, the ATen operators counted most and every operator's count).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,21 +66,93 @@ NO_LAUNCH = frozenset(
 )
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# what CUDA's autocast runs in float32 and the CPU's in the input's dtype (those a step calls)
+CUDA_FLOAT32 = frozenset(
+    """layer_norm group_norm softmax log_softmax cross_entropy nll_loss sum cumsum exp log pow
+    rsqrt reciprocal norm normalize softplus prod mse_loss""".split()
+)
+
+
 class LaunchCounter(TorchDispatchMode):
-    """Counts the ATen operators that compute, by name."""
+    """Counts the ATen operators that compute, by name; none while ``paused``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: collections.Counter[str] = collections.Counter()
+        self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         name = func.overloadpacket.__name__
         out = func(*args, **(kwargs or {}))
         # a fused dropout's seed: one number drawn from the host's generator, no launch on a GPU
         seed = name in ("randint", "random_") and isinstance(out, Tensor) and out.dim() == 0
-        if name not in NO_LAUNCH and not seed:
+        if name not in NO_LAUNCH and not seed and not self.paused:
             self.counts[name] += 1
         return out
+
+
+class CudaAutocastFloat32(TorchFunctionMode):
+    """Under the CPU's autocast, runs the operators of CUDA's float32 list in float32, as CUDA's
+    autocast does: their 16-bit floating inputs are cast first."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in CUDA_FLOAT32 and torch.is_autocast_enabled("cpu"):
+
+            def widen(a: object) -> object:
+                if isinstance(a, Tensor) and a.dtype in (torch.bfloat16, torch.float16):
+                    return a.float()
+                return a
+
+            args = tuple(widen(a) for a in args)
+            kwargs = {k: widen(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def _fused_attention(counter: LaunchCounter) -> Callable[..., Tensor]:
+    """``F.scaled_dot_product_attention`` counted as CUDA's fused kernel: one launch forward, one
+    backward, whatever the CPU's math path runs."""
+    real = F.scaled_dot_product_attention
+
+    def attend(
+        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, **kwargs: object
+    ) -> Tensor:
+        return real(q, k, v, attn_mask=mask, **kwargs)
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, kwargs: dict, *tensors: Tensor) -> Tensor:  # type: ignore[override]
+            counter.paused = True
+            try:
+                leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+                with torch.enable_grad():
+                    out = attend(*leaves, **kwargs)
+            finally:
+                counter.paused = False
+            counter.counts["fused_attention"] += 1
+            ctx.graph = (out, leaves)
+            return out.detach()
+
+        @staticmethod
+        def backward(ctx, grad: Tensor):  # type: ignore[override]
+            out, leaves = ctx.graph
+            wanted = [t for t in leaves if t.requires_grad]
+            counter.paused = True
+            try:
+                grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
+            finally:
+                counter.paused = False
+            counter.counts["fused_attention_backward"] += 1
+            return (None, *(next(grads) if t.requires_grad else None for t in leaves))
+
+    def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, **kwargs: object) -> Tensor:  # fmt: skip
+        kwargs.update(dropout_p=dropout_p, is_causal=is_causal)
+        mask = () if attn_mask is None else (attn_mask,)
+        return FusedAttention.apply(kwargs, query, key, value, *mask)
+
+    return attention
 
 
 def entry(name: str, tokens: int) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
@@ -101,15 +180,18 @@ def entry(name: str, tokens: int) -> tuple[nn.Module, Callable[[nn.Module], Tens
     return net, loss
 
 
-def _native_dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+def _native_dropout(
+    x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:
     # what F.dropout runs on CUDA (one kernel forward, one backward), on any device
     if not training or p == 0.0:
         return x
     return torch.native_dropout(x, p, True)[0]
 
 
-def count(name: str, path: str, tokens: int) -> dict:
-    """One forward and backward of ``name`` on ``path``: its ATen and Triton launches."""
+def count(name: str, path: str, tokens: int, dtype: str = "float32") -> dict:
+    """One forward and backward of ``name`` on ``path`` (under autocast to ``dtype`` unless
+    float32): its ATen and Triton launches."""
     from src.ops.triton.cross_compile import H100, recorded_launches
 
     torch.manual_seed(0)
@@ -119,16 +201,22 @@ def count(name: str, path: str, tokens: int) -> dict:
             module.impl = path
     net.train()
     counter = LaunchCounter()
+    autocast = dtype != "float32"
     with (
         recorded_launches(H100) as launches,
         mock.patch.object(F, "dropout", _native_dropout),
+        mock.patch.object(F, "scaled_dot_product_attention", _fused_attention(counter)),
         counter,
     ):
-        loss(net).backward()
+        with torch.autocast("cpu", DTYPES[dtype], enabled=autocast), CudaAutocastFloat32():
+            value = loss(net)
+        value.backward()
     aten = sum(counter.counts.values())
     return {
-        "entry": name, "path": path, "tokens": tokens, "aten": aten, "triton": len(launches),
+        "entry": name, "path": path, "dtype": dtype, "tokens": tokens, "aten": aten,
+        "triton": len(launches),
         "launches": aten + len(launches), "top_aten": dict(counter.counts.most_common(12)),
+        "ops": dict(sorted(counter.counts.items())),
     }  # fmt: skip
 
 
@@ -136,6 +224,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256, help="tokens of a batch (per side)")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="these entries only")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="bfloat16: under autocast, cast as CUDA's autocast casts")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the rows (JSON lines) here")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -144,7 +234,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name in args.only or NAMES:
         first = None
         for path in PATHS:
-            row = count(name, path, args.tokens)
+            row = count(name, path, args.tokens, args.dtype)
             first = first or row
             row["ratio"] = round(row["launches"] / first["launches"], 3)
             rows.append(row)

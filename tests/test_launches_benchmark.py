@@ -31,3 +31,25 @@ def test_dextra_launches_per_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert triton["ratio"] == round(triton["launches"] / reference["launches"], 3)
     table = capsys.readouterr().out
     assert f"dextra           triton     {triton['aten']:7d} {triton['triton']:7d}" in table
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter")
+def test_bfloat16_launches_cast_as_cuda_autocast(capsys: pytest.CaptureFixture[str]) -> None:
+    reference, triton = main(["--only", "dextra", "--tokens", "40", "--dtype", "bfloat16"])
+    assert reference["dtype"] == triton["dtype"] == "bfloat16"
+    # CUDA's autocast runs layer_norm in float32: the PyTorch path casts each of its ten norms'
+    # bf16 inputs up (and the next products cast them back), each cast with its backward
+    assert reference["ops"]["_to_copy"] >= 4 * 10
+    # the GLT kernel rounds the float32 weights as it loads them: none of the 8 GLTs' weights is
+    # cast, forward or backward
+    assert reference["ops"]["_to_copy"] - triton["ops"]["_to_copy"] >= 2 * 8
+    assert triton["launches"] < reference["launches"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter")
+def test_fused_attention_counts_as_one_launch_each_way(capsys: pytest.CaptureFixture[str]) -> None:
+    reference, _ = main(["--only", "transformer_mt", "--tokens", "32"])
+    # 6 encoder self-attentions, 6 decoder self- and 6 encoder-decoder attentions
+    assert reference["ops"]["fused_attention"] == 18
+    assert reference["ops"]["fused_attention_backward"] == 18
+    assert "_safe_softmax" not in reference["ops"] and "bmm" not in reference["ops"]

@@ -20,6 +20,7 @@ from src.ops.choices import ChoiceCache
 from src.ops.contracts import group_linear as contract
 from src.ops.dispatch import (
     Timer,
+    autocast_known,
     autocast_off,
     autocast_operands,
     check_impl,
@@ -151,13 +152,28 @@ def interleaved_group_linear(
             f"parts have {sum(p.shape[1] for p in parts)} features, "
             f"the weight {tuple(weight.shape)} expects {groups * k}"
         )
-    *parts, weight, bias = autocast_operands(parts[0].device.type, *parts, weight, bias)
-    dtype = check_same_dtype("the GLT", parts=parts, weight=weight, bias=bias)
+    device_type = parts[0].device.type
+    parts = autocast_operands(device_type, *parts)
+    dtype = check_same_dtype("the GLT", parts=parts)
     # BLAS and the kernel need unit stride along the features; rows may be strided
     parts = tuple(p if p.stride(1) == 1 else p.contiguous() for p in parts)
     kernel = use_triton(impl, parts[0]) and (impl == "triton" or dtype in TRITON_DTYPES)
+    # under autocast the kernel takes float32 parameters as they are and rounds them to the
+    # parts' dtype as it loads them: no casts, and float32 gradients written directly
+    mixed = (
+        kernel
+        and dtype != torch.float32
+        and all(t is None or t.dtype == torch.float32 for t in (weight, bias))
+        and autocast_known(device_type)
+        and torch.is_autocast_enabled(device_type)
+    )
+    if not mixed:
+        weight, bias = autocast_operands(device_type, weight, bias)
+        check_same_dtype("the GLT", parts=parts, weight=weight, bias=bias)
     if kernel and impl == "auto" and len(parts) <= 2 and not torch.compiler.is_compiling():
         kernel = auto_path(parts, weight, bias, shuffle) == "triton"
+        if not kernel and mixed:
+            weight, bias = autocast_operands(device_type, weight, bias)
     if kernel:
         if dtype not in TRITON_DTYPES or len(parts) > 2:
             raise TypeError(
@@ -192,11 +208,12 @@ def auto_path(
     assumed. Under ``torch.compile`` the kernel is traced.
 
     Shape:
-        as :func:`interleaved_group_linear`, after autocast's casts
+        as :func:`interleaved_group_linear`, after autocast's casts of the parts (the parameters
+        may still be float32)
     """
     key = (
         size_bucket(parts[0].shape[0]), tuple(p.shape[1] for p in parts), tuple(weight.shape),
-        bias is not None, shuffle, weight.dtype, str(weight.device),
+        bias is not None, shuffle, parts[0].dtype, str(weight.device),
     )  # fmt: skip
 
     def run(path: str) -> Tensor:
@@ -205,7 +222,9 @@ def auto_path(
         with torch.no_grad():
             if path == "triton":
                 return interleaved_group_linear_triton(parts, weight, bias, shuffle)
-            return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
+            # float32 parameters of 16-bit parts (autocast) as the PyTorch path takes them
+            w, b = (None if t is None else t.to(parts[0].dtype) for t in (weight, bias))
+            return InterleavedGroupLinearFunction.apply(w, b, shuffle, *parts)
 
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("triton", "reference")}

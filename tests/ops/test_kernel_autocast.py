@@ -3,7 +3,8 @@
 These two ops have their own autograd Functions (and Triton kernels), which autocast cannot see
 into, so they apply its rule themselves: operands cast to the autocast dtype before the Function,
 products accumulated in float32, outputs in the autocast dtype, float32 parameters with float32
-gradients. Without CUDA the Triton kernels run in the interpreter on CPU tensors
+gradients (the GLT kernel takes the float32 parameters themselves and rounds them as it loads
+them). Without CUDA the Triton kernels run in the interpreter on CPU tensors
 (tests/conftest.py), the shapes stay tiny and rows are never a multiple of a block; with CUDA the
 same cases run on the GPU with the compiled kernels.
 
@@ -28,6 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.ops.dextra import DExTra
 from src.ops.dim_conv import DimConv
@@ -168,6 +170,63 @@ def test_dextra_autocast(impl: str) -> None:
         lambda: unit(x), [x, *unit.parameters()], torch.bfloat16, 36 * u, output_tolerance=18 * u,
         output_dtype=norm_dtype,
     )  # fmt: skip
+
+
+class _Casts(TorchDispatchMode):
+    """Counts the dtype casts (``_to_copy``) dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self.count += func.overloadpacket.__name__ == "_to_copy"
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("n_parts", [1, 2])
+def test_glt_kernel_takes_float32_parameters_without_casts(n_parts: int) -> None:
+    """Under autocast the kernel rounds the float32 weight and bias to 16 bits as it loads them
+    and writes their float32 gradients: no cast launches, and the same numbers as casting first
+    (the forward and input gradients bit for bit, the weight's and bias's gradients rounded once
+    less)."""
+    torch.manual_seed(0)
+    rows, groups = 37, 4
+    parts = [
+        torch.randn(rows, 8 * (j + 1), device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        for j in range(n_parts)
+    ]
+    glt = GroupLinear(sum(p.shape[1] for p in parts), 24, groups, bias=True).to(DEVICE)
+    with torch.no_grad():
+        glt.bias.normal_()
+    dy = torch.randn(rows, 24, device=DEVICE, dtype=torch.bfloat16)
+    casts = _Casts()
+    with casts, torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y = interleaved_group_linear(parts, glt.weight, glt.bias, shuffle=True, impl="triton")
+    with casts:
+        y.backward(dy)
+    assert casts.count == 0
+    assert y.dtype == torch.bfloat16
+    assert glt.weight.grad.dtype == glt.bias.grad.dtype == torch.float32
+    # the same kernel on parameters rounded first as it rounds them, outside autocast
+    weight = _kernel_rounded(glt.weight.detach()).requires_grad_()
+    bias = _kernel_rounded(glt.bias.detach()).requires_grad_()
+    parts_cast = [p.detach().clone().requires_grad_() for p in parts]
+    y_cast = interleaved_group_linear(parts_cast, weight, bias, shuffle=True, impl="triton")
+    y_cast.backward(dy)
+    assert torch.equal(y, y_cast)
+    for part, part_cast in zip(parts, parts_cast, strict=True):
+        assert torch.equal(part.grad, part_cast.grad)
+    assert torch.equal(_kernel_rounded(glt.weight.grad), weight.grad)
+    assert torch.equal(_kernel_rounded(glt.bias.grad), bias.grad)
+
+
+def _kernel_rounded(t: Tensor) -> Tensor:
+    """float32 -> bfloat16 as a kernel's ``.to`` rounds: to nearest even on a GPU; the interpreter
+    truncates (it keeps the top 16 bits)."""
+    if CUDA:
+        return t.bfloat16()
+    return (t.float().view(torch.int32) & -65536).view(torch.float32).bfloat16()
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])

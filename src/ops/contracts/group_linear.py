@@ -20,9 +20,9 @@ BACKWARD_SCHEMA = (
 def forward_fake(
     parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
 ) -> Tensor:
-    """The forward op's output metadata: (N, g * n) in the weight's dtype."""
+    """The forward op's output metadata: (N, g * n) in the parts' dtype."""
     groups, _, n = weight.shape
-    return weight.new_empty(parts[0].shape[0], groups * n)
+    return parts[0].new_empty(parts[0].shape[0], groups * n)
 
 
 def glt_grads_like(

@@ -88,6 +88,8 @@ def _grouped_gemm_kernel(
         )
         if COLSUM:
             col_sum += tl.sum(b.to(tl.float32), axis=0)
+        # a float32 weight with 16-bit activations (autocast): rounded here as autocast's cast would
+        b = b.to(a.dtype)
         if WIDEN:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -110,6 +112,7 @@ def _grouped_gemm_kernel(
                 mask=(t[:, None] < T1) & (cols[None, :] < C),
                 other=0.0,
             )
+            b = b.to(a.dtype)
             if WIDEN:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
@@ -119,7 +122,8 @@ def _grouped_gemm_kernel(
                 acc = tl.dot(a, b, acc)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + group * s_biasg + cols, mask=cols < C, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
+        # a float32 bias with a 16-bit output (autocast) is rounded to it first, as autocast's cast
+        acc += bias.to(c_ptr.dtype.element_ty).to(tl.float32)[None, :]
     c = c_ptr + pid_s * s_cs + group * s_cg + rows[:, None] * s_cr + cols[None, :] * s_cc
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < R) & (cols[None, :] < C))
     if COLSUM:
@@ -156,8 +160,12 @@ def _grouped_gemm(
     red1 = a1.shape[2] if a1 is not None else 0
     cols = b.shape[2]
     block_r, block_t, block_c = _blocks(a, red, red1, cols)
-    if len({a.dtype, b.dtype, c.dtype}) > 1:
-        raise TypeError(f"a, b and c must share one dtype, got {a.dtype}, {b.dtype}, {c.dtype}")
+    # b and c share a's dtype, or are float32 where a is 16-bit (autocast's float32 parameters:
+    # the weight is rounded to a's dtype in the kernel, its gradient written in float32)
+    if any(t.dtype not in (a.dtype, torch.float32) for t in (b, c)):
+        raise TypeError(
+            f"b and c must be in a's dtype or float32, got {a.dtype}, {b.dtype}, {c.dtype}"
+        )
     if splits > 1 and (a1 is not None or bias is not None):
         raise ValueError("split-K reduces one operand pair: no a1 or bias")
     # the reduction per split, whole blocks of BLOCK_T so that no block straddles two splits
@@ -198,9 +206,18 @@ def _grouped_gemm(
         **({"num_warps": WARPS_GPU, "num_stages": STAGES_GPU} if gpu_launch(a) else {}),
     )  # fmt: skip
     if splits > 1:
-        c.copy_(out.sum(0))
+        # one reduction straight into a float32 output (autocast's weight gradient), else a copy
+        _sum_into(out, c)
         if colsum is not None:
-            colsum.copy_(out_sum.sum(0))
+            _sum_into(out_sum, colsum)
+
+
+def _sum_into(partials: Tensor, out: Tensor) -> None:
+    """``out = partials.sum(0)`` in one launch where out is float32 as the partials are."""
+    if out.dtype == partials.dtype:
+        torch.sum(partials, 0, out=out)
+    else:
+        out.copy_(partials.sum(0))
 
 
 def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
@@ -236,9 +253,12 @@ class InterleavedGroupLinearTriton(torch.autograd.Function):
 
     The kernels are launched inside the custom ops ``lightnets::glt_triton`` and
     ``lightnets::glt_triton_backward``, so that ``torch.compile`` traces this Function without
-    looking into a launch (it cannot trace one in the interpreter). The operands share one dtype
-    (:func:`src.ops.group_linear.interleaved_group_linear` applied autocast's rule); products
-    accumulate in float32 and the outputs and gradients are in that dtype.
+    looking into a launch (it cannot trace one in the interpreter). The parts share one dtype, and
+    so do weight and bias: the parts' or, under autocast, float32 with 16-bit parts
+    (:func:`src.ops.group_linear.interleaved_group_linear` cast only the parts), the kernels then
+    rounding the parameters to 16 bits as they load them, which saves autocast's two casts and the
+    two of their gradients per layer. Products accumulate in float32; the output and the parts'
+    gradients are in the parts' dtype, the parameters' gradients in theirs.
     """
 
     @staticmethod
@@ -280,7 +300,7 @@ def glt_triton(
     rows = parts[0].shape[0]
     # (N, d_j) -> (N, g, d_j/g), views
     grouped = [p.unflatten(1, (groups, -1)) for p in parts]
-    y = weight.new_empty(rows, groups * n)
+    y = parts[0].new_empty(rows, groups * n)
     a1 = grouped[1] if len(grouped) > 1 else None
     _grouped_gemm(grouped[0], weight, _grouped_view(y, groups, shuffle), a1=a1, bias=bias)
     return y
