@@ -15,6 +15,11 @@ Official semantics (sacmehta/delight, ``single_head_attention.py``), all reprodu
   padded keys are filled with -inf; the softmax runs in float32 for 16-bit inputs (in the input
   dtype otherwise); dropout acts on the probabilities.
 
+Without ``need_weights`` the attention runs as PyTorch's fused ``scaled_dot_product_attention``
+(one kernel each way on CUDA), which keeps those semantics; in 16 bits it differs from the official
+code by rounding only, and is the closer of the two to exact (the official code rounds the scores
+to 16 bits before its float32 softmax; the fused kernels do not).
+
 For incremental decoding, :meth:`SingleHeadAttention.forward_step` takes a
 :class:`KeyValueCache` of the keys and values already projected (the earlier target positions for
 self-attention, the encoder output for encoder-decoder attention) and projects only what is new.
@@ -235,11 +240,15 @@ class SingleHeadAttention(nn.Module):
                 f"got {tuple(attn_mask.shape)}"
             )
         p = self.dropout if self.training else 0.0
-        if need_weights or q.dtype in _HALF:
+        if need_weights:
             out, probs = self._explicit(q, k, v, key_padding_mask, attn_mask, p)
         else:
-            # the fused kernel agrees with the explicit form to rounding in float32/float64; it
-            # cannot return probabilities and would not keep a 16-bit softmax in float32
+            # PyTorch's fused attention: one kernel each way on CUDA where the explicit form runs
+            # about ten. It agrees with the explicit form to rounding in float32/float64, and for
+            # 16-bit inputs it also takes the softmax in float32 (CUDA's flash and memory-efficient
+            # kernels accumulate the scores in float32; the CPU's math path upcasts), keeping the
+            # scores unrounded where the explicit form rounds them to 16 bits first. It cannot
+            # return probabilities.
             mask = _additive_mask(attn_mask, key_padding_mask, q.dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
             probs = None

@@ -127,6 +127,34 @@ def test_bf16_autocast_is_close_to_float32(cross_attention: bool) -> None:
     assert errors["output"] < OP_TOLERANCE, errors
 
 
+@pytest.mark.parametrize("make", [_self, _cross])
+def test_16_bit_fused_path_is_as_close_to_exact_as_the_official_form(make) -> None:
+    """In bfloat16 the fused kernel (no probabilities asked for) and the official explicit form
+    (float32 softmax of 16-bit scores) both stay within bf16 rounding of the float64 result, the
+    fused one no further from it."""
+    torch.manual_seed(1)
+    exact = make()
+    keys = S if exact.cross_attention else 4 * T
+    query = 3 * torch.randn(4 * T, B, exact.query_features, dtype=torch.float64)
+    memory = 3 * torch.randn(S, B, D_M, dtype=torch.float64) if exact.cross_attention else None
+    pad = torch.zeros(B, keys, dtype=torch.bool)
+    pad[0, -2:] = True
+    kwargs = {"key_padding_mask": pad, "attn_mask": torch.randn(4 * T, keys, dtype=torch.float64)}
+    with torch.no_grad():
+        truth, _ = exact(query, memory, **kwargs)
+    half = make(torch.bfloat16)
+    inputs = [t if t is None else t.bfloat16() for t in (query, memory)]
+    half_kwargs = {**kwargs, "attn_mask": kwargs["attn_mask"].bfloat16()}
+    fused, _ = half(*inputs, **half_kwargs)
+    explicit, _ = half(*inputs, need_weights=True, **half_kwargs)
+
+    def error(out: torch.Tensor) -> float:
+        return float((out.detach().double() - truth).abs().max() / truth.abs().max())
+
+    assert error(explicit) < OP_TOLERANCE
+    assert error(fused) <= error(explicit) * 1.25, (error(fused), error(explicit))
+
+
 def test_softmax_runs_in_float32_for_16_bit_inputs() -> None:
     attention = _self(torch.bfloat16)
     _, probs = attention(torch.randn(T, B, D_O, dtype=torch.bfloat16), need_weights=True)
