@@ -226,7 +226,6 @@ class SingleHeadAttention(nn.Module):
             q (T, B, d_o), k and v (S, B, d_o) -> output (T, B, out_features), probabilities
             (T, B, S) or None
         """
-        q = q * self.scaling
         # (T, B, d_o) -> (B, T, d_o)
         q, k, v = (t.transpose(0, 1) for t in (q, k, v))
         if key_padding_mask is not None and key_padding_mask.shape != (k.shape[0], k.shape[1]):
@@ -241,18 +240,23 @@ class SingleHeadAttention(nn.Module):
             )
         p = self.dropout if self.training else 0.0
         if need_weights:
-            out, probs = self._explicit(q, k, v, key_padding_mask, attn_mask, p)
+            out, probs = self._explicit(q * self.scaling, k, v, key_padding_mask, attn_mask, p)
         else:
             # PyTorch's fused attention: one kernel each way on CUDA where the explicit form runs
             # about ten. It agrees with the explicit form to rounding in float32/float64, and for
             # 16-bit inputs it also takes the softmax in float32 (CUDA's flash and memory-efficient
             # kernels accumulate the scores in float32; the CPU's math path upcasts), keeping the
             # scores unrounded where the explicit form rounds them to 16 bits first. It cannot
-            # return probabilities.
+            # return probabilities. It scales q (the official code scales it after its bias) by
+            # itself, which saves a launch each way and differs by rounding.
             mask = _additive_mask(attn_mask, key_padding_mask, q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling
+            )
             probs = None
-        out = self.out_proj(out.transpose(0, 1))  # (B, T, d_o) -> (T, B, d_o) -> (T, B, d_m)
+        # out_proj on the (B, T, d_o) layout the attention wrote, then seen as (T, B, d_m): on a
+        # transposed input the projection would copy it first and add its bias separately
+        out = self.out_proj(out).transpose(0, 1)
         return out, None if probs is None else probs.transpose(0, 1)  # (T, B, S)
 
     def _explicit(
