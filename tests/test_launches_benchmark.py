@@ -27,6 +27,10 @@ def test_dextra_launches_per_path(capsys: pytest.CaptureFixture[str]) -> None:
     # the fused norm draws it
     assert reference["top_aten"]["native_dropout"] == 10
     assert triton["top_aten"]["native_dropout"] == 1
+    # the input and output layers run on the GLT kernel as one group, the output layer reading
+    # x0 and y in place: no product or concatenation of PyTorch's left
+    assert reference["ops"]["cat"] == 1 and reference["ops"]["addmm"] == 2
+    assert not {"cat", "addmm", "mm", "bmm"} & set(triton["ops"])
     assert triton["launches"] < reference["launches"]
     assert triton["ratio"] == round(triton["launches"] / reference["launches"], 3)
     table = capsys.readouterr().out
