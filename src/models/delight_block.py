@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.dextra import DExTra
+from src.ops.dispatch import check_impl
 from src.ops.dropout import dropout
+from src.ops.linear import linear
 from src.ops.single_head_attention import (
     KeyValueCache,
     SingleHeadAttention,
@@ -136,6 +138,7 @@ class _DeLighTBlock(nn.Module):
         schedule: str = "official",
         eps: float = 1e-5,
         glt_shuffle: bool = True,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         d_o = d_m // 2 if d_o is None else d_o
@@ -159,6 +162,7 @@ class _DeLighTBlock(nn.Module):
         self.dropout = dropout
         self.activation_dropout = activation_dropout
         self.ffn_dropout = ffn_dropout
+        self.impl = check_impl(impl)
         self.dextra = DExTra(
             d_m,
             d_o,
@@ -170,8 +174,9 @@ class _DeLighTBlock(nn.Module):
             dropout=dextra_dropout,
             eps=eps,
             glt_shuffle=glt_shuffle,
+            impl=impl,
         )
-        self.self_attn = SingleHeadAttention(d_o, d_o, d_m, dropout=attention_dropout)
+        self.self_attn = SingleHeadAttention(d_o, d_o, d_m, dropout=attention_dropout, impl=impl)
         self.self_attn_norm = nn.LayerNorm(d_m, eps=eps)
         self.fc1 = nn.Linear(d_m, self.d_ffn)
         self.fc2 = nn.Linear(self.d_ffn, d_m)
@@ -203,8 +208,11 @@ class _DeLighTBlock(nn.Module):
         return self._residual(x, h, self.self_attn_norm, self.dropout)
 
     def _feed_forward(self, x: Tensor) -> Tensor:
-        h = F.silu(self.fc1(self._pre(x, self.final_norm)))  # (T, B, d_m / r)
-        h = self.fc2(dropout(h, self.activation_dropout, self.training))
+        # fc1 and fc2 on the GLT kernel where it times faster (src/ops/linear.py)
+        h = F.silu(
+            linear((self._pre(x, self.final_norm),), self.fc1, impl=self.impl)
+        )  # (T, B, d_m / r)
+        h = linear((dropout(h, self.activation_dropout, self.training),), self.fc2, impl=self.impl)
         return self._residual(x, h, self.final_norm, self.ffn_dropout)
 
 
@@ -228,6 +236,9 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         eps: of every LayerNorm.
         glt_shuffle: DExTra's feature shuffle between groups (official ``--no-glt-shuffle``
             turns it off).
+        impl: the kernel paths of DExTra, the attention's projections and the FFN
+            (:func:`src.ops.linear.linear`): "auto" (Triton kernels on CUDA where they time
+            faster), "triton" or "reference".
 
     Submodules: ``dextra`` (DExTra d_m -> d_o), ``self_attn`` (:class:`SingleHeadAttention`
     d_o -> d_m), ``self_attn_norm``, ``fc1`` (d_m -> d_m / r), ``fc2`` (d_m / r -> d_m),
@@ -291,8 +302,9 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         if cross_attention:
             # the same attention dropout and LayerNorm eps as the self-attention sublayer
             self.encoder_attn = SingleHeadAttention(
-                d_m, self.d_o, d_m, cross_attention=True, dropout=self.self_attn.dropout
-            )
+                d_m, self.d_o, d_m, cross_attention=True, dropout=self.self_attn.dropout,
+                impl=self.impl,
+            )  # fmt: skip
             self.encoder_attn_norm = nn.LayerNorm(d_m, eps=self.self_attn_norm.eps)
 
     def forward(

@@ -28,13 +28,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.dispatch import check_impl, use_triton
+from src.ops.dispatch import check_impl
 from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
+from src.ops.linear import linear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
 
 SCHEDULES = ("official", "paper")
@@ -224,27 +224,12 @@ class DExTra(nn.Module):
             x, groups, norm.weight, norm.bias, norm.eps, p=p, impl=self.impl
         )
 
-    def _linear(self, parts: tuple[Tensor, ...], layer: nn.Linear) -> Tensor:
-        """``layer`` on the concatenated parts.
-
-        Where the GLT kernel runs, as a GLT of one group on its kernel: it reads the parts in
-        place (no concatenation) and, under autocast, the float32 weight and bias without casting
-        them, two launches fewer each way than ``nn.Linear``'s autocast.
-
-        Shape:
-            parts (N, d_j) -> (N, layer.out_features)
-        """
-        if use_triton(self.impl, parts[0]):
-            weight = layer.weight.t().unsqueeze(0)  # (n, k) -> (1, k, n), a view
-            bias = None if layer.bias is None else layer.bias.unsqueeze(0)  # (1, n)
-            return interleaved_group_linear(parts, weight, bias, shuffle=False, impl=self.impl)
-        return layer(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
-
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         # (..., d_in) -> (N, d_in)
         x = x.reshape(-1, self.in_features)
-        x0 = self._norm_swish(self._linear((x,), self.input_layer), 1, self.input_norm)  # (N, p)
+        x0 = linear((x,), self.input_layer, impl=self.impl)
+        x0 = self._norm_swish(x0, 1, self.input_norm)  # (N, p)
         y = None
         for glt, norm in zip(self.glts, self.glt_norms, strict=True):
             # the input mixer as two parts: [x0_1, y_1, ..., x0_g, y_g] is never materialised
@@ -253,8 +238,9 @@ class DExTra(nn.Module):
                 parts, glt.weight, glt.bias, shuffle=self.glt_shuffle, impl=self.impl
             )  # (N, out_l)
             y = self._norm_swish(y, norm.groups, norm)
-        # output layer on concat(x0, y): (N, p + o) -> (N, o)
-        out = self._swish(self.output_norm(self._linear((x0, y), self.output_layer)))
+        # output layer on concat(x0, y): (N, p + o) -> (N, o); on the GLT kernel it reads both in
+        # place (src/ops/linear.py)
+        out = self._swish(self.output_norm(linear((x0, y), self.output_layer, impl=self.impl)))
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
