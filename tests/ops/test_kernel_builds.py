@@ -30,6 +30,7 @@ from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
+from src.ops.linear import linear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
 from src.ops.relative_position import causal_memory_mask
@@ -77,6 +78,10 @@ def _glt(dtype: torch.dtype) -> None:
     )
     y = interleaved_group_linear(parts, weight, None, shuffle=True, impl="triton")
     y.float().sum().backward()
+    # an nn.Linear as one group (src/ops/linear.py): the transposed weight view, with a bias
+    layer = torch.nn.Linear(320, 960)
+    x = torch.randn(4096, 320, dtype=dtype, requires_grad=True)
+    linear((x,), layer, impl="triton").float().sum().backward()
 
 
 def _dim_conv(dtype: torch.dtype) -> None:
