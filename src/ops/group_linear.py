@@ -153,27 +153,27 @@ def interleaved_group_linear(
             f"the weight {tuple(weight.shape)} expects {groups * k}"
         )
     device_type = parts[0].device.type
-    parts = autocast_operands(device_type, *parts)
-    dtype = check_same_dtype("the GLT", parts=parts)
     # BLAS and the kernel need unit stride along the features; rows may be strided
     parts = tuple(p if p.stride(1) == 1 else p.contiguous() for p in parts)
+    dtype = _product_dtype(device_type, parts)
     kernel = use_triton(impl, parts[0]) and (impl == "triton" or dtype in TRITON_DTYPES)
-    # under autocast the kernel takes float32 parameters as they are and rounds them to the
-    # parts' dtype as it loads them: no casts, and float32 gradients written directly
+    # under autocast the kernel takes float32 operands (parameters, the residual stream) as they
+    # are and rounds them to the product's dtype as it loads them: no casts, and float32
+    # gradients written directly
     mixed = (
         kernel
         and dtype != torch.float32
-        and all(t is None or t.dtype == torch.float32 for t in (weight, bias))
+        and all(t is None or t.dtype in (dtype, torch.float32) for t in (weight, bias, *parts))
         and autocast_known(device_type)
         and torch.is_autocast_enabled(device_type)
     )
     if not mixed:
-        weight, bias = autocast_operands(device_type, weight, bias)
+        *parts, weight, bias = autocast_operands(device_type, *parts, weight, bias)
         check_same_dtype("the GLT", parts=parts, weight=weight, bias=bias)
     if kernel and impl == "auto" and len(parts) <= 2 and not torch.compiler.is_compiling():
-        kernel = auto_path(parts, weight, bias, shuffle) == "triton"
+        kernel = auto_path(parts, weight, bias, shuffle, dtype=dtype) == "triton"
         if not kernel and mixed:
-            weight, bias = autocast_operands(device_type, weight, bias)
+            *parts, weight, bias = autocast_operands(device_type, *parts, weight, bias)
     if kernel:
         if dtype not in TRITON_DTYPES or len(parts) > 2:
             raise TypeError(
@@ -182,12 +182,22 @@ def interleaved_group_linear(
             )
         from src.ops.triton.group_linear import interleaved_group_linear_triton
 
-        return interleaved_group_linear_triton(parts, weight, bias, shuffle)
+        return interleaved_group_linear_triton(parts, weight, bias, shuffle, dtype=dtype)
     if not torch.is_grad_enabled() or not any(
         t is not None and t.requires_grad for t in (weight, bias, *parts)
     ):
         return interleaved_group_linear_forward(weight, bias, shuffle, parts)
     return InterleavedGroupLinearFunction.apply(weight, bias, shuffle, *parts)
+
+
+def _product_dtype(device_type: str, parts: Sequence[Tensor]) -> torch.dtype:
+    """The dtype the GLT's products take: autocast's for floating parts autocast casts, else the
+    parts' one dtype (``TypeError`` naming them otherwise)."""
+    autocast = autocast_known(device_type) and torch.is_autocast_enabled(device_type)
+    castable = (torch.float32, torch.float16, torch.bfloat16)
+    if autocast and all(p.dtype in castable for p in parts):
+        return torch.get_autocast_dtype(device_type)
+    return check_same_dtype("the GLT", parts=parts)
 
 
 # (row bucket, part widths, weight shape, bias, shuffle, dtype, device) -> "triton" or "reference"
@@ -200,6 +210,8 @@ def auto_path(
     bias: Tensor | None,
     shuffle: bool,
     timer: Timer | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
     call with these shapes (rows by :func:`src.ops.dispatch.size_bucket`) and dtype
@@ -207,13 +219,16 @@ def auto_path(
     cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is measured rather than
     assumed. Under ``torch.compile`` the kernel is traced.
 
+    ``dtype`` is the products' (default the parts'); float32 operands of 16-bit products
+    (autocast) are cast for the PyTorch path, as it takes them, and not for the kernel.
+
     Shape:
-        as :func:`interleaved_group_linear`, after autocast's casts of the parts (the parameters
-        may still be float32)
+        as :func:`interleaved_group_linear`
     """
+    dtype = parts[0].dtype if dtype is None else dtype
     key = (
         size_bucket(parts[0].shape[0]), tuple(p.shape[1] for p in parts), tuple(weight.shape),
-        bias is not None, shuffle, parts[0].dtype, str(weight.device),
+        bias is not None, shuffle, dtype, str(weight.device),
     )  # fmt: skip
 
     def run(path: str) -> Tensor:
@@ -221,10 +236,9 @@ def auto_path(
 
         with torch.no_grad():
             if path == "triton":
-                return interleaved_group_linear_triton(parts, weight, bias, shuffle)
-            # float32 parameters of 16-bit parts (autocast) as the PyTorch path takes them
-            w, b = (None if t is None else t.to(parts[0].dtype) for t in (weight, bias))
-            return InterleavedGroupLinearFunction.apply(w, b, shuffle, *parts)
+                return interleaved_group_linear_triton(parts, weight, bias, shuffle, dtype=dtype)
+            w, b, *cast = (None if t is None else t.to(dtype) for t in (weight, bias, *parts))
+            return InterleavedGroupLinearFunction.apply(w, b, shuffle, *cast)
 
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("triton", "reference")}

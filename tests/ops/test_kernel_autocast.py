@@ -3,7 +3,7 @@
 These two ops have their own autograd Functions (and Triton kernels), which autocast cannot see
 into, so they apply its rule themselves: operands cast to the autocast dtype before the Function,
 products accumulated in float32, outputs in the autocast dtype, float32 parameters with float32
-gradients (the GLT kernel takes the float32 parameters themselves and rounds them as it loads
+gradients (the GLT kernel takes float32 parameters and inputs themselves and rounds them as it loads
 them). Without CUDA the Triton kernels run in the interpreter on CPU tensors
 (tests/conftest.py), the shapes stay tiny and rows are never a multiple of a block; with CUDA the
 same cases run on the GPU with the compiled kernels.
@@ -184,16 +184,19 @@ class _Casts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("part_dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("n_parts", [1, 2])
-def test_glt_kernel_takes_float32_parameters_without_casts(n_parts: int) -> None:
-    """Under autocast the kernel rounds the float32 weight and bias to 16 bits as it loads them
-    and writes their float32 gradients: no cast launches, and the same numbers as casting first
-    (the forward and input gradients bit for bit, the weight's and bias's gradients rounded once
-    less)."""
+def test_glt_kernel_takes_float32_operands_without_casts(
+    n_parts: int, part_dtype: torch.dtype
+) -> None:
+    """Under autocast the kernel rounds the float32 weight and bias (and float32 parts, such as
+    the residual stream) to 16 bits as it loads them and writes their float32 gradients: no cast
+    launches, and the same numbers as casting first (the forward bit for bit, the gradients of
+    float32 tensors rounded once less)."""
     torch.manual_seed(0)
     rows, groups = 37, 4
     parts = [
-        torch.randn(rows, 8 * (j + 1), device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+        torch.randn(rows, 8 * (j + 1), device=DEVICE, dtype=part_dtype, requires_grad=True)
         for j in range(n_parts)
     ]
     glt = GroupLinear(sum(p.shape[1] for p in parts), 24, groups, bias=True).to(DEVICE)
@@ -208,15 +211,16 @@ def test_glt_kernel_takes_float32_parameters_without_casts(n_parts: int) -> None
     assert casts.count == 0
     assert y.dtype == torch.bfloat16
     assert glt.weight.grad.dtype == glt.bias.grad.dtype == torch.float32
-    # the same kernel on parameters rounded first as it rounds them, outside autocast
+    assert all(p.grad.dtype == part_dtype for p in parts)
+    # the same kernel on operands rounded first as it rounds them, outside autocast
     weight = _kernel_rounded(glt.weight.detach()).requires_grad_()
     bias = _kernel_rounded(glt.bias.detach()).requires_grad_()
-    parts_cast = [p.detach().clone().requires_grad_() for p in parts]
+    parts_cast = [_kernel_rounded(p.detach()).requires_grad_() for p in parts]
     y_cast = interleaved_group_linear(parts_cast, weight, bias, shuffle=True, impl="triton")
     y_cast.backward(dy)
     assert torch.equal(y, y_cast)
     for part, part_cast in zip(parts, parts_cast, strict=True):
-        assert torch.equal(part.grad, part_cast.grad)
+        assert torch.equal(_kernel_rounded(part.grad), part_cast.grad)
     assert torch.equal(_kernel_rounded(glt.weight.grad), weight.grad)
     assert torch.equal(_kernel_rounded(glt.bias.grad), bias.grad)
 

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-FORWARD_SCHEMA = "(Tensor[] parts, Tensor weight, Tensor? bias, bool shuffle) -> Tensor"
+FORWARD_SCHEMA = (
+    "(Tensor[] parts, Tensor weight, Tensor? bias, bool shuffle, ScalarType dtype) -> Tensor"
+)
 BACKWARD_SCHEMA = (
     "(Tensor grad_y, Tensor weight, Tensor[] parts, bool shuffle, bool weight_grad, "
     "bool bias_grad, bool[] part_grads) -> Tensor[]"
@@ -18,11 +20,11 @@ BACKWARD_SCHEMA = (
 
 
 def forward_fake(
-    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool, dtype: torch.dtype
 ) -> Tensor:
-    """The forward op's output metadata: (N, g * n) in the parts' dtype."""
+    """The forward op's output metadata: (N, g * n) in the products' dtype."""
     groups, _, n = weight.shape
-    return parts[0].new_empty(parts[0].shape[0], groups * n)
+    return parts[0].new_empty(parts[0].shape[0], groups * n, dtype=dtype)
 
 
 def glt_grads_like(

@@ -52,6 +52,19 @@ BLOCK_C_MAX = 64  # output columns of one program (output features per group)
 
 
 @triton.jit
+def _dot_operands(a, b, DOT_16: tl.constexpr):
+    """The blocks as the product takes them: under autocast (``DOT_16`` 1: bfloat16, 2: float16)
+    float32 operands (parameters, the residual stream) are rounded here as autocast's casts would
+    round them; otherwise b takes a's dtype (a no-op where they share one)."""
+    if DOT_16 == 1:
+        return a.to(tl.bfloat16), b.to(tl.bfloat16)
+    elif DOT_16 == 2:
+        return a.to(tl.float16), b.to(tl.float16)
+    else:
+        return a, b.to(a.dtype)
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ptr, a1_ptr, b_ptr, bias_ptr, c_ptr, colsum_ptr,
     R, T, T1, C, n_col_blocks, T_SPLIT,
@@ -61,7 +74,7 @@ def _grouped_gemm_kernel(
     s_cs, s_cr, s_cg, s_cc,
     s_biasg, s_sums, s_sumg,
     HAS_A1: tl.constexpr, HAS_BIAS: tl.constexpr, COLSUM: tl.constexpr, IEEE: tl.constexpr,
-    WIDEN: tl.constexpr,
+    WIDEN: tl.constexpr, DOT_16: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     pid_r = tl.program_id(0)
@@ -88,8 +101,7 @@ def _grouped_gemm_kernel(
         )
         if COLSUM:
             col_sum += tl.sum(b.to(tl.float32), axis=0)
-        # a float32 weight with 16-bit activations (autocast): rounded here as autocast's cast would
-        b = b.to(a.dtype)
+        a, b = _dot_operands(a, b, DOT_16)
         if WIDEN:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -112,7 +124,7 @@ def _grouped_gemm_kernel(
                 mask=(t[:, None] < T1) & (cols[None, :] < C),
                 other=0.0,
             )
-            b = b.to(a.dtype)
+            a, b = _dot_operands(a, b, DOT_16)
             if WIDEN:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
@@ -145,8 +157,12 @@ def _grouped_gemm(
     bias: Tensor | None = None,
     colsum: Tensor | None = None,
     splits: int = 1,
+    dot_dtype: torch.dtype | None = None,
 ) -> None:
     """``c[r, i] = concat(a[r, i], a1[r, i]) @ b[i] (+ bias[i])``; ``colsum[i] = b[i].sum(0)``.
+
+    The products take ``dot_dtype`` operands (default a's): float32 operands of a 16-bit
+    ``dot_dtype`` are rounded to it as they are loaded (autocast's casts, without their launches).
 
     ``splits`` > 1 splits the reduction over T (split-K): each split writes a float32 partial
     product (and column sums), summed afterwards. It is how a long reduction with a small output,
@@ -160,11 +176,14 @@ def _grouped_gemm(
     red1 = a1.shape[2] if a1 is not None else 0
     cols = b.shape[2]
     block_r, block_t, block_c = _blocks(a, red, red1, cols)
-    # b and c share a's dtype, or are float32 where a is 16-bit (autocast's float32 parameters:
-    # the weight is rounded to a's dtype in the kernel, its gradient written in float32)
-    if any(t.dtype not in (a.dtype, torch.float32) for t in (b, c)):
+    # every operand in the product's dtype or float32 (autocast's float32 parameters and residual
+    # stream, rounded in the kernel; gradients of float32 tensors written in float32)
+    dot_dtype = a.dtype if dot_dtype is None else dot_dtype
+    operands = (a, b, c) if a1 is None else (a, a1, b, c)
+    if any(t.dtype not in (dot_dtype, torch.float32) for t in operands):
         raise TypeError(
-            f"b and c must be in a's dtype or float32, got {a.dtype}, {b.dtype}, {c.dtype}"
+            f"a, b and c must be in the product's dtype ({dot_dtype}) or float32, got "
+            f"{[t.dtype for t in operands]}"
         )
     if splits > 1 and (a1 is not None or bias is not None):
         raise ValueError("split-K reduces one operand pair: no a1 or bias")
@@ -180,10 +199,10 @@ def _grouped_gemm(
     # 16-bit inputs in the interpreter (CPU tensors): its tl.dot multiplies bfloat16 bit patterns
     # as integers (triton-lang/triton#11584), so the operands are widened to float32 first; the
     # products of 16-bit values are exact in float32, which is what the GPU's 16-bit dot gives
-    widen = not gpu_launch(a) and a.dtype != torch.float32
+    widen = not gpu_launch(a) and dot_dtype != torch.float32
     # fp32 inputs: exact products unless PyTorch itself allows TF32 matmuls
     ieee = widen or (
-        a.dtype == torch.float32 and not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32)
+        dot_dtype == torch.float32 and not (a.is_cuda and torch.backends.cuda.matmul.allow_tf32)
     )
     n_col_blocks = triton.cdiv(cols, block_c)
     # unused pointers (no second part, bias or column sums) are given c; the kernel never reads them
@@ -201,7 +220,7 @@ def _grouped_gemm(
         *a.stride(), *a1_arg.stride(), *b.stride(), *out_strides,
         bias_arg.stride(0), *sum_strides,
         HAS_A1=a1 is not None, HAS_BIAS=bias is not None, COLSUM=colsum is not None, IEEE=ieee,
-        WIDEN=widen,
+        WIDEN=widen, DOT_16=_DOT_16.get(dot_dtype, 0),
         BLOCK_R=block_r, BLOCK_T=block_t, BLOCK_C=block_c,
         **({"num_warps": WARPS_GPU, "num_stages": STAGES_GPU} if gpu_launch(a) else {}),
     )  # fmt: skip
@@ -218,6 +237,10 @@ def _sum_into(partials: Tensor, out: Tensor) -> None:
         torch.sum(partials, 0, out=out)
     else:
         out.copy_(partials.sum(0))
+
+
+# the kernel's DOT_16 code of a 16-bit product dtype
+_DOT_16 = {torch.bfloat16: 1, torch.float16: 2}
 
 
 def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
@@ -253,21 +276,21 @@ class InterleavedGroupLinearTriton(torch.autograd.Function):
 
     The kernels are launched inside the custom ops ``lightnets::glt_triton`` and
     ``lightnets::glt_triton_backward``, so that ``torch.compile`` traces this Function without
-    looking into a launch (it cannot trace one in the interpreter). The parts share one dtype, and
-    so do weight and bias: the parts' or, under autocast, float32 with 16-bit parts
-    (:func:`src.ops.group_linear.interleaved_group_linear` cast only the parts), the kernels then
-    rounding the parameters to 16 bits as they load them, which saves autocast's two casts and the
-    two of their gradients per layer. Products accumulate in float32; the output and the parts'
-    gradients are in the parts' dtype, the parameters' gradients in theirs.
+    looking into a launch (it cannot trace one in the interpreter). The products take ``dtype``
+    operands; under autocast (a 16-bit ``dtype``) the parts, weight and bias may also come in
+    float32 (:func:`src.ops.group_linear.interleaved_group_linear` casts none of them), and the
+    kernels round them to 16 bits as they load them, which saves autocast's casts and the casts of
+    their gradients: four launches per parameter or float32 input and layer. Products accumulate in
+    float32; the output is in ``dtype``, every gradient in its tensor's dtype.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, weight: Tensor, bias: Tensor | None, shuffle: bool, *parts: Tensor
+        ctx, weight: Tensor, bias: Tensor | None, shuffle: bool, dtype: torch.dtype, *parts: Tensor
     ) -> Tensor:
         """parts (N, d_j), one or two -> (N, g*n)."""
         with autocast_off(weight.device.type):
-            y = glt_triton(parts, weight, bias, shuffle)
+            y = glt_triton(parts, weight, bias, shuffle, dtype)
         ctx.save_for_backward(weight, *parts)
         ctx.shuffle = shuffle
         ctx.has_bias = bias is not None
@@ -281,16 +304,21 @@ class InterleavedGroupLinearTriton(torch.autograd.Function):
         bias_grad = ctx.has_bias and wanted[1]
         with autocast_off(weight.device.type):
             grads = glt_triton_backward(
-                grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[3:]
+                grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[4:]
             )
-        return contract.unpack_glt_grads(grads, wanted, ctx.has_bias)
+        # (weight, bias, shuffle, *parts) -> (weight, bias, shuffle, dtype, *parts)
+        grad_w, grad_b, _, *grad_parts = contract.unpack_glt_grads(
+            grads, wanted[:3] + wanted[4:], ctx.has_bias
+        )
+        return grad_w, grad_b, None, None, *grad_parts
 
 
 @opaque_op("lightnets::glt_triton", contract.FORWARD_SCHEMA, contract.forward_fake)
 def glt_triton(
-    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool, dtype: torch.dtype
 ) -> Tensor:
-    """Forward of :class:`InterleavedGroupLinearTriton`: one kernel launch.
+    """Forward of :class:`InterleavedGroupLinearTriton`: one kernel launch, products and output
+    in ``dtype``.
 
     Shape:
         parts (N, d_j), one or two (unit feature stride), weight (g, k, n), bias (g, n) or None
@@ -300,9 +328,11 @@ def glt_triton(
     rows = parts[0].shape[0]
     # (N, d_j) -> (N, g, d_j/g), views
     grouped = [p.unflatten(1, (groups, -1)) for p in parts]
-    y = parts[0].new_empty(rows, groups * n)
+    y = parts[0].new_empty(rows, groups * n, dtype=dtype)
     a1 = grouped[1] if len(grouped) > 1 else None
-    _grouped_gemm(grouped[0], weight, _grouped_view(y, groups, shuffle), a1=a1, bias=bias)
+    _grouped_gemm(
+        grouped[0], weight, _grouped_view(y, groups, shuffle), a1=a1, bias=bias, dot_dtype=dtype
+    )
     return y
 
 
@@ -339,7 +369,9 @@ def glt_triton_backward(
         w = weight[:, offset : offset + width]  # (g, d_j/g, n)
         if want:
             # dx_j = dy @ W_j^T: W_j seen as (g, n, d_j/g)
-            _grouped_gemm(dy, w.transpose(1, 2), next(given).unflatten(1, (groups, -1)))
+            _grouped_gemm(
+                dy, w.transpose(1, 2), next(given).unflatten(1, (groups, -1)), dot_dtype=dy.dtype
+            )
         if grad_w is not None:
             # the first part's weight gradient also gives the bias gradient (column sums of dy)
             weight_grad_into(xg, dy, grad_w[:, offset : offset + width], grad_b if j == 0 else None)
@@ -357,7 +389,10 @@ def weight_grad_splitk(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | Non
     """
     a = xg.permute(2, 1, 0)  # (k, g, N)
     splits = split_k_splits(a, dy.shape[2], programs=_split_k_programs(xg.device))
-    _grouped_gemm(a, dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits)
+    _grouped_gemm(
+        a, dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits,
+        dot_dtype=dy.dtype,
+    )  # fmt: skip
 
 
 def _split_k_programs(device: torch.device) -> int:
@@ -370,7 +405,8 @@ def _split_k_programs(device: torch.device) -> int:
 def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
     """dW = x^T dy by ``torch.bmm`` on strided views (cuBLAS's batched GEMM), as
     :func:`weight_grad_splitk`; the column sums are a separate reduction."""
-    out.copy_(torch.bmm(xg.permute(1, 2, 0), dy.transpose(0, 1)))  # (g, k, N) @ (g, N, n)
+    # (g, k, N) @ (g, N, n), in dy's dtype (x may be float32 under autocast)
+    out.copy_(torch.bmm(xg.permute(1, 2, 0).to(dy.dtype), dy.transpose(0, 1)))
     if colsum is not None:
         colsum.copy_(dy.sum(0, dtype=torch.float32))
 
@@ -420,11 +456,18 @@ def weight_grad_into(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None)
 
 
 def interleaved_group_linear_triton(
-    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, shuffle: bool
+    parts: Sequence[Tensor],
+    weight: Tensor,
+    bias: Tensor | None,
+    shuffle: bool,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """The fused GLT over one or two parts read in place; see :class:`InterleavedGroupLinearTriton`.
+    """The fused GLT over one or two parts read in place, its products and output in ``dtype``
+    (default the parts'); see :class:`InterleavedGroupLinearTriton`.
 
     Shape:
         parts (N, d_j) (unit feature stride), weight (g, k, n), bias (g, n) or None -> (N, g*n)
     """
-    return InterleavedGroupLinearTriton.apply(weight, bias, shuffle, *parts)
+    dtype = parts[0].dtype if dtype is None else dtype
+    return InterleavedGroupLinearTriton.apply(weight, bias, shuffle, dtype, *parts)
