@@ -146,8 +146,15 @@ def _fused_attention(counter: LaunchCounter) -> Callable[..., Tensor]:
             counter.counts["fused_attention_backward"] += 1
             return (None, *(next(grads) if t.requires_grad else None for t in leaves))
 
-    def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                  dropout_p: float = 0.0, is_causal: bool = False, **kwargs: object) -> Tensor:  # fmt: skip
+    def attention(
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        **kwargs: object,
+    ) -> Tensor:
         kwargs.update(dropout_p=dropout_p, is_causal=is_causal)
         mask = () if attn_mask is None else (attn_mask,)
         return FusedAttention.apply(kwargs, query, key, value, *mask)
