@@ -17,16 +17,13 @@ def test_dextra_launches_per_path(capsys: pytest.CaptureFixture[str]) -> None:
     reference, triton = main(["--only", "dextra", "--tokens", "40"])
     assert [reference["path"], triton["path"]] == ["reference", "triton"]
     assert reference["triton"] == 0 and reference["ratio"] == 1.0
-    # N = 8 GLTs: x0's norm and each GLT's norm with its swish, forward and backward, plus the
-    # output LayerNorm and swish, which stay PyTorch's
-    assert reference["top_aten"]["native_layer_norm"] == 10
-    assert reference["top_aten"]["silu"] == 10
-    assert triton["top_aten"]["native_layer_norm"] == 1
-    assert triton["top_aten"]["silu"] == 1
-    # dropout after each swish, as CUDA runs it (one kernel forward, one backward), except where
-    # the fused norm draws it
-    assert reference["top_aten"]["native_dropout"] == 10
-    assert triton["top_aten"]["native_dropout"] == 1
+    # N = 8 GLTs: x0's norm, each GLT's norm and the output norm, each with its swish and dropout
+    # (counted as CUDA runs it: one kernel forward, one backward); the kernel path fuses all three
+    # of each into one launch each way
+    assert reference["ops"]["native_layer_norm"] == 10
+    assert reference["ops"]["silu"] == 10
+    assert reference["ops"]["native_dropout"] == 10
+    assert not {"native_layer_norm", "silu", "native_dropout"} & set(triton["ops"])
     # the input and output layers run on the GLT kernel as one group, the output layer reading
     # x0 and y in place: no product or concatenation of PyTorch's left
     assert reference["ops"]["cat"] == 1 and reference["ops"]["addmm"] == 2
@@ -46,7 +43,7 @@ def test_bfloat16_launches_cast_as_cuda_autocast(capsys: pytest.CaptureFixture[s
     assert reference["ops"]["_to_copy"] >= 4 * 10
     # the GLT kernel rounds the float32 weights as it loads them: none of the 8 GLTs' weights is
     # cast, forward or backward
-    assert reference["ops"]["_to_copy"] - triton["ops"]["_to_copy"] >= 2 * 8
+    assert reference["ops"]["_to_copy"] - triton["ops"].get("_to_copy", 0) >= 2 * 8
     assert triton["launches"] < reference["launches"]
 
 

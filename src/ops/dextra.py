@@ -28,11 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.ops.dispatch import check_impl
-from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
@@ -209,13 +207,6 @@ class DExTra(nn.Module):
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def _swish(self, x: Tensor) -> Tensor:
-        x = F.silu(x)
-        return self._dropout(x)
-
-    def _dropout(self, x: Tensor) -> Tensor:
-        return dropout(x, self.dropout, self.training) if self.dropout > 0 else x
-
     def _norm_swish(self, x: Tensor, groups: int, norm: nn.Module) -> Tensor:
         # LayerNorm, swish and dropout as one op: on CUDA one fused launch each way where it
         # times faster (src/ops/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
@@ -240,7 +231,8 @@ class DExTra(nn.Module):
             y = self._norm_swish(y, norm.groups, norm)
         # output layer on concat(x0, y): (N, p + o) -> (N, o); on the GLT kernel it reads both in
         # place (src/ops/linear.py)
-        out = self._swish(self.output_norm(linear((x0, y), self.output_layer, impl=self.impl)))
+        out = linear((x0, y), self.output_layer, impl=self.impl)
+        out = self._norm_swish(out, 1, self.output_norm)
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
