@@ -46,6 +46,7 @@ from src.models.delight_block import (
 from src.models.fairseq_init import PADDING_IDX, init_official
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
+from src.ops.single_head_attention import attention_dtype, causal_attention_mask, padding_bias
 from src.ops.sinusoidal_positions import sinusoidal_positions
 
 EMBEDDING_DIM = 128  # the official ``delight_emb_map_dim`` of every MT and LM architecture
@@ -208,7 +209,10 @@ def _linear_params(module: nn.Module | None) -> int:
         return 0
     skip = (nn.LayerNorm, SharedGroupLayerNorm, nn.Embedding)
     return sum(
-        p.numel() for m in module.modules() if not isinstance(m, skip) for p in m.parameters(recurse=False)
+        p.numel()
+        for m in module.modules()
+        if not isinstance(m, skip)
+        for p in m.parameters(recurse=False)
     )
 
 
@@ -353,9 +357,14 @@ class DeLighTEncoderDecoder(nn.Module):
         if src_padding_mask is None:
             src_padding_mask = src_tokens.eq(self.padding_idx)
         x = self.encoder_embedding(src_tokens, src_padding_mask).transpose(0, 1)  # (S, B, d_m)
+        # the padding as the additive mask the attention adds, built once for all blocks
+        bias = padding_bias(src_padding_mask, self._attention_dtype())  # (B, S)
         for block in self.encoder_blocks:
-            x = block(x, src_padding_mask)
+            x = block(x, bias)
         return x
+
+    def _attention_dtype(self) -> torch.dtype:
+        return attention_dtype(self.decoder_blocks[0].self_attn.qkv_proj.weight)
 
     def decode(
         self,
@@ -372,9 +381,13 @@ class DeLighTEncoderDecoder(nn.Module):
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
         x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask).transpose(0, 1)
         # as the official decoder, only the causal mask: with right padding a real position never
-        # sees a pad, and pad positions are outside the loss (fairseq's own decoder masks them too)
+        # sees a pad, and pad positions are outside the loss (fairseq's own decoder masks them too).
+        # Both masks are built once for all blocks, in the attention's dtype.
+        dtype = self._attention_dtype()
+        causal = causal_attention_mask(x.shape[0], device=x.device, dtype=dtype)  # (T, T)
+        bias = None if src_padding_mask is None else padding_bias(src_padding_mask, dtype)
         for block in self.decoder_blocks:
-            x, _ = block(x, encoder_out, src_padding_mask)  # (T, B, d_m)
+            x, _ = block(x, encoder_out, bias, self_attn_mask=causal)  # (T, B, d_m)
         return self._output(x)
 
     def decode_step(
@@ -459,15 +472,24 @@ class DeLighTEncoderDecoder(nn.Module):
         """
         d_o = self.d_model // 2
         blocks = len(self.decoder_blocks)
-        encoder = _linear_params(self.encoder_embedding) + sum(_linear_params(b) for b in self.encoder_blocks)
+        encoder = _linear_params(self.encoder_embedding) + sum(
+            _linear_params(b) for b in self.encoder_blocks
+        )
         cross = sum(_linear_params(b.encoder_attn.kv_proj) for b in self.decoder_blocks)
-        decoder = _linear_params(self.decoder_embedding) + sum(_linear_params(b) for b in self.decoder_blocks)
+        decoder = _linear_params(self.decoder_embedding) + sum(
+            _linear_params(b) for b in self.decoder_blocks
+        )
         decoder += _linear_params(self.project_out) - cross
-        embedding_dim, vocab = self.decoder_embedding.lookup.weight.shape[1], self.decoder_embedding.lookup.weight.shape[0]
+        embedding_dim, vocab = (
+            self.decoder_embedding.lookup.weight.shape[1],
+            self.decoder_embedding.lookup.weight.shape[0],
+        )
         decoder += embedding_dim * vocab if self.output is None else _linear_params(self.output)
         macs = src_len * encoder + len(self.encoder_blocks) * 2 * src_len * src_len * d_o
         for t in range(1, tgt_len + 1):
-            macs += t * decoder + src_len * cross + blocks * (2 * t * t * d_o + 2 * t * src_len * d_o)
+            macs += (
+                t * decoder + src_len * cross + blocks * (2 * t * t * d_o + 2 * t * src_len * d_o)
+            )
         return macs
 
     def extra_repr(self) -> str:

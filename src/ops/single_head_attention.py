@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.dispatch import check_impl
+from src.ops.dispatch import autocast_known, check_impl
 from src.ops.dropout import dropout
 from src.ops.linear import linear
 
@@ -107,7 +107,8 @@ class SingleHeadAttention(nn.Module):
 
     Shape:
         query (T, B, query_features); key_value (S, B, kv_features) for cross-attention, None for
-        self-attention (S = T); key_padding_mask (B, S) bool, True = padded key; attn_mask (T, S)
+        self-attention (S = T); key_padding_mask (B, S) bool, True = padded key, or the same as an
+        additive float mask (:func:`padding_bias`, built once for all layers); attn_mask (T, S)
         float, added to the scores -> output (T, B, out_features) and, with ``need_weights``, the
         attention probabilities (T, B, S) (before dropout), else None.
     """
@@ -287,7 +288,9 @@ class SingleHeadAttention(nn.Module):
         scores = torch.bmm(q, k.transpose(1, 2))  # (B, T, S)
         if attn_mask is not None:
             scores = scores + attn_mask.to(scores.dtype)
-        if key_padding_mask is not None:
+        if key_padding_mask is not None and key_padding_mask.is_floating_point():
+            scores = scores + key_padding_mask[:, None, :].to(scores.dtype)
+        elif key_padding_mask is not None:
             scores = scores.masked_fill(key_padding_mask[:, None, :], float("-inf"))
         # 16-bit scores overflow and lose the small probabilities: softmax in float32 as officially
         softmax_dtype = torch.float32 if scores.dtype in _HALF else scores.dtype
@@ -309,7 +312,30 @@ def _additive_mask(
     """attn_mask (T, S) and key_padding_mask (B, S) as one float mask (B or 1, T or 1, S)."""
     mask = None if attn_mask is None else attn_mask.to(dtype).unsqueeze(0)  # (1, T, S)
     if key_padding_mask is not None:
-        pad = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
-        pad = pad.masked_fill(key_padding_mask, float("-inf")).unsqueeze(1)  # (B, 1, S)
+        pad = padding_bias(key_padding_mask, dtype).unsqueeze(1)  # (B, 1, S)
         mask = pad if mask is None else mask + pad
     return mask
+
+
+def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A key padding mask as the additive mask the attention adds: 0 on real keys, -inf on pads.
+
+    A model builds it once in the attention's dtype (:func:`attention_dtype`) and gives it to
+    every layer, which then spend no launch on it; a float mask passes through (cast if need be).
+
+    Shape:
+        key_padding_mask (B, S) bool, True = pad, or float -> (B, S) float
+    """
+    if key_padding_mask.is_floating_point():
+        return key_padding_mask.to(dtype)
+    pad = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+    return pad.masked_fill(key_padding_mask, float("-inf"))
+
+
+def attention_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype the attention's scores take for projections with ``weight``: autocast's where it
+    is on for the weight's device, else the weight's."""
+    device = weight.device.type
+    if autocast_known(device) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return weight.dtype

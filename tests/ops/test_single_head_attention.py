@@ -170,3 +170,29 @@ def test_bad_arguments_raise() -> None:
         _self()(torch.randn(T, B, D_O, dtype=torch.float64), torch.randn(S, B, D_O))
     with pytest.raises(ValueError, match="key_padding_mask must be"):
         _self()(torch.randn(T, B, D_O, dtype=torch.float64), key_padding_mask=torch.ones(B, S) > 0)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_padding_bias_is_the_bool_mask_built_once(need_weights: bool) -> None:
+    """A model builds the key padding as an additive mask once (padding_bias); every layer then
+    computes what the bool mask gives it, on both paths."""
+    from src.ops.single_head_attention import attention_dtype, padding_bias
+
+    attention = _cross()
+    query = torch.randn(T, B, D_M, dtype=torch.float64)
+    memory = torch.randn(S, B, D_M, dtype=torch.float64)
+    pad = torch.zeros(B, S, dtype=torch.bool)
+    pad[0, -2:] = True
+    pad[2, -1] = True
+    bias = padding_bias(pad, attention_dtype(attention.q_proj.weight))
+    assert bias.dtype == torch.float64 and bias.shape == (B, S)
+    assert (bias[pad] == float("-inf")).all() and (bias[~pad] == 0).all()
+    out, probs = attention(query, memory, key_padding_mask=bias, need_weights=need_weights)
+    expected, expected_probs = attention(
+        query, memory, key_padding_mask=pad, need_weights=need_weights
+    )
+    assert torch.equal(out, expected)
+    if need_weights:
+        assert torch.equal(probs, expected_probs) and (probs[:, 0, -2:] == 0).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention_dtype(attention.q_proj.weight.float()) == torch.bfloat16
