@@ -339,3 +339,40 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.
         assert glt.auto_path(parts, weight, bias, True) == "triton"
     finally:
         torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.mark.parametrize("wanted", ["both", "x0", "y", "none"])
+@pytest.mark.parametrize("rows", [33, 300], ids=["one split", "split-K"])
+def test_two_part_gradients_in_one_launch_each(
+    wanted: str, rows: int, kernel_device: torch.device
+) -> None:
+    """The mixer's two parts: both input gradients in one launch (columns split between them),
+    the weight gradient of both in one (rows continued in the second part, split over the tokens
+    at 300 rows); equal to the oracle whichever gradients are wanted."""
+    torch.manual_seed(0)
+    groups = 4
+    x0 = torch.randn(rows, 8, device=kernel_device, requires_grad=wanted in ("both", "x0"))
+    y_prev = torch.randn(rows, 20, device=kernel_device, requires_grad=wanted in ("both", "y"))
+    weight, bias = _params(groups, (8 + 20) // groups, 6, torch.float32, kernel_device)
+    y = interleaved_group_linear((x0, y_prev), weight, bias, shuffle=True, impl="triton")
+    ref = group_linear_reference(_interleave([x0, y_prev], groups), weight, bias, True)
+    inputs = [t for t in (x0, y_prev, weight, bias) if t.requires_grad]
+    for got, want in zip(_grads(y, inputs), _grads(ref, inputs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(CUDA, reason="launches are recorded in Triton's interpreter")
+def test_two_part_backward_launches() -> None:
+    from src.ops.triton.cross_compile import H100, recorded_launches
+
+    x0 = torch.randn(4096, 64, requires_grad=True)
+    y_prev = torch.randn(4096, 128, requires_grad=True)
+    weight, bias = _params(8, (64 + 128) // 8, 32, torch.float32)
+    y = interleaved_group_linear((x0, y_prev), weight, bias, shuffle=True, impl="triton")
+    with recorded_launches(H100) as launches:
+        y.backward(torch.ones_like(y))
+    # one launch for both input gradients and one for the weight and bias gradients
+    assert len(launches) == 2
+    kinds = {dict(launch.constants)["SPLIT_C"]: dict(launch.constants) for launch in launches}
+    assert kinds[True]["SPLIT_A"] is False and kinds[False]["SPLIT_A"] is True
+    assert kinds[False]["COLSUM"] is True

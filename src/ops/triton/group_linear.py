@@ -66,15 +66,16 @@ def _dot_operands(a, b, DOT_16: tl.constexpr):
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, a1_ptr, b_ptr, bias_ptr, c_ptr, colsum_ptr,
-    R, T, T1, C, n_col_blocks, T_SPLIT,
+    a_ptr, a1_ptr, b_ptr, bias_ptr, c_ptr, c1_ptr, colsum_ptr,
+    R, T, T1, C, n_col_blocks, T_SPLIT, R0, C0,
     s_ar, s_ag, s_at,
     s_a1r, s_a1g, s_a1t,
     s_bg, s_bt, s_bc,
     s_cs, s_cr, s_cg, s_cc,
+    s_c1r, s_c1g, s_c1c,
     s_biasg, s_sums, s_sumg,
     HAS_A1: tl.constexpr, HAS_BIAS: tl.constexpr, COLSUM: tl.constexpr, IEEE: tl.constexpr,
-    WIDEN: tl.constexpr, DOT_16: tl.constexpr,
+    WIDEN: tl.constexpr, DOT_16: tl.constexpr, SPLIT_A: tl.constexpr, SPLIT_C: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     pid_r = tl.program_id(0)
@@ -91,11 +92,24 @@ def _grouped_gemm_kernel(
     b_base = b_ptr + group * s_bg + cols[None, :] * s_bc
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     col_sum = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if SPLIT_A:
+        # A's rows (a weight gradient's input features) are a's below R0, then a1's: the two parts
+        # of DeLighT's input mixer in one launch
+        rows_a = R0
+        a1_rows = a1_ptr + group * s_a1g + (rows - R0)[:, None] * s_a1r
+    else:
+        rows_a = R
     for t0 in range(t_begin, t_begin + T_SPLIT, BLOCK_T):
         t = t0 + red
         a = tl.load(
-            a_base + t[None, :] * s_at, mask=(rows[:, None] < R) & (t[None, :] < T), other=0.0
+            a_base + t[None, :] * s_at, mask=(rows[:, None] < rows_a) & (t[None, :] < T), other=0.0
         )
+        if SPLIT_A:
+            a += tl.load(
+                a1_rows + t[None, :] * s_a1t,
+                mask=(rows[:, None] >= R0) & (rows[:, None] < R) & (t[None, :] < T),
+                other=0.0,
+            )
         b = tl.load(
             b_base + t[:, None] * s_bt, mask=(t[:, None] < T) & (cols[None, :] < C), other=0.0
         )
@@ -137,7 +151,14 @@ def _grouped_gemm_kernel(
         # a float32 bias with a 16-bit output (autocast) is rounded to it first, as autocast's cast
         acc += bias.to(c_ptr.dtype.element_ty).to(tl.float32)[None, :]
     c = c_ptr + pid_s * s_cs + group * s_cg + rows[:, None] * s_cr + cols[None, :] * s_cc
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < R) & (cols[None, :] < C))
+    out = acc.to(c_ptr.dtype.element_ty)
+    if SPLIT_C:
+        # C's columns below C0 are c's, the rest c1's (an input gradient per mixer part)
+        tl.store(c, out, mask=(rows[:, None] < R) & (cols[None, :] < C0))
+        c1 = c1_ptr + group * s_c1g + rows[:, None] * s_c1r + (cols - C0)[None, :] * s_c1c
+        tl.store(c1, out, mask=(rows[:, None] < R) & (cols[None, :] >= C0) & (cols[None, :] < C))
+    else:
+        tl.store(c, out, mask=(rows[:, None] < R) & (cols[None, :] < C))
     if COLSUM:
         # only the first row block writes: every row block reduced the same columns of B
         tl.store(colsum_ptr + pid_s * s_sums + group * s_sumg + cols,
@@ -158,6 +179,8 @@ def _grouped_gemm(
     colsum: Tensor | None = None,
     splits: int = 1,
     dot_dtype: torch.dtype | None = None,
+    a_rows1: Tensor | None = None,
+    c1: Tensor | None = None,
 ) -> None:
     """``c[r, i] = concat(a[r, i], a1[r, i]) @ b[i] (+ bias[i])``; ``colsum[i] = b[i].sum(0)``.
 
@@ -168,11 +191,25 @@ def _grouped_gemm(
     product (and column sums), summed afterwards. It is how a long reduction with a small output,
     the weight gradient over thousands of tokens, fills the GPU; it takes no ``a1`` or ``bias``.
 
+    Two parts of DeLighT's input mixer in one launch, for the gradients: ``a_rows1`` continues
+    A's rows after a's (a weight gradient's input features: ``c = concat(a, a_rows1) @ b``), and
+    ``c1`` takes C's columns after c's (an input gradient per part: ``concat(c, c1) = a @ b``).
+
     Shape:
         a (R, g, T), a1 (R, g, T1), b (g, T + T1, C), bias (g, C), c (R, g, C), colsum (g, C);
-        any strides. a1, bias and colsum are optional.
+        or a (R0, g, T) and a_rows1 (R - R0, g, T); or c (R, g, C0) and c1 (R, g, C - C0);
+        any strides. a1, bias, colsum, a_rows1 and c1 are optional.
     """
     rows, groups, red = a.shape
+    rows0, cols0 = rows, c.shape[2]
+    if a_rows1 is not None:
+        if a1 is not None or a_rows1.dtype != a.dtype or a_rows1.shape[1:] != a.shape[1:]:
+            raise ValueError("a_rows1 continues a's rows: no a1, and a's dtype, groups and T")
+        rows += a_rows1.shape[0]
+    if c1 is not None and (
+        splits > 1 or c1.dtype != c.dtype or c.shape[2] + c1.shape[2] != b.shape[2]
+    ):
+        raise ValueError("c1 takes C's columns after c's: one split, c's dtype, C in all")
     red1 = a1.shape[2] if a1 is not None else 0
     cols = b.shape[2]
     block_r, block_t, block_c = _blocks(a, red, red1, cols)
@@ -206,7 +243,8 @@ def _grouped_gemm(
     )
     n_col_blocks = triton.cdiv(cols, block_c)
     # unused pointers (no second part, bias or column sums) are given c; the kernel never reads them
-    a1_arg = a1 if a1 is not None else a
+    a1_arg = a1 if a1 is not None else a_rows1 if a_rows1 is not None else a
+    c1_arg = c1 if c1 is not None else c
     bias_arg = bias if bias is not None else c
     sum_arg = out_sum if out_sum is not None else c
     # (split stride, then the three of one split) of the output and column sums
@@ -215,12 +253,13 @@ def _grouped_gemm(
     sum_strides = sum_arg.stride()[:2] if split_sums else (0, sum_arg.stride(0))
     grid = (triton.cdiv(rows, block_r), groups * n_col_blocks, splits)
     _grouped_gemm_kernel[grid](
-        a, a1_arg, b, bias_arg, out, sum_arg,
-        rows, red, red1, cols, n_col_blocks, t_split,
-        *a.stride(), *a1_arg.stride(), *b.stride(), *out_strides,
+        a, a1_arg, b, bias_arg, out, c1_arg, sum_arg,
+        rows, red, red1, cols, n_col_blocks, t_split, rows0, cols0,
+        *a.stride(), *a1_arg.stride(), *b.stride(), *out_strides, *c1_arg.stride(),
         bias_arg.stride(0), *sum_strides,
         HAS_A1=a1 is not None, HAS_BIAS=bias is not None, COLSUM=colsum is not None, IEEE=ieee,
-        WIDEN=widen, DOT_16=_DOT_16.get(dot_dtype, 0),
+        WIDEN=widen, DOT_16=_DOT_16.get(dot_dtype, 0), SPLIT_A=a_rows1 is not None,
+        SPLIT_C=c1 is not None,
         BLOCK_R=block_r, BLOCK_T=block_t, BLOCK_C=block_c,
         **({"num_warps": WARPS_GPU, "num_stages": STAGES_GPU} if gpu_launch(a) else {}),
     )  # fmt: skip
@@ -252,10 +291,12 @@ def _blocks(a: Tensor, red: int, red1: int, cols: int) -> tuple[int, int, int]:
     return block_r, _block(max(red, red1), 16, block_t), _block(cols, 16, BLOCK_C_MAX)
 
 
-def split_k_splits(a: Tensor, cols: int, *, programs: int) -> int:
-    """Reduction splits for a grouped GEMM with ``a`` (R, g, T) and C columns: enough for about
-    ``programs`` programs in all, each split reducing at least four blocks of T."""
-    rows, groups, red = a.shape
+def split_k_splits(a: Tensor, cols: int, *, programs: int, rows: int | None = None) -> int:
+    """Reduction splits for a grouped GEMM with ``a`` (R, g, T) (``rows`` R when A continues in
+    a second part) and C columns: enough for about ``programs`` programs in all, each split
+    reducing at least four blocks of T."""
+    rows = a.shape[0] if rows is None else rows
+    _, groups, red = a.shape
     block_r, block_t, block_c = _blocks(a, red, 0, cols)
     tiles = triton.cdiv(rows, block_r) * groups * triton.cdiv(cols, block_c)
     return max(1, min(triton.cdiv(programs, tiles), red // (4 * block_t)))
@@ -362,6 +403,24 @@ def glt_triton_backward(
     given = iter(grads)
     grad_w = next(given) if weight_grad else None
     grad_b = next(given) if bias_grad else None
+    if len(parts) == 2 and parts[0].dtype == parts[1].dtype:
+        # the input mixer's two parts: one launch for both input gradients, one for the weight's
+        grouped = [p.unflatten(1, (groups, -1)) for p in parts]  # (N, g, d_j/g)
+        dx = [next(given).unflatten(1, (groups, -1)) if want else None for want in part_grads]
+        if all(part_grads) and dx[0].dtype == dx[1].dtype:
+            _grouped_gemm(dy, weight.transpose(1, 2), dx[0], c1=dx[1], dot_dtype=dy.dtype)
+        else:
+            _input_grads(dy, weight, grouped, dx)
+        if grad_w is not None:
+            if weight_grad_method(grouped[0], dy) == "splitk":
+                weight_grad_splitk(grouped[0], dy, grad_w, grad_b, xg1=grouped[1])
+            else:
+                width = grouped[0].shape[2]
+                weight_grad_into(grouped[0], dy, grad_w[:, :width], grad_b)
+                weight_grad_into(grouped[1], dy, grad_w[:, width:], None)
+        elif grad_b is not None:
+            grad_b.copy_(dy.sum(0, dtype=torch.float32))
+        return grads
     offset = 0
     for j, (part, want) in enumerate(zip(parts, part_grads, strict=True)):
         xg = part.unflatten(1, (groups, -1))  # (N, g, d_j/g)
@@ -381,17 +440,41 @@ def glt_triton_backward(
     return grads
 
 
-def weight_grad_splitk(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
-    """dW = x^T dy by the grouped-GEMM kernel, split over the tokens (:func:`split_k_splits`).
+def _input_grads(
+    dy: Tensor, weight: Tensor, grouped: Sequence[Tensor], dx: Sequence[Tensor | None]
+) -> None:
+    """dx_j = dy @ W_j^T into each wanted ``dx[j]``, one launch each.
 
     Shape:
-        xg (N, g, k), dy (N, g, n) -> out (g, k, n), colsum (g, n); any strides
+        dy (N, g, n), weight (g, k, n), grouped[j] and dx[j] (N, g, d_j/g)
     """
-    a = xg.permute(2, 1, 0)  # (k, g, N)
-    splits = split_k_splits(a, dy.shape[2], programs=_split_k_programs(xg.device))
+    offset = 0
+    for part, grad in zip(grouped, dx, strict=True):
+        width = part.shape[2]
+        if grad is not None:
+            # W_j seen as (g, n, d_j/g)
+            w = weight[:, offset : offset + width].transpose(1, 2)
+            _grouped_gemm(dy, w, grad, dot_dtype=dy.dtype)
+        offset += width
+
+
+def weight_grad_splitk(
+    xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None, *, xg1: Tensor | None = None
+) -> None:
+    """dW = x^T dy by the grouped-GEMM kernel, split over the tokens (:func:`split_k_splits`);
+    with ``xg1``, x is the input mixer's two parts, [xg, xg1] per group, in the same launch.
+
+    Shape:
+        xg (N, g, k0), xg1 (N, g, k - k0), dy (N, g, n) -> out (g, k, n), colsum (g, n); any
+        strides
+    """
+    a = xg.permute(2, 1, 0)  # (k0, g, N)
+    a1 = None if xg1 is None else xg1.permute(2, 1, 0)  # (k - k0, g, N)
+    programs = _split_k_programs(xg.device)
+    splits = split_k_splits(a, dy.shape[2], programs=programs, rows=out.shape[1])
     _grouped_gemm(
         a, dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits,
-        dot_dtype=dy.dtype,
+        dot_dtype=dy.dtype, a_rows1=a1,
     )  # fmt: skip
 
 
