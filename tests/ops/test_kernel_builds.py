@@ -31,6 +31,7 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
+from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
 from src.ops.relative_position import causal_memory_mask
@@ -128,6 +129,20 @@ def _shared_group_layer_norm(dtype: torch.dtype) -> None:
             shared_group_layer_norm_swish(x, groups, weight, bias, impl="triton")
 
 
+def _residual_layer_norm(dtype: torch.dtype) -> None:
+    # DeLighT's post-norm residuals at d_m 320 (IWSLT), 512 and 1024 (WMT'14 En-Fr's largest):
+    # the residual stream in float32, the branch in the autocast dtype
+    for width in (320, 512, 1024):
+        residual = torch.randn(4096, width, requires_grad=True)
+        branch = torch.randn(4096, width, dtype=dtype, requires_grad=True)
+        weight = torch.ones(width, requires_grad=True)
+        bias = torch.zeros(width, requires_grad=True)
+        y = residual_layer_norm(residual, branch, weight, bias, p=0.1, impl="triton")
+        y.float().sum().backward()
+        with torch.no_grad():
+            residual_layer_norm(residual, branch, weight, bias, impl="triton")
+
+
 def _batch_norm_prelu(dtype: torch.dtype) -> None:
     # DiCENet s=1.0's CBR outputs: the stem's, and a unit's at each stage
     for channels, size in ((24, 112), (116, 28), (232, 14), (464, 7)):
@@ -167,6 +182,7 @@ WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "eesp": _eesp,
     "per_group_layer_norm": _per_group_layer_norm,
     "shared_group_layer_norm": _shared_group_layer_norm,
+    "residual_layer_norm": _residual_layer_norm,
     "relative_softmax": _relative_softmax,
     "batch_norm_prelu": _batch_norm_prelu,
 }

@@ -1,0 +1,125 @@
+"""The post-norm residual connection: ``LayerNorm(residual + dropout(branch))``.
+
+Every sublayer of a post-norm Transformer block ends so (Vaswani et al., 2017, Sec. 5.4; DeLighT's
+blocks with ``normalize_before`` off, the official default). The PyTorch path is exactly that:
+:func:`src.ops.dropout.dropout`, the add and ``F.layer_norm``. On CUDA the fused kernel
+(:mod:`src.ops.triton.residual_layer_norm`) does all three in one launch forward and one (and a
+sum) backward, where PyTorch launches five or six; ``impl="auto"`` times both on the first call of
+each shape and keeps the faster.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from src.ops.choices import ChoiceCache
+from src.ops.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.ops.dropout import dropout
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def residual_layer_norm(
+    residual: Tensor,
+    branch: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float = 1e-5,
+    *,
+    p: float = 0.0,
+    impl: str = "auto",
+) -> Tensor:
+    """``layer_norm(residual + dropout(branch, p))`` over the last axis (pass ``p=0`` outside
+    training).
+
+    ``impl="auto"`` runs, on CUDA, the faster (per shape and dtypes, :func:`auto_path`) of the
+    fused Triton kernel and the PyTorch ops; the PyTorch ops elsewhere and under
+    ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
+    The kernel draws its dropout mask itself (Philox, from a seed of the default CPU generator),
+    the PyTorch path with :func:`src.ops.dropout.dropout`: the masks differ, their distribution
+    does not. Both give the output in the dtype the PyTorch ops give under CUDA's autocast (the
+    promotion of residual and branch: float32 for a float32 residual stream).
+
+    Shape:
+        residual and branch (..., d), weight and bias (d,) -> (..., d)
+    """
+    kernel = use_triton(check_impl(impl), residual) and _kernel_covers(
+        residual, branch, weight, bias
+    )
+    if kernel and impl == "auto":
+        # traced by torch.compile, the PyTorch ops are fused by inductor with their neighbours
+        kernel = (
+            not torch.compiler.is_compiling()
+            and auto_path(residual, branch, weight, bias, eps) == "triton"
+        )
+    if kernel:
+        from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
+
+        if not torch.compiler.is_compiling():
+            return residual_layer_norm_triton(residual, branch, weight, bias, eps, p)
+        # traced, the mask's seed would be a constant of the graph: PyTorch's dropout draws it
+        branch = F.dropout(branch, p, True) if p > 0 else branch
+        return residual_layer_norm_triton(residual, branch, weight, bias, eps)
+    return _reference(residual, branch, weight, bias, eps, p)
+
+
+def _reference(
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, p: float
+) -> Tensor:
+    total = residual + (dropout(branch, p, True) if p > 0 else branch)
+    return F.layer_norm(total, (total.shape[-1],), weight, bias, eps)
+
+
+def _kernel_covers(residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor) -> bool:
+    """The fused kernel's inputs: an affine, everything in float32 or 16 bits, equal shapes."""
+    return (
+        weight is not None
+        and bias is not None
+        and residual.shape == branch.shape
+        and all(t.dtype in _KERNEL_DTYPES for t in (residual, branch, weight))
+        and bias.dtype == weight.dtype
+    )
+
+
+# (row bucket, d, residual dtype, branch dtype, autocast dtype, device) -> "triton" or "reference"
+_auto_path_choice: dict[tuple, str] = ChoiceCache("residual_layer_norm")
+
+
+def auto_path(
+    residual: Tensor,
+    branch: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float,
+    timer: Timer | None = None,
+) -> str:
+    """``impl="auto"`` on CUDA: "triton" or "reference" for :func:`residual_layer_norm`,
+    whichever forward ran faster on the first call with this shape (rows by
+    :func:`src.ops.dispatch.size_bucket`) and dtypes (:func:`src.ops.dispatch.fastest`). Both are
+    deterministic; deterministic mode takes the kernel.
+
+    Shape:
+        residual and branch (..., d), weight and bias (d,)
+    """
+    rows = residual.numel() // max(residual.shape[-1], 1)
+    key = (
+        size_bucket(rows), residual.shape[-1], residual.dtype, branch.dtype,
+        autocast_dtype(residual.device.type), str(residual.device),
+    )  # fmt: skip
+
+    def run(path: str) -> Tensor:
+        from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
+
+        with torch.no_grad():
+            if path == "triton":
+                return residual_layer_norm_triton(residual, branch, weight, bias, eps)
+            return _reference(residual, branch, weight, bias, eps, 0.0)
+
+    def candidates() -> dict:
+        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+
+    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")

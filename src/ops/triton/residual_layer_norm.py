@@ -1,0 +1,232 @@
+"""Fused post-norm residual: ``LayerNorm(residual + dropout(branch))`` in one launch forward, one
+(and a sum) backward.
+
+Every sublayer of a post-norm Transformer block (DeLighT's: attention, encoder-decoder attention,
+light-weight FFN) ends so. In PyTorch that is a dropout, an add and ``layer_norm`` forward, and
+their backward kernels: five or six launches, for rows a few hundred features wide, where
+DeLighT's training step is launch-bound (docs/gpu.md). Here one program takes a block of rows:
+
+    s = residual + m(branch) / (1 - p),  c = s - mean(s),  r = 1 / sqrt(mean(c^2) + eps),
+    y = c r w + b
+
+keeping s (in the sum's dtype, as PyTorch's ``layer_norm`` keeps its input) and each row's mean
+and r for the backward. The dropout mask m keeps element i when Philox's ``tl.rand(seed, i)`` is
+at or above p, the seed drawn once per call from PyTorch's default CPU generator
+(``torch.manual_seed`` fixes it; the masks differ from ``F.dropout``'s, their distribution does
+not), and the backward draws it again. With ``x_hat = c r`` and ``g = dy w`` the sum's gradient is
+
+    ds = r (g - mean(g) - x_hat mean(g x_hat))
+
+which is the residual's gradient; the branch's is ``m ds / (1 - p)``. The weight and bias
+gradients (sums of ``dy x_hat`` and ``dy`` over rows) are written as one partial row per program
+and summed by PyTorch in one reduction, so they do not depend on the run.
+
+Statistics and arithmetic are float32. The output is in the dtype PyTorch's path gives: the
+promotion of residual and branch (a float32 residual stream and a 16-bit branch under autocast:
+float32, as CUDA's autocast runs ``layer_norm``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from src.ops.contracts import residual_layer_norm as contract
+from src.ops.dispatch import autocast_off, opaque_op
+from src.ops.triton.launch import gpu_launch
+
+# a program's (rows x features) tile and warps on a GPU: the per-group norm's (its builds:
+# tests/ops/test_kernel_builds.py); speed to be measured by benchmarks/gpu_tune.py
+ELEMENTS_GPU = 2048
+WARPS_GPU = 8
+ELEMENTS_INTERPRETER = 1 << 16
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _kept(seed, offsets, p):
+    # element (row, feature) is kept when its Philox draw is at or above p; the int32 counter
+    # wraps above 2^31 elements, which only repeats draws
+    return tl.rand(seed, offsets.to(tl.int32)) >= p
+
+
+@triton.jit
+def _residual_norm_fwd_kernel(
+    r_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_ptr, mean_ptr, rstd_ptr,
+    R, D, eps, seed, p,
+    DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < R
+    col_ok = cols < D
+    m = row_ok[:, None] & col_ok[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    if DROPOUT:
+        x = tl.where(_kept(seed, offsets, p), x / (1.0 - p), 0.0)
+    s = tl.load(r_ptr + offsets, mask=m, other=0.0).to(tl.float32) + x
+    s = s.to(s_ptr.dtype.element_ty)
+    tl.store(s_ptr + offsets, s, mask=m)
+    # normalised as stored, as PyTorch normalises the sum it has rounded to its dtype
+    s = s.to(tl.float32)
+    mean = tl.sum(s, axis=1) / D
+    c = tl.where(m, s - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(c * c, axis=1) / D + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = c * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=m)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _residual_norm_bwd_kernel(
+    s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
+    R, D, P, seed, p,
+    DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < R
+    col_ok = cols < D
+    m = row_ok[:, None] & col_ok[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    s = tl.load(s_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x_hat = tl.where(m, (s - mean[:, None]) * rstd[:, None], 0.0)
+    g = dy * w[None, :]
+    ds = rstd[:, None] * (
+        g - (tl.sum(g, axis=1) / D)[:, None] - x_hat * (tl.sum(g * x_hat, axis=1) / D)[:, None]
+    )
+    tl.store(dr_ptr + offsets, ds.to(dr_ptr.dtype.element_ty), mask=m)
+    dx = ds
+    if DROPOUT:  # the forward's mask, drawn again
+        dx = tl.where(_kept(seed, offsets, p), ds / (1.0 - p), 0.0)
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    # partial rows of the weight and bias gradients: (2, P, D), one per program
+    program = tl.program_id(0).to(tl.int64)
+    tl.store(part_ptr + program * D + cols, tl.sum(dy * x_hat, axis=0), mask=col_ok)
+    tl.store(part_ptr + (P + program) * D + cols, tl.sum(dy, axis=0), mask=col_ok)
+
+
+def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
+    block_n = triton.next_power_of_2(width)
+    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
+    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_n))
+    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n}
+    if on_gpu:
+        meta["num_warps"] = WARPS_GPU
+    return (triton.cdiv(rows, block_r),), meta
+
+
+@opaque_op("lightnets::residual_layer_norm", contract.FORWARD_SCHEMA, contract.forward_fake)
+def residual_layer_norm_forward(
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, seed: int,
+    p: float,
+) -> list[Tensor]:  # fmt: skip
+    """The normalised rows, the sum they normalise, and each row's mean and 1 / std. One launch.
+
+    Shape:
+        residual and branch (R, D) contiguous, weight and bias (D,) -> [(R, D), (R, D), (R,), (R,)]
+    """
+    rows, width = residual.shape
+    grid, meta = _launch(rows, width, gpu_launch(residual))
+    y, total, mean, rstd = contract.forward_fake(residual, branch, weight, bias, eps, seed, p)
+    _residual_norm_fwd_kernel[grid](
+        residual, branch, weight, bias, y, total, mean, rstd, rows, width, eps, seed, p,
+        DROPOUT=p > 0, **meta,
+    )  # fmt: skip
+    return [y, total, mean, rstd]
+
+
+@opaque_op(
+    "lightnets::residual_layer_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
+)
+def residual_layer_norm_backward(
+    grad_y: Tensor, total: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
+    branch_dtype: torch.dtype, seed: int, p: float,
+) -> list[Tensor]:  # fmt: skip
+    """The residual's and the branch's gradients, and the weight and bias gradients stacked. One
+    launch and one sum over the programs' partial rows.
+
+    Shape:
+        grad_y and total (R, D) contiguous, weight (D,), mean and rstd (R,)
+        -> [(R, D), (R, D) in branch_dtype, (2, D) in weight's dtype]
+    """
+    rows, width = total.shape
+    grid, meta = _launch(rows, width, gpu_launch(total))
+    grad_r, grad_x, _ = contract.backward_fake(
+        grad_y, total, weight, mean, rstd, branch_dtype, seed, p
+    )
+    parts = torch.empty((2, grid[0], width), dtype=torch.float32, device=total.device)
+    _residual_norm_bwd_kernel[grid](
+        total, grad_y, weight, mean, rstd, grad_r, grad_x, parts, rows, width, grid[0], seed, p,
+        DROPOUT=p > 0, **meta,
+    )  # fmt: skip
+    return [grad_r, grad_x, parts.sum(1).to(weight.dtype)]  # (2, D): weight, then bias
+
+
+class _ResidualLayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
+        p: float,
+    ) -> Tensor:  # fmt: skip
+        # the dropout mask's seed, from the default CPU generator: torch.manual_seed fixes it, and
+        # drawing it on the host costs no launch
+        seed = int(torch.randint(2**31 - 1, ())) if p > 0 else 0
+        with autocast_off(residual.device.type):
+            y, total, mean, rstd = residual_layer_norm_forward(
+                residual, branch, weight, bias, eps, seed, p
+            )
+        ctx.save_for_backward(total, weight, mean, rstd)
+        ctx.branch_dtype, ctx.seed, ctx.p = branch.dtype, seed, p
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        total, weight, mean, rstd = ctx.saved_tensors
+        with autocast_off(total.device.type):
+            grad_r, grad_x, grad_affine = residual_layer_norm_backward(
+                grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, ctx.seed, ctx.p
+            )
+        return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None
+
+
+def residual_layer_norm_triton(
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, p: float = 0.0
+) -> Tensor:
+    """The fused post-norm residual; the contract of
+    :func:`src.ops.residual_layer_norm.residual_layer_norm`. The dropout mask is Philox's
+    (``tl.rand``) from a seed drawn from PyTorch's default CPU generator, not ``F.dropout``'s; the
+    backward draws it again.
+
+    Shape:
+        residual and branch (..., D) float32/float16/bfloat16, weight and bias (D,) -> (..., D)
+    """
+    if {residual.dtype, branch.dtype, weight.dtype} - set(DTYPES) or bias.dtype != weight.dtype:
+        raise TypeError(
+            f"the fused residual LayerNorm takes residual, branch, weight and bias in {DTYPES} "
+            f"(weight and bias of one dtype), got {residual.dtype}, {branch.dtype}, "
+            f"{weight.dtype}, {bias.dtype}"
+        )
+    width = residual.shape[-1]
+    if branch.shape != residual.shape or {weight.shape, bias.shape} != {(width,)}:
+        raise ValueError(
+            f"residual {tuple(residual.shape)} and branch {tuple(branch.shape)} must match, and "
+            f"weight {tuple(weight.shape)} and bias {tuple(bias.shape)} be ({width},)"
+        )
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    rows = [t.reshape(-1, width).contiguous() for t in (residual, branch)]  # (..., D) -> (R, D)
+    y = _ResidualLayerNormFunction.apply(
+        *rows, weight.contiguous(), bias.contiguous(), float(eps), float(p)
+    )
+    return y.view(*residual.shape[:-1], width)
