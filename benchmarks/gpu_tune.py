@@ -26,6 +26,9 @@ those globals, under bf16 autocast and in fp32. The cases, most important first:
   causal memory mask; ELEMENTS_PER_THREAD.
 - ``dextra_norm``: DeLighT's per-group LayerNorm and swish on ``--tokens`` rows of DExTra GLT
   outputs (360 features in 4 groups, 704 in 16); ELEMENTS_GPU x WARPS_GPU.
+- ``residual_norm``: DeLighT's post-norm residual ``LayerNorm(residual + dropout(branch))`` on
+  ``--tokens`` rows of d_m 320 and 512 (a float32 residual, the branch in the precision);
+  ELEMENTS_GPU x WARPS_GPU.
 
 The vision cases take ``--vision-batch`` (256) images of ``--image-size`` (224), channels-last,
 nets and inputs alike; the defaults are ``benchmarks/gpu.py``'s on CUDA.
@@ -58,7 +61,8 @@ as for an H100 (:func:`src.ops.triton.launches_for`) so that the globals reach t
 times mean nothing: it checks the plumbing (``tests/test_gpu_tune.py``).
 
     python benchmarks/gpu_tune.py [--budget 120] [--cases glt glt_wgrad dice eesp bn_prelu
-        grouped_norm relative_softmax dextra_norm] [--precisions bf16 fp32] [--repeats 10] [--warmup 2]
+        grouped_norm relative_softmax dextra_norm residual_norm] [--precisions bf16 fp32]
+        [--repeats 10] [--warmup 2]
         [--tokens 16384] [--vision-batch 256] [--image-size 224] [--compile-jobs 8]
         [--json PATH] [--md PATH] [--dry]
 """
@@ -112,6 +116,8 @@ from src.ops.triton.launch import launches_for  # noqa: E402
 from src.ops.triton import relative_softmax as softmax_kernels  # noqa: E402
 from src.ops.triton import shared_group_layer_norm as dextra_norm_kernels  # noqa: E402
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish  # noqa: E402
+from src.ops.triton import residual_layer_norm as residual_norm_kernels  # noqa: E402
+from src.ops.residual_layer_norm import residual_layer_norm  # noqa: E402
 from src.ops.triton.cross_compile import H100  # noqa: E402
 
 PRECISIONS = ("bf16", "fp32")  # bf16 first: the models train under bf16 autocast
@@ -185,6 +191,10 @@ DEXTRA_NORM_ELEMENTS = Knob(
 DEXTRA_NORM_WARPS = Knob(
     "shared_group_layer_norm.WARPS_GPU", (4, 8, 16), (8,), dextra_norm_kernels
 )
+RESIDUAL_NORM_ELEMENTS = Knob(
+    "residual_layer_norm.ELEMENTS_GPU", (1024, 2048, 4096), (1024, 2048), residual_norm_kernels
+)
+RESIDUAL_NORM_WARPS = Knob("residual_layer_norm.WARPS_GPU", (4, 8, 16), (8,), residual_norm_kernels)
 SOFTMAX_ELEMENTS = Knob(
     "relative_softmax.ELEMENTS_PER_THREAD", (2, 4, 8, 16), (4, 8), softmax_kernels
 )
@@ -439,6 +449,31 @@ def dextra_norm_shapes(s: Settings) -> list[Shape]:
     return [shape(*norm) for norm in (DEXTRA_NORMS[:1] if s.dry else DEXTRA_NORMS)]
 
 
+# DeLighT's model widths: IWSLT's d_m 320 and WMT'16 En-Ro's 512
+RESIDUAL_WIDTHS = (320, 512)
+
+
+def residual_norm_shapes(s: Settings) -> list[Shape]:
+    def shape(width: int) -> Shape:
+        def build(precision: str) -> Run:
+            torch.manual_seed(0)
+            residual = torch.randn(s.tokens, width, device=s.device, requires_grad=True)
+            branch = torch.randn(
+                s.tokens, width, device=s.device, dtype=DTYPES[precision], requires_grad=True
+            )
+            weight = torch.ones(width, device=s.device, requires_grad=True)
+            bias = torch.zeros(width, device=s.device, requires_grad=True)
+            return training_step(
+                lambda: residual_layer_norm(residual, branch, weight, bias, impl="triton"),
+                s,
+                precision,
+            )
+
+        return Shape(f"{s.tokens}x{width}", build)
+
+    return [shape(width) for width in (RESIDUAL_WIDTHS[:1] if s.dry else RESIDUAL_WIDTHS)]
+
+
 CASES: dict[str, Case] = {
     "glt": Case(
         f"DExTra(d_m={gpu.D_M}, w_m=2, N=8) forward+backward, every GLT on the Triton kernel",
@@ -487,6 +522,12 @@ CASES: dict[str, Case] = {
         (DEXTRA_NORM_ELEMENTS, DEXTRA_NORM_WARPS),
         (grid(DEXTRA_NORM_ELEMENTS, DEXTRA_NORM_WARPS),),
         dextra_norm_shapes,
+    ),
+    "residual_norm": Case(
+        "DeLighT's post-norm residual (dropout, sum, LayerNorm) forward+backward",
+        (RESIDUAL_NORM_ELEMENTS, RESIDUAL_NORM_WARPS),
+        (grid(RESIDUAL_NORM_ELEMENTS, RESIDUAL_NORM_WARPS),),
+        residual_norm_shapes,
     ),
 }
 KNOBS = tuple(dict.fromkeys(knob for case in CASES.values() for knob in case.knobs))

@@ -137,7 +137,7 @@ def test_delight_block_residuals_on_the_kernel(kernel_device: torch.device) -> N
     """A post-norm DeLighT decoder block on the kernels equals the PyTorch paths (eval), and in
     training its three residuals take the fused kernel: no layer_norm of PyTorch's left."""
     torch.manual_seed(0)
-    args = dict(width_multiplier=2.0, depth=3, max_groups=4, dropout=0.1)
+    args = {"width_multiplier": 2.0, "depth": 3, "max_groups": 4, "dropout": 0.1}
     kernel = DeLighTDecoderBlock(32, impl="triton", **args).to(kernel_device).eval()
     reference = DeLighTDecoderBlock(32, impl="reference", **args).to(kernel_device).eval()
     reference.load_state_dict(kernel.state_dict())
