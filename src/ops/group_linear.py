@@ -131,9 +131,10 @@ def interleaved_group_linear(
     vector is never built: both the reference (one BLAS call per group and part, on strided views)
     and the Triton kernel (one or two parts) read the parts in place.
 
-    Under ``torch.autocast`` the products run in its dtype, as ``F.linear``'s do: the operands are
-    cast to it first (float32 parameters keep float32 gradients) and the output is in that dtype.
-    Outside autocast the operands must share one dtype.
+    Under ``torch.autocast`` the products run in its dtype, as ``F.linear``'s do, and the output
+    is in that dtype; float32 tensors keep float32 gradients. The PyTorch path casts the operands
+    first; the kernel takes float32 ones as they are and rounds them as it loads them (the same
+    values, without the casts' launches). Outside autocast the operands must share one dtype.
 
     Shape:
         parts (N, d_j) with d_j divisible by g and sum_j d_j / g = k, weight (g, k, n),
