@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import src.ops.dice
 import src.ops.eesp
@@ -263,3 +264,15 @@ def autograd_node_names(y: Tensor) -> list[str]:
         names.append(type(node).__name__)
         stack.extend(parent for parent, _ in node.next_functions)
     return names
+
+
+class CastCounter(TorchDispatchMode):
+    """Counts the dtype casts (``_to_copy``) dispatched while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self.count += func.overloadpacket.__name__ == "_to_copy"
+        return func(*args, **(kwargs or {}))

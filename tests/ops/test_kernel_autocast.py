@@ -29,12 +29,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.ops.dextra import DExTra
 from src.ops.dim_conv import DimConv
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
-from tests.helpers import tf32
+from tests.helpers import CastCounter, tf32
 
 pytest.importorskip("triton")
 
@@ -175,18 +174,6 @@ def test_dextra_autocast(impl: str) -> None:
     )  # fmt: skip
 
 
-class _Casts(TorchDispatchMode):
-    """Counts the dtype casts (``_to_copy``) dispatched."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        self.count += func.overloadpacket.__name__ == "_to_copy"
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("part_dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("n_parts", [1, 2])
 def test_glt_kernel_takes_float32_operands_without_casts(
@@ -206,7 +193,7 @@ def test_glt_kernel_takes_float32_operands_without_casts(
     with torch.no_grad():
         glt.bias.normal_()
     dy = torch.randn(rows, 24, device=DEVICE, dtype=torch.bfloat16)
-    casts = _Casts()
+    casts = CastCounter()
     with casts, torch.autocast(DEVICE, dtype=torch.bfloat16):
         y = interleaved_group_linear(parts, glt.weight, glt.bias, shuffle=True, impl="triton")
     with casts:

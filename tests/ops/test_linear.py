@@ -5,25 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.ops.linear import linear
 from src.ops.single_head_attention import SingleHeadAttention
-from tests.helpers import path_timer
+from tests.helpers import CastCounter, path_timer
 
 pytest.importorskip("triton")
-
-
-class _Casts(TorchDispatchMode):
-    """Counts the dtype casts (``_to_copy``) dispatched."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        self.count += func.overloadpacket.__name__ == "_to_copy"
-        return func(*args, **(kwargs or {}))
 
 
 def _layer(k: int, n: int, bias: bool, device: torch.device) -> nn.Linear:
@@ -80,7 +67,7 @@ def test_kernel_under_autocast_casts_no_parameter(kernel_device: torch.device) -
     for impl in ("reference", "triton"):
         layer.zero_grad()
         x.grad = None
-        casts = _Casts()
+        casts = CastCounter()
         with casts:
             with torch.autocast(kernel_device.type, dtype=torch.bfloat16):
                 y = linear((x,), layer, impl=impl)

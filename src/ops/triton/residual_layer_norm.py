@@ -35,6 +35,7 @@ from torch import Tensor
 
 from src.ops.contracts import residual_layer_norm as contract
 from src.ops.dispatch import autocast_off, opaque_op
+from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
 
 # a program's (rows x features) tile and warps on a GPU: the per-group norm's (its builds:
@@ -43,13 +44,6 @@ ELEMENTS_GPU = 2048
 WARPS_GPU = 8
 ELEMENTS_INTERPRETER = 1 << 16
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _kept(seed, offsets, p):
-    # element (row, feature) is kept when its Philox draw is at or above p; the int32 counter
-    # wraps above 2^31 elements, which only repeats draws
-    return tl.rand(seed, offsets.to(tl.int32)) >= p
 
 
 @triton.jit
@@ -66,7 +60,7 @@ def _residual_norm_fwd_kernel(
     offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
     if DROPOUT:
-        x = tl.where(_kept(seed, offsets, p), x / (1.0 - p), 0.0)
+        x = tl.where(kept(seed, offsets, p), x / (1.0 - p), 0.0)
     s = tl.load(r_ptr + offsets, mask=m, other=0.0).to(tl.float32) + x
     s = s.to(s_ptr.dtype.element_ty)
     tl.store(s_ptr + offsets, s, mask=m)
@@ -108,7 +102,7 @@ def _residual_norm_bwd_kernel(
     tl.store(dr_ptr + offsets, ds.to(dr_ptr.dtype.element_ty), mask=m)
     dx = ds
     if DROPOUT:  # the forward's mask, drawn again
-        dx = tl.where(_kept(seed, offsets, p), ds / (1.0 - p), 0.0)
+        dx = tl.where(kept(seed, offsets, p), ds / (1.0 - p), 0.0)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
     # partial rows of the weight and bias gradients: (2, P, D), one per program
     program = tl.program_id(0).to(tl.int64)

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from src.ops.contracts import shared_group_layer_norm as contract
 from src.ops.dispatch import autocast_off, opaque_op
+from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
 
 ELEMENTS_GPU = 2048  # elements of one program's (rows x group width) tile
@@ -47,13 +48,6 @@ ELEMENTS_GPU = 2048  # elements of one program's (rows x group width) tile
 WARPS_GPU = 8
 ELEMENTS_INTERPRETER = 1 << 16
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _kept(seed, offsets, p):
-    # element (row, feature) is kept when its Philox draw is at or above p; the int32 counter
-    # wraps above 2^31 elements, which only repeats draws
-    return tl.rand(seed, offsets.to(tl.int32)) >= p
 
 
 @triton.jit
@@ -80,7 +74,7 @@ def _norm_swish_fwd_kernel(
     if SWISH:
         z = z * tl.sigmoid(z)
     if DROPOUT:
-        z = tl.where(_kept(seed, offsets, p), z / (1.0 - p), 0.0)
+        z = tl.where(kept(seed, offsets, p), z / (1.0 - p), 0.0)
     tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=m)
     tl.store(mean_ptr + rows * G + group, mean, mask=row_ok)
     tl.store(rstd_ptr + rows * G + group, rstd, mask=row_ok)
@@ -106,7 +100,7 @@ def _norm_swish_bwd_kernel(
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     x_hat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
     if DROPOUT:  # the forward's mask, drawn again
-        dy = tl.where(_kept(seed, offsets, p), dy / (1.0 - p), 0.0)
+        dy = tl.where(kept(seed, offsets, p), dy / (1.0 - p), 0.0)
     dz = dy
     if SWISH:
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
