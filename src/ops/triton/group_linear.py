@@ -403,40 +403,26 @@ def glt_triton_backward(
     given = iter(grads)
     grad_w = next(given) if weight_grad else None
     grad_b = next(given) if bias_grad else None
-    if len(parts) == 2 and parts[0].dtype == parts[1].dtype:
-        # the input mixer's two parts: one launch for both input gradients, one for the weight's
-        grouped = [p.unflatten(1, (groups, -1)) for p in parts]  # (N, g, d_j/g)
-        dx = [next(given).unflatten(1, (groups, -1)) if want else None for want in part_grads]
-        if all(part_grads) and dx[0].dtype == dx[1].dtype:
-            _grouped_gemm(dy, weight.transpose(1, 2), dx[0], c1=dx[1], dot_dtype=dy.dtype)
-        else:
-            _input_grads(dy, weight, grouped, dx)
-        if grad_w is not None:
-            if weight_grad_method(grouped[0], dy) == "splitk":
-                weight_grad_splitk(grouped[0], dy, grad_w, grad_b, xg1=grouped[1])
-            else:
-                width = grouped[0].shape[2]
-                weight_grad_into(grouped[0], dy, grad_w[:, :width], grad_b)
-                weight_grad_into(grouped[1], dy, grad_w[:, width:], None)
-        elif grad_b is not None:
+    grouped = [p.unflatten(1, (groups, -1)) for p in parts]  # (N, g, d_j/g)
+    dx = [next(given).unflatten(1, (groups, -1)) if want else None for want in part_grads]
+    # the input mixer's two parts: one launch for both input gradients, one for the weight's
+    pair = len(parts) == 2 and parts[0].dtype == parts[1].dtype
+    if pair and all(part_grads) and dx[0].dtype == dx[1].dtype:
+        _grouped_gemm(dy, weight.transpose(1, 2), dx[0], c1=dx[1], dot_dtype=dy.dtype)
+    else:
+        _input_grads(dy, weight, grouped, dx)
+    if grad_w is None:
+        if grad_b is not None:
             grad_b.copy_(dy.sum(0, dtype=torch.float32))
-        return grads
-    offset = 0
-    for j, (part, want) in enumerate(zip(parts, part_grads, strict=True)):
-        xg = part.unflatten(1, (groups, -1))  # (N, g, d_j/g)
-        width = xg.shape[2]
-        w = weight[:, offset : offset + width]  # (g, d_j/g, n)
-        if want:
-            # dx_j = dy @ W_j^T: W_j seen as (g, n, d_j/g)
-            _grouped_gemm(
-                dy, w.transpose(1, 2), next(given).unflatten(1, (groups, -1)), dot_dtype=dy.dtype
-            )
-        if grad_w is not None:
+    elif pair and weight_grad_method(grouped[0], dy) == "splitk":
+        weight_grad_splitk(grouped[0], dy, grad_w, grad_b, xg1=grouped[1])
+    else:
+        offset = 0
+        for j, xg in enumerate(grouped):
+            width = xg.shape[2]
             # the first part's weight gradient also gives the bias gradient (column sums of dy)
             weight_grad_into(xg, dy, grad_w[:, offset : offset + width], grad_b if j == 0 else None)
-        offset += width
-    if grad_b is not None and grad_w is None:
-        grad_b.copy_(dy.sum(0, dtype=torch.float32))
+            offset += width
     return grads
 
 
