@@ -4,8 +4,8 @@ On CUDA, the first call of an op with a new shape compiles every candidate's ker
 them (:func:`src.ops.dispatch.fastest`). For DiCENet s=1.0 at batch 256 that first training step
 took over a minute on an H100 and an H200 (docs/gpu.md), in every process again. A
 :class:`ChoiceCache` keeps each op's choices in memory as before and, for the choices timed on
-CUDA, also in one JSON file (``LIGHTNETS_CHOICES``, default
-``~/.cache/lightnets/auto_choices.json``; ``0`` turns it off), so a later process on the same
+CUDA, also in one JSON file (``LIGHTNETS_CHOICES``, default ``auto_choices.json`` under
+:func:`cache_root`; ``0`` turns it off), so a later process on the same
 machine takes them without timing, and compiles only the kernels it runs. Entries are filed under
 a signature: the GPU's name, the PyTorch and Triton versions and a hash of the Triton kernels'
 sources, so a new card, release or kernel is measured afresh. Writers (DDP ranks, parallel jobs)
@@ -37,12 +37,20 @@ KERNELS = Path(__file__).parent / "triton"  # the Triton kernels' sources: a cha
 CPU_SOURCES = (Path(__file__).parent / "cpu", Path(__file__).parent / "pointwise_conv.py")
 
 
+def cache_root() -> Path:
+    """The project's folder in the user's cache: ``$XDG_CACHE_HOME/lightnets``,
+    ``~/.cache/lightnets`` without it (the XDG base directory rule, as the C++ kernels' build
+    folder under ``torch_extensions``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightnets"
+
+
 def store_path() -> Path | None:
-    """The choices file, or None when ``LIGHTNETS_CHOICES=0``."""
+    """The choices file (``LIGHTNETS_CHOICES``, default ``cache_root() / "auto_choices.json"``),
+    or None when ``LIGHTNETS_CHOICES=0``."""
     value = os.environ.get(ENV)
     if value == "0":
         return None
-    return Path(value) if value else Path.home() / ".cache" / "lightnets" / "auto_choices.json"
+    return Path(value) if value else cache_root() / "auto_choices.json"
 
 
 @functools.cache
