@@ -25,14 +25,14 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
-from src.build import build_from_checkpoint, complexity_of, hydra_choices
+from src.build import build_from_checkpoint, complexity_of, hydra_choices, hydra_overrides
 from src.export.metadata import attach_metadata
 from src.export.text import is_text_network
 from src.models.delight_mt import DeLighTEncoderDecoder
 from src.models.ssd import SSD
 from src.utils.errors import UsageError
 from src.utils.extras import require
-from src.utils.run_record import make_record, read_checkpoint, record_of
+from src.utils.run_record import make_record, override_key, read_checkpoint, record_of
 
 log = logging.getLogger("export")  # the command's name in its log lines
 
@@ -370,15 +370,20 @@ def first_output_is_map(spec: Any) -> bool:
 
 
 def record_of_run(cfg: DictConfig) -> dict[str, Any]:
-    """The run record an exported file carries: the checkpoint's config choices, or the command
-    line's without one, with the ``model``, ``data`` and ``task`` sections the network was built
-    from (``cfg`` after :func:`build_from_checkpoint` merged the checkpoint's in)."""
-    choices = hydra_choices()
-    if cfg.ckpt_path is not None:
-        saved = record_of(read_checkpoint(cfg.ckpt_path))
-        if saved is not None:
-            choices = {**saved.get("choices", {}), **choices}
-    return make_record(cfg, choices)
+    """The run record an exported file carries. From a checkpoint with a record: its choices (a
+    group the command line chose wins, as in :func:`build_from_checkpoint`) and the ``model``,
+    ``data`` and ``task`` sections the network was built from (``cfg`` after
+    :func:`build_from_checkpoint` merged the checkpoint's in). Otherwise (``allow_random=true``, a
+    checkpoint without a record) the command line's composition."""
+    saved = None if cfg.ckpt_path is None else record_of(read_checkpoint(cfg.ckpt_path))
+    if saved is None:
+        return make_record(cfg, hydra_choices())
+    chosen = {override_key(o) for o in hydra_overrides()}
+    if "experiment" in chosen:  # it composed all three sections (config_from_checkpoint)
+        chosen |= {"model", "data", "task"}
+    # the export config's own defaults (model: dicenet, data: digits) are no choice of the run
+    choices = {k: v for k, v in hydra_choices().items() if k in chosen}
+    return make_record(cfg, {**saved.get("choices", {}), **choices})
 
 
 def text_card(
