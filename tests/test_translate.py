@@ -1,5 +1,7 @@
 """The ``translate.py`` entry point's reading of sources: blank lines of an input file pass through
-as blank output lines, so the translations stay aligned with the input line for line. Run on a
+as blank output lines, so the translations stay aligned with the input line for line; a line
+longer than the model's maximum is translated in pieces (or truncated) on its own output line; what
+the vocabulary lacks is named. Run on a
 small untrained translation network (the same weights for every call: the alignment is under
 test, not the translations)."""
 
@@ -14,6 +16,8 @@ import torch
 from tests.conftest import compose_config
 from tests.tasks.test_translation_task import reversal_corpus
 from src.commands.translate import split_lines, translate
+from src.datamodules.dictionary import UNK_ID
+from src.datamodules.subword import train_sentencepiece
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +82,62 @@ def test_an_all_blank_input_is_refused_in_one_line(overrides, tmp_path) -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(ValueError, match=r"^nothing to translate \(no source\)"):
         translate_here(overrides, tmp_path, [])
+
+
+# -- long sources and words outside the vocabulary ---------------------------------------------
+@pytest.fixture(scope="module")
+def punctuated(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The small DeLighT's overrides on the generated corpus with " ." ending every line, and a
+    maximum source length of 6 tokens (eos included)."""
+    corpus = reversal_corpus(tmp_path_factory.mktemp("translate_long") / "corpus", n_train=200)
+    for path in corpus.iterdir():
+        path.write_text("".join(f"{line} .\n" for line in path.read_text().splitlines()))
+    return [
+        "data=iwslt14_de_en", f"data.root={corpus}", "data.source_lang=xx", "data.target_lang=yy",
+        "data.src_vocab_size=null", "data.tgt_vocab_size=null", "data.max_source_positions=6",
+        "model.d_model=32", "model.n_min=2", "model.n_max=3", "task.max_len_a=0", "task.max_len_b=6",
+        "allow_random=true", "decoding=greedy", "batch_size=2",
+    ]  # fmt: skip
+
+
+def test_a_long_line_is_translated_in_pieces_on_its_own_line(punctuated, tmp_path, caplog) -> None:
+    alone = translate_here(punctuated, tmp_path, ["w1 w2 .", "w3 w4 . w5 .", "w6 w7 w8 w9 w10"])
+    assert len(set(alone)) == 3, "distinct pieces should translate differently"
+    # line 2: 9 tokens with eos, cut after a sentence end into pieces of at most 6 (4 and 6);
+    # line 3: one sentence of 8 tokens, truncated to its first 5 and eos
+    path = tmp_path / "long.txt"
+    path.write_text("w6 .\nw1 w2 . w3 w4 . w5 .\nw6 w7 w8 w9 w10 w11 w0\n", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="translate"):
+        got = translate_here(punctuated, tmp_path, [], f"input={path}")
+    assert len(got) == 3
+    assert got[1:] == [f"{alone[0]} {alone[1]}", alone[2]]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"{path}:2: 9 tokens (eos included), more than the model's maximum of 6 "
+        "(data.max_source_positions): translated in 2 pieces split at sentence ends",
+        f"{path}:3: 8 tokens (eos included), more than the model's maximum of 6 "
+        "(data.max_source_positions): 2 token(s) cut off the end of over-long sentences and not "
+        "translated",
+        "2 of 3 source(s) longer than 6 tokens: 1 split at sentence ends, 1 truncated (their end "
+        "not translated)",
+    ]
+
+
+def test_tokens_outside_the_vocabulary_are_named_and_read_as_unk(punctuated, tmp_path, caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="translate"):
+        got = translate_here(punctuated, tmp_path, ["w1 zz ö w2 .", "w3 ."])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "sentence 1: not in the model's source vocabulary, read as <unk> (their words will be "
+        "missing or wrong in the translation): 'zz', 'ö' (U+00F6)",
+        "1 of 2 source(s) have characters or tokens outside the vocabulary (read as <unk>)",
+    ]
+    assert got[0] == translate_here(punctuated, tmp_path, ["w1 <unk> <unk> w2 ."])[0]
+
+
+def test_sentencepiece_names_the_characters_no_piece_covers(tmp_path) -> None:
+    codec = train_sentencepiece(["ab ba abc cab bca"] * 20, tmp_path / "spm", 12)
+    # a run of unknown characters is one <unk>; a full-width b is a b after NFKC
+    assert codec.encode("ab 日本x€ ｂ").count(UNK_ID) == 1
+    assert codec.unknown("ab 日本x€ ｂ") == ["日", "本", "x", "€"]
+    assert codec.unknown("cab ba") == []

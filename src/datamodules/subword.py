@@ -1,6 +1,7 @@
 """Text <-> token ids for translation: pre-tokenised BPE text, or a SentencePiece model.
 
-Two codecs with one interface (``encode(text) -> ids``, ``decode(ids) -> text``, ``vocab_size``):
+Two codecs with one interface (``encode(text) -> ids``, ``decode(ids) -> text``, ``vocab_size``,
+``unknown(text)``: what of the text encodes as ``<unk>``):
 
 - :class:`DictionaryCodec`: text already tokenised and split into subwords (Moses + subword-nmt,
   as the official IWSLT/WMT preparation scripts write it); tokens are looked up in a fairseq
@@ -37,6 +38,13 @@ class TextCodec(Protocol):
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
+    def unknown(self, text: str) -> list[str]: ...
+
+
+def distinct(items: Iterable[str]) -> list[str]:
+    """``items`` without repeats, in the order of their first occurrence."""
+    return list(dict.fromkeys(items))
+
 
 class DictionaryCodec:
     """Whitespace tokens of pre-tokenised (and BPE-split) text looked up in ``dictionary``."""
@@ -50,6 +58,10 @@ class DictionaryCodec:
 
     def decode(self, ids: Iterable[int]) -> str:
         return remove_bpe(" ".join(self.dictionary.decode(ids)))
+
+    def unknown(self, text: str) -> list[str]:
+        """The distinct tokens of ``text`` that the dictionary lacks (each encodes as ``<unk>``)."""
+        return distinct(t for t in text.split() if t not in self.dictionary.indices)
 
 
 def remove_bpe(text: str) -> str:
@@ -76,6 +88,14 @@ class SentencePieceCodec:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.processor.decode([i for i in ids if i not in (BOS_ID, PAD_ID, EOS_ID)])
+
+    def unknown(self, text: str) -> list[str]:
+        """The distinct characters of ``text`` that no piece covers (a run of them encodes as one
+        ``<unk>``), after the model's normalisation (NFKC: a full-width letter is a known one)."""
+        pieces = self.processor.encode(text, out_type=str)
+        runs = (p for p in pieces if self.processor.piece_to_id(p) == UNK_ID)
+        # U+2581 is SentencePiece's mark of a word start, not a character of the text
+        return distinct(ch for run in runs for ch in run if not ch.isspace() and ch != "\u2581")
 
 
 def train_sentencepiece(

@@ -472,6 +472,11 @@ class TranslationDataModule(L.LightningDataModule):
         ids = self.load_codecs()["source"].encode(text) + [EOS_ID]
         return torch.tensor(ids, dtype=torch.long)
 
+    def unknown_source(self, text: str) -> list[str]:
+        """What of a source sentence the source vocabulary lacks, each encoded as ``<unk>``: the
+        characters no SentencePiece piece covers, or the BPE tokens the dictionary lacks."""
+        return self.load_codecs()["source"].unknown(text)
+
     # -- loaders ------------------------------------------------------------------------------
     def _loader(self, split: str, max_tokens: int, shuffle: bool) -> DataLoader:
         trainer = getattr(self, "trainer", None)
