@@ -7,7 +7,6 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from src.build import check_config
 from src.commands.train import train
 from src.utils.errors import reported_in_one_line
 
@@ -15,7 +14,6 @@ from src.utils.errors import reported_in_one_line
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     with reported_in_one_line():
-        check_config(cfg, "train")
         summary = train(cfg)
     # the monitored value, for Hydra sweepers that optimise it
     checkpoint = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}

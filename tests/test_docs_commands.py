@@ -22,8 +22,8 @@ What runs, per program:
 
 - ``python <root script>`` with ``@hydra.main`` (the config name is read from the decorator):
   the overrides are composed in-process with Hydra's compose API, which rejects them exactly as
-  ``--cfg job`` would, and then checked by the ``check_config`` the script calls before it builds
-  anything. Hydra's own flags (``--cfg``, ``--resolve``, ``--package``, ``--info``) are dropped;
+  ``--cfg job`` would, and then checked by ``src.build.check_config``, which every command runs
+  before it builds anything. Hydra's own flags (``--cfg``, ``--resolve``, ``--package``, ``--info``) are dropped;
   ``-m``/``--multirun`` composes every value of every sweep in turn, the other sweeps at their
   first value. The script's ``split_arguments`` (``translate.py``: the sentences) is applied first.
 - ``python <other script>``, ``python -m <module>``: the script runs in-process until its argparse
@@ -306,15 +306,18 @@ def _hydra_runs(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [run({i: value}) for i, values in sweeps.items() for value in values]
 
 
-def compose_app(config_name: str, overrides: list[str], check: Callable | None = None) -> None:
-    """Compose ``conf/<config_name>.yaml`` with ``overrides``, then the script's config check."""
+def compose_app(config_name: str, overrides: list[str], *, check: bool = True) -> None:
+    """Compose ``conf/<config_name>.yaml`` with ``overrides``, then (``check``) the config check
+    every command runs."""
+    from src.build import check_config
+
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
-            if check is not None:
+            if check:
                 HydraConfig.instance().set_config(cfg)
-                check(cfg, config_name)
+                check_config(cfg, config_name)
     finally:
         GlobalHydra.instance().clear()
 
@@ -347,7 +350,7 @@ def run_hydra_app(script: str, arguments: list[str]) -> None:
             overrides.append(word)
     for run in _hydra_runs(overrides, multirun):
         try:
-            compose_app(config_name, run, getattr(module, "check_config", None))
+            compose_app(config_name, run)
         except COMPOSE_ERRORS as error:
             raise CommandError(f"{script} {' '.join(run)}\n{_messages(error)}") from None
 
@@ -441,7 +444,7 @@ def run_python(words: list[str]) -> None:
         namespace = parse_arguments(name, arguments, module=True)
         if name == "src.datamodules.check" and namespace is not None:
             try:
-                compose_app("train", list(namespace.overrides))
+                compose_app("train", list(namespace.overrides), check=False)
             except COMPOSE_ERRORS as error:
                 raise CommandError(f"{name} {' '.join(arguments)}\n{_messages(error)}") from None
         return

@@ -2,7 +2,8 @@
 
 Hydra composes ``conf/train.yaml``; this script only instantiates and wires: seed, datamodule,
 network, task, callbacks, loggers and Trainer; fit (or resume with ``ckpt_path=...``); test the
-best checkpoint when the data has a test split; write ``metrics.json`` into the run directory.
+best checkpoint when the data has a test split; write ``metrics.json`` into the run directory
+(status ``finished``, ``interrupted`` or ``failed``).
 The building functions it shares with the other entry points are in :mod:`src.build`.
 """
 
@@ -18,11 +19,13 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src.build import (
     build_task,
     build_trainer,
+    check_config,
     compile_network,
     complexity_of,
     hydra_choices,
@@ -30,6 +33,8 @@ from src.build import (
     scalars,
 )
 from src.callbacks.interrupt import InterruptCheckpoint
+from src.callbacks.validation_schedule import ValidationSchedule
+from src.utils.errors import user_error_of
 from src.utils.files import write_json
 from src.utils.run_record import (
     CheckpointError,
@@ -45,13 +50,13 @@ log = logging.getLogger("train")  # the command's name in its log lines
 
 def unfinished_run_dir(ckpt_path: Path) -> Path | None:
     """The run directory ``ckpt_path`` belongs to (``<run>/checkpoints/*.ckpt``), when that run did
-    not finish: its ``metrics.json`` is absent or says ``interrupted``. A finished run is never
-    written into again."""
+    not finish: its ``metrics.json`` is absent or says ``interrupted`` or ``failed``. A finished
+    run is never written into again."""
     run_dir = ckpt_path.resolve().parent.parent
     if ckpt_path.resolve().parent.name != "checkpoints" or not (run_dir / ".hydra").is_dir():
         return None
     metrics = run_dir / "metrics.json"
-    if metrics.is_file() and json.loads(metrics.read_text()).get("status") != "interrupted":
+    if metrics.is_file() and json.loads(metrics.read_text()).get("status") == "finished":
         return None
     return run_dir
 
@@ -104,6 +109,34 @@ def stop_interrupted(
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
+    """Check the config, then fit, test and summarise one run (:func:`fit_and_test`); returns what
+    is written to ``metrics.json``.
+
+    A run that stops on an exception (a :class:`~src.utils.errors.UserError` the command prints
+    in one line, or a bug) leaves ``metrics.json`` with status ``failed`` and the error in the
+    directory Hydra made for this invocation, then the exception goes on to the caller.
+    """
+    run_dir = Path(cfg.paths.output_dir)  # before a resume moves output_dir to the run it continues
+    start = time.perf_counter()
+    try:
+        check_config(cfg, "train")
+        return fit_and_test(cfg)
+    except Exception as error:
+        write_failed(run_dir, error, round(time.perf_counter() - start, 2))
+        raise
+
+
+@rank_zero_only
+def write_failed(run_dir: Path, error: Exception, wall_time_s: float) -> None:
+    """``metrics.json`` with status ``failed`` and the error: for a user's mistake what the command
+    prints after ``error:``, for a bug the exception's type and message."""
+    cause = user_error_of(error)
+    message = str(cause) if cause is not None else f"{type(error).__name__}: {error}"
+    summary = {"status": "failed", "error": message, "wall_time_s": wall_time_s}
+    write_json(run_dir / "metrics.json", {**summary, "output_dir": str(run_dir)})
+
+
+def fit_and_test(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test and summarise one run; returns what is written to ``metrics.json``.
 
     With ``ckpt_path`` the run resumes: the checkpoint must carry the same network and task
@@ -140,7 +173,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
     record = RunRecord(make_record(cfg, hydra_choices()), start=start, previous_time=previous_time)
     interrupt = InterruptCheckpoint(output_dir / "checkpoints")
-    trainer = build_trainer(cfg, (record, interrupt))
+    trainer = build_trainer(cfg, (record, interrupt, ValidationSchedule()))
     for logger in trainer.loggers:
         logger.log_hyperparams(
             {
