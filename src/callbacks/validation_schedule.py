@@ -19,7 +19,11 @@ from lightning.pytorch.callbacks import Callback
 
 log = logging.getLogger(__name__)
 
-FIX = "lower trainer.val_check_interval (or trainer.check_val_every_n_epoch) or raise trainer.max_steps"
+# ++: trainer/default.yaml has no val_check_interval (Lightning's default, 1.0: once an epoch)
+FIX = (
+    "validate sooner (++trainer.val_check_interval=<batches>, trainer.check_val_every_n_epoch) or "
+    "train longer (trainer.max_steps, trainer.max_epochs)"
+)
 
 
 def first_validation_batch(trainer: Any) -> int | None:

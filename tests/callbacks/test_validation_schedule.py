@@ -42,12 +42,13 @@ def test_the_tightest_limit_bounds_the_training_batches() -> None:
 def test_a_run_that_never_validates_says_so(make_cfg, caplog, val_check_interval: int) -> None:
     """2 steps of a 5-batch epoch, validated every val_check_interval batches: none at 3, one at 2."""
     cfg = make_cfg("trainer.max_steps=2", "trainer.max_epochs=1", "trainer.limit_train_batches=5",
-                   f"trainer.val_check_interval={val_check_interval}", "trainer.limit_val_batches=1",
+                   f"++trainer.val_check_interval={val_check_interval}", "trainer.limit_val_batches=1",
                    "trainer.num_sanity_val_steps=0", "data.batch_size=8", "test=false")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="src.callbacks.validation_schedule"):
         summary = train(cfg)
     warnings = [r.getMessage() for r in caplog.records if r.name == "src.callbacks.validation_schedule"]
-    fix = "lower trainer.val_check_interval (or trainer.check_val_every_n_epoch) or raise trainer.max_steps"
+    fix = ("validate sooner (++trainer.val_check_interval=<batches>, trainer.check_val_every_n_epoch) "
+           "or train longer (trainer.max_steps, trainer.max_epochs)")
     if val_check_interval == 2:
         assert warnings == [] and summary["best_checkpoint"] is not None
         return
