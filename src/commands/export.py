@@ -409,8 +409,10 @@ def text_card(
         word_lm_checks,
     )
     from src.export.translate_onnx import OnnxTranslator, translation_specs
+    from src.export.vocabulary import vocabulary_metadata
 
     record = record_of_run(cfg)
+    vocabulary = vocabulary_metadata(datamodule)  # generate.py / translate.py onnx= read no corpus
     batch = first_val_batch(datamodule)
     if isinstance(net, DeLighTEncoderDecoder):
         kind, specs, settings = "translation", translation_specs(net), {}
@@ -422,7 +424,7 @@ def text_card(
         path.parent.mkdir(parents=True, exist_ok=True)
         export_onnx(spec, path, opset=cfg.opset or DEFAULT_OPSET)
         metadata = {"kind": kind, "graph": spec.name, **settings, "record": record}
-        attach_metadata(path, metadata)
+        attach_metadata(path, {**metadata, "vocabulary": vocabulary})
         log.info("wrote %s", path)
         paths.append(path)
     if kind == "translation":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import sys
 
+import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
@@ -94,6 +95,17 @@ def exported_language_model(path: str) -> torch.nn.Module:
     return RUNTIMES[kind](exported_file(path))
 
 
+def load_vocabulary(cfg: DictConfig, datamodule: L.LightningDataModule) -> None:
+    """The datamodule's vocabulary: the one an exported file carries (``onnx=``: no corpus is
+    read), else read from its cache under ``data.root`` (built there when missing)."""
+    if cfg.get("onnx") is not None:
+        from src.export.vocabulary import use_exported_vocabulary
+
+        use_exported_vocabulary(datamodule, cfg.onnx)
+    else:
+        datamodule.setup("predict")
+
+
 def generate(cfg: DictConfig) -> dict:
     """Run the configured mode on ``cfg.prompt``; returns what was written to stdout, as data."""
     if cfg.mode not in MODES:
@@ -123,7 +135,7 @@ def generate(cfg: DictConfig) -> dict:
             f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, pydoc_words, "
             "ptb, wikitext2, pydoc_ptb)"
         )
-    datamodule.setup("predict")  # builds the cache (and vocabulary) under data.root when missing
+    load_vocabulary(cfg, datamodule)
     symbols = datamodule.symbols
     ids = encode(prompt, symbols)
     allowed, boundary = vocabulary_masks(symbols, datamodule.vocab_size)
@@ -217,7 +229,7 @@ def generate_words(
             f"word language models support mode=sample only (stop_at_eos=true ends the sentence), "
             f"got mode={cfg.mode}"
         )
-    datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
+    load_vocabulary(cfg, datamodule)
     dictionary = datamodule.dictionary
     words = prompt.split()
     unknown = [w for w in words if dictionary.index(w) == dictionary.index(SPECIALS[-1])]
@@ -261,7 +273,7 @@ def generate_segment_words(
             f"word language models support mode=sample only (stop_at_eos=true ends the sentence), "
             f"got mode={cfg.mode}"
         )
-    datamodule.setup("predict")  # reads (or builds) the dictionary under data.root
+    load_vocabulary(cfg, datamodule)
     dictionary = datamodule.dictionary
     words = prompt.split()
     unknown = [w for w in words if dictionary.index(w) == dictionary.index(SPECIALS[-1])]
@@ -307,7 +319,7 @@ def generate_stream_words(
             f"word language models support mode=sample only (stop_at_eos=true ends the sentence), "
             f"got mode={cfg.mode}"
         )
-    datamodule.setup("predict")  # reads (or builds) the vocabulary under data.root
+    load_vocabulary(cfg, datamodule)
     vocabulary = datamodule.dictionary
     # the demo corpus is written in PTB style; its prompt is read the same way
     words = ptb_style(prompt) if isinstance(datamodule, PydocPTBDataModule) else prompt.split()

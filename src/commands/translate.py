@@ -177,6 +177,10 @@ def translate(cfg: DictConfig, sentences: list[str]) -> list[str]:
             f"translate.py needs a translation model; {cfg.ckpt_path or 'the config'} is a "
             f"{type(datamodule).__name__} run"
         )
+    if cfg.get("onnx") is not None:  # the vocabulary the file carries: no corpus is read
+        from src.export.vocabulary import use_exported_vocabulary
+
+        use_exported_vocabulary(datamodule, cfg.onnx)
     # blank sources are not translated: their output lines stay blank
     numbered = [(number, s) for number, s in enumerate(sources, start=1) if s.strip()]
     if len(numbered) < len(sources):

@@ -1,6 +1,8 @@
 """``export.py`` on every text system and a vision network, then ``generate.py``,
 ``translate.py`` and ``predict.py`` with ``onnx=<the file>``: the same output as with the
-checkpoint, the config coming from the run record inside the file. Small untrained networks."""
+checkpoint, the config coming from the run record inside the file (the checkpoint's, as
+``train.py`` writes it) and a text system's vocabulary from the file too (the data folder empty).
+Small untrained networks."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from src.build import build_task
+from src.build import build_task, hydra_choices
 from src.commands.export import export
 from src.commands.generate import generate
 from src.commands.predict import predict
@@ -21,6 +23,7 @@ from src.decoding.beam_search import beam_search
 from src.export.metadata import read_metadata
 from src.export.translate_onnx import OnnxTranslator
 from src.utils.errors import UsageError, WrongRunError
+from src.utils.run_record import RECORD_KEY, make_record
 from tests.conftest import compose_config
 from tests.tasks.test_translation_task import reversal_corpus
 
@@ -42,13 +45,36 @@ SYSTEMS = {
 
 
 def checkpoint_of(overrides: list[str], tmp: Path) -> Path:
-    """A checkpoint of the untrained network ``overrides`` compose (no run record: the command
-    line's config is the one used, and recorded in the export)."""
+    """A checkpoint of the untrained network ``overrides`` compose, with the run record
+    ``train.py`` writes into it (the choices and sections of that composition)."""
     torch.manual_seed(0)
-    _, task = build_task(compose_config("train", overrides, tmp / "train"))
+    cfg = compose_config("train", overrides, tmp / "train")
+    _, task = build_task(cfg)
     path = tmp / "model.ckpt"
-    torch.save({"state_dict": task.state_dict()}, path)
+    record = make_record(cfg, hydra_choices())
+    torch.save({"state_dict": task.state_dict(), RECORD_KEY: record}, path)
     return path
+
+
+def export_checkpoint(ckpt: Path, out: Path, *extra: str) -> dict:
+    """``python export.py ckpt_path=<ckpt> out=<out>``: the network, data and task from the
+    checkpoint's run record alone."""
+    return export(compose_config("export", [f"ckpt_path={ckpt}", f"out={out}", *extra], out.parent))
+
+
+def assert_record_is_the_checkpoints(path: Path, ckpt: Path) -> None:
+    """The run record in the exported file's metadata is the checkpoint's: its choices and its
+    ``model`` and ``task`` sections."""
+    saved = torch.load(ckpt, weights_only=True)[RECORD_KEY]
+    record = read_metadata(path)["record"]
+    assert record["choices"] == saved["choices"]
+    assert record["config"]["model"] == saved["config"]["model"]
+    assert record["config"]["task"] == saved["config"]["task"]
+
+
+def untouched(folder: Path) -> list[Path]:
+    """The files under ``folder`` (a data folder that must stay empty)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
 @pytest.fixture(scope="module", params=sorted(SYSTEMS))
@@ -57,11 +83,7 @@ def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     tmp = tmp_path_factory.mktemp(request.param)
     overrides = [*SYSTEMS[request.param], f"data.root={tmp / 'data'}"]
     ckpt = checkpoint_of(overrides, tmp)
-    card = export(
-        compose_config(
-            "export", [*overrides, f"ckpt_path={ckpt}", f"out={tmp / 'net'}"], tmp / "export"
-        )
-    )
+    card = export_checkpoint(ckpt, tmp / "net")
     return {"name": request.param, "overrides": overrides, "ckpt": ckpt, "card": card, "tmp": tmp}
 
 
@@ -77,6 +99,8 @@ def test_export_card_and_parity(exported: dict) -> None:
         assert check["max_abs"] <= TOL, check
     metadata = read_metadata(path)
     assert metadata["record"]["config"]["model"]["_target_"] == card["model"]["target"]
+    assert_record_is_the_checkpoints(path, exported["ckpt"])
+    assert card["model"]["choice"] == metadata["record"]["choices"]["model"]
     assert card["params"] > 0
 
 
@@ -87,9 +111,10 @@ def generated(overrides: list[str], tmp: Path, capsys: pytest.CaptureFixture, *e
 
 
 def test_generate_from_the_exported_file(exported: dict, capsys) -> None:
-    data = [o for o in exported["overrides"] if o.startswith("data.root=")]
-    # only the file and the data root (where the vocabulary is cached): the rest is in the file
-    from_file = [f"onnx={exported['tmp'] / 'net.onnx'}", *data]
+    # only the file: the config and the vocabulary are in it; no corpus is read or built
+    empty = exported["tmp"] / "empty"
+    empty.mkdir(exist_ok=True)
+    from_file = [f"onnx={exported['tmp'] / 'net.onnx'}", f"data.root={empty}", f"paths.data_dir={empty}"]
     from_ckpt = [*exported["overrides"], f"ckpt_path={exported['ckpt']}"]
     greedy = ["prompt='The default value of the'", "top_k=1"]
     greedy.append(
@@ -106,6 +131,7 @@ def test_generate_from_the_exported_file(exported: dict, capsys) -> None:
         assert [r.split()[1] for r in rows[0]] == [r.split()[1] for r in rows[1]]
         scores = np.array([[float(r.split()[2]) for r in found] for found in rows])
         assert np.abs(scores[0] - scores[1]).max() <= 1e-3
+    assert untouched(empty) == []
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +144,7 @@ def translation(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "model.n_max=3", "task.max_len_a=0", "task.max_len_b=6",
     ]  # fmt: skip
     ckpt = checkpoint_of(overrides, tmp)
-    card = export(
-        compose_config(
-            "export", [*overrides, f"ckpt_path={ckpt}", f"out={tmp / 'mt'}"], tmp / "export"
-        )
-    )
+    card = export_checkpoint(ckpt, tmp / "mt")
     return {"overrides": overrides, "ckpt": ckpt, "card": card, "tmp": tmp}
 
 
@@ -133,9 +155,16 @@ def test_translate_from_the_exported_pair(translation: dict) -> None:
     sources = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"]
     with_ckpt = [*translation["overrides"], f"ckpt_path={translation['ckpt']}", "batch_size=2"]
     eager = translate(compose_config("translate", with_ckpt, tmp / "translate"), sources)
+    for graph in ("encoder", "decoder_step"):
+        assert_record_is_the_checkpoints(tmp / f"mt.{graph}.onnx", translation["ckpt"])
+    # the vocabulary is in the files: the data folder may be empty
+    empty = tmp / "empty"
+    empty.mkdir()
     for name in ("mt.encoder.onnx", "mt.decoder_step.onnx", "mt"):  # either file, or the stem
-        cfg = compose_config("translate", [f"onnx={tmp / name}", "batch_size=2"], tmp / "translate")
+        overrides = [f"onnx={tmp / name}", "batch_size=2", f"data.root={empty}"]
+        cfg = compose_config("translate", overrides, tmp / "translate")
         assert translate(cfg, sources) == eager
+    assert untouched(empty) == []
 
 
 def test_exported_pair_steps_and_beam_scores(translation: dict) -> None:
@@ -173,11 +202,8 @@ def test_exported_pair_steps_and_beam_scores(translation: dict) -> None:
 def test_predict_from_the_exported_file(tmp_path: Path) -> None:
     overrides = ["model=espnetv2", "model.scale=0.5"]
     ckpt = checkpoint_of(overrides, tmp_path)
-    export(
-        compose_config(
-            "export", [*overrides, f"ckpt_path={ckpt}", f"out={tmp_path / 'espnet'}"], tmp_path
-        )
-    )
+    export_checkpoint(ckpt, tmp_path / "espnet")
+    assert_record_is_the_checkpoints(tmp_path / "espnet.onnx", ckpt)
     image = tmp_path / "digit.png"
     Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)).save(
         image
@@ -214,11 +240,8 @@ def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
     ]  # fmt: skip
     ckpt = checkpoint_of(overrides, tmp_path)
     stem = tmp_path / "ssd"
-    card = export(
-        compose_config(
-            "export", [*overrides, f"ckpt_path={ckpt}", f"out={stem}", "nms=true"], tmp_path
-        )
-    )
+    card = export_checkpoint(ckpt, stem, "nms=true")
+    assert_record_is_the_checkpoints(stem.with_suffix(".onnx"), ckpt)
     (check,) = card["parity"]["checks"]
     assert check["same_detections"] and check["max_abs"] <= TOL, check
     assert card["operators"]["NonMaxSuppression"] == 1
