@@ -5,6 +5,7 @@ seconds of start-up a subprocess costs)."""
 
 from __future__ import annotations
 
+import io
 import math
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from src.decoding.generation import (
     vocabulary_masks,
 )
 from src.decoding.word_completion import spread, word_completion, word_spans
+from src.utils.errors import InputFileError, UsageError
 from tests.conftest import ROOT, compose_config
 
 # symbols of the toy vocabulary: id 0 is a space (the only word boundary), then a, b, c
@@ -491,3 +493,47 @@ def test_word_level_group_transformer_samples_dictionary_words(tmp_path, capsys)
     allowed = [not (s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword")) for s in datamodule.dictionary.symbols]
     scores = log_probs[0, -1].masked_fill(~torch.tensor(allowed), float("-inf"))
     assert new[0] == datamodule.dictionary.symbols[int(scores.argmax())] or int(scores.argmax()) == EOS_ID
+
+
+# -- where the prompt comes from, and characters outside the vocabulary --------------------------
+def test_prompt_file_and_stdin_give_the_prompt(checkpoint, capsys, tmp_path, monkeypatch) -> None:
+    _, overrides, _, _ = checkpoint
+    args = ["max_new_chars=20", "top_k=1"]
+    expected = generate_here(capsys, overrides, f"prompt='{PROMPT}'", *args)
+    path = tmp_path / "prompt.txt"
+    path.write_text(PROMPT + "\n", encoding="utf-8")  # the final line break is not part of it
+    assert generate_here(capsys, overrides, f"prompt_file={path}", *args) == expected
+    path.write_bytes(PROMPT.encode("latin-1") + b"\r\n")
+    assert generate_here(capsys, overrides, f"prompt_file={path}", "encoding=latin-1", *args) == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{PROMPT}\n".encode()), encoding="ascii"))
+    assert generate_here(capsys, overrides, "prompt_file=-", *args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (["prompt=x", "prompt_file=p.txt"], UsageError, r"^prompt= and prompt_file= are both given; pass one of them$"),
+        (["prompt_file=/no/such/prompt.txt"], InputFileError, r"^prompt_file=/no/such/prompt.txt: no such file$"),
+        ([], UsageError, r"^no prompt: pass prompt='some text' \(quoted for Hydra .*'prompt=\"日本 €\"'\), or prompt_file="),
+        (["prompt='ab 日本 €'"], UsageError,
+         r"^the prompt has characters not in the model's vocabulary \(\d+ symbols\): '€' \(U\+20AC\), '日' "
+         r"\(U\+65E5\), '本' \(U\+672C\); remove or replace them$"),
+    ],
+)  # fmt: skip
+def test_prompt_mistakes_are_refused_with_the_fix(checkpoint, capsys, args, error, message) -> None:
+    _, overrides, _, _ = checkpoint
+    with pytest.raises(error, match=message):
+        generate_here(capsys, overrides, *args)
+
+
+def test_a_non_ascii_prompt_quoted_for_hydra_reaches_the_vocabulary_check(checkpoint) -> None:
+    """The command line a user types: Hydra's quotes carry spaces and non-ASCII characters through;
+    the characters the model lacks end the run with one error line and exit status 2."""
+    _, overrides, _, symbols = checkpoint
+    result = subprocess.run([sys.executable, str(ROOT / "generate.py"), *overrides, 'prompt="日本 €"'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"error: the prompt has characters not in the model's vocabulary ({len(symbols)} symbols): '€' "
+        "(U+20AC), '日' (U+65E5), '本' (U+672C); remove or replace them"
+    )

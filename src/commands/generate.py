@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -39,6 +40,7 @@ from omegaconf import DictConfig, open_dict
 from src.build import build_from_checkpoint
 from src.datamodules.awd_lm import EOS, AWDLMDataModule, PydocPTBDataModule, ptb_style
 from src.datamodules.char_lm import CharLMDataModule
+from src.datamodules.text_files import decode_text, read_text
 from src.datamodules.dictionary import EOS_ID, SPECIALS
 from src.datamodules.word_lm import WordLMDataModule, decode_words
 from src.datamodules.word_segments import WordSegmentsDataModule
@@ -48,13 +50,14 @@ from src.decoding.generation import (
     encode,
     is_boundary,
     is_sentence_end,
+    missing_symbols,
     sample,
     sample_recurrent,
     sample_windowed,
     symbol_mask,
     vocabulary_masks,
 )
-from src.utils.errors import UsageError, WrongRunError
+from src.utils.errors import InputFileError, UsageError, WrongRunError
 
 log = logging.getLogger("generate")  # the command's name in its log lines
 
@@ -81,6 +84,35 @@ def until_sentence_end(text: str) -> str:
     """``text`` up to and including its first sentence end (all of it when it has none)."""
     end = next((i for i, ch in enumerate(text) if is_sentence_end(ch)), len(text) - 1)
     return text[: end + 1]
+
+
+def read_prompt(cfg: DictConfig) -> str:
+    """The text to continue: ``prompt=``, or ``prompt_file=`` read as ``encoding=`` (``-``:
+    stdin) without its final line break."""
+    prompt, path = cfg.get("prompt"), cfg.get("prompt_file")
+    if prompt is not None and path is not None:
+        raise UsageError("prompt= and prompt_file= are both given; pass one of them")
+    if path is not None:
+        if path == "-":
+            # the bytes, not sys.stdin's text: that is decoded in the locale's encoding
+            raw = sys.stdin.buffer.read()
+            prompt = decode_text(raw, cfg.encoding, source="<stdin>", key="encoding")
+        elif not Path(path).is_file():
+            raise InputFileError(f"prompt_file={path}: no such file")
+        else:
+            prompt = read_text(path, cfg.encoding, key="encoding")
+        prompt = prompt.removesuffix("\n").removesuffix("\r")
+        if not prompt:
+            raise UsageError(f"prompt_file={path} is empty; it holds the text to continue")
+    if prompt is None:
+        raise UsageError(
+            "no prompt: pass prompt='some text' (quoted for Hydra when it has characters other than "
+            "ASCII letters, digits and spaces: 'prompt=\"日本 €\"'), or prompt_file=<a text file>"
+        )
+    prompt = str(prompt)  # a prompt like 123 arrives as a number
+    if not prompt:
+        raise UsageError("prompt is empty; pass prompt='some text'")
+    return prompt
 
 
 def exported_language_model(path: str) -> torch.nn.Module:
@@ -110,9 +142,7 @@ def generate(cfg: DictConfig) -> dict:
     """Run the configured mode on ``cfg.prompt``; returns what was written to stdout, as data."""
     if cfg.mode not in MODES:
         raise UsageError(f"mode must be one of {MODES}, got {cfg.mode!r}")
-    prompt = str(cfg.prompt)  # a prompt like 123 arrives as a number
-    if not prompt:
-        raise UsageError("prompt is empty; pass prompt='some text'")
+    prompt = read_prompt(cfg)
     if cfg.ckpt_path is None and cfg.get("onnx") is None and not cfg.allow_random:
         raise UsageError(
             "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names the best "
@@ -137,6 +167,13 @@ def generate(cfg: DictConfig) -> dict:
         )
     load_vocabulary(cfg, datamodule)
     symbols = datamodule.symbols
+    missing = missing_symbols(prompt, symbols)
+    if missing:
+        # a character model has no unknown symbol to read them as
+        raise UsageError(
+            f"the prompt has characters not in the model's vocabulary ({len(symbols)} symbols): "
+            f"{', '.join(missing)}; remove or replace them"
+        )
     ids = encode(prompt, symbols)
     allowed, boundary = vocabulary_masks(symbols, datamodule.vocab_size)
 

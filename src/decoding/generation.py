@@ -289,14 +289,18 @@ def encode(text: str, symbols: Sequence[int]) -> list[int]:
     """The symbol ids of ``text``: id i is the character with code point ``symbols[i]`` (the
     vocabulary of ``src.datamodules.char_lm``). Raises ``ValueError`` naming every character the
     vocabulary lacks."""
-    index = {code: i for i, code in enumerate(symbols)}
-    missing = sorted({ch for ch in text if ord(ch) not in index})
+    missing = missing_symbols(text, symbols)
     if missing:
-        raise ValueError(
-            f"characters not in the vocabulary ({len(symbols)} symbols): "
-            + ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in missing)
-        )
+        raise ValueError(f"characters not in the vocabulary ({len(symbols)} symbols): {', '.join(missing)}")
+    index = {code: i for i, code in enumerate(symbols)}
     return [index[ord(ch)] for ch in text]
+
+
+def missing_symbols(text: str, symbols: Sequence[int]) -> list[str]:
+    """The distinct characters of ``text`` that ``symbols`` (code points) lacks, in code-point order,
+    each shown as ``'日' (U+65E5)``."""
+    known = set(symbols)
+    return [f"{ch!r} (U+{ord(ch):04X})" for ch in sorted({ch for ch in text if ord(ch) not in known})]
 
 
 def decode(ids: Sequence[int], symbols: Sequence[int]) -> str:
