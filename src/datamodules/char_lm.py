@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from src.utils.errors import UserError
+from src.utils.errors import DataNotFoundError, UserError
 from src.utils.files import atomic_path, atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -311,7 +311,7 @@ class _WikipediaDataModule(CharLMDataModule):
             return raw
         if packed.is_file():
             return packed
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"{self.name} not found: expected the raw file {raw} or the zip {packed} holding "
             f"'{self.name}' (download {self.url}); set data.root to its folder"
         )
@@ -328,7 +328,10 @@ class _WikipediaDataModule(CharLMDataModule):
         try:
             with zipfile.ZipFile(source) as archive:
                 if self.name not in archive.namelist():
-                    raise FileNotFoundError(f"{source} holds {archive.namelist()}, expected a member '{self.name}'")
+                    raise DataNotFoundError(
+                        f"{source} holds {archive.namelist()}, expected a member '{self.name}' "
+                        f"(the archive of {self.url})"
+                    )
                 return archive.read(self.name)
         except (zipfile.BadZipFile, zlib.error, EOFError) as error:  # cut short or damaged
             raise zipfile.BadZipFile(

@@ -386,7 +386,10 @@ class ImdbDataModule(TextClassificationDataModule):
         self.split_seed = split_seed
 
     def layout(self) -> str:
-        return f"{self.root}/{{train,test}}/{{pos,neg}}/*.txt (the unpacked aclImdb_v1.tar.gz)"
+        return (
+            f"{self.root}/{{train,test}}/{{pos,neg}}/*.txt (the unpacked "
+            "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz)"
+        )
 
     def _read(self, split: str) -> LabelledTexts:
         data = LabelledTexts()
@@ -439,7 +442,8 @@ class Sst2DataModule(TextClassificationDataModule):
         if not path.is_file():
             raise TextCorpusError(
                 f"SST-2 data not found: {path} does not exist. Expected {self.root}/train.tsv and "
-                f"{self.root}/dev.tsv (GLUE SST-2, header 'sentence<TAB>label', label 0 or 1)."
+                f"{self.root}/dev.tsv (GLUE SST-2, header 'sentence<TAB>label', label 0 or 1: the "
+                "unzipped https://dl.fbaipublicfiles.com/glue/data/SST-2.zip)."
             )
         data = LabelledTexts()
         lines = read_text(path, self.encoding).splitlines()

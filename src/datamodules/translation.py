@@ -70,7 +70,10 @@ class CorpusError(UserError, ValueError):
 def layout(root: Path, source_lang: str, target_lang: str) -> str:
     """The expected files, for error messages."""
     files = ", ".join(f"{split}.{lang}" for split in SPLITS for lang in (source_lang, target_lang))
-    return f"{root}/ with {files} (one sentence per line, aligned by line number)"
+    return (
+        f"{root}/ with {files} (one sentence per line, aligned by line number; fairseq's "
+        "examples/translation/prepare-*.sh scripts write it, docs/delight_mt.md)"
+    )
 
 
 def check_aligned(source: Path, source_lines: int, target: Path, target_lines: int) -> None:

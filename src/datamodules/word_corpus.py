@@ -26,6 +26,7 @@ from src.datamodules.char_lm import pydoc_corpus
 from src.datamodules.dictionary import EOS_ID, SPECIALS, UNK, Dictionary
 from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, text_lines
 from src.datamodules.token_cache import TokenCache, files_signature
+from src.utils.errors import DataNotFoundError
 from src.utils.files import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -171,12 +172,12 @@ class WordCorpusDataModule(L.LightningDataModule, abc.ABC):
 
     # -- source and cache -------------------------------------------------------------------------
     def _source_files(self) -> dict[str, Path]:
-        """The three split files; raises ``FileNotFoundError`` naming the expected layout."""
+        """The three split files; raises :class:`DataNotFoundError` naming the expected layout."""
         root = Path(self.root)
         files = {split: root / name for split, name in self.split_files.items()}
         missing = [path for path in files.values() if not path.is_file()]
         if missing:
-            raise FileNotFoundError(self._missing_files_message(root, missing))
+            raise DataNotFoundError(self._missing_files_message(root, missing))
         return files
 
     def _signature_files(self) -> list[Path]:

@@ -35,6 +35,11 @@ class InputFileError(UserError, FileNotFoundError):
     """A tool's input file that is not there."""
 
 
+class DataNotFoundError(UserError, FileNotFoundError):
+    """A dataset's files that are not where ``data.root`` points; the message names the path, the
+    expected layout and where to get the data."""
+
+
 class WrongRunError(UserError, TypeError):
     """A checkpoint of another kind of run than the tool serves (an image classifier given to
     ``generate.py``)."""
