@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from src.build import build_from_checkpoint, complexity_of, hydra_choices, hydra_overrides
-from src.export.metadata import attach_metadata
+from src.export.metadata import attach_metadata, vision_metadata
 from src.export.text import is_text_network
 from src.models.delight_mt import DeLighTEncoderDecoder
 from src.models.ssd import SSD
@@ -149,7 +149,8 @@ def export(cfg: DictConfig) -> dict:
     if cfg.format == "executorch":
         return executorch_card(cfg, task, datamodule, net, first, out, start)
     onnx_path = export_onnx(spec, out.with_suffix(".onnx"), opset=cfg.opset or DEFAULT_OPSET)
-    attach_metadata(onnx_path, {"kind": "vision", "graph": spec.name, "record": record_of_run(cfg)})
+    metadata = {"kind": "vision", "graph": spec.name, "record": record_of_run(cfg)}
+    attach_metadata(onnx_path, {**metadata, **vision_metadata(datamodule, spec)})
     log.info("wrote %s", onnx_path)
     runner = session(onnx_path)
     if cfg.get("nms"):

@@ -36,8 +36,12 @@ from PIL import Image, ImageDraw
 from torch import Tensor
 
 from src.build import build_from_checkpoint
-from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataModule
-from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
+from src.datamodules.image_conventions import (
+    classification_names,
+    detection_names,
+    image_normalisation,
+    segmentation_names,
+)
 from src.datamodules.voc_seg import VOC_CLASSES
 from src.models.ssd_boxes import postprocess, to_pixels
 from src.tasks.finetune import load_network_weights
@@ -45,18 +49,6 @@ from src.utils.errors import InputFileError, UsageError, WrongRunError
 
 log = logging.getLogger("predict")  # the command's name in its log lines
 
-# the 19 Cityscapes train ids (road 0 ... bicycle 18); EdgeNets' weights add background as 19
-CITYSCAPES_CLASSES = (
-    "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
-    "vegetation", "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle",
-    "bicycle",
-)  # fmt: skip
-# segmentation class names by number of classes
-SEGMENTATION_CLASSES: dict[int, tuple[str, ...]] = {
-    len(VOC_CLASSES): VOC_CLASSES,
-    len(CITYSCAPES_CLASSES): CITYSCAPES_CLASSES,
-    len(CITYSCAPES_CLASSES) + 1: (*CITYSCAPES_CLASSES, "background"),
-}
 SIZE_MULTIPLE = 32  # segmentation_demo.py floors the image's own size to a multiple of 32
 LEGEND_SWATCH = 12  # pixels
 LEGEND_ROW = 16  # pixels
@@ -100,18 +92,6 @@ def palette_for(num_classes: int) -> np.ndarray:
     return distinct_palette(num_classes)
 
 
-def segmentation_names(num_classes: int) -> tuple[str, ...]:
-    """VOC (21) or Cityscapes (19, or 20 with background) names, else ``class i``."""
-    return SEGMENTATION_CLASSES.get(num_classes, tuple(f"class {i}" for i in range(num_classes)))
-
-
-def classification_names(datamodule: L.LightningDataModule, num_classes: int) -> tuple[str, ...]:
-    """The digit for the digits data; class indices otherwise (folder names are not stored)."""
-    if isinstance(datamodule, DigitsDataModule):
-        return tuple(str(i) for i in range(num_classes))
-    return tuple(f"class {i}" for i in range(num_classes))
-
-
 def input_size(cfg: DictConfig, image_size: tuple[int, int]) -> tuple[int, int]:
     """The (W, H) the network sees: ``size``, else the data config's crop (``crop_size`` (H, W) or
     a square side, digits' ``image_size``), else ``image_size`` floored to a multiple of 32."""
@@ -145,16 +125,11 @@ def preprocess(
         -> (1, in_chans, H, W)
     """
     in_chans = getattr(datamodule, "in_chans", 3)  # detection data: RGB
-    if isinstance(datamodule, DigitsDataModule):
-        mode, mean, std = "L", (DIGITS_MEAN,), (DIGITS_STD,)
-    else:
-        mode = "RGB"
-        mean = getattr(datamodule, "mean", IMAGENET_MEAN)
-        std = getattr(datamodule, "std", IMAGENET_STD)
-        if in_chans != 3:
-            raise UsageError(
-                f"images are read as RGB; {type(datamodule).__name__} has in_chans={in_chans}"
-            )
+    mode, mean, std = image_normalisation(datamodule)
+    if mode == "RGB" and in_chans != 3:
+        raise UsageError(
+            f"images are read as RGB; {type(datamodule).__name__} has in_chans={in_chans}"
+        )
     x = TF.to_tensor(image.convert(mode).resize(size, Image.BILINEAR))  # (c, H, W), c = 1 or 3
     x = TF.normalize(x, list(mean), list(std))
     return x.expand(in_chans, -1, -1).unsqueeze(0)  # (1, in_chans, H, W)
@@ -351,7 +326,7 @@ def predict(cfg: DictConfig) -> dict:
         )[0]  # fmt: skip
         num_classes = scores.shape[-1]
     if isinstance(logits, tuple):
-        names = getattr(datamodule, "class_names", tuple(f"class {i}" for i in range(num_classes)))
+        names = detection_names(datamodule, num_classes)
         default = Path(cfg.paths.output_dir) / f"{image_path.stem}_detections.png"
         output = Path(cfg.output) if cfg.output is not None else default
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,10 @@ Small untrained networks."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +23,13 @@ from src.commands.export import export
 from src.commands.generate import generate
 from src.commands.predict import predict
 from src.commands.translate import translate
+from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD
 from src.decoding.beam_search import beam_search
 from src.export.metadata import read_metadata
 from src.export.translate_onnx import OnnxTranslator
 from src.utils.errors import UsageError, WrongRunError
 from src.utils.run_record import RECORD_KEY, make_record
-from tests.conftest import compose_config
+from tests.conftest import ROOT, compose_config
 from tests.tasks.test_translation_task import reversal_corpus
 
 pytest.importorskip("onnxruntime")
@@ -199,37 +204,83 @@ def test_exported_pair_steps_and_beam_scores(translation: dict) -> None:
     assert [h[0].score for h in onnx] == pytest.approx([h[0].score for h in eager], abs=1e-5)
 
 
-def test_predict_from_the_exported_file(tmp_path: Path) -> None:
-    overrides = ["model=espnetv2", "model.scale=0.5"]
-    ckpt = checkpoint_of(overrides, tmp_path)
-    export_checkpoint(ckpt, tmp_path / "espnet")
-    assert_record_is_the_checkpoints(tmp_path / "espnet.onnx", ckpt)
-    image = tmp_path / "digit.png"
-    Image.fromarray((np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)).save(
-        image
+@pytest.fixture(scope="module")
+def espnet(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """An ESPNetv2 classifier of the digits at 64x64 (two output strides: H and W dynamic), its
+    checkpoint, its export and an image."""
+    tmp = tmp_path_factory.mktemp("espnet")
+    overrides = ["model=espnetv2", "model.scale=0.5", "data.image_size=64"]
+    ckpt = checkpoint_of(overrides, tmp)
+    # the initial classifier (std 0.001) gives near-equal probabilities; spread them so that the
+    # order of the top classes says something
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint["state_dict"]["net.classifier.weight"] *= 100_000
+    torch.save(checkpoint, ckpt)
+    export_checkpoint(ckpt, tmp / "espnet")
+    image = tmp / "digit.png"
+    pixels = np.random.default_rng(0).random((40, 52, 3)) * 255
+    Image.fromarray(pixels.astype(np.uint8)).save(image)
+    return {"overrides": overrides, "ckpt": ckpt, "onnx": tmp / "espnet.onnx", "image": image,
+            "tmp": tmp}  # fmt: skip
+
+
+def test_predict_from_the_exported_file(espnet: dict) -> None:
+    tmp_path, ckpt, onnx = espnet["tmp"], espnet["ckpt"], espnet["onnx"]
+    assert_record_is_the_checkpoints(onnx, ckpt)
+    common = [f"image={espnet['image']}", "top_k=3"]
+    eager = predict(
+        compose_config("predict", [*espnet["overrides"], f"ckpt_path={ckpt}", *common], tmp_path)
     )
-    common = [f"image={image}", "top_k=3"]
-    eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
-    got = predict(
-        compose_config("predict", [f"onnx={tmp_path / 'espnet.onnx'}", *common], tmp_path)
-    )
+    got = predict(compose_config("predict", [f"onnx={onnx}", *common], tmp_path))
     assert [name for name, _ in got["top_k"]] == [name for name, _ in eager["top_k"]]
     assert np.allclose([p for _, p in got["top_k"]], [p for _, p in eager["top_k"]], atol=1e-5)
     # a text graph is refused by predict.py; ckpt_path and onnx together are refused
     with pytest.raises(UsageError, match="not both"):
         predict(
-            compose_config(
-                "predict",
-                [f"onnx={tmp_path / 'espnet.onnx'}", f"ckpt_path={ckpt}", *common],
-                tmp_path,
-            )
+            compose_config("predict", [f"onnx={onnx}", f"ckpt_path={ckpt}", *common], tmp_path)
         )
     with pytest.raises(UsageError, match="no such file"):
         predict(compose_config("predict", [f"onnx={tmp_path / 'none.onnx'}", *common], tmp_path))
     with pytest.raises(WrongRunError, match="holds a vision graph"):
-        generate(
-            compose_config("generate", [f"onnx={tmp_path / 'espnet.onnx'}", "prompt=x"], tmp_path)
-        )
+        generate(compose_config("generate", [f"onnx={onnx}", "prompt=x"], tmp_path))
+
+
+def test_vision_file_names_its_input_and_classes(espnet: dict) -> None:
+    metadata = read_metadata(espnet["onnx"])
+    assert metadata["task"] == "classification"
+    assert metadata["classes"] == [str(digit) for digit in range(10)]
+    assert metadata["input"] == {
+        "name": "image", "layout": "NCHW", "mode": "L", "channels": 1, "size": [64, 64],
+        "dynamic_size": True, "size_step": 32, "scale": 1 / 255, "mean": [DIGITS_MEAN],
+        "std": [DIGITS_STD],
+    }  # fmt: skip
+
+
+def deploy_script() -> str:
+    """The onnxruntime-only script of docs/deploy.md (the python block headed ``# classify.py``)."""
+    text = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    (script,) = [block for block in blocks if block.startswith("# classify.py")]
+    return script
+
+
+def test_deploy_script_names_the_classes_predict_names(espnet: dict, tmp_path: Path) -> None:
+    """The docs' script, run with onnxruntime, numpy and Pillow alone (outside the project, no
+    project import possible), prints predict.py's classes and probabilities."""
+    script = tmp_path / "classify.py"
+    script.write_text(deploy_script())
+    assert "src" not in script.read_text()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [sys.executable, "-I", str(script), str(espnet["onnx"]), str(espnet["image"])],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = [line.split("\t") for line in run.stdout.splitlines()]
+    common = [f"onnx={espnet['onnx']}", f"image={espnet['image']}", "top_k=5"]
+    expected = predict(compose_config("predict", common, tmp_path))["top_k"]
+    assert [name for name, _ in rows] == [name for name, _ in expected]
+    assert np.allclose([float(p) for _, p in rows], [p for _, p in expected], atol=1e-4)
 
 
 def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
@@ -242,6 +293,9 @@ def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
     stem = tmp_path / "ssd"
     card = export_checkpoint(ckpt, stem, "nms=true")
     assert_record_is_the_checkpoints(stem.with_suffix(".onnx"), ckpt)
+    metadata = read_metadata(stem.with_suffix(".onnx"))
+    assert (metadata["task"], metadata["classes"]) == ("detection", ["background", "coin"])
+    assert metadata["input"]["size"] == [300, 300] and not metadata["input"]["dynamic_size"]
     (check,) = card["parity"]["checks"]
     assert check["same_detections"] and check["max_abs"] <= TOL, check
     assert card["operators"]["NonMaxSuppression"] == 1
