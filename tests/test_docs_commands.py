@@ -23,9 +23,10 @@ What runs, per program:
 - ``python <root script>`` with ``@hydra.main`` (the config name is read from the decorator):
   the overrides are composed in-process with Hydra's compose API, which rejects them exactly as
   ``--cfg job`` would, and then checked by ``src.build.check_config``, which every command runs
-  before it builds anything. Hydra's own flags (``--cfg``, ``--resolve``, ``--package``, ``--info``) are dropped;
-  ``-m``/``--multirun`` composes every value of every sweep in turn, the other sweeps at their
-  first value. The script's ``split_arguments`` (``translate.py``: the sentences) is applied first.
+  before it builds anything. Hydra's own flags (``--cfg``, ``--resolve``, ``--package``,
+  ``--info``) are dropped; ``-m``/``--multirun`` composes every value of every sweep in turn, the
+  other sweeps at their first value. The script's ``split_arguments`` (``translate.py``: the
+  sentences) is applied first.
 - ``python <other script>``, ``python -m <module>``: the script runs in-process until its argparse
   parser has parsed the arguments, then stops (``--help`` passes). ``study.py``'s claims must be
   ``conf/study/`` names; ``src.datamodules.check``'s overrides are composed as ``train.py``'s.

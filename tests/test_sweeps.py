@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,14 +72,72 @@ def test_sweep_is_invalid_without_method() -> None:
     assert schema_violations_from_proposed_config(config)
 
 
+def user_env(**extra: str) -> dict[str, str]:
+    """A user's environment: without the tests' per-worker ``PROJECT_ROOT`` (tests/conftest.py),
+    so ``paths.root_dir`` is the folder the command runs from."""
+    return {**{k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}, **extra}
+
+
+def agent_command(path: Path, values: dict[str, object]) -> list[str]:
+    """The command line ``wandb agent`` starts for the run ``values`` of the sweep in ``path``: the
+    sweep's ``command`` with its macros expanded by W&B's own functions, as
+    ``wandb_agent.Agent`` does, the program taken from the checkout the agent runs in and the
+    interpreter (``python`` on the agent's PATH) this one."""
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
+
+    config = load(path)
+    macros = {
+        **create_sweep_command_args({"args": {k: {"value": v} for k, v in values.items()}}),
+        "env": ["/usr/bin/env"],
+        "interpreter": [sys.executable],
+        "program": [str(ROOT / config["program"])],
+    }
+    command: list[str] = []
+    for word in map(str, create_sweep_command(config["command"])):
+        is_macro = word.startswith("${") and word.endswith("}")
+        command += (macros.get(word[2:-1]) or []) if is_macro else [word]
+    return command
+
+
+def test_agent_command_passes_overrides_without_hyphens() -> None:
+    command = agent_command(ROOT / "sweeps" / "digits_lr_wd.yaml", {"task.optimizer.lr": 0.05})
+    program = str(ROOT / "train.py")
+    assert command == ["/usr/bin/env", sys.executable, program, "task.optimizer.lr=0.05"]
+
+
 @pytest.mark.slow
-def test_default_sweep_runs_offline_as_multirun(tmp_path) -> None:
-    """The W&B grid of digits_lr_wd as a Hydra multirun (fast_dev_run per job, CSV logger)."""
-    parameters = load(ROOT / "sweeps" / "digits_lr_wd.yaml")["parameters"]
-    overrides = [
-        f"{key}={','.join(str(v) for v in spec['values'])}" for key, spec in parameters.items() if "values" in spec
-    ]
-    command = [sys.executable, "train.py", "-m", *overrides, "debug=fdr", f"paths.log_dir={tmp_path}"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_multirun_runs_as_documented(tmp_path) -> None:
+    """``python train.py -m key=a,b`` as docs/training.md writes it, from another folder, with no
+    ``hydra.sweep.dir`` and no ``PROJECT_ROOT``: Hydra resolves the sweep directory before any job
+    has started (``paths.root_dir`` needs no ``${hydra:...}``), each job its own subdirectory."""
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "task.optimizer.lr=0.01,0.05"]
+    command += ["debug=fdr", "data.num_workers=0"]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(list(tmp_path.glob("train/multiruns/*/*/metrics.json"))) == len(grid(parameters))
+    (sweep_dir,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    for job, lr in (("0", 0.01), ("1", 0.05)):
+        summary = json.loads((sweep_dir / job / "metrics.json").read_text())
+        assert summary["status"] == "finished"
+        assert OmegaConf.load(sweep_dir / job / ".hydra" / "config.yaml").task.optimizer.lr == lr
+
+
+@pytest.mark.slow
+def test_wandb_agent_command_runs_offline(tmp_path) -> None:
+    """One run of sweeps/digits_lr_wd.yaml, started as ``wandb agent`` starts it (its ``logger:
+    wandb`` offline), a few batches long."""
+    path = ROOT / "sweeps" / "digits_lr_wd.yaml"
+    parameters = load(path)["parameters"]
+    values = {key: spec.get("values", [spec.get("value")])[0] for key, spec in parameters.items()}
+    assert values["logger"] == "wandb"
+    command = agent_command(path, values)
+    command += ["debug=limit", "trainer.max_epochs=1", "data.num_workers=0"]
+    env = user_env(WANDB_MODE="offline", WANDB_SILENT="true")
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "finished"
+    assert list((run_dir / "wandb").glob("offline-run-*")), "the W&B logger wrote no offline run"
