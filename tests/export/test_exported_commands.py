@@ -24,12 +24,17 @@ from src.commands.generate import generate
 from src.commands.predict import predict
 from src.commands.translate import translate
 from src.datamodules.digits import DIGITS_MEAN, DIGITS_STD
+from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD
+from src.datamodules.voc_seg import VOC_CLASSES
 from src.decoding.beam_search import beam_search
 from src.export.metadata import read_metadata
 from src.export.translate_onnx import OnnxTranslator
+from src.export.vocabulary import use_exported_vocabulary
 from src.utils.errors import UsageError, WrongRunError
 from src.utils.run_record import RECORD_KEY, make_record
 from tests.conftest import ROOT, compose_config
+from tests.datamodules.test_text_classification import tweets_file
+from tests.datamodules.test_voc_seg import make_voc
 from tests.tasks.test_translation_task import reversal_corpus
 
 pytest.importorskip("onnxruntime")
@@ -309,3 +314,54 @@ def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
     assert len(eager["detections"]) > 0
     by_score = lambda found: sorted(found, key=lambda d: (-d[1], d[2]))
     assert by_score(got["detections"]) == by_score(eager["detections"])
+
+
+@pytest.mark.slow  # an export of about a minute on 2 cores
+def test_segmentation_file_names_voc_classes(tmp_path: Path) -> None:
+    """A segmentation export (fixed 64x64 input: the EPP decoder bakes its size) carries the
+    checkpoint's record, the ImageNet normalisation and VOC's 21 class names."""
+    train_ids, val_ids = ["2007_000001", "2007_000002"], ["2007_000003", "2007_000004"]
+    voc = make_voc(tmp_path / "voc", train_ids, val_ids)
+    overrides = [
+        "data=voc_seg", f"data.root={voc}", "data.crop_size=[64,64]", "data.batch_size=2",
+        "data.num_workers=0", "model.scale=0.5",
+    ]  # fmt: skip
+    ckpt = checkpoint_of(overrides, tmp_path)
+    export_checkpoint(ckpt, tmp_path / "seg")
+    assert_record_is_the_checkpoints(tmp_path / "seg.onnx", ckpt)
+    metadata = read_metadata(tmp_path / "seg.onnx")
+    assert (metadata["task"], metadata["classes"]) == ("segmentation", list(VOC_CLASSES))
+    spec = metadata["input"]
+    assert (spec["mode"], spec["channels"], spec["size"]) == ("RGB", 3, [64, 64])
+    assert (spec["dynamic_size"], spec["size_step"]) == (False, None)
+    assert (spec["mean"], spec["std"]) == (list(IMAGENET_MEAN), list(IMAGENET_STD))
+
+
+@pytest.mark.slow  # an export of about a minute on 2 cores
+def test_sentence_classifier_file_carries_its_sentencepiece_model(tmp_path: Path) -> None:
+    """A DeLighT sentence classifier's export carries the checkpoint's record, its SentencePiece
+    model and label names: a datamodule built from the file's record, its data folder empty,
+    encodes text as the training one did."""
+    overrides = [
+        "data=sentiment_tweets", f"data.root={tmp_path / 'spm'}",
+        f"data.csv_path={tweets_file(tmp_path / 'tweets.csv')}", "data.vocab_size=48",
+        "data.max_length=8", "data.batch_size=8", "data.eval_batch_size=8", "model.d_model=32",
+    ]  # fmt: skip
+    ckpt = checkpoint_of(overrides, tmp_path)
+    card = export_checkpoint(ckpt, tmp_path / "sentiment")
+    assert card["parity"]["checks"][0]["max_abs"] <= TOL
+    path = tmp_path / "sentiment.onnx"
+    assert_record_is_the_checkpoints(path, ckpt)
+    metadata = read_metadata(path)
+    assert (metadata["kind"], metadata["padding_idx"]) == ("classifier", 1)
+    assert metadata["vocabulary"]["labels"] == ["negative", "neutral", "positive"]
+    empty = tmp_path / "empty"
+    cfg = compose_config("train", [*overrides, f"data.root={empty}"], tmp_path / "fresh")
+    fresh, _ = build_task(cfg)
+    use_exported_vocabulary(fresh, path)
+    trained, _ = build_task(compose_config("train", overrides, tmp_path / "again"))
+    trained.setup("fit")
+    text = "good awful lovely number 7"
+    assert fresh.codec.vocab_size == 48
+    assert fresh.codec.encode(text) == trained.codec.encode(text)
+    assert not empty.exists()
