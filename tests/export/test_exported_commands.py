@@ -18,8 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from src.build import build_task, hydra_choices
-from src.commands.export import export
+from src.build import build_from_checkpoint, build_task, hydra_choices
+from src.commands.export import export, record_of_run
 from src.commands.generate import generate
 from src.commands.predict import predict
 from src.commands.translate import translate
@@ -365,3 +365,20 @@ def test_sentence_classifier_file_carries_its_sentencepiece_model(tmp_path: Path
     assert fresh.codec.vocab_size == 48
     assert fresh.codec.encode(text) == trained.codec.encode(text)
     assert not empty.exists()
+
+
+def test_record_of_a_checkpoint_and_of_allow_random(tmp_path: Path) -> None:
+    """The record export.py attaches: the checkpoint's choices whatever the export config's
+    defaults; a group chosen on the command line wins; without a checkpoint, the composition."""
+    ckpt = checkpoint_of(["model=espnetv2", "model.scale=0.5", "data.image_size=64"], tmp_path)
+    saved = torch.load(ckpt, weights_only=True)[RECORD_KEY]
+    assert saved["choices"]["model"] == "espnetv2"
+    cfg = compose_config("export", [f"ckpt_path={ckpt}"], tmp_path)
+    build_from_checkpoint(cfg)
+    record = record_of_run(cfg)
+    assert record["choices"] == saved["choices"]
+    assert record["config"]["data"]["image_size"] == 64
+    cfg = compose_config("export", ["model=espnetv2", "allow_random=true"], tmp_path)
+    assert record_of_run(cfg)["choices"] == {
+        "model": "espnetv2", "data": "digits", "task": "classification", "recipe": "digits_espnetv2"
+    }  # fmt: skip
