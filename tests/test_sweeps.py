@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from tests.conftest import ROOT, compose_config
@@ -70,6 +73,25 @@ def test_sweep_is_invalid_without_method() -> None:
     config = load(SWEEPS[0])
     del config["method"]
     assert schema_violations_from_proposed_config(config)
+
+
+HYDRA_APPS = ("train", "eval", "export", "predict", "generate", "translate", "complexity")
+
+
+@pytest.mark.parametrize("config_name", HYDRA_APPS)
+def test_sweep_dir_resolves_before_any_job(config_name: str, monkeypatch) -> None:
+    """Hydra resolves ``hydra.sweep.dir`` before it sets HydraConfig (the first job does), so the
+    paths it interpolates must not need ``${hydra:...}``; a user's shell has no ``PROJECT_ROOT``."""
+    monkeypatch.delenv("PROJECT_ROOT", raising=False)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name, return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # as before the first job
+    assert cfg.hydra.sweep.dir.startswith(f"./logs/{config_name}/multiruns/")
+    assert cfg.hydra.run.dir.startswith(f"./logs/{config_name}/runs/")
+    monkeypatch.setenv("PROJECT_ROOT", "/data/project")
+    assert cfg.hydra.sweep.dir.startswith(f"/data/project/logs/{config_name}/multiruns/")
 
 
 def user_env(**extra: str) -> dict[str, str]:
