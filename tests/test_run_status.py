@@ -24,8 +24,11 @@ def test_a_bad_option_marks_the_run_directory_failed(tmp_path) -> None:
     """The one-line error of ``train.py`` and the same error in the run directory it leaves."""
     env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}
     command = [sys.executable, str(ROOT / "train.py"), "data.batch_size=0"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert (done.returncode, done.stderr) == (2, "error: data.batch_size=0: must be a positive integer\n")
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2
+    assert done.stderr == "error: data.batch_size=0: must be a positive integer\n"
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     summary = read_status(run_dir)
     assert summary["status"] == "failed"
@@ -51,7 +54,8 @@ def test_a_user_error_is_marked_with_its_message(make_cfg, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "continued"), [(None, True), ("interrupted", True), ("failed", True), ("finished", False)]
+    ("status", "continued"),
+    [(None, True), ("interrupted", True), ("failed", True), ("finished", False)],
 )
 def test_a_run_that_did_not_finish_is_continued_in_place(tmp_path, status, continued) -> None:
     run_dir = tmp_path / "run"
