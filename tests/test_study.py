@@ -226,11 +226,19 @@ def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
     assert "lr: 0.002" in config and "seed: 1" in config
 
 
-def test_the_study_help_runs() -> None:
+def test_the_study_help_lists_every_claim_and_explains_every_option() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "study.py"), "--help"], capture_output=True, text=True, check=True
-    )
-    assert "claims" in out.stdout
+    ).stdout
+    listed = out.split("claims (conf/study/<name>.yaml):\n", 1)[1].splitlines()
+    names = sorted(path.stem for path in (ROOT / "conf" / "study").glob("*.yaml"))
+    assert [line.split()[0] for line in listed] == names
+    assert "  charlm  " in out and "Group-Transformer G = 2 vs Transformer-XL (pydoc chars)" in out
+    options = out.split("options:\n", 1)[1].split("\n\n", 1)[0]
+    for option in ("--out OUT", "--jobs JOBS", "--threads THREADS", "--extend EXTEND", "--report",
+                   "--multirun", "--doc DOC"):  # fmt: skip
+        line = next(line for line in options.splitlines() if line.strip().startswith(option))
+        assert len(line.split(option, 1)[1].strip()) > 10, f"{option} is not explained: {line!r}"
 
 
 def test_claims_that_compare_the_same_model_share_its_runs(tmp_path: Path) -> None:

@@ -753,20 +753,56 @@ def report(study: Study, claims: Sequence[Claim], path: Path, command: str) -> s
     return out
 
 
+def claims_epilog() -> str:
+    """The claims of ``conf/study/`` with their titles, for ``--help``."""
+    claims = load_claims()
+    width = max(len(claim.name) for claim in claims)
+    lines = [f"  {claim.name:<{width}}  {claim.title}" for claim in claims]
+    return "claims (conf/study/<name>.yaml):\n" + "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("claims", nargs="*", help="claim names (conf/study/*.yaml); all when none")
-    parser.add_argument("--out", type=Path, default=ROOT / "logs" / "study")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--threads", type=int, default=1, help="PyTorch threads per run")
-    parser.add_argument("--extend", type=int, default=2, help="grid extensions at most")
-    parser.add_argument("--report", action="store_true", help="only write the report")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=claims_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's lines as written
+    )
+    parser.add_argument(
+        "claims", nargs="*", help="names of the claims to run (listed below); all of them when none"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "logs" / "study",
+        help="the study's folder: each run of train.py in <out>/runs/<the model's overrides>/<run>/; "
+        "a finished run there is never run again, so a study resumes where it stopped "
+        "(default: %(default)s)",
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="train.py runs at a time (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, help="PyTorch threads per run (default: %(default)s)")
+    parser.add_argument(
+        "--extend",
+        type=int,
+        default=2,
+        help="how many times at most a learning-rate grid grows by a factor of two past its edge "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: only write the report from the runs in --out"
+    )
     parser.add_argument(
         "--multirun",
         action="store_true",
-        help="print the Hydra multirun commands of the runs due next",
+        help="run nothing: print the Hydra multirun commands (python train.py -m ...) of the runs "
+        "due next, writing into --out (for a cluster launcher)",
     )
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "claims.md")
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        default=ROOT / "docs" / "claims.md",
+        help="the report written at the end: a table of every claim's verdict, a section per "
+        "claim, and its curve plot claims_<name>.png beside it (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     claims = load_claims(args.claims)
     study = Study(args.out, subprocess_runner(args.threads), jobs=args.jobs, extend=args.extend)
