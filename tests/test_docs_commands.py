@@ -20,13 +20,13 @@ How a command line reads:
 
 What runs, per program:
 
-- ``python <root script>`` with ``@hydra.main`` (the config name is read from the decorator):
-  the overrides are composed in-process with Hydra's compose API, which rejects them exactly as
-  ``--cfg job`` would, and then checked by ``src.build.check_config``, which every command runs
-  before it builds anything. Hydra's own flags (``--cfg``, ``--resolve``, ``--package``,
-  ``--info``) are dropped; ``-m``/``--multirun`` composes every value of every sweep in turn, the
-  other sweeps at their first value. The script's ``split_arguments`` (``translate.py``: the
-  sentences) is applied first.
+- ``python <root script>`` with ``@hydra.main`` or ``@hydra_main`` (the config name is read from the
+  decorator): the overrides are composed in-process with Hydra's compose API, which rejects them
+  exactly as ``--cfg job`` would, and then checked by ``src.build.check_config``, which every
+  command runs before it builds anything (as on a machine with a GPU, which ``trainer=gpu`` is
+  written for). Hydra's own flags (``--cfg``, ``--resolve``, ``--package``, ``--info``) are dropped;
+  ``-m``/``--multirun`` composes every value of every sweep in turn, the other sweeps at their first
+  value. The script's ``split_arguments`` (``translate.py``: the sentences) is applied first.
 - ``python <other script>``, ``python -m <module>``: the script runs in-process until its argparse
   parser has parsed the arguments, then stops (``--help`` passes). ``study.py``'s claims must be
   ``conf/study/`` names; ``src.datamodules.check``'s overrides are composed as ``train.py``'s.
@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 
 import pytest
 import yaml
@@ -64,6 +65,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
+from lightning.pytorch.accelerators import CUDAAccelerator
 from omegaconf.errors import OmegaConfBaseException
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,13 +258,20 @@ def _ids(commands: list[Command]) -> list[str]:
 # --- the programs -----------------------------------------------------------------------------
 
 
+HYDRA_DECORATOR = re.compile(
+    r"@hydra\.main\([^)]*config_name=[\"'](\w+)[\"']"  # Hydra's own
+    r"|@hydra_main\([\"'](\w+)[\"']\)"  # src.build.hydra_main, which wraps it
+)
+
+
 def hydra_apps() -> dict[str, str]:
-    """Root scripts decorated with ``@hydra.main``, by file name: their config names."""
+    """Root scripts decorated with ``@hydra.main`` (or ``src.build.hydra_main``), by file name:
+    their config names."""
     apps = {}
     for script in ROOT.glob("*.py"):
-        match = re.search(r"@hydra\.main\([^)]*config_name=[\"'](\w+)[\"']", script.read_text())
+        match = HYDRA_DECORATOR.search(script.read_text())
         if match:
-            apps[script.name] = match[1]
+            apps[script.name] = match[1] or match[2]
     return apps
 
 
@@ -318,7 +327,9 @@ def compose_app(config_name: str, overrides: list[str], *, check: bool = True) -
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
             if check:
                 HydraConfig.instance().set_config(cfg)
-                check_config(cfg, config_name)
+                # as on the machine the command is written for: trainer=gpu has a GPU there
+                with mock.patch.object(CUDAAccelerator, "is_available", return_value=True):
+                    check_config(cfg, config_name)
     finally:
         GlobalHydra.instance().clear()
 
