@@ -1,19 +1,23 @@
 """Export a checkpoint for devices: ``python export.py ckpt_path=/path/to.ckpt [format=onnx]
-[quantize=int8] [out=/path/stem]``.
+[quantize=int8] [images=DIR] [out=/path/stem]``.
 
 The network is rebuilt from the checkpoint's run record (as ``eval.py`` does; without a checkpoint,
 from the command line's config with ``allow_random=true``), exported to ONNX with a dynamic batch
 (and image size where the network takes other sizes: :mod:`src.export.vision`), and run by
-onnxruntime on real images of the validation split against eager PyTorch. Writes ``<out>.onnx`` and
-the card ``<out>.json`` (model, parameters and MACs, inputs and their dynamic dimensions, opset,
-exporter, parity at each size checked, notes); with ``quantize=int8`` also ``<out>.int8.onnx``,
-calibrated on batches of the training split, and the task metric on the validation split before
-and after.
+onnxruntime against eager PyTorch on images (:mod:`src.export.images`): those of ``images=DIR``,
+else the validation split, else, where the dataset is not there, generated tensors of the
+network's input shape. Writes ``<out>.onnx`` and the card ``<out>.json`` (model, parameters and
+MACs, inputs and their dynamic dimensions, opset, exporter, parity at each size checked and on
+what, notes); with ``quantize=int8`` also ``<out>.int8.onnx``, calibrated on ``calibration_images``
+images read 8 at a time, and the task metric on the validation split before and after (with
+``images=``: how often int8 agrees with fp32). Progress lines go to the log as each stage ends; the
+ONNX libraries' own log lines go to the run's log file only; a summary is printed at the end.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -60,10 +64,19 @@ def check_options(cfg: DictConfig) -> None:
         raise UsageError(f"int8_activations must be uint8 or uint16, got {cfg.int8_activations!r}")
     if cfg.int8_activations != "uint8" and cfg.format != "onnx":
         raise UsageError("int8_activations=uint16 is written for format=onnx")
-    if cfg.calibration_batches < 1:
-        raise UsageError(f"calibration_batches must be >= 1, got {cfg.calibration_batches}")
+    count = cfg.calibration_images
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise UsageError(
+            f"calibration_images must be a whole number of images >= 1 (128 by default), got {count!r}"
+        )
+    if cfg.images is not None and not Path(cfg.images).is_dir():
+        raise UsageError(f"images={cfg.images} is not a folder; pass images=<a folder of images>")
     for distribution in ("onnx", "onnxruntime", "onnxscript"):
         require(distribution, "export", "python export.py")
+    if cfg.format == "executorch":
+        from src.export.executorch import require_executorch
+
+        require_executorch()
 
 
 def first_val_batch(datamodule: L.LightningDataModule) -> Any:
@@ -71,11 +84,6 @@ def first_val_batch(datamodule: L.LightningDataModule) -> Any:
     loaders = datamodule.val_dataloader()
     loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
     return next(iter(loader))
-
-
-def images_of(batch: Any) -> Tensor:
-    """The images of a data batch: ``(images, targets)`` or images alone."""
-    return batch[0] if isinstance(batch, (tuple, list)) else batch
 
 
 def task_metric(
@@ -105,10 +113,114 @@ def task_metric(
     return {"miou": 100.0 * (hits[present] / union[present]).mean().item()}
 
 
+def agreement(
+    reference: Callable[[Tensor], Tensor],
+    candidate: Callable[[Tensor], Tensor],
+    batches: Iterable[Tensor],
+) -> dict[str, Any]:
+    """How often ``candidate``'s argmax class equals ``reference``'s on unlabelled images, in
+    percent: of the images (classification, logits (B, K)) or of the pixels (segmentation,
+    (B, K, H, W)); with the number of images and which of the two was counted."""
+    same = total = images = 0
+    counted = "images"
+    for batch in batches:
+        expected, got = reference(batch).argmax(1), candidate(batch).argmax(1)
+        same += int((expected == got).sum())
+        total += expected.numel()
+        images += len(batch)
+        counted = "pixels" if expected.dim() > 1 else "images"
+    return {"agreement": 100.0 * same / max(total, 1), "of": counted, "images": images}
+
+
+class Progress:
+    """Progress lines: a stage's name when it starts and, when it ends, what it did and its
+    seconds (``export: wrote net.onnx (41.3 s)``)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+
+    def begin(self, message: str, *args: Any) -> None:
+        self.last = time.perf_counter()
+        log.info(message, *args)
+
+    def end(self, message: str, *args: Any, at: float | None = None) -> float:
+        """Log the stage that ended ``at`` (a ``time.perf_counter()``; default: now)."""
+        now = time.perf_counter() if at is None else at
+        seconds, self.last = now - self.last, now
+        log.info(f"{message} (%.1f s)", *args, seconds)
+        return seconds
+
+    def total(self) -> float:
+        return round(time.perf_counter() - self.start, 2)
+
+
+def size_text(path: Path) -> str:
+    """The file's size in MB (KB under 0.1 MB)."""
+    size = path.stat().st_size
+    return f"{size / 1e6:.2f} MB" if size >= 100_000 else f"{size / 1e3:.1f} KB"
+
+
+def metric_text(metrics: dict[str, dict[str, Any]]) -> str:
+    """``accuracy eager 97.04%, fp32_onnx 97.04%, int8_onnx 97.04%`` (or ``miou ...``;
+    unlabelled: ``int8's class = fp32's for 98.44% of the pixels of 64 images``)."""
+    if "int8_vs_fp32" in metrics:
+        found = metrics["int8_vs_fp32"]
+        of = "" if found["of"] == "images" else "the pixels of "
+        return (
+            f"int8's class = fp32's for {found['agreement']:.2f}% of {of}{found['images']} images"
+        )
+    (key,) = {key for values in metrics.values() for key in values}
+    return f"{key} " + ", ".join(f"{name} {values[key]:.2f}%" for name, values in metrics.items())
+
+
+def summary(card: dict[str, Any], files: list[Path]) -> str:
+    """What a person reads at the end: the network, where the parity inputs came from, parity at
+    each size, int8's calibration and metric, the files written with their sizes, the time."""
+    model = card["model"]
+    lines = [
+        f"exported {model['class'].rsplit('.', 1)[-1]} ({card.get('params', '?'):,} parameters, "
+        + ("random weights)" if card["checkpoint"] is None else f"weights of {card['checkpoint']})")
+    ]
+    parity = card["parity"]
+    lines.append(f"parity against eager PyTorch on {parity['inputs']}:")
+    for check in parity["checks"]:
+        shape = check["shapes"][0] if "shapes" in check else None
+        where = (
+            check.get("compared", "")
+            if shape is None
+            else "x".join(str(side) for side in shape[2:]) or str(shape)
+        )
+        rel = f", max rel {check['max_rel']:.2g}" if "max_rel" in check else ""
+        lines.append(f"  {where:<10} max abs {check['max_abs']:.2g}{rel}")
+    int8 = card.get("int8")
+    if int8 is not None:
+        lines.append(f"int8: calibrated on {int8['calibration_images']} {int8['calibrated_on']}")
+        on = "the validation split" if int8["split"] == "val" else "the calibration images"
+        lines.append(f"  on {on}: {metric_text(int8['metric'])}")
+    lines.append("files:")
+    width = max(len(str(path)) for path in files)
+    lines += [f"  {str(path):<{width}}  {size_text(path)}" for path in files if path.is_file()]
+    lines.append(f"took {card['wall_time_s']:.1f} s")
+    return "\n".join(lines) + "\n"
+
+
 def export(cfg: DictConfig) -> dict:
-    """Export the configured network (module docstring); returns the card."""
+    """Export the configured network (module docstring); prints the summary, returns the card."""
+    from src.export.onnx import library_logs_to_file
+
+    check_options(cfg)
+    with library_logs_to_file():
+        card, files = export_files(cfg)
+    sys.stdout.write(summary(card, files))
+    sys.stdout.flush()
+    return card
+
+
+def export_files(cfg: DictConfig) -> tuple[dict, list[Path]]:
+    """The work of :func:`export`: the card and the files written (the card's last)."""
     from src.export.card import write_card
     from src.export.detection import detection_parity, ssd_nms_spec
+    from src.export.images import NoCalibrationImagesError, export_images
     from src.export.onnx import (
         DEFAULT_OPSET,
         EXPORTER,
@@ -121,23 +233,38 @@ def export(cfg: DictConfig) -> dict:
     )
     from src.export.vision import other_sizes, vision_spec
 
-    check_options(cfg)
-    start = time.perf_counter()
-    L.seed_everything(cfg.seed)
+    progress = Progress()
+    L.seed_everything(cfg.seed, verbose=False)
     datamodule, task = build_from_checkpoint(cfg)
     task.eval()
     net = task.net.eval()
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    out = Path(cfg.out) if cfg.out else Path(cfg.paths.output_dir) / type(net).__name__.lower()
+    name = type(net).__name__
+    out = Path(cfg.out) if cfg.out else Path(cfg.paths.output_dir) / name.lower()
     if is_text_network(net) or isinstance(net, DeLighTEncoderDecoder):
         if cfg.format != "onnx" or cfg.quantize is not None:
             raise UsageError(
-                f"{type(net).__name__} exports as float32 ONNX only (format=onnx, quantize=null); "
+                f"{name} exports as float32 ONNX only (format=onnx, quantize=null); "
                 "ExecuTorch and int8 are written for the vision networks"
             )
-        return text_card(cfg, task, datamodule, net, out, start)
-    first = images_of(first_val_batch(datamodule))
+        if cfg.images is not None:
+            raise UsageError(f"images= holds images for a vision network; {name} is a text network")
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        return text_card(cfg, task, datamodule, net, out, progress)
+    images, unread = export_images(datamodule, cfg.images)
+    if cfg.quantize == "int8" and images.calibration is None:
+        raise NoCalibrationImagesError(
+            f"quantize=int8 calibrates on images and there are none ({unread}); pass "
+            "images=DIR, a folder of images like those the network will see (any sizes), "
+            "or the dataset's data.root"
+        )
+    if unread is not None:
+        log.warning(
+            "the dataset cannot be read (%s): parity is checked on generated inputs; "
+            "images=DIR checks on your images",
+            unread,
+        )
+    first = images.check
     if cfg.get("nms"):
         if not isinstance(net, SSD) or cfg.format != "onnx" or cfg.quantize is not None:
             raise UsageError("nms=true puts SSD's post-processing into a float32 ONNX graph: "
@@ -147,11 +274,12 @@ def export(cfg: DictConfig) -> dict:
     else:
         spec = vision_spec(net, first[:EXPORT_BATCH])
     if cfg.format == "executorch":
-        return executorch_card(cfg, task, datamodule, net, first, out, start)
+        return executorch_card(cfg, task, datamodule, net, images, out, progress)
+    progress.begin("export: %s to ONNX (the exporter takes one to three minutes on 2 cores)", name)
     onnx_path = export_onnx(spec, out.with_suffix(".onnx"), opset=cfg.opset or DEFAULT_OPSET)
     metadata = {"kind": "vision", "graph": spec.name, "record": record_of_run(cfg)}
     attach_metadata(onnx_path, {**metadata, **vision_metadata(datamodule, spec)})
-    log.info("wrote %s", onnx_path)
+    progress.end("export: wrote %s", onnx_path)
     runner = session(onnx_path)
     if cfg.get("nms"):
         checks = [
@@ -164,14 +292,16 @@ def export(cfg: DictConfig) -> dict:
     for height, width in other_sizes(spec):
         resized = F.interpolate(first, size=(height, width), mode="bilinear", align_corners=False)
         checks.append(parity(runner, spec, (resized,)))
-    for check in checks:
-        log.info("parity: %s", check)
+    progress.end(
+        "check: parity at %d size(s) on %s, max abs %.2g",
+        len(checks), images.source, max(check["max_abs"] for check in checks),
+    )  # fmt: skip
     complexity = complexity_of(task, datamodule)
     card: dict[str, Any] = {
         "model": {
             "choice": hydra_choices().get("model"),
             "target": cfg.model.get("_target_"),
-            "class": f"{type(net).__module__}.{type(net).__name__}",
+            "class": f"{type(net).__module__}.{name}",
         },
         **complexity.as_dict(),
         "checkpoint": None if cfg.ckpt_path is None else str(cfg.ckpt_path),
@@ -181,21 +311,23 @@ def export(cfg: DictConfig) -> dict:
         "opset": cfg.opset or DEFAULT_OPSET,
         "inputs": graph_inputs(onnx_path),
         "outputs": spec.output_names,
+        "parity_inputs": images.source,
         "parity": {
-            "against": "eager PyTorch (eval mode) on validation images",
+            "against": "eager PyTorch (eval mode)",
+            "inputs": images.description,
             "max_rel_is": "max abs error / max abs eager output",
             "checks": checks,
         },
         "operators": op_counts(onnx_path),
         "notes": spec.notes,
     }
+    files = [onnx_path]
     if cfg.quantize == "int8":
-        card["int8"] = quantized(cfg, task, datamodule, spec, onnx_path, runner)
-    card_path = write_card(out.with_suffix(".json"), {**card, "wall_time_s": 0.0})
-    card["wall_time_s"] = round(time.perf_counter() - start, 2)
-    write_card(card_path, card)
-    log.info("wrote %s", card_path)
-    return card
+        card["int8"] = quantized(cfg, task, images, spec, onnx_path, runner, progress)
+        files.append(Path(card["int8"]["file"]))
+    card["wall_time_s"] = progress.total()
+    files.append(write_card(out.with_suffix(".json"), card))
+    return card, files
 
 
 def executorch_card(
@@ -203,47 +335,60 @@ def executorch_card(
     task: L.LightningModule,
     datamodule: L.LightningDataModule,
     net: torch.nn.Module,
-    images: Tensor,
+    images: Any,
     out: Path,
-    start: float,
-) -> dict:
-    """``format=executorch``: the network lowered to XNNPACK for one image of the validation
-    size (ExecuTorch plans fixed shapes), its parity on validation images, and the card; with
-    ``quantize=int8`` also ``<out>.int8.pte`` (PT2E, XNNPACK quantizer, calibrated on images of
-    the training split) and the validation metric of eager PyTorch, the fp32 and the int8 program."""
+    progress: Progress,
+) -> tuple[dict, list[Path]]:
+    """``format=executorch``: the network lowered to XNNPACK for one image of the input size
+    (ExecuTorch plans fixed shapes), its parity on the first images of ``images``
+    (:class:`~src.export.images.ExportImages`), and the card; with ``quantize=int8`` also
+    ``<out>.int8.pte`` (PT2E, XNNPACK quantizer, calibrated on ``calibration_images`` images) and
+    the validation metric of eager PyTorch, the fp32 and the int8 program (with ``images=``: how
+    often int8 agrees with fp32). Returns the card and the files written."""
     from src.export.card import write_card
     from src.export.executorch import export_executorch, load_program
     from src.export.vision import vision_spec
 
-    spec = vision_spec(net, images[:1])
+    first = images.check
+    spec = vision_spec(net, first[:1])
+    progress.begin("export: %s to ExecuTorch (XNNPACK)", type(net).__name__)
     path = export_executorch(spec, out.with_suffix(".pte"))
-    log.info("wrote %s", path)
+    progress.end("export: wrote %s", path)
     program = load_program(path)
     errors = []
     with torch.no_grad():
-        for image in images[: min(len(images), 4)]:
+        for image in first[: min(len(first), 4)]:
             expected = net(image[None])
             expected = expected[0] if isinstance(expected, (tuple, list)) else expected
             errors.append(float((program([image[None]])[0] - expected).abs().max()))
+    progress.end("check: parity on %d image(s), max abs %.2g", len(errors), max(errors))
     card = {
-        "model": {"choice": hydra_choices().get("model"), "target": cfg.model.get("_target_")},
+        "model": {
+            "choice": hydra_choices().get("model"),
+            "target": cfg.model.get("_target_"),
+            "class": f"{type(net).__module__}.{type(net).__name__}",
+        },
         **complexity_of(task, datamodule).as_dict(),
         "checkpoint": None if cfg.ckpt_path is None else str(cfg.ckpt_path),
         "file": str(path),
         "format": "executorch",
         "backend": "XNNPACK",
-        "input": {"name": "image", "shape": list(images[:1].shape), "dynamic": []},
+        "input": {"name": "image", "shape": list(first[:1].shape), "dynamic": []},
+        "parity_inputs": images.source,
         "parity": {
-            "against": "eager PyTorch (eval mode), one validation image at a time",
-            "max_abs": max(errors),
+            "against": "eager PyTorch (eval mode), one image at a time",
+            "inputs": images.description,
+            "checks": [{"shapes": [list(first[:1].shape)], "max_abs": max(errors)}],
         },
         "notes": [*spec.notes, "ExecuTorch program planned for this one input shape"],
     }
+    files = [path]
     if cfg.quantize == "int8":
-        card["int8"] = executorch_int8(cfg, task, datamodule, spec, out, program)
-    card["wall_time_s"] = round(time.perf_counter() - start, 2)
-    write_card(out.with_suffix(".json"), card)
-    return card
+        card["int8"] = executorch_int8(cfg, task, images, spec, out, program, progress)
+        files.append(Path(card["int8"]["file"]))
+    card["wall_time_s"] = progress.total()
+    files.append(write_card(out.with_suffix(".json"), card))
+    return card, files
 
 
 def one_at_a_time(
@@ -265,47 +410,58 @@ def one_at_a_time(
 def executorch_int8(
     cfg: DictConfig,
     task: L.LightningModule,
-    datamodule: L.LightningDataModule,
+    images: Any,
     spec: Any,
     out: Path,
     fp32_program: Callable[[list[Tensor]], list[Tensor]],
+    progress: Progress,
 ) -> dict[str, Any]:
-    """Write ``<out>.int8.pte`` calibrated on ``calibration_batches`` batches of the training split
-    (each image alone, the program's shape); the validation metric before and after."""
+    """Write ``<out>.int8.pte`` calibrated on the first ``calibration_images`` images (each alone,
+    the program's shape); the validation metric before and after, or int8's agreement with fp32
+    on unlabelled images."""
     from src.export.executorch import export_executorch, load_program
+    from src.export.images import limited
 
     if spec.output_names != ["logits"]:
         raise UsageError("quantize=int8 measures classification and segmentation networks only")
     kind = "segmentation" if first_output_is_map(spec) else "classification"
     size = tuple(spec.inputs[0].shape[1:])
-    calibration = []
-    for number, batch in enumerate(datamodule.train_dataloader()):
-        if number >= cfg.calibration_batches:
-            break
-        calibration += [(image[None],) for image in images_of(batch) if image.shape == size]
+    calibration = [
+        (image[None],)
+        for batch in limited(images.calibration(), cfg.calibration_images)
+        for image in batch
+        if image.shape == size
+    ]
+    progress.begin("calibrate and quantize: %d images", len(calibration))
     path = export_executorch(spec, out.with_suffix(".int8.pte"), calibration=calibration)
-    log.info("wrote %s", path)
+    progress.end("quantize: wrote %s", path)
     int8_program = load_program(path)
+    fp32 = one_at_a_time(lambda x: fp32_program([x])[0], size)
+    int8 = one_at_a_time(lambda x: int8_program([x])[0], size)
+    if images.labelled is None:
+        metrics = {
+            "int8_vs_fp32": agreement(
+                fp32, int8, limited(images.calibration(), cfg.calibration_images)
+            )
+        }
+    else:
 
-    def eager(images: Tensor) -> Tensor:
-        with torch.no_grad():
-            return task.net(images)
+        def eager(batch: Tensor) -> Tensor:
+            with torch.no_grad():
+                return task.net(batch)
 
-    ignore = getattr(task, "ignore_index", 255)
-    metrics = {
-        name: task_metric(kind, predict, datamodule.val_dataloader(), ignore)
-        for name, predict in (
-            ("eager", eager),
-            ("fp32_executorch", one_at_a_time(lambda x: fp32_program([x])[0], size)),
-            ("int8_executorch", one_at_a_time(lambda x: int8_program([x])[0], size)),
-        )
-    }
-    log.info("validation %s: %s", kind, metrics)
+        ignore = getattr(task, "ignore_index", 255)
+        metrics = {
+            name: task_metric(kind, predict, images.labelled(), ignore)
+            for name, predict in (("eager", eager), ("fp32_executorch", fp32), ("int8_executorch", int8))
+        }
+    progress.end("measure: %s", metric_text(metrics))
     return {
         "file": str(path),
         "method": "PT2E with the XNNPACK quantizer: symmetric int8, weights per channel, static",
-        "calibration": f"{len(calibration)} images of {cfg.calibration_batches} training batches",
-        "split": "val",
+        "calibration_images": len(calibration),
+        "calibrated_on": images.calibration_source,
+        "split": "val" if images.labelled is not None else None,
         "metric": metrics,
     }
 
@@ -313,44 +469,61 @@ def executorch_int8(
 def quantized(
     cfg: DictConfig,
     task: L.LightningModule,
-    datamodule: L.LightningDataModule,
+    images: Any,
     spec: Any,
     onnx_path: Path,
     runner: Any,
+    progress: Progress,
 ) -> dict[str, Any]:
-    """Write ``<out>.int8.onnx`` calibrated on the training split; the validation metric of eager
-    PyTorch, the fp32 file and the int8 file."""
+    """Write ``<out>.int8.onnx`` calibrated on the first ``calibration_images`` images of
+    ``images`` (:class:`~src.export.images.ExportImages`); the validation metric of eager
+    PyTorch, the fp32 file and the int8 file, or, on unlabelled images, how often int8's argmax
+    agrees with fp32's."""
+    from src.export.images import limited
     from src.export.onnx import run_session, session
-    from src.export.quantize import calibration_feeds, quantize_int8
+    from src.export.quantize import CALIBRATION_BATCH, CalibrationFeeds, quantize_int8
 
     if spec.output_names != ["logits"]:
         raise UsageError("quantize=int8 measures classification and segmentation networks only")
     kind = "segmentation" if first_output_is_map(spec) else "classification"
     int8_path = onnx_path.with_suffix(".int8.onnx")
-    feeds = calibration_feeds(
-        datamodule.train_dataloader(), spec.input_names[0], cfg.calibration_batches
-    )
+    feeds = CalibrationFeeds(images.calibration(), spec.input_names[0], cfg.calibration_images)
+    progress.begin(
+        "calibrate: up to %d %s, %d at a time",
+        feeds.limit, images.calibration_source, CALIBRATION_BATCH,
+    )  # fmt: skip
     quantize_int8(onnx_path, int8_path, feeds, activations=cfg.int8_activations)
-    log.info("wrote %s", int8_path)
+    progress.end("calibrate: min/max of %d images", feeds.images, at=feeds.finished)
+    progress.end("quantize: wrote %s", int8_path)
     int8_runner = session(int8_path)
-    ignore = getattr(task, "ignore_index", 255)
 
     def onnx_predict(which: Any) -> Callable[[Tensor], Tensor]:
-        return lambda images: run_session(which, spec.input_names, (images,))[0]
+        return lambda batch: run_session(which, spec.input_names, (batch,))[0]
 
-    def eager(images: Tensor) -> Tensor:
-        with torch.no_grad():
-            return task.net(images)
+    if images.labelled is None:
+        metrics = {
+            "int8_vs_fp32": agreement(
+                onnx_predict(runner),
+                onnx_predict(int8_runner),
+                limited(images.calibration(), cfg.calibration_images),
+            )
+        }
+    else:
 
-    metrics = {
-        name: task_metric(kind, predict, datamodule.val_dataloader(), ignore)
-        for name, predict in (
-            ("eager", eager),
-            ("fp32_onnx", onnx_predict(runner)),
-            ("int8_onnx", onnx_predict(int8_runner)),
-        )
-    }
-    log.info("validation %s: %s", kind, metrics)
+        def eager(batch: Tensor) -> Tensor:
+            with torch.no_grad():
+                return task.net(batch)
+
+        ignore = getattr(task, "ignore_index", 255)
+        metrics = {
+            name: task_metric(kind, predict, images.labelled(), ignore)
+            for name, predict in (
+                ("eager", eager),
+                ("fp32_onnx", onnx_predict(runner)),
+                ("int8_onnx", onnx_predict(int8_runner)),
+            )
+        }
+    progress.end("measure: %s", metric_text(metrics))
     return {
         "file": str(int8_path),
         "method": (
@@ -358,8 +531,9 @@ def quantized(
             f"{cfg.int8_activations}; the "
             "dense products only (convolutions of one group, matrix products with a constant weight)"
         ),
-        "calibration": f"{cfg.calibration_batches} batches of the training split (min/max)",
-        "split": "val",
+        "calibration_images": feeds.images,
+        "calibrated_on": images.calibration_source,
+        "split": "val" if images.labelled is not None else None,
         "metric": metrics,
     }
 
@@ -393,11 +567,12 @@ def text_card(
     datamodule: L.LightningDataModule,
     net: torch.nn.Module,
     out: Path,
-    start: float,
-) -> dict:
+    progress: Progress,
+) -> tuple[dict, list[Path]]:
     """A text network's graphs (:func:`src.export.text.text_specs`; translation: the encoder and
     the decoder step), each ``<out>.<graph>.onnx`` for translation and ``<out>.onnx`` otherwise,
-    checked through their runtimes against eager PyTorch on a validation batch; the card."""
+    checked through their runtimes against eager PyTorch on a validation batch; the card and the
+    files written."""
     from src.export.card import write_card
     from src.export.onnx import DEFAULT_OPSET, EXPORTER, export_onnx, graph_inputs, op_counts
     from src.export.runtime import RUNTIMES
@@ -423,10 +598,11 @@ def text_card(
     for spec in specs:
         path = out.with_suffix(f".{spec.name}.onnx" if len(specs) > 1 else ".onnx")
         path.parent.mkdir(parents=True, exist_ok=True)
+        progress.begin("export: the %s graph of %s to ONNX", spec.name, type(net).__name__)
         export_onnx(spec, path, opset=cfg.opset or DEFAULT_OPSET)
         metadata = {"kind": kind, "graph": spec.name, **settings, "record": record}
         attach_metadata(path, {**metadata, "vocabulary": vocabulary})
-        log.info("wrote %s", path)
+        progress.end("export: wrote %s", path)
         paths.append(path)
     if kind == "translation":
         translator = OnnxTranslator.from_export(paths[0])
@@ -444,8 +620,10 @@ def text_card(
             "classifier": classifier_checks,
         }[kind]
         checks = check(net, runtime, batch)
-    for found in checks:
-        log.info("parity, %s: max abs %.3g", found["compared"], found["max_abs"])
+    progress.end(
+        "check: %d comparison(s) through the runtime, max abs %.2g",
+        len(checks), max(found["max_abs"] for found in checks),
+    )  # fmt: skip
     card: dict[str, Any] = {
         "model": {
             "choice": record["choices"].get("model"),
@@ -469,12 +647,12 @@ def text_card(
             }
             for spec, path in zip(specs, paths)
         ],
+        "parity_inputs": "dataset",
         "parity": {
-            "against": "eager PyTorch (eval mode) on a validation batch, through the runtime",
+            "against": "eager PyTorch (eval mode), through the runtime",
+            "inputs": "a validation batch",
             "checks": checks,
         },
-        "wall_time_s": round(time.perf_counter() - start, 2),
+        "wall_time_s": progress.total(),
     }
-    write_card(out.with_suffix(".json"), card)
-    log.info("wrote %s", out.with_suffix(".json"))
-    return card
+    return card, [*paths, write_card(out.with_suffix(".json"), card)]

@@ -10,6 +10,7 @@ activations) calibrated on the batches given; the quantised graph is lowered the
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -18,12 +19,22 @@ from torch import Tensor
 
 from src.export.spec import ExportSpec
 from src.ops.dispatch import capture_for_export
-from src.utils.extras import require
+from src.utils.extras import MissingExtraError
 from src.utils.files import atomic_write_bytes
 
 
-def _require() -> None:
-    require("executorch", "executorch", "format=executorch")
+def require_executorch() -> None:
+    """A one-line error unless executorch is installed, naming the install docs/deploy.md gives:
+    ``pip install executorch`` into this environment (the ``[executorch]`` extra, resolved from
+    scratch, backtracks to an older torch; see pyproject.toml)."""
+    try:
+        importlib.metadata.distribution("executorch")
+    except importlib.metadata.PackageNotFoundError:
+        raise MissingExtraError(
+            "format=executorch needs executorch, which is not installed: pip install executorch "
+            "(into this environment, which has torch already; pip install -e '.[executorch]' "
+            "resolves torch afresh and downgrades it, see docs/deploy.md)"
+        ) from None
 
 
 def _traced_copy(spec: ExportSpec) -> torch.nn.Module:
@@ -55,7 +66,7 @@ def quantized_program(
 ) -> torch.export.ExportedProgram:
     """``spec.module`` quantised to int8 by PT2E with the XNNPACK quantizer, observers calibrated
     on ``calibration`` (each item: inputs in ``spec.inputs``' order), exported again for lowering."""
-    _require()
+    require_executorch()
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
@@ -83,7 +94,7 @@ def export_executorch(
 ) -> Path:
     """Write ``spec`` as an XNNPACK-delegated ExecuTorch program at ``path``: fp32, or int8 when
     ``calibration`` batches are given."""
-    _require()
+    require_executorch()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -101,7 +112,7 @@ def export_executorch(
 def load_program(path: str | Path) -> Callable[[Sequence[Tensor]], list[Tensor]]:
     """The ExecuTorch program at ``path``, loaded once by the Python runtime: inputs -> outputs.
     XNNPACK packs its weights on the first call, so time the calls after it."""
-    _require()
+    require_executorch()
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
     program = _load_for_executorch(str(path))

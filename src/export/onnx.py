@@ -13,10 +13,12 @@ used.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,45 @@ from src.utils.files import atomic_path
 EXPORTER = "torch.onnx.export(dynamo=True)"
 DEFAULT_OPSET = 18
 MIN_STEPS = 2  # an image side of one output stride leaves 1x1 maps, which some units refuse
+# the libraries whose log records are kept off the console: the exporter's optimiser logs each
+# deduplicated initializer ("Replaced initializer ...", 1,448 lines for DiCENet) and each rewrite
+CHATTY = ("onnx", "onnx_ir", "onnxscript", "onnxruntime", "torch.onnx")
+
+
+def from_library(record: logging.LogRecord) -> bool:
+    """Whether ``record`` comes from one of :data:`CHATTY`: by its logger's name, or, for what
+    they log through the root logger (onnxruntime's quantizer calls ``logging.warning``), by the
+    package its call site is in."""
+    if any(record.name == name or record.name.startswith(name + ".") for name in CHATTY):
+        return True
+    parts = record.pathname.replace("\\", "/").split("/")
+    return any(name in parts for name in CHATTY if "." not in name)
+
+
+@contextlib.contextmanager
+def library_logs_to_file() -> Iterator[None]:
+    """Inside the block, the log records of the ONNX libraries (:data:`CHATTY`) reach the root
+    logger's file handlers (the run's log file) and no other handler (the console), and
+    onnxruntime's own C++ logger reports errors only."""
+    import onnxruntime as ort
+
+    def quiet(record: logging.LogRecord) -> bool:  # a handler's filter: False drops the record
+        return not from_library(record)
+
+    consoles = [
+        handler
+        for handler in logging.getLogger().handlers
+        if not isinstance(handler, logging.FileHandler)
+    ]
+    for handler in consoles:
+        handler.addFilter(quiet)
+    ort.set_default_logger_severity(3)  # its sessions' warnings, the calibrator's among them
+    try:
+        yield
+    finally:
+        ort.set_default_logger_severity(2)  # onnxruntime's default: warnings
+        for handler in consoles:
+            handler.removeFilter(quiet)
 
 
 def dynamic_shapes(spec: ExportSpec) -> tuple[Any, ...]:
