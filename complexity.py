@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from src.build import check_config
+from src.build import check_config, hydra_main
 from src.commands.complexity import report, table
 from src.utils.errors import reported_in_one_line
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="complexity")
+@hydra_main("complexity")
 def main(cfg: DictConfig) -> None:
     with reported_in_one_line():
         check_config(cfg, "complexity")

@@ -4,15 +4,14 @@ The command line only; what it does is :mod:`src.commands.predict`."""
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from src.build import check_config
+from src.build import check_config, hydra_main
 from src.commands.predict import predict
 from src.utils.errors import reported_in_one_line
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+@hydra_main("predict")
 def main(cfg: DictConfig) -> None:
     with reported_in_one_line():
         check_config(cfg, "predict")

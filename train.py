@@ -4,14 +4,14 @@ The command line only; what it does is :mod:`src.commands.train`."""
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
+from src.build import hydra_main
 from src.commands.train import train
 from src.utils.errors import reported_in_one_line
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra_main("train")
 def main(cfg: DictConfig) -> float | None:
     with reported_in_one_line():
         summary = train(cfg)

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from src.build import check_config
+from src.build import check_config, hydra_main
 from src.commands.translate import split_arguments, translate
 from src.utils.errors import reported_in_one_line
 
 SENTENCES: list[str] = []  # the command line's sentences, taken out before Hydra parses it
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="translate")
+@hydra_main("translate")
 def main(cfg: DictConfig) -> None:
     with reported_in_one_line():
         check_config(cfg, "translate")

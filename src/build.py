@@ -1,31 +1,54 @@
 """Building a run's objects from a composed config: what every entry point shares.
 
-``train.py``, ``eval.py``, ``complexity.py``, ``predict.py``, ``generate.py`` and ``translate.py``
-check a composed config (:func:`check_config`), build the datamodule, network and task
-(:func:`build_task`, or :func:`build_from_checkpoint` for a run's checkpoint) and the Trainer
+``train.py``, ``eval.py``, ``complexity.py``, ``predict.py``, ``generate.py``, ``translate.py`` and
+``export.py`` run as a Hydra app (:func:`hydra_main`), check a composed config
+(:func:`check_config`), build the datamodule, network and task (:func:`build_task`, or
+:func:`build_from_checkpoint` for a run's checkpoint, then :func:`check_served`) and the Trainer
 (:func:`build_trainer`) with these functions, and do only their own work besides.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import hydra
+import hydra._internal.utils as hydra_internal
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from torch import nn
 
+from src.models.transformer_mt import TransformerEncoderDecoder
+from src.tasks.awd_lm import AWDLMTask
+from src.tasks.char_lm import CharLMTask
+from src.tasks.classification import ClassificationTask
+from src.tasks.detection import DetectionTask
+from src.tasks.multilabel import MultiLabelTask
+from src.tasks.segmentation import SegmentationTask
+from src.tasks.text_classification import TextClassificationTask
+from src.tasks.translation import TranslationTask
+from src.tasks.word_lm import WordLMTask
 from src.utils.complexity import Complexity, measure
 from src.utils.config_checks import (
+    ConfigError,
+    check_accelerator,
     check_config_values,
     check_pairing,
     known_top_level_keys,
+    nested_options,
     reject_unknown_keys,
+    unknown_key,
+    unknown_option,
 )
-from src.utils.errors import UsageError
+from src.utils.errors import DEBUG_ENV, UsageError, WrongRunError, reported_in_one_line
 from src.utils.extras import require
 from src.utils.model_sizes import size_error
 from src.utils.run_record import (
@@ -114,11 +137,136 @@ def hydra_overrides() -> list[str]:
 
 
 def check_config(cfg: DictConfig, config_name: str) -> None:
-    """Before anything is built: no top-level key nobody reads, a model that fits the data, and
-    ``model.*`` / ``data.*`` / ``task.*`` keys and values their constructors take."""
+    """Before anything is built: no top-level key nobody reads, a model that fits the data,
+    ``model.*`` / ``data.*`` / ``task.*`` keys and values their constructors take, and a GPU on the
+    machine when the Trainer asks for one."""
     reject_unknown_keys(cfg, known_top_level_keys(config_name))
-    check_pairing(hydra_choices())
+    choices = hydra_choices()
+    check_pairing(choices)
     check_config_values(cfg)
+    if isinstance(cfg.get("trainer"), DictConfig):
+        check_accelerator(cfg.trainer, choices.get("trainer"))
+
+
+def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[..., Any]]:
+    """``@hydra.main`` of a root script over ``conf/<config_name>.yaml``, whose command-line
+    mistakes that Hydra finds are reported in one line too.
+
+    Hydra composes the config before the task function runs and reports what it refuses itself:
+    ``run_and_report`` (``hydra/_internal/utils.py``, Hydra 1.3) prints the message (for an unknown
+    option, the config search path too) and exits with status 1. While the app runs, each call of
+    that reporter first turns an unknown config-group option (``model=dicnet``) or key
+    (``data.batchsize=64``) into a :class:`ConfigError` naming the closest ones
+    (:func:`composition_error`), which :func:`reported_in_one_line` prints with exit status 2. Any other error reaches Hydra's
+    reporter as before; with ``HYDRA_FULL_ERROR=1`` Hydra's own error is raised with its traceback.
+    ``-m`` (multirun), ``--cfg`` and ``--help`` run through Hydra unchanged.
+    """
+
+    def decorate(task_function: Callable[[DictConfig], Any]) -> Callable[..., Any]:
+        # config_path is relative to the root script that defines task_function
+        app = hydra.main(version_base="1.3", config_path="conf", config_name=config_name)(
+            task_function
+        )
+
+        @functools.wraps(task_function)
+        def main(*args: Any) -> Any:
+            with _composition_errors_in_one_line():
+                return app(*args)
+
+        return main
+
+    return decorate
+
+
+@contextlib.contextmanager
+def _composition_errors_in_one_line() -> Iterator[None]:
+    """Within the block, Hydra's reporter reports the command line's mistakes in one line
+    (:func:`hydra_main`); Hydra has no public hook for it."""
+    report = hydra_internal.run_and_report
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        def run() -> Any:
+            with reported_in_one_line():
+                try:
+                    return func()
+                except ConfigCompositionException as error:
+                    explained = composition_error(error)
+                    if explained is None or os.environ.get(DEBUG_ENV) == "1":
+                        raise
+                    raise explained from error
+
+        return report(run)
+
+    hydra_internal.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        hydra_internal.run_and_report = report
+
+
+def composition_error(error: ConfigCompositionException) -> ConfigError | None:
+    """The one-line error for what Hydra's composition refused, where it is the command line's: an
+    option that its config group lacks, a key that its parent lacks; None for anything else."""
+    if isinstance(error, MissingConfigException):
+        group, _, option = str(error.missing_cfg_file).rpartition("/")
+        if group and error.options:
+            return unknown_option(group, option, error.options)
+        nested = nested_options(str(error.missing_cfg_file))  # experiment=char_lm/demoo
+        return unknown_option(*nested) if nested is not None and nested[2] else None
+    cause = error.__cause__
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and isinstance(
+        cause.parent_node, DictConfig
+    ):
+        return unknown_key(str(cause.full_key), cause.parent_node.keys())
+    return None
+
+
+# the kinds of run, their tasks, and the tools that serve them (the first one to name)
+RUN_KINDS: tuple[tuple[str, tuple[type, ...], tuple[str, ...]], ...] = (
+    ("image", (ClassificationTask, MultiLabelTask, SegmentationTask, DetectionTask),
+     ("predict.py", "eval.py", "export.py")),
+    ("language-model", (CharLMTask, WordLMTask, AWDLMTask),
+     ("generate.py", "eval.py", "export.py")),
+    ("translation", (TranslationTask,), ("translate.py", "eval.py", "export.py")),
+    ("text-classification", (TextClassificationTask,), ("eval.py", "export.py")),
+)  # fmt: skip
+# networks export.py writes no graph for (its translation graphs are DeLighT's)
+NOT_EXPORTED = (TransformerEncoderDecoder,)
+
+
+def serving_tools(task: L.LightningModule) -> tuple[str, tuple[str, ...]] | None:
+    """The kind of run ``task`` is and the tools that serve it; None for a task of no known kind."""
+    for kind, tasks, tools in RUN_KINDS:
+        if isinstance(task, tasks):
+            if isinstance(getattr(task, "net", None), NOT_EXPORTED):
+                tools = tuple(tool for tool in tools if tool != "export.py")
+            return kind, tools
+    return None
+
+
+def check_served(
+    tool: str, cfg: DictConfig, datamodule: L.LightningDataModule, task: L.LightningModule
+) -> None:
+    """Raise :class:`WrongRunError` when ``tool`` (``"predict.py"``, ...) does not serve the run
+    :func:`build_from_checkpoint` built (a translation checkpoint given to ``predict.py``), naming
+    the tools that do."""
+    served = serving_tools(task)
+    if served is None or tool in served[1]:
+        return
+    kind, tools = served
+    if cfg.get("ckpt_path") is not None:
+        source, use = f"ckpt_path={cfg.ckpt_path}", f"python {tools[0]} ckpt_path={cfg.ckpt_path}"
+    elif cfg.get("onnx") is not None:
+        source, use = f"onnx={cfg.onnx}", f"python {tools[0]} onnx={cfg.onnx}"
+    else:
+        source, use = "the config", f"python {tools[0]}"
+    also = tools[1:]
+    if also:
+        use += f" ({' and '.join(also)} {'serves' if len(also) == 1 else 'serve'} it too)"
+    raise WrongRunError(
+        f"{tool} does not serve {type(task.net).__name__} networks: {source} is a "
+        f"{type(datamodule).__name__} run ({kind}, {type(task).__name__}); use {use}"
+    )
 
 
 def complexity_of(task: L.LightningModule, datamodule: L.LightningDataModule) -> Complexity:

@@ -1,6 +1,7 @@
-"""Checks on a composed config that Hydra does not make: keys nobody reads, and model/data pairs
-that cannot work. Both run before anything is built, so a mistake costs one line, not a crash
-deep inside instantiation."""
+"""Checks on a composed config that Hydra does not make: keys nobody reads, model/data pairs that
+cannot work, a GPU Trainer without a GPU. They run before anything is built, so a mistake costs one
+line, not a crash deep inside instantiation. Also the one-line messages for what Hydra's composition
+refuses (an unknown config-group option or key: :func:`unknown_option`, :func:`unknown_key`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import inspect
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from omegaconf import DictConfig, OmegaConf
 
 from src.utils.errors import UserError
@@ -70,6 +72,72 @@ def reject_unknown_keys(cfg: DictConfig, known: Iterable[str]) -> None:
         f"groups: {', '.join(sorted(known))}. Choose a group option as group=option "
         "(e.g. model=dicenet), without '+'."
     )
+
+
+def closest_first(name: str, names: Iterable[str]) -> list[str]:
+    """``names`` sorted by their likeness to ``name`` (difflib's ratio), the closest first."""
+    likeness = {other: difflib.SequenceMatcher(None, name, other).ratio() for other in names}
+    return sorted(likeness, key=lambda other: (-likeness[other], other))
+
+
+def nested_options(missing: str) -> tuple[str, str, list[str]] | None:
+    """For ``missing``, a config path Hydra could not find (``experiment/char_lm/demoo``), the
+    config group under ``conf/`` it names (``experiment``), the option asked for (``char_lm/demoo``)
+    and the group's options in its sub-folders (``char_lm/demo``, ...); None where ``conf/`` has no
+    such group. Hydra lists only the options directly in a group's folder."""
+    parts = missing.split("/")
+    for depth in range(1, len(parts)):
+        folder = CONF.joinpath(*parts[:depth])
+        if folder.is_dir():
+            files = folder.rglob("*.yaml")
+            options = sorted(p.relative_to(folder).with_suffix("").as_posix() for p in files)
+            return "/".join(parts[:depth]), "/".join(parts[depth:]), options
+    return None
+
+
+def unknown_option(group: str, option: str, options: Iterable[str]) -> ConfigError:
+    """The error for ``group=option`` where ``conf/<group>/`` has no ``option``: the group's
+    options, closest first (``model=dicnet``)."""
+    ranked = closest_first(option, options)
+    close = difflib.get_close_matches(option, ranked, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return ConfigError(
+        f"{group}={option}: no such option{hint}. The options of {group}, closest first: "
+        f"{', '.join(ranked)}"
+    )
+
+
+def unknown_key(full_key: str, keys: Iterable[str]) -> ConfigError:
+    """The error for overriding ``full_key`` (``data.batchsize=64``) where its parent holds only
+    ``keys``: the closest key and all of them, as :func:`check_config_values` names them for the
+    ``+`` form."""
+    parent, _, key = full_key.rpartition(".")
+    prefix = f"{parent}." if parent else ""
+    keys = sorted(str(k) for k in keys if not str(k).startswith("_"))  # not Hydra's _target_
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+    known = ", ".join(prefix + k for k in keys) or "no keys"
+    if not parent:  # a new top-level key is one nobody reads (reject_unknown_keys)
+        return ConfigError(f"{full_key}{hint}: no such key or config group; the config has {known}")
+    return ConfigError(
+        f"{full_key}{hint}: no such key; {parent} has {known} (+{full_key}=... adds a new key)"
+    )
+
+
+def check_accelerator(trainer: Mapping[str, object], choice: str | None) -> None:
+    """Raise :class:`ConfigError` when the Trainer asks for a GPU (``trainer=gpu``, ``ddp``,
+    ``fsdp``) on a machine without one, where Lightning's own check would end in a traceback of
+    its ``MisconfigurationException``. ``choice``: the ``trainer`` option chosen."""
+    accelerator = str(trainer.get("accelerator"))
+    cuda, mps = CUDAAccelerator.is_available(), MPSAccelerator.is_available()
+    # Lightning's "gpu" is CUDA or Apple's MPS
+    present = {"gpu": cuda or mps, "cuda": cuda, "mps": mps}.get(accelerator, True)
+    if not present:
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} (trainer={choice}): this machine has no GPU that "
+            "PyTorch can use; train on the CPU with trainer=cpu (trainer=ddp_cpu for data-parallel "
+            "CPU processes)"
+        )
 
 
 def check_pairing(choices: Mapping[str, str | None]) -> None:
