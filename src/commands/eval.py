@@ -31,7 +31,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from src.build import build_from_checkpoint, build_trainer, complexity_of, scalars
+from src.build import build_from_checkpoint, build_trainer, check_served, complexity_of, scalars
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.cityscapes import CityscapesDataModule
 from src.evaluation.cityscapes_eval import evaluate_cityscapes
@@ -41,7 +41,7 @@ from src.decoding.word_completion import word_completion
 from src.tasks.awd_lm import AWDLMTask
 from src.tasks.char_lm import CharLMTask
 from src.tasks.segmentation import SegmentationTask
-from src.utils.errors import UsageError
+from src.utils.errors import UsageError, WrongRunError
 from src.utils.extras import require
 from src.utils.files import write_json
 
@@ -164,16 +164,17 @@ def evaluate(cfg: DictConfig) -> dict:
     start = time.perf_counter()
     ckpt_path = Path(cfg.ckpt_path)
     if cfg.split not in ("test", "val"):
-        raise ValueError(f"split must be 'test' or 'val', got {cfg.split!r}")
+        raise UsageError(f"split must be 'test' or 'val', got {cfg.split!r}")
     L.seed_everything(cfg.seed, workers=True)
     datamodule, task = build_from_checkpoint(cfg)  # the weights are loaded
+    check_served("eval.py", cfg, datamodule, task)
     complexity = complexity_of(task, datamodule)
     trainer = build_trainer(cfg)
     run = trainer.test if cfg.split == "test" else trainer.validate
     if cfg.dynamic_eval not in (None, False, True):
-        raise ValueError(f"dynamic_eval must be true or false, got {cfg.dynamic_eval!r}")
+        raise UsageError(f"dynamic_eval must be true or false, got {cfg.dynamic_eval!r}")
     if cfg.dynamic_eval and not isinstance(task, AWDLMTask):
-        raise ValueError(
+        raise WrongRunError(
             f"dynamic_eval needs a task=awd_lm checkpoint, got {type(task).__name__}"
         )
     check_official_eval(cfg, task, datamodule)

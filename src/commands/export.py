@@ -29,7 +29,13 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
-from src.build import build_from_checkpoint, complexity_of, hydra_choices, hydra_overrides
+from src.build import (
+    build_from_checkpoint,
+    check_served,
+    complexity_of,
+    hydra_choices,
+    hydra_overrides,
+)
 from src.export.metadata import attach_metadata, vision_metadata
 from src.export.text import is_text_network
 from src.models.delight_mt import DeLighTEncoderDecoder
@@ -236,6 +242,7 @@ def export_files(cfg: DictConfig) -> tuple[dict, list[Path]]:
     progress = Progress()
     L.seed_everything(cfg.seed, verbose=False)
     datamodule, task = build_from_checkpoint(cfg)
+    check_served("export.py", cfg, datamodule, task)
     task.eval()
     net = task.net.eval()
     name = type(net).__name__

@@ -37,7 +37,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, open_dict
 
-from src.build import build_from_checkpoint
+from src.build import build_from_checkpoint, check_served
 from src.datamodules.awd_lm import EOS, AWDLMDataModule, PydocPTBDataModule, ptb_style
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.text_files import decode_text, read_text
@@ -149,6 +149,7 @@ def generate(cfg: DictConfig) -> dict:
             "one); allow_random=true generates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
+    check_served("generate.py", cfg, datamodule, task)
     if cfg.get("onnx") is not None:
         task.net = exported_language_model(cfg.onnx)
         with open_dict(cfg):  # onnxruntime's CPU session reads and writes host memory

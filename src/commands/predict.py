@@ -35,7 +35,7 @@ from omegaconf import DictConfig, open_dict
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from src.build import build_from_checkpoint
+from src.build import build_from_checkpoint, check_served
 from src.datamodules.image_conventions import (
     classification_names,
     detection_names,
@@ -295,6 +295,7 @@ def predict(cfg: DictConfig) -> dict:
     image = read_image(image_path)
     L.seed_everything(cfg.seed)
     datamodule, task = build_from_checkpoint(cfg)
+    check_served("predict.py", cfg, datamodule, task)
     if cfg.get("onnx") is not None:
         eager, task.net = task.net, exported_network(cfg.onnx)
         if hasattr(eager, "priors"):  # SSD's priors and classes follow from its config

@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from src.build import build_from_checkpoint
+from src.build import build_from_checkpoint, check_served
 from src.datamodules.text_files import decode_text, read_text
-from src.datamodules.translation import TranslationDataModule
 from src.decoding.source_pieces import FittedSource, fit_source
 from src.utils.errors import InputFileError, UsageError, WrongRunError
 from src.utils.progress import Progress
@@ -172,11 +171,7 @@ def translate(cfg: DictConfig, sentences: list[str]) -> list[str]:
             "allow_random=true translates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
-    if not isinstance(datamodule, TranslationDataModule):
-        raise WrongRunError(
-            f"translate.py needs a translation model; {cfg.ckpt_path or 'the config'} is a "
-            f"{type(datamodule).__name__} run"
-        )
+    check_served("translate.py", cfg, datamodule, task)
     if cfg.get("onnx") is not None:  # the vocabulary the file carries: no corpus is read
         from src.export.vocabulary import use_exported_vocabulary
 
