@@ -271,6 +271,8 @@ def test_a_signal_keeps_a_checkpoint_and_the_resume_continues_the_run(tmp_path: 
     assert summary["status"] == "interrupted" and summary["signal"] == signum
     assert summary["interrupted_checkpoint"] == str(interrupted)
     assert f"ckpt_path={interrupted}" in stdout and "resume with:" in stdout
+    # the checkpoint is saved whole on purpose, and loaded with weights_only=True: no default told
+    assert "`weights_only` was not set" not in stdout + stderr
     stopped_at = read_checkpoint(interrupted)["global_step"]
     assert stopped_at == summary["global_step"] >= 2
 

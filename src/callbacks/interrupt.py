@@ -79,7 +79,9 @@ class InterruptCheckpoint(Callback):
         if trainer.state.fn != "fit" or self._forced:
             return
         self.path = self.dirpath / FILENAME
-        trainer.save_checkpoint(self.path)
+        # the whole state (optimisers, loops, callbacks) for the resume, which loads it with
+        # torch.load(weights_only=True): tensors and plain data only
+        trainer.save_checkpoint(self.path, weights_only=False)
         log.warning("stopped by signal %d at global step %d: saved %s", self.signum, trainer.global_step, self.path)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
