@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import inspect
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,14 +39,23 @@ MIN_STEPS = 2  # an image side of one output stride leaves 1x1 maps, which some 
 CHATTY = ("onnx", "onnx_ir", "onnxscript", "onnxruntime", "torch.onnx")
 
 
-def from_library(record: logging.LogRecord) -> bool:
+def library_folders() -> tuple[str, ...]:
+    """The installed folders of the :data:`CHATTY` packages, each ending in a separator."""
+    folders = []
+    for name in CHATTY:
+        spec = importlib.util.find_spec(name)
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            folders.append(os.path.join(os.path.realpath(folder), ""))
+    return tuple(folders)
+
+
+def from_library(record: logging.LogRecord, folders: tuple[str, ...]) -> bool:
     """Whether ``record`` comes from one of :data:`CHATTY`: by its logger's name, or, for what
-    they log through the root logger (onnxruntime's quantizer calls ``logging.warning``), by the
-    package its call site is in."""
+    they log through the root logger (onnxruntime's quantizer calls ``logging.warning``), by its
+    call site being in one of their ``folders`` (:func:`library_folders`)."""
     if any(record.name == name or record.name.startswith(name + ".") for name in CHATTY):
         return True
-    parts = record.pathname.replace("\\", "/").split("/")
-    return any(name in parts for name in CHATTY if "." not in name)
+    return os.path.realpath(record.pathname).startswith(folders)
 
 
 @contextlib.contextmanager
@@ -54,8 +65,10 @@ def library_logs_to_file() -> Iterator[None]:
     onnxruntime's own C++ logger reports errors only."""
     import onnxruntime as ort
 
+    folders = library_folders()
+
     def quiet(record: logging.LogRecord) -> bool:  # a handler's filter: False drops the record
-        return not from_library(record)
+        return not from_library(record, folders)
 
     consoles = [
         handler
