@@ -269,7 +269,7 @@ def compose_train_config(overrides: Sequence[str]) -> DictConfig:
             cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as error:  # a typo in an override
         raise UsageError(f"{' '.join(str(error).split())}") from None
-    HydraConfig.instance().set_config(cfg)  # paths.* interpolate ${hydra:runtime.cwd}
+    HydraConfig.instance().set_config(cfg)  # hydra.runtime.* as a run sees it (paths.output_dir)
     with open_dict(cfg):
         del cfg["hydra"]
     check_config(cfg, "train")

@@ -33,7 +33,7 @@ def compose_data_config(overrides: Sequence[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)  # paths.* interpolate ${hydra:runtime.cwd}
+    HydraConfig.instance().set_config(cfg)  # hydra.runtime.* as a run sees it (paths.output_dir)
     return cfg.data
 
 

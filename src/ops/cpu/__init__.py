@@ -17,7 +17,7 @@ relative-position attention, forward and backward, in one pass each (see
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 50 s) into
 ``lightnets/`` under PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``), and rebuilt only when a source or the shared header changes. The
+``$XDG_CACHE_HOME/torch_extensions``, ``~/.cache`` without it), and rebuilt only when a source or the shared header changes. The
 build compiles copies of the sources kept in its folder (:func:`stage_sources`), so every checkout
 of the same sources shares one build.
 Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their eager
