@@ -170,6 +170,9 @@ def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
 
         @functools.wraps(task_function)
         def main(*args: Any) -> Any:
+            # paths.root_dir: the directory the command starts in, absolute, so that paths stay
+            # right under hydra.job.chdir=true and in the run record; PROJECT_ROOT set by hand wins
+            os.environ.setdefault("PROJECT_ROOT", os.getcwd())
             with _composition_errors_in_one_line():
                 return app(*args)
 
