@@ -257,6 +257,8 @@ def check_served(
     if served is None or tool in served[1]:
         return
     kind, tools = served
+    if cfg.get("onnx") is not None:  # only the commands of the runtime read an exported file
+        tools = tuple(tool for tool in tools if tool not in ("eval.py", "export.py"))
     if cfg.get("ckpt_path") is not None:
         source, use = f"ckpt_path={cfg.ckpt_path}", f"python {tools[0]} ckpt_path={cfg.ckpt_path}"
     elif cfg.get("onnx") is not None:

@@ -284,7 +284,8 @@ def export_files(cfg: DictConfig) -> tuple[dict, list[Path]]:
         return executorch_card(cfg, task, datamodule, net, images, out, progress)
     progress.begin("export: %s to ONNX (the exporter takes one to three minutes on 2 cores)", name)
     onnx_path = export_onnx(spec, out.with_suffix(".onnx"), opset=cfg.opset or DEFAULT_OPSET)
-    metadata = {"kind": "vision", "graph": spec.name, "record": record_of_run(cfg)}
+    record = record_of_run(cfg)
+    metadata = {"kind": "vision", "graph": spec.name, "record": record}
     attach_metadata(onnx_path, {**metadata, **vision_metadata(datamodule, spec)})
     progress.end("export: wrote %s", onnx_path)
     runner = session(onnx_path)
@@ -306,7 +307,7 @@ def export_files(cfg: DictConfig) -> tuple[dict, list[Path]]:
     complexity = complexity_of(task, datamodule)
     card: dict[str, Any] = {
         "model": {
-            "choice": hydra_choices().get("model"),
+            "choice": record["choices"].get("model"),  # the run's, not the export config's default
             "target": cfg.model.get("_target_"),
             "class": f"{type(net).__module__}.{name}",
         },
@@ -371,7 +372,7 @@ def executorch_card(
     progress.end("check: parity on %d image(s), max abs %.2g", len(errors), max(errors))
     card = {
         "model": {
-            "choice": hydra_choices().get("model"),
+            "choice": record_of_run(cfg)["choices"].get("model"),
             "target": cfg.model.get("_target_"),
             "class": f"{type(net).__module__}.{type(net).__name__}",
         },

@@ -246,8 +246,10 @@ def test_predict_from_the_exported_file(espnet: dict) -> None:
         )
     with pytest.raises(UsageError, match="no such file"):
         predict(compose_config("predict", [f"onnx={tmp_path / 'none.onnx'}", *common], tmp_path))
-    with pytest.raises(WrongRunError, match="holds a vision graph"):
+    with pytest.raises(WrongRunError) as refused:
         generate(compose_config("generate", [f"onnx={onnx}", "prompt=x"], tmp_path))
+    assert str(refused.value).startswith("generate.py does not serve ESPNetv2 networks")
+    assert str(refused.value).endswith(f"use python predict.py onnx={onnx}")
 
 
 def test_vision_file_names_its_input_and_classes(espnet: dict) -> None:
