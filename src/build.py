@@ -13,7 +13,9 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -48,7 +50,7 @@ from src.utils.config_checks import (
     unknown_key,
     unknown_option,
 )
-from src.utils.errors import DEBUG_ENV, UsageError, WrongRunError, reported_in_one_line
+from src.utils.errors import DEBUG_ENV, EXIT_STATUS, UsageError, WrongRunError, reported_in_one_line
 from src.utils.extras import require
 from src.utils.model_sizes import size_error
 from src.utils.run_record import (
@@ -60,6 +62,7 @@ from src.utils.run_record import (
     read_checkpoint,
     record_of,
     renamed,
+    write_failed,
 )
 
 log = logging.getLogger(__name__)
@@ -165,7 +168,7 @@ def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
     def decorate(task_function: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         # config_path is relative to the root script that defines task_function
         app = hydra.main(version_base="1.3", config_path="conf", config_name=config_name)(
-            task_function
+            marked_when_failed(task_function)
         )
 
         @functools.wraps(task_function)
@@ -179,6 +182,29 @@ def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
         return main
 
     return decorate
+
+
+def marked_when_failed(task_function: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+    """``task_function`` that, when it fails, leaves its run directory marked: ``metrics.json``
+    with status ``failed`` and the error (:func:`~src.utils.run_record.write_failed`), unless the
+    command wrote its own ``metrics.json`` (``train.py``'s failed or interrupted runs). A failure
+    is an exception, Ctrl-C, or the exit status of a user's mistake reported in one line; the other
+    exits (a signal a command handled, status 0) leave the directory as the command did."""
+
+    @functools.wraps(task_function)
+    def run(cfg: DictConfig) -> Any:
+        start = time.perf_counter()
+        try:
+            return task_function(cfg)
+        except BaseException as error:
+            if isinstance(error, SystemExit) and error.code != EXIT_STATUS:
+                raise
+            run_dir = Path(HydraConfig.get().runtime.output_dir)
+            if not (run_dir / "metrics.json").exists():
+                write_failed(run_dir, error, round(time.perf_counter() - start, 2))
+            raise
+
+    return run
 
 
 @contextlib.contextmanager

@@ -64,3 +64,19 @@ def test_a_run_that_did_not_finish_is_continued_in_place(tmp_path, status, conti
         (run_dir / "metrics.json").write_text(json.dumps({"status": status}))
     found = train_command.unfinished_run_dir(run_dir / "checkpoints" / "last.ckpt")
     assert found == (run_dir.resolve() if continued else None)
+
+
+def test_every_tool_marks_the_run_directory_it_leaves_on_an_error(tmp_path) -> None:
+    """``predict.py`` (any Hydra tool, through ``src.build.hydra_main``) stopping on a user's
+    mistake leaves ``metrics.json`` status ``failed`` with the line it printed."""
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}
+    missing = tmp_path / "none.png"
+    command = [sys.executable, str(ROOT / "predict.py"), f"image={missing}", "allow_random=true"]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2
+    message = f"image {missing} does not exist; pass image=/path/to/file.jpg"
+    assert done.stderr == f"error: {message}\n"
+    (run_dir,) = (tmp_path / "logs" / "predict" / "runs").iterdir()
+    assert (read_status(run_dir)["status"], read_status(run_dir)["error"]) == ("failed", message)

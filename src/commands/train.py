@@ -19,7 +19,6 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src.build import (
@@ -34,7 +33,6 @@ from src.build import (
 )
 from src.callbacks.interrupt import InterruptCheckpoint
 from src.callbacks.validation_schedule import ValidationSchedule
-from src.utils.errors import user_error_of
 from src.utils.files import write_json
 from src.utils.run_record import (
     CheckpointError,
@@ -43,6 +41,7 @@ from src.utils.run_record import (
     make_record,
     read_checkpoint,
     record_of,
+    write_failed,
 )
 
 log = logging.getLogger("train")  # the command's name in its log lines
@@ -124,16 +123,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except Exception as error:
         write_failed(run_dir, error, round(time.perf_counter() - start, 2))
         raise
-
-
-@rank_zero_only
-def write_failed(run_dir: Path, error: Exception, wall_time_s: float) -> None:
-    """``metrics.json`` with status ``failed`` and the error: for a user's mistake what the command
-    prints after ``error:``, for a bug the exception's type and message."""
-    cause = user_error_of(error)
-    message = str(cause) if cause is not None else f"{type(error).__name__}: {error}"
-    summary = {"status": "failed", "error": message, "wall_time_s": wall_time_s}
-    write_json(run_dir / "metrics.json", {**summary, "output_dir": str(run_dir)})
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, Any]:

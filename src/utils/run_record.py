@@ -20,9 +20,11 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from src.utils.errors import UserError
+from src.utils.errors import UserError, user_error_of
+from src.utils.files import write_json
 from src.utils.state_dicts import mismatch_summary, torch_load
 
 log = logging.getLogger(__name__)
@@ -296,3 +298,21 @@ def check_resume(cfg: DictConfig, checkpoint: Mapping[str, Any], path: str | Pat
     for key, old, new in differences(record["config"]["data"], now["data"], "data"):
         log.warning("resuming with %s=%r (the run was trained with %r)", key, new, old)
 
+
+
+@rank_zero_only
+def write_failed(run_dir: Path, error: BaseException, wall_time_s: float) -> None:
+    """``<run_dir>/metrics.json`` with status ``failed`` and the error, so that a run directory a
+    command leaves behind tells its failure apart from a finished run: for a user's mistake what
+    the command printed after ``error:`` (also when it is the exit that
+    :func:`~src.utils.errors.reported_in_one_line` raised in its place), else the exception's type
+    and message."""
+    cause = user_error_of(error)
+    if cause is None and isinstance(error, SystemExit):
+        cause = user_error_of(error.__context__)
+    if cause is not None:
+        message = str(cause)
+    else:
+        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    summary = {"status": "failed", "error": message, "wall_time_s": wall_time_s}
+    write_json(run_dir / "metrics.json", {**summary, "output_dir": str(run_dir)})
