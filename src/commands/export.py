@@ -446,23 +446,7 @@ def executorch_int8(
     int8_program = load_program(path)
     fp32 = one_at_a_time(lambda x: fp32_program([x])[0], size)
     int8 = one_at_a_time(lambda x: int8_program([x])[0], size)
-    if images.labelled is None:
-        metrics = {
-            "int8_vs_fp32": agreement(
-                fp32, int8, limited(images.calibration(), cfg.calibration_images)
-            )
-        }
-    else:
-
-        def eager(batch: Tensor) -> Tensor:
-            with torch.no_grad():
-                return task.net(batch)
-
-        ignore = getattr(task, "ignore_index", 255)
-        metrics = {
-            name: task_metric(kind, predict, images.labelled(), ignore)
-            for name, predict in (("eager", eager), ("fp32_executorch", fp32), ("int8_executorch", int8))
-        }
+    metrics = int8_metrics(cfg, task, images, kind, fp32, int8, "executorch")
     progress.end("measure: %s", metric_text(metrics))
     return {
         "file": str(path),
@@ -472,6 +456,34 @@ def executorch_int8(
         "split": "val" if images.labelled is not None else None,
         "metric": metrics,
     }
+
+
+def int8_metrics(
+    cfg: DictConfig,
+    task: L.LightningModule,
+    images: Any,
+    kind: str,
+    fp32: Callable[[Tensor], Tensor],
+    int8: Callable[[Tensor], Tensor],
+    runtime: str,
+) -> dict[str, dict[str, Any]]:
+    """The task metric (``kind``: classification or segmentation) of eager PyTorch and of the fp32
+    and int8 files (named ``fp32_<runtime>``, ``int8_<runtime>``) on the validation split; on
+    unlabelled images (``images=``) how often int8's class agrees with fp32's, on the first
+    ``calibration_images`` of them."""
+    from src.export.images import limited
+
+    if images.labelled is None:
+        calibration = limited(images.calibration(), cfg.calibration_images)
+        return {"int8_vs_fp32": agreement(fp32, int8, calibration)}
+
+    def eager(batch: Tensor) -> Tensor:
+        with torch.no_grad():
+            return task.net(batch)
+
+    ignore = getattr(task, "ignore_index", 255)
+    predictors = (("eager", eager), (f"fp32_{runtime}", fp32), (f"int8_{runtime}", int8))
+    return {name: task_metric(kind, run, images.labelled(), ignore) for name, run in predictors}
 
 
 def quantized(
@@ -487,7 +499,6 @@ def quantized(
     ``images`` (:class:`~src.export.images.ExportImages`); the validation metric of eager
     PyTorch, the fp32 file and the int8 file, or, on unlabelled images, how often int8's argmax
     agrees with fp32's."""
-    from src.export.images import limited
     from src.export.onnx import run_session, session
     from src.export.quantize import CALIBRATION_BATCH, CalibrationFeeds, quantize_int8
 
@@ -508,29 +519,8 @@ def quantized(
     def onnx_predict(which: Any) -> Callable[[Tensor], Tensor]:
         return lambda batch: run_session(which, spec.input_names, (batch,))[0]
 
-    if images.labelled is None:
-        metrics = {
-            "int8_vs_fp32": agreement(
-                onnx_predict(runner),
-                onnx_predict(int8_runner),
-                limited(images.calibration(), cfg.calibration_images),
-            )
-        }
-    else:
-
-        def eager(batch: Tensor) -> Tensor:
-            with torch.no_grad():
-                return task.net(batch)
-
-        ignore = getattr(task, "ignore_index", 255)
-        metrics = {
-            name: task_metric(kind, predict, images.labelled(), ignore)
-            for name, predict in (
-                ("eager", eager),
-                ("fp32_onnx", onnx_predict(runner)),
-                ("int8_onnx", onnx_predict(int8_runner)),
-            )
-        }
+    fp32, int8 = onnx_predict(runner), onnx_predict(int8_runner)
+    metrics = int8_metrics(cfg, task, images, kind, fp32, int8, "onnx")
     progress.end("measure: %s", metric_text(metrics))
     return {
         "file": str(int8_path),
