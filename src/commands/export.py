@@ -75,8 +75,10 @@ def check_options(cfg: DictConfig) -> None:
         raise UsageError(
             f"calibration_images must be a whole number of images >= 1 (128 by default), got {count!r}"
         )
-    if cfg.images is not None and not Path(cfg.images).is_dir():
-        raise UsageError(f"images={cfg.images} is not a folder; pass images=<a folder of images>")
+    if cfg.images is not None:
+        from src.export.images import image_files
+
+        image_files(cfg.images)  # a folder that holds images, before anything is built
     for distribution in ("onnx", "onnxruntime", "onnxscript"):
         require(distribution, "export", "python export.py")
     if cfg.format == "executorch":
