@@ -24,7 +24,12 @@ targets for the language and translation models, the mean of SSD's outputs; the 
 are what is profiled.) Three commands:
 
 - ``pairs``: each system and its baseline, interleaved round-robin, median of ``--repeats``; one
-  JSON line per entry (ms, units/s, the ratio to the baseline, parameters, peak memory). With
+  JSON line per entry (ms, units/s, the ratio to the baseline, parameters, peak memory, the first
+  step's seconds; for the image networks also inference images/s). ``--graphed`` adds each text
+  system and its baseline as a CUDA graph (``torch.compile(backend="cudagraphs", fullgraph=True,
+  dynamic=False)``: the forward and backward replayed, the optimiser step eager), with its capture
+  seconds, and two ratios: the graphed system against the baseline as users run it (eager) and
+  against the baseline graphed the same way. With
   ``--profile MD``, then one profiled step of each entry: its top ``--top`` CUDA kernels by time,
   with input shapes, as JSON and as Markdown tables in MD; ``--trace PATH`` also writes the Chrome
   trace of the slowest profiled step (gzipped when PATH ends in ``.gz``).
@@ -38,7 +43,7 @@ are what is profiled.) Three commands:
 On the CPU (``--dry``) every entry shrinks to a few images or tokens, fp32, so that the script
 runs anywhere in seconds and cannot rot between GPU visits.
 
-    python benchmarks/gpu_profile.py pairs [--dry] [--repeats 10] [--only NAME ...]
+    python benchmarks/gpu_profile.py pairs [--dry] [--repeats 10] [--only NAME ...] [--graphed]
         [--profile MD] [--top 15] [--trace PATH] [--json PATH]
     python benchmarks/gpu_profile.py compile NAME [--dry] [--backend inductor]
     python benchmarks/gpu_profile.py warm [--dry] [--only NAME ...]
@@ -150,16 +155,36 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device.type, dtype=dtype)
 
 
+# the graphed path of the text systems (src/build.py compiles them the same way under trainer=gpu)
+GRAPHED = "cudagraphs"
+TEXT = ("gt4", "gt2", "txl", "delight_mt", "transformer_mt", "awd_pru", "awd_lstm")
+
+
+def compiled(net: nn.Module, backend: str | None) -> Callable[..., object]:
+    """``net`` eager (``backend`` None), compiled by ``backend``, or, for :data:`GRAPHED`, one
+    graph per shape replayed as a CUDA graph: fullgraph, static shapes."""
+    if backend is None:
+        return net
+    if backend == GRAPHED:
+        return torch.compile(net, backend=GRAPHED, fullgraph=True, dynamic=False)
+    return torch.compile(net, backend=backend)
+
+
 def training_step(
     net: nn.Module,
     forward: Callable[[], Tensor],
     device: torch.device,
     dtype: torch.dtype | None,
     optimizer: torch.optim.Optimizer,
+    graphed: bool = False,
 ) -> Callable[[], None]:
-    """One step: ``forward()`` (the scalar loss) under autocast, backward, optimiser step."""
+    """One step: ``forward()`` (the scalar loss) under autocast, backward, optimiser step. When
+    ``graphed``, each step first tells the CUDA-graph trees that a new iteration begins, so the
+    replay may reuse the last one's outputs (nothing of them is kept between steps)."""
 
     def step() -> None:
+        if graphed:
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast(device, dtype):
             loss = forward()
         optimizer.zero_grad(set_to_none=True)
@@ -177,7 +202,7 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, backend: str | None
     else:
         net = torchvision.models.shufflenet_v2_x1_0()
     net = net.to(device, memory_format=torch.channels_last).train()
-    forward = torch.compile(net, backend=backend) if backend else net
+    forward = compiled(net, backend)
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(sz.images, 3, sz.image_size, sz.image_size, generator=generator)
     x = x.to(device).contiguous(memory_format=torch.channels_last)
@@ -186,7 +211,7 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, backend: str | None
         net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5, fused=True
     )
     step = training_step(net, lambda: F.cross_entropy(forward(x), labels), device, sz.precision,
-                         optimizer)  # fmt: skip
+                         optimizer, backend == GRAPHED)  # fmt: skip
     return Entry(step, sz.images, "images", count(net), net, x)
 
 
@@ -199,7 +224,7 @@ def charlm_entry(name: str, sz: Sizes, device: torch.device, backend: str | None
     else:
         net = GroupTransformer(**size, n_group=int(name[2:]), tgt_len=sz.lm_len)
     net = net.to(device).train()
-    forward = torch.compile(net, backend=backend) if backend else net
+    forward = compiled(net, backend)
     generator = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(vocab, (sz.lm_batch, sz.lm_len + 1), generator=generator).to(device)
     memories = [torch.zeros(sz.lm_batch, sz.lm_len, width, device=device)
@@ -210,7 +235,7 @@ def charlm_entry(name: str, sz: Sizes, device: torch.device, backend: str | None
         return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
 
     optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer)
+    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
     return Entry(step, sz.lm_batch * sz.lm_len, "tokens", count(net), net)
 
 
@@ -221,7 +246,7 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) ->
     else:
         net = from_config("data=iwslt14_de_en", "model=transformer_mt")
     net = net.to(device).train()
-    forward = torch.compile(net, backend=backend) if backend else net
+    forward = compiled(net, backend)
     src_vocab, tgt_vocab, length = 8848, 6632, 32
     sentences = max(1, sz.mt_tokens // length)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -234,14 +259,14 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) ->
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt[:, 1:].reshape(-1))
 
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer)
+    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
     return Entry(step, sentences * length, "target tokens", count(net), net)
 
 
 def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     experiment = {"awd_pru": "pru_lm/table4_1_awd_pru_g4_m1400", "awd_lstm": "pru_lm/table4_1_awd_lstm"}
     net = from_config(f"experiment={experiment[name]}").to(device).train()
-    forward = torch.compile(net, backend=backend) if backend else net
+    forward = compiled(net, backend)
     vocab = 10000  # PTB
     generator = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(vocab, (sz.awd_batch, sz.awd_bptt + 1), generator=generator).to(device)
@@ -251,14 +276,14 @@ def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -
         return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
 
     optimizer = torch.optim.SGD(net.parameters(), lr=30.0, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer)
+    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
     return Entry(step, sz.awd_batch * sz.awd_bptt, "tokens", count(net), net)
 
 
 def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
     net = from_config("experiment=detection/ssd_espnetv2_300").to(device, memory_format=torch.channels_last)
     net = net.train()
-    forward = torch.compile(net, backend=backend) if backend else net
+    forward = compiled(net, backend)
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(sz.ssd_images, 3, 300, 300, generator=generator).to(device)
     x = x.contiguous(memory_format=torch.channels_last)
@@ -268,7 +293,7 @@ def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -
         return boxes.float().square().mean() + scores.float().logsumexp(-1).mean()
 
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer)
+    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
     return Entry(step, sz.ssd_images, "images", count(net), net, x)
 
 
@@ -335,13 +360,17 @@ class Profiler:
              "share": round(e.device_time_total / max(kernel_total, 1e-9), 4)}
             for e in kernels[: self.top]
         ]  # fmt: skip
+        # a step bound by its kernels takes little more than their sum (graphed: target 1.15x)
+        over = seconds * 1e6 / kernel_total if kernel_total else None
         emit({"part": "profile", "name": name, "step_ms": round(seconds * 1e3, 3),
               "op_us_total": round(total, 1), "kernel_us_total": round(kernel_total, 1),
+              "wall_over_kernels": None if over is None else round(over, 3),
               "kernel_launches": sum(e.count for e in kernels), "top": top_ops,
               "top_kernels": top_kernels}, rows)  # fmt: skip
         where = "the CUDA time of its own kernels" if cuda else "its own CPU time"
         table = [f"#### {name}: step {seconds * 1e3:.1f} ms under the profiler, "
-                 f"{sum(e.count for e in kernels)} kernel launches", "",
+                 f"{sum(e.count for e in kernels)} kernel launches"
+                 + (f", {over:.2f}x its kernels' {kernel_total / 1e3:.1f} ms" if over else ""), "",
                  f"Top ops by {where} ({total / 1e3:.1f} ms in all):", "",
                  "| op | input shapes | calls | ms | share |", "|---|---|---|---|---|"]
         table += [f"| `{r['op'][:60]}` | {r['shapes'][:90]} | {r['calls']} | "
@@ -371,51 +400,90 @@ class Profiler:
 
 def pairs(
     names: list[str], sz: Sizes, device: torch.device, repeats: int, rows: list[dict],
-    profiler: Profiler | None = None,
+    profiler: Profiler | None = None, graphed: bool = False,
 ) -> None:
-    """Each system beside its baseline, interleaved, one row per entry; then, with a profiler,
-    one profiled step of each (a baseline shared by two systems once)."""
+    """Each system beside its baseline, interleaved, one row per entry; with ``graphed`` the text
+    systems and their baselines also as CUDA graphs (rows named ``NAME+graphed``); then, with a
+    profiler, one profiled step of each (a baseline shared by two systems once)."""
     groups = [[name] + ([base] if base else []) for name, base in BASELINES.items()
               if name in names]  # fmt: skip
     profiled: set[str] = set()
     for group in groups:
         entries: dict[str, Entry] = {}
-        for name in group:
+        facts: dict[str, dict] = {}
+        variants = [(name, None) for name in group]
+        if graphed:
+            variants += [(name, GRAPHED) for name in group if name in TEXT]
+        for name, backend in variants:
+            label = name if backend is None else f"{name}+graphed"
             try:
-                entries[name] = build(name, sz, device)
-                for _ in range(3):  # warm-up: autotuning, the kernels' first-use timing, cuDNN
-                    entries[name].step()
+                facts[label] = _built(entries, label, name, sz, device, backend)
             except Exception as error:
-                emit({"part": "pairs", "name": name, "error": describe(error)}, rows)
-                entries.pop(name, None)
-        samples: dict[str, list[float]] = {name: [] for name in entries}
+                emit({"part": "pairs", "name": label, "error": describe(error)}, rows)
+                entries.pop(label, None)
+        samples: dict[str, list[float]] = {label: [] for label in entries}
         for _ in range(repeats):
-            for name, entry in entries.items():
-                samples[name].append(timed(entry.step, device))
-        ms = {name: 1e3 * statistics.median(s) for name, s in samples.items()}
+            for label, entry in entries.items():
+                samples[label].append(timed(entry.step, device))
+        ms = {label: 1e3 * statistics.median(s) for label, s in samples.items()}
         base = BASELINES[group[0]]
-        for name, entry in entries.items():
-            speedup = ms[base] / ms[name] if base in ms and name != base else None
-            emit({
-                "part": "pairs", "name": name, "baseline": base if name != base else None,
-                "ms": round(ms[name], 3), "per_s": round(entry.units / ms[name] * 1e3, 1),
-                "unit": entry.unit, "params": entry.params,
-                "speedup": None if speedup is None else round(speedup, 3),
-                "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-                if device.type == "cuda" else None,
-            }, rows)  # fmt: skip
+        for label, entry in entries.items():
+            name, _, mode = label.partition("+")
+            speedup = ms[base] / ms[label] if base in ms and name != base else None
+            same_way = f"{base}+{mode}" if mode else None
+            row = {
+                "part": "pairs", "name": label, "baseline": base if name != base else None,
+                "mode": mode or "eager", "ms": round(ms[label], 3),
+                "per_s": round(entry.units / ms[label] * 1e3, 1), "unit": entry.unit,
+                "params": entry.params, "speedup": None if speedup is None else round(speedup, 3),
+                **facts[label],
+            }  # fmt: skip
+            if same_way in ms and name != base:
+                row["speedup_same_way"] = round(ms[same_way] / ms[label], 3)
+            emit(row, rows)
         if profiler is not None:
-            for name, entry in entries.items():
-                if name not in profiled:
-                    profiled.add(name)
+            for label, entry in entries.items():
+                if label not in profiled:
+                    profiled.add(label)
                     try:
-                        profiler(name, entry, rows)
+                        profiler(label, entry, rows)
                     except Exception as error:
-                        emit({"part": "profile", "name": name, "error": describe(error)}, rows)
+                        emit({"part": "profile", "name": label, "error": describe(error)}, rows)
         del entries
         if device.type == "cuda":
             torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+
+
+def _built(
+    entries: dict[str, Entry], label: str, name: str, sz: Sizes, device: torch.device,
+    backend: str | None,
+) -> dict:
+    """Build ``name``'s step into ``entries[label]`` and warm it up (autotuning, the kernels'
+    first-use timing, cuDNN's, the graph's capture): the first step's and the warm-up's seconds,
+    the memory it took at its peak, and for the image networks inference images/s."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    entry = entries[label] = build(name, sz, device, backend)
+    first = timed(entry.step, device)
+    for _ in range(2):
+        entry.step()
+    synchronize(device)
+    facts = {"first_step_s": round(first, 3),
+             "warm_up_s": round(time.perf_counter() - started, 2)}  # fmt: skip
+    if backend == GRAPHED:
+        facts["capture_s"] = facts["warm_up_s"]  # tracing, compiling nothing, recording
+    if device.type == "cuda":
+        facts["peak_mib"] = round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
+    if entry.forward_input is not None:
+        entry.net.eval()
+        with torch.inference_mode(), autocast(device, sz.precision):
+            infer = [timed(lambda: entry.net(entry.forward_input), device) for _ in range(7)]
+        entry.net.train()
+        facts["infer_per_s"] = round(entry.units / statistics.median(infer[2:]), 1)
+    return facts
 
 
 def compile_probe(
@@ -447,7 +515,7 @@ def compile_probe(
 def warm(names: list[str], sz: Sizes, device: torch.device, rows: list[dict]) -> None:
     """Two training steps and two inference forwards of each entry, untimed but for their wall
     seconds: the first ones compile the kernels and make ``impl="auto"``'s measured choices,
-    which Triton's and :mod:`src.ops.choices`' on-disk caches keep for later processes
+    which Triton's and :mod:`src.kernels.choices`' on-disk caches keep for later processes
     (the vision benchmarks, the yardsticks) at these shapes."""
     for name in names:
         try:
@@ -476,7 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("name", nargs="?", choices=NAMES, help="the entry to compile")
     parser.add_argument("--dry", action="store_true", help="CPU, tiny sizes, fp32")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="these entries only")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--graphed", action="store_true",
+                        help="pairs: also the text systems and baselines as CUDA graphs")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--profile", type=Path, metavar="MD",
                         help="pairs: also profile one step of each entry; tables to this file")
@@ -496,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict] = []
     if args.command == "pairs":
         profiler = Profiler(device, args.top, args.trace, args.profile) if args.profile else None
-        pairs(names, sz, device, args.repeats, rows, profiler)
+        pairs(names, sz, device, args.repeats, rows, profiler, args.graphed)
         if profiler is not None:
             profiler.finish(rows)
     elif args.command == "warm":

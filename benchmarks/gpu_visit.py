@@ -15,15 +15,22 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
      ``delight_mt/demo``, ``pru_lm/demo``, ``delight_sentiment/delight`` and ``detection/ssd_demo``: first and last
      training loss from their CSV logs.
 2. One at a time, each alone on the GPU:
+   - ``vision``: DiCENet s=1.0 and ESPNetv2 s=1.0 beside ShuffleNetV2 x1.0 (``gpu_profile.py
+     pairs``: bf16, channels-last, batch 256): training and inference images/s and the first
+     training step's seconds (the committed choices table should leave nothing to time). First in
+     the window: two visits lost these figures to the parts before them;
    - ``warm``: the first training step and inference of DiCENet, ESPNetv2 and ESPNetv2-SSD at the
      benchmarks' shapes (``gpu_profile.py warm``): they compile the kernels and time
-     ``impl="auto"``'s candidates, which the on-disk caches (Triton's, ``src/ops/choices.py``)
+     ``impl="auto"``'s candidates, which the on-disk caches (Triton's, ``src/kernels/choices.py``)
      then hand to every later part, and their seconds are the first-step cost;
    - ``bench``: ``benchmarks/gpu.py``, every part (DExTra, character LMs, vision, DiCE units, GLT
      weight gradients, mixed precision), and ``benchmarks/text.py`` (every text system beside its
      baseline, the PRU layers first; ``pru_lm.py`` in ``--dry``);
-   - ``pairs``: ``gpu_profile.py pairs``, each system's training step beside its baseline, then
-     the top CUDA kernels of one profiled step of each, and the Chrome trace of the slowest;
+   - ``pairs``: ``gpu_profile.py pairs --graphed``, each text system's training step beside its
+     baseline, each eager and replayed as a CUDA graph (capture seconds, peak memory, median of 20
+     steps; the graphed system against the eager baseline and against the graphed one), then the
+     top CUDA kernels of one profiled step of each (the step's wall time over its kernels' sum),
+     and the Chrome trace of the slowest;
    - ``side_by_side``: the official yardsticks, when ``--side-by-side`` names the script;
    - ``tune``: ``benchmarks/gpu_tune.py``, every fused kernel's launch-configuration sweep.
 
@@ -89,15 +96,16 @@ TRAIN_RUNS = {
 }
 COMPILED = ("dicenet", "espnetv2", "gt4", "txl", "gt2", "delight_mt")
 
-PARTS = ("pytest", "compile", "train", "cpu_check", "warm", "bench", "pairs", "side_by_side",
-         "tune")  # fmt: skip
-SECTIONS = ("env", *PARTS[:7], "profile", *PARTS[7:])
+PARTS = ("pytest", "compile", "train", "cpu_check", "vision", "warm", "bench", "pairs",
+         "side_by_side", "tune")  # fmt: skip
+SECTIONS = ("env", *PARTS[:8], "profile", *PARTS[8:])
 CONCURRENT = ("pytest", "compile", "train", "cpu_check")
 # A 15-minute window holds two calls: the first starts the machine, the second finds it warm
-# (and the kernels that the first compiled, in Triton's cache under .visit/)
+# (and the kernels that the first compiled, in Triton's cache under .visit/); the graphed pairs
+# take the second call's window nearly whole: each text system and its baseline is captured
 CALLS = {
-    1: ("pytest", "compile", "train", "cpu_check", "warm", "bench"),
-    2: ("warm", "pairs", "side_by_side", "tune"),
+    1: ("pytest", "compile", "train", "cpu_check", "vision", "warm", "bench"),
+    2: ("pairs", "side_by_side", "tune"),
 }
 CALL_BUDGETS = {1: 470.0, 2: 280.0}
 
@@ -107,6 +115,7 @@ class Budget:
     """Seconds each part may take (phase 1's parts share one window)."""
 
     phase1: float
+    vision: float
     warm: float
     bench: float
     pairs: float
@@ -118,8 +127,10 @@ class Budget:
 # Visit 3 (H200, 470 s) cut every part: DiCENet's first step alone took 59 s, gpu.py's vision part
 # and the official yardsticks' vision part need its kernels compiled, and the yardsticks ran
 # 170 s without reaching their vision figures (docs/gpu.md)
-FULL_BUDGET = Budget(phase1=170, warm=90, bench=210, pairs=90, side_by_side=150, tune=40)
-DRY_BUDGET = Budget(phase1=240, warm=120, bench=120, pairs=120, side_by_side=120, tune=120)
+FULL_BUDGET = Budget(phase1=170, vision=80, warm=60, bench=160, pairs=200, side_by_side=60,
+                     tune=20)  # fmt: skip
+DRY_BUDGET = Budget(phase1=240, vision=120, warm=120, bench=120, pairs=180, side_by_side=120,
+                    tune=120)  # fmt: skip
 
 
 @dataclass
@@ -451,6 +462,25 @@ def fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
+def vision_part(visit: Visit, deadline: float) -> None:
+    """DiCENet and ESPNetv2 beside ShuffleNetV2 x1.0 (``gpu_profile.py pairs``), alone on the GPU:
+    training and inference images/s and the first training step."""
+    extra = ["--dry", "--repeats", "1"] if visit.dry else ["--repeats", "20"]
+    run = visit.run("vision", [PYTHON, "benchmarks/gpu_profile.py", "pairs", "--only", "dicenet",
+                               "espnetv2", *extra], deadline)  # fmt: skip
+    rows = [r for r in json_rows(run.output) if r.get("part") == "pairs"]
+    visit.add_rows("vision", rows)
+    visit.sections["vision"] = (
+        f"## Vision beside ShuffleNetV2 x1.0 ({status(run)})\n\n"
+        + markdown_table(
+            ("model", "train img/s", "vs ShuffleNetV2", "inference img/s", "1st step s",
+             "peak MiB", "error"),
+            [(r.get("name"), r.get("per_s"), r.get("speedup"), r.get("infer_per_s"),
+              r.get("first_step_s"), r.get("peak_mib"), r.get("error")) for r in rows],
+        )  # fmt: skip
+    )
+
+
 def warm_part(visit: Visit, deadline: float) -> None:
     """The vision networks' first steps at the benchmarks' shapes, alone on the GPU: they compile
     the kernels and time ``impl="auto"``'s candidates once, and the on-disk caches hand both to
@@ -504,18 +534,23 @@ def bench_part(visit: Visit, deadline: float, parts: Sequence[str] | None) -> No
 def pairs_part(visit: Visit, deadline: float) -> None:
     """Each system beside its baseline, then one profiled step of each (one process)."""
     md = visit.scratch / "profile.md"
-    extra = ["--dry", "--repeats", "1", "--only", "gt4"] if visit.dry else []
-    run = visit.run("pairs", [PYTHON, "benchmarks/gpu_profile.py", "pairs", "--profile", md,
-                              "--trace", visit.out / "trace.json.gz", *extra], deadline)
+    # the text systems (the image networks are the vision part's)
+    only = ["gt4"] if visit.dry else ["delight_mt", "awd_pru", "gt4", "gt2"]
+    extra = ["--dry", "--repeats", "1"] if visit.dry else ["--repeats", "20"]
+    run = visit.run("pairs", [PYTHON, "benchmarks/gpu_profile.py", "pairs", "--graphed",
+                              "--only", *only, "--profile", md,
+                              "--trace", visit.out / "trace.json.gz", *extra], deadline)  # fmt: skip
     rows = json_rows(run.output)
     pairs = [r for r in rows if r.get("part") == "pairs"]
     visit.add_rows("pairs", pairs)
     visit.add_rows("profile", [r for r in rows if r.get("part") == "profile"])
     visit.sections["pairs"] = f"## Training steps beside their baselines ({status(run)})\n\n" + (
         markdown_table(
-            ("model", "baseline", "ms", "per s", "unit", "params", "speed-up", "peak MiB", "error"),
+            ("model", "baseline", "ms", "per s", "unit", "params", "vs baseline eager",
+             "vs baseline graphed", "capture s", "peak MiB", "error"),
             [(r.get("name"), r.get("baseline"), r.get("ms"), r.get("per_s"), r.get("unit"),
-              r.get("params"), r.get("speedup"), r.get("peak_mib"), r.get("error"))
+              r.get("params"), r.get("speedup"), r.get("speedup_same_way"), r.get("capture_s"),
+              r.get("peak_mib"), r.get("error"))
              for r in pairs],
         )  # fmt: skip
     )
@@ -611,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # phase 2: one at a time
     sequential = {
+        "vision": lambda end: vision_part(visit, end),
         "warm": lambda end: warm_part(visit, end),
         "bench": lambda end: bench_part(visit, end, args.bench_parts),
         "pairs": lambda end: pairs_part(visit, end),

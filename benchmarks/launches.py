@@ -21,10 +21,20 @@ products' operands as CUDA's does, but runs ``layer_norm``, ``softmax``, ``sum``
 operators of CUDA's float32 list in the input's 16-bit dtype, so the count casts their 16-bit
 inputs to float32 first, as CUDA does (each a ``_to_copy``, with one back at the next product).
 
+cuDNN's LSTM (the AWD-LSTM baseline) is counted as cuDNN's standard algorithm launches it, not as
+the CPU's per-step decomposition: per layer and call, forward one input product over all steps and,
+each step, a recurrent product and a point-wise kernel (1 + 2T); backward, each step a point-wise
+kernel and a recurrent product, one input-gradient product and the two weight-gradient products
+(2T + 3). cuDNN's persistent algorithms, which it may pick for small batches, launch fewer.
+
 Entries (``--only``): ``dextra`` (one DExTra unit of DeLighT MT's d_m 320 decoder, N = 8, over
 ``--tokens`` tokens), ``delight_mt`` (the 14.0 M IWSLT model, ``--tokens`` source and target
-tokens in sentences of 32) and, as the yardstick, ``transformer_mt`` (the fairseq-size IWSLT
-Transformer, which has no kernels of ours).
+tokens in sentences of 32) and, as its yardstick, ``transformer_mt`` (the fairseq-size IWSLT
+Transformer, which has no kernels of ours); ``gt4``, ``gt2`` (Group-Transformer, Table 2's 9
+layers of 256, G = 4 and 2, segments of 16 with a memory of 16) and ``txl`` (Transformer-XL of the
+same size); ``awd_pru`` (AWD-PRU g = 4, M = 1400) and ``awd_lstm`` (AWD-LSTM, cuDNN), windows of
+``--bptt`` steps, batch 2. After the per-path table, the pairs: each system's launches on its
+kernels against its baseline's, with the target (``TARGETS``).
 
     TRITON_INTERPRET=1 python benchmarks/launches.py [--tokens 256] [--only NAME ...]
         [--dtype float32|bfloat16] [--json PATH]
@@ -40,7 +50,7 @@ import collections
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from unittest import mock
 
@@ -53,9 +63,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_profile import from_config  # noqa: E402
+from src.models.group_transformer import GroupTransformer  # noqa: E402
+from src.models.transformer_xl import TransformerXL  # noqa: E402
 from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
 
-NAMES = ("dextra", "delight_mt", "transformer_mt")
+NAMES = ("dextra", "delight_mt", "transformer_mt", "gt4", "gt2", "txl", "awd_pru", "awd_lstm")
+# system -> (baseline, the most launches it may take per baseline launch, on its kernels)
+TARGETS = {
+    "delight_mt": ("transformer_mt", 1.2),
+    "gt4": ("txl", 1.0),
+    "gt2": ("txl", 1.0),
+    "awd_pru": ("awd_lstm", 1.0),
+}
 PATHS = ("reference", "triton")
 # no kernel on CUDA: views, aliases and allocations
 NO_LAUNCH = frozenset(
@@ -162,7 +181,63 @@ def _fused_attention(counter: LaunchCounter) -> Callable[..., Tensor]:
     return attention
 
 
-def entry(name: str, tokens: int) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
+def _cudnn_lstm(counter: LaunchCounter) -> object:
+    """A stand-in for ``torch.nn.modules.rnn._VF`` whose ``lstm`` runs the real one unseen by the
+    counter and counts cuDNN's standard algorithm's launches instead (module docstring)."""
+    import torch.nn.modules.rnn as rnn
+
+    real = rnn._VF
+
+    class CudnnLSTM(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, args: tuple, steps: int, layers: int, *tensors: Tensor):  # type: ignore[override]
+            counter.paused = True
+            try:
+                leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+                with torch.enable_grad():
+                    out = real.lstm(*args(leaves))
+            finally:
+                counter.paused = False
+            counter.counts["cudnn_lstm"] += layers * (1 + 2 * steps)
+            ctx.graph, ctx.steps, ctx.layers = (out, leaves), steps, layers
+            return tuple(o.detach() for o in out)
+
+        @staticmethod
+        def backward(ctx, *grads: Tensor):  # type: ignore[override]
+            out, leaves = ctx.graph
+            wanted = [t for t in leaves if t.requires_grad]
+            pairs = [(o, g) for o, g in zip(out, grads, strict=True) if g is not None]
+            counter.paused = True
+            try:
+                found = torch.autograd.grad([o for o, _ in pairs], wanted,
+                                            [g for _, g in pairs], allow_unused=True)  # fmt: skip
+            finally:
+                counter.paused = False
+            counter.counts["cudnn_lstm_backward"] += ctx.layers * (2 * ctx.steps + 3)
+            found = iter(found)
+            return (None, None, None, *(next(found) if t.requires_grad else None for t in leaves))
+
+    class VF:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        @staticmethod
+        def lstm(input: Tensor, hx: Sequence[Tensor], weights: Sequence[Tensor], *flags: object):
+            # the (input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+            # batch_first) overload nn.LSTM calls
+            has_biases, layers, *_, batch_first = flags
+            steps = input.shape[1 if batch_first else 0]
+            n_hx, n_w = len(hx), len(weights)
+
+            def args(leaves: list[Tensor]) -> tuple:
+                return (leaves[0], leaves[1 : 1 + n_hx], leaves[1 + n_hx :], *flags)
+
+            return CudnnLSTM.apply(args, steps, layers, input, *hx, *weights)
+
+    return VF()
+
+
+def entry(name: str, tokens: int, bptt: int = 70) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
     """The network and its loss (a scalar) for one forward."""
     generator = torch.Generator().manual_seed(0)
     if name == "dextra":
@@ -171,6 +246,10 @@ def entry(name: str, tokens: int) -> tuple[nn.Module, Callable[[nn.Module], Tens
                                 max_groups=dextra_max_groups(d_m), dropout=0.08)  # fmt: skip
         x = torch.randn(tokens, d_m, generator=generator)
         return net, lambda net: net(x).square().mean()
+    if name in ("gt4", "gt2", "txl"):
+        return _charlm_entry(name, generator)
+    if name in ("awd_pru", "awd_lstm"):
+        return _awd_entry(name, bptt, generator)
     if name == "delight_mt":
         net = from_config("experiment=delight_mt/iwslt_d384", "model.d_model=320")
     else:
@@ -187,6 +266,43 @@ def entry(name: str, tokens: int) -> tuple[nn.Module, Callable[[nn.Module], Tens
     return net, loss
 
 
+def _charlm_entry(
+    name: str, generator: torch.Generator
+) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
+    # Table 2's size (enwik8, 9 layers of 256, 8 heads); the count does not depend on the length
+    vocab, layers, width, length = 204, 9, 256, 16
+    size = {"n_token": vocab, "n_layer": layers, "d_model": width, "n_head": 8, "d_inner": 1024,
+            "mem_len": length, "dropout": 0.1}  # fmt: skip
+    if name == "txl":
+        net: nn.Module = TransformerXL(**size, pre_norm=True, tie_weight=False)
+    else:
+        net = GroupTransformer(**size, n_group=int(name[2:]), tgt_len=length)
+    tokens = torch.randint(vocab, (2, length + 1), generator=generator)
+    memories = [torch.randn(2, length, width, generator=generator) for _ in range(layers + 1)]
+
+    def loss(net: nn.Module) -> Tensor:
+        logits, _ = net(tokens[:, :-1], memories)  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    return net, loss
+
+
+def _awd_entry(
+    name: str, bptt: int, generator: torch.Generator
+) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
+    experiment = {"awd_pru": "pru_lm/table4_1_awd_pru_g4_m1400",
+                  "awd_lstm": "pru_lm/table4_1_awd_lstm"}  # fmt: skip
+    net = from_config(f"experiment={experiment[name]}")
+    vocab = 10000  # PTB
+    tokens = torch.randint(vocab, (2, bptt + 1), generator=generator)
+
+    def loss(net: nn.Module) -> Tensor:
+        logits = net(tokens[:, :-1]).logits  # (B, T, V)
+        return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    return net, loss
+
+
 def _native_dropout(
     x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
 ) -> Tensor:
@@ -196,13 +312,13 @@ def _native_dropout(
     return torch.native_dropout(x, p, True)[0]
 
 
-def count(name: str, path: str, tokens: int, dtype: str = "float32") -> dict:
+def count(name: str, path: str, tokens: int, dtype: str = "float32", bptt: int = 70) -> dict:
     """One forward and backward of ``name`` on ``path`` (under autocast to ``dtype`` unless
     float32): its ATen and Triton launches."""
     from src.ops.triton.cross_compile import H100, recorded_launches
 
     torch.manual_seed(0)
-    net, loss = entry(name, tokens)
+    net, loss = entry(name, tokens, bptt)
     for module in net.modules():
         if hasattr(module, "impl"):
             module.impl = path
@@ -213,6 +329,7 @@ def count(name: str, path: str, tokens: int, dtype: str = "float32") -> dict:
         recorded_launches(H100) as launches,
         mock.patch.object(F, "dropout", _native_dropout),
         mock.patch.object(F, "scaled_dot_product_attention", _fused_attention(counter)),
+        mock.patch("torch.nn.modules.rnn._VF", _cudnn_lstm(counter)),
         counter,
     ):
         with torch.autocast("cpu", DTYPES[dtype], enabled=autocast), CudaAutocastFloat32():
@@ -220,7 +337,8 @@ def count(name: str, path: str, tokens: int, dtype: str = "float32") -> dict:
         value.backward()
     aten = sum(counter.counts.values())
     return {
-        "entry": name, "path": path, "dtype": dtype, "tokens": tokens, "aten": aten,
+        "entry": name, "path": path, "dtype": dtype,
+        "tokens": 2 * bptt if name.startswith("awd") else tokens, "aten": aten,
         "triton": len(launches),
         "launches": aten + len(launches), "top_aten": dict(counter.counts.most_common(12)),
         "ops": dict(sorted(counter.counts.items())),
@@ -233,6 +351,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--only", nargs="+", choices=NAMES, help="these entries only")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                         help="bfloat16: under autocast, cast as CUDA's autocast casts")  # fmt: skip
+    parser.add_argument("--bptt", type=int, default=70, help="AWD windows: time steps")
     parser.add_argument("--json", type=Path, help="also write the rows (JSON lines) here")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -241,7 +360,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for name in args.only or NAMES:
         first = None
         for path in PATHS:
-            row = count(name, path, args.tokens, args.dtype)
+            row = count(name, path, args.tokens, args.dtype, args.bptt)
             first = first or row
             row["ratio"] = round(row["launches"] / first["launches"], 3)
             rows.append(row)
@@ -249,13 +368,36 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         print(f"{row['entry']:16s} {row['path']:10s} {row['aten']:7d} {row['triton']:7d} "
               f"{row['launches']:9d} {row['ratio']:6.3f}")  # fmt: skip
-    for row in rows:
+    pairs = pair_rows(rows)
+    if pairs:
+        print(f"\n{'system':16s} {'baseline':16s} {'launches':>9s} {'baseline':>9s} {'ratio':>6s} "
+              f"{'target':>7s}")  # fmt: skip
+        for pair in pairs:
+            print(f"{pair['entry']:16s} {pair['baseline']:16s} {pair['launches']:9d} "
+                  f"{pair['baseline_launches']:9d} {pair['ratio']:6.3f} "
+                  f"{'<= ' + str(pair['target']):>7s} {'met' if pair['met'] else 'NOT MET'}")
+    for row in rows + pairs:
         print(json.dumps(row))
     if args.json:
         with open(args.json, "a") as file:
-            for row in rows:
+            for row in rows + pairs:
                 file.write(json.dumps(row) + "\n")
     return rows
+
+
+def pair_rows(rows: list[dict]) -> list[dict]:
+    """Each system counted beside its baseline (both on their kernels, ``impl="triton"``): the
+    ratio of launches and whether it meets :data:`TARGETS`."""
+    on_kernels = {row["entry"]: row for row in rows if row["path"] == "triton"}
+    pairs = []
+    for name, (base, target) in TARGETS.items():
+        if name in on_kernels and base in on_kernels:
+            ours, theirs = on_kernels[name]["launches"], on_kernels[base]["launches"]
+            ratio = round(ours / theirs, 3)
+            pairs.append({"entry": name, "baseline": base, "dtype": on_kernels[name]["dtype"],
+                          "launches": ours, "baseline_launches": theirs, "ratio": ratio,
+                          "target": target, "met": ratio <= target})  # fmt: skip
+    return pairs
 
 
 if __name__ == "__main__":

@@ -36,12 +36,13 @@ def test_every_part_leaves_rows_and_a_section(visit) -> None:
     ]  # fmt: skip
     rows = json.loads((out / "results.json").read_text())
     summary = (out / "summary.md").read_text()
-    for part in ("env", "pytest", "compile", "train", "cpu_check", "warm", "bench", "pairs",
-                 "profile", "tune"):  # fmt: skip
+    for part in ("env", "pytest", "compile", "train", "cpu_check", "vision", "warm", "bench",
+                 "pairs", "profile", "tune"):  # fmt: skip
         assert rows.get(part), f"no rows from {part}: {summary}"
         assert not any("error" in r and r["error"] for r in rows[part]), rows[part]
     for title in ("## Machine", "## pytest", "## torch.compile", "## Short",
-                  "## The PRU recurrence's C++ kernel on this CPU", "## First steps",
+                  "## The PRU recurrence's C++ kernel on this CPU", "## Vision beside",
+                  "## First steps",
                   "## benchmarks/gpu.py",
                   "## Training steps", "## Profiles", "## Launch-configuration"):
         assert title in summary
@@ -58,12 +59,23 @@ def test_the_parts_measure(visit) -> None:
     pairs = {r["name"]: r for r in rows["pairs"]}
     assert pairs["gt4"]["baseline"] == "txl" and pairs["gt4"]["speedup"] > 0
     assert pairs["gt4"]["params"] < pairs["txl"]["params"]
+    # each text system and its baseline also replayed as a CUDA graph (on the CPU: the same
+    # compiled step, the capture skipped), compared with the baseline both ways
+    graphed = pairs["gt4+graphed"]
+    assert graphed["mode"] == "graphed" and graphed["capture_s"] > 0
+    assert graphed["speedup"] > 0 and graphed["speedup_same_way"] > 0
+    assert pairs["txl+graphed"]["baseline"] is None
+    vision = {r["name"]: r for r in rows["vision"]}
+    assert {"dicenet", "espnetv2", "shufflenet"} <= set(vision)
+    for name in ("dicenet", "espnetv2"):
+        assert vision[name]["baseline"] == "shufflenet" and vision[name]["speedup"] > 0
+        assert vision[name]["infer_per_s"] > 0 and vision[name]["first_step_s"] > 0
     *profiled, trace = rows["profile"]
-    assert [p["name"] for p in profiled] == ["gt4", "txl"]
+    assert [p["name"] for p in profiled] == ["gt4", "txl", "gt4+graphed", "txl+graphed"]
     for p in profiled:
         assert len(p["top"]) == 15 and 0 < sum(k["share"] for k in p["top"]) <= 1.0 + 1e-6
         assert p["top"][0]["us"] >= p["top"][-1]["us"] > 0
-    assert trace["trace_of"] in ("gt4", "txl") and (out / "trace.json.gz").stat().st_size > 1000
+    assert trace["trace_of"] in [p["name"] for p in profiled] and (out / "trace.json.gz").stat().st_size > 1000
     checks = rows["cpu_check"]
     assert [r["mode"] for r in checks] == ["plain", "packed"]
     for r in checks:  # a verdict either way: which mode runs is the CPU's to say
