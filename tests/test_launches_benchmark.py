@@ -3,6 +3,7 @@ path, counted on the CPU."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -54,3 +55,23 @@ def test_fused_attention_counts_as_one_launch_each_way(capsys: pytest.CaptureFix
     assert reference["ops"]["fused_attention"] == 18
     assert reference["ops"]["fused_attention_backward"] == 18
     assert "_safe_softmax" not in reference["ops"] and "bmm" not in reference["ops"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter")
+def test_cudnn_lstm_counts_as_its_kernels_and_pairs_meet_targets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = main(["--only", "awd_pru", "awd_lstm", "--bptt", "4"])
+    lstm = next(r for r in rows if r["entry"] == "awd_lstm" and r["path"] == "triton")
+    # 3 layers, T = 4: forward 1 + 2T a layer, backward 2T + 3; none of the CPU's per-step
+    # decomposition is counted
+    assert lstm["ops"]["cudnn_lstm"] == 3 * (1 + 2 * 4)
+    assert lstm["ops"]["cudnn_lstm_backward"] == 3 * (2 * 4 + 3)
+    assert not {"sigmoid", "tanh", "sigmoid_backward"} & set(lstm["ops"])
+    out = capsys.readouterr().out
+    pair = next(json.loads(line) for line in out.splitlines()
+                if line.startswith("{") and '"baseline": "awd_lstm"' in line)  # fmt: skip
+    pru = next(r for r in rows if r["entry"] == "awd_pru" and r["path"] == "triton")
+    assert pair["launches"] == pru["launches"] and pair["baseline_launches"] == lstm["launches"]
+    assert pair["ratio"] == round(pru["launches"] / lstm["launches"], 3) and pair["target"] == 1.0
+    assert pair["met"] == (pair["ratio"] <= 1.0)
