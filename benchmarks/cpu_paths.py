@@ -1,7 +1,7 @@
 """Training steps of DiCENet and ESPNetv2 on the CPU with the project's CPU paths against ATen's.
 
-Three settings of ``LIGHTNETS_CPU_KERNELS`` (``src.ops.cpu.use_cpu_paths``), in one process,
-interleaved round-robin in alternating order:
+Three settings of ``LIGHTNETS_CPU_KERNELS`` (``src.kernels.environment.use_cpu_paths``), in one
+process, interleaved round-robin in alternating order:
 
 - ``auto``: what a user gets (the C++ kernels and row products, with BatchNorm's backward, DimConv
   and the point-wise convolutions choosing per shape between theirs and ATen's by measurement;
@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from src.kernels.choices import cpu_signature  # noqa: E402
+from src.kernels.environment import use_cpu_paths  # noqa: E402
 from src.models.dicenet import DiCENet  # noqa: E402
 from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.ops.cpu import use_cpu_paths  # noqa: E402
-from src.ops.choices import cpu_signature  # noqa: E402
 from src.utils.memory_format import channels_last_network  # noqa: E402
 
 MODES = ("auto", "1", "0")

@@ -83,6 +83,7 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.op_cases.delight import dextra_macs_per_token  # noqa: E402
 from benchmarks.ops import synchronize  # noqa: E402
+from src.kernels.dispatch import triton_available, use_triton  # noqa: E402
 from src.models.dicenet import DiCENet  # noqa: E402
 from src.models.espnetv2 import ESPNetv2  # noqa: E402
 from src.models.group_transformer import GroupTransformer  # noqa: E402
@@ -90,7 +91,6 @@ from src.models.transformer_xl import TransformerXL  # noqa: E402
 from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
 from src.ops.dice import DiCE  # noqa: E402
 from src.ops.group_linear import GroupLinear  # noqa: E402
-from src.ops.dispatch import triton_available, use_triton  # noqa: E402
 
 PARTS = ("dextra", "charlm", "vision", "dice", "wgrad", "amp")
 PRECISIONS = ("fp32", "bf16")

@@ -35,8 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import op_cases  # noqa: E402
 from benchmarks.op_cases import OpCase  # noqa: E402
-from src.ops.cpu import cpu_path_mode  # noqa: E402
-from src.ops.choices import cpu_signature  # noqa: E402
+from src.kernels.choices import cpu_signature  # noqa: E402
+from src.kernels.environment import cpu_path_mode  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:

@@ -90,9 +90,10 @@ from benchmarks.gpu import cpu_name, run_once
 from benchmarks.gpu_profile import compose
 from benchmarks.pru_lm import lstm_hidden_for
 from src.build import build_task
-from src.ops.cpu import cpu_kernels, cpu_path_mode
 from src.decoding.beam_search import beam_search
 from src.evaluation.dynamic_eval import dynamic_evaluate
+from src.kernels.environment import cpu_path_mode
+from src.ops.cpu import cpu_kernels
 
 # eos held this far below every other logit: no hypothesis ends before its max length
 SUPPRESSED_EOS = -1e4

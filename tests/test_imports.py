@@ -1,5 +1,5 @@
-"""Imports go one way: utils -> ops -> models -> compat -> tasks -> build -> commands -> the root
-scripts, with decoding, evaluation and optim as libraries beside the tasks; datamodules stand
+"""Imports go one way: utils -> kernels -> ops -> models -> compat -> tasks -> build -> commands ->
+the root scripts, with decoding, evaluation and optim as libraries beside the tasks; datamodules stand
 alone (only export and the entry layer import them); nothing imports a root script, and there is
 no import cycle. Only build and commands (the entry
 layer) and the ``python -m`` commands ``src.datamodules.check`` and ``src.compat.convert`` use
@@ -19,6 +19,7 @@ from tests.conftest import ROOT
 ENTRY = {"build", "commands"}
 FORBIDDEN = {
     "utils": {
+        "kernels",
         "ops",
         "models",
         "compat",
@@ -28,6 +29,20 @@ FORBIDDEN = {
         "decoding",
         "evaluation",
         "optim",
+    }
+    | ENTRY,
+    # where an op's fast path is chosen: below the ops, above only the utils
+    "kernels": {
+        "ops",
+        "models",
+        "compat",
+        "tasks",
+        "datamodules",
+        "callbacks",
+        "decoding",
+        "evaluation",
+        "optim",
+        "export",
     }
     | ENTRY,
     "ops": {
@@ -49,6 +64,7 @@ FORBIDDEN = {
     | ENTRY,
     "evaluation": {"compat", "tasks", "datamodules", "callbacks", "decoding", "optim"} | ENTRY,
     "optim": {
+        "kernels",
         "ops",
         "models",
         "compat",
@@ -60,6 +76,7 @@ FORBIDDEN = {
     }
     | ENTRY,
     "datamodules": {
+        "kernels",
         "ops",
         "models",
         "compat",

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from src.export.spec import ExportSpec
-from src.ops.dispatch import capture_for_export
+from src.kernels.dispatch import capture_for_export
 from src.utils.extras import MissingExtraError
 from src.utils.files import atomic_write_bytes
 

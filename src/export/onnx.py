@@ -3,7 +3,7 @@ eager PyTorch.
 
 The graph is captured by ``torch.export`` and translated by ``torch.onnx``'s dynamo exporter
 (``torch.onnx.export(..., dynamo=True)``): while it traces, every op of :mod:`src.ops` takes its
-PyTorch reference path (:func:`src.ops.dispatch.exporting`), so the file holds standard ONNX
+PyTorch reference path (:func:`src.kernels.dispatch.exporting`), so the file holds standard ONNX
 operators only. A dimension the spec leaves dynamic is a ``torch.export.Dim``; one that the
 network can only take in steps (an image side, a multiple of the network's output stride) is
 that step times a ``Dim``. The TorchScript exporter (``dynamo=False``) records reshapes of the

@@ -47,8 +47,8 @@ def vision_spec(net: nn.Module, image: Tensor) -> ExportSpec:
     net.eval()
     reference = ops_on_reference_paths(net)
     notes = [
-        "every op took its PyTorch reference path (src.ops.dispatch.exporting): no fused C++ or "
-        "Triton kernel, measured path choice or folded inference path is in the graph"
+        "every op took its PyTorch reference path (src.kernels.dispatch.exporting): no fused C++ "
+        "or Triton kernel, measured path choice or folded inference path is in the graph"
         + (f"; ops: {', '.join(reference)}" if reference else ""),
         (
             "BatchNorm exported in eval form (running statistics); onnxruntime folds it into the "

@@ -1,7 +1,7 @@
 """``impl="auto"``'s measured choices, kept on disk per GPU, PyTorch, Triton and kernel sources.
 
 On CUDA, the first call of an op with a new shape compiles every candidate's kernels and times
-them (:func:`src.ops.dispatch.fastest`). For DiCENet s=1.0 at batch 256 that first training step
+them (:func:`src.kernels.dispatch.fastest`). For DiCENet s=1.0 at batch 256 that first training step
 took over a minute on an H100 and an H200 (docs/gpu.md), in every process again. A
 :class:`ChoiceCache` keeps each op's choices in memory as before and, for the choices timed on
 CUDA, also in one JSON file (``LIGHTNETS_CHOICES``, default ``auto_choices.json`` under
@@ -11,7 +11,7 @@ a signature: the GPU's name, the PyTorch and Triton versions and a hash of the T
 sources, so a new card, release or kernel is measured afresh. Writers (DDP ranks, parallel jobs)
 merge under a file lock and replace the file atomically.
 
-The CPU's measured choices (:mod:`src.ops.cpu.choice`: the project's CPU path or ATen's) are kept
+The CPU's measured choices (:mod:`src.kernels.timing`: the project's CPU path or ATen's) are kept
 the same way under the CPU's signature (:func:`cpu_signature`): its model name, the instruction sets
 ATen and oneDNN dispatch to, the PyTorch version and a hash of the CPU kernels' sources.
 """
@@ -29,12 +29,13 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from src.kernels.environment import choices_file
 from src.utils.files import write_json
 
-ENV = "LIGHTNETS_CHOICES"
-KERNELS = Path(__file__).parent / "triton"  # the Triton kernels' sources: a change re-measures
+OPS = Path(__file__).parents[1] / "ops"  # read as files, never imported
+KERNELS = OPS / "triton"  # the Triton kernels' sources: a change re-measures
 # the CPU paths' sources: the C++ kernels and the point-wise convolution's row products
-CPU_SOURCES = (Path(__file__).parent / "cpu", Path(__file__).parent / "pointwise_conv.py")
+CPU_SOURCES = (OPS / "cpu", OPS / "pointwise_conv.py")
 
 
 def cache_root() -> Path:
@@ -47,7 +48,7 @@ def cache_root() -> Path:
 def store_path() -> Path | None:
     """The choices file (``LIGHTNETS_CHOICES``, default ``cache_root() / "auto_choices.json"``),
     or None when ``LIGHTNETS_CHOICES=0``."""
-    value = os.environ.get(ENV)
+    value = choices_file()
     if value == "0":
         return None
     return Path(value) if value else cache_root() / "auto_choices.json"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.amp import is_autocast_available
 
-from src.ops.choices import ChoiceCache
+from src.kernels.choices import ChoiceCache
 
 IMPLS = ("auto", "reference", "triton")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,7 +51,7 @@ def exporting() -> bool:
     holds only ATen operators (no custom op, no C++ or Triton kernel, no measured choice, no
     folded inference path) and no branch on a size that the graph leaves dynamic. The fast-path
     conditions of the ops ask :func:`use_triton`, :func:`opaque_op`'s call,
-    :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`src.ops.cpu.choice.cpu_path` and
+    :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`src.kernels.timing.cpu_path` and
     :func:`src.ops.inference_folding.folded_inference`, which all ask this."""
     if _EXPORT_CAPTURES or torch.compiler.is_exporting():
         return True
@@ -198,8 +198,8 @@ def fastest(
     built only to be timed) for ``key``: timed on first use and kept in ``cache`` for the process.
     ``timer`` is a test's stand-in; without one the device's measurement runs (:func:`cuda_time`
     of each candidate, or ``measure`` of them all: the CPU's
-    :func:`src.ops.cpu.choice.cpu_times`), and a
-    :class:`~src.ops.choices.ChoiceCache` also keeps what it measured on disk, and takes an
+    :func:`src.kernels.timing.cpu_times`), and a
+    :class:`~src.kernels.choices.ChoiceCache` also keeps what it measured on disk, and takes an
     earlier process's choice on this machine without timing. The measurement synchronises the
     device once per key: take one eager step before capturing CUDA graphs.
 

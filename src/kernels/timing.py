@@ -14,8 +14,8 @@ ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
 So these ops time both paths on their first call with each shape (forward and backward when
 autograd will need the backward; the median of interleaved samples of a millisecond or more,
 :func:`cpu_times`) and keep the faster for the process and, in a
-:class:`~src.ops.choices.ChoiceCache`, on disk for later processes on this machine, as
-``impl="auto"`` does on CUDA (:func:`src.ops.dispatch.fastest`). The key holds the thread count:
+:class:`~src.kernels.choices.ChoiceCache`, on disk for later processes on this machine, as
+``impl="auto"`` does on CUDA (:func:`src.kernels.dispatch.fastest`). The key holds the thread count:
 fewer threads favour other paths. The project's path must win by :data:`MARGIN` (5%): closer
 than that, the measurement goes either way between runs, and ATen's is the path to be no slower
 than.
@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from src.ops.choices import ChoiceCache
-from src.ops.cpu import cpu_path_mode
-from src.ops.dispatch import Timer, exporting, fastest
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, exporting, fastest
+from src.kernels.environment import cpu_path_mode
 
 OURS = "ours"
 ATEN = "aten"

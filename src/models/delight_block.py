@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.kernels.dispatch import check_impl
 from src.ops.dextra import DExTra
-from src.ops.dispatch import check_impl
 from src.ops.dropout import dropout
 from src.ops.linear import linear
 from src.ops.residual_layer_norm import residual_layer_norm

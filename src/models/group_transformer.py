@@ -20,13 +20,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from src.kernels.dispatch import check_impl
+from src.models.lm_head import AdaptiveHead
 from src.models.transformer_xl import (
     PAPER_PER_POSITION,
     RelativeDecoderLayer,
     check_memories,
     update_memories,
 )
-from src.models.lm_head import AdaptiveHead
 from src.ops.dropout import dropout
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
@@ -34,7 +35,6 @@ from src.ops.group_feedforward import GroupFeedForward
 from src.ops.positionwise_feedforward import PositionwiseFeedForward
 from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
 from src.ops.relative_position import ATTENTION_PATHS, RelativePositionTable, relative_sinusoid
-from src.ops.dispatch import check_impl
 
 
 class GroupTransformer(AdaptiveHead, nn.Module):

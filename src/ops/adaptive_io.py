@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.dispatch import exporting
+from src.kernels.dispatch import exporting
 from src.ops.dropout import dropout
 
 REDUCTIONS = ("sum", "mean", "none")

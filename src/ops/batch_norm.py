@@ -24,11 +24,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import ChoiceCache
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import opaque_op
+from src.kernels.environment import cpu_path_mode
+from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.contracts import batch_norm as contract
-from src.ops.cpu import cpu_kernels_loaded, cpu_path_mode
-from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
-from src.ops.dispatch import opaque_op
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.fused_norm import batch_norm_factor
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 
@@ -90,7 +91,7 @@ _path_choice = ChoiceCache("batch_norm", device="cpu")
 
 def _path(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> str:
     """The kernel's backward or ATen's for a channels-last training call, measured per shape on
-    this machine (:func:`src.ops.cpu.choice.cpu_path`): the kernel's two passes split the rows into
+    this machine (:func:`src.kernels.timing.cpu_path`): the kernel's two passes split the rows into
     fixed blocks, which pays on large maps (1.3x at 24 x 112²) and not on the last stage's
     (0.84-0.87x at 464 x 7², batch 8, on an AMD EPYC). Timed without running statistics, which
     the candidates must not update."""

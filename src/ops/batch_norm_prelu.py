@@ -32,11 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.choices import ChoiceCache
-from src.ops.contracts import batch_norm_prelu as contract
-from src.ops.cpu import cpu_kernels_loaded
-from src.ops.dispatch import (
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import (
     Timer,
     autocast_off,
     check_impl,
@@ -45,6 +42,9 @@ from src.ops.dispatch import (
     size_bucket,
     use_triton,
 )
+from src.ops.batch_norm import BatchNorm2d
+from src.ops.contracts import batch_norm_prelu as contract
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.fused_norm import batch_norm_factor
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 
@@ -65,7 +65,7 @@ def batch_norm_prelu(
 
     ``impl``: ``"auto"`` takes the C++ kernels on the CPU and, on CUDA, the Triton kernels where
     they timed faster than the two modules for this shape and dtype
-    (:func:`src.ops.dispatch.fastest`); ``"triton"`` the Triton kernels (on CPU tensors in Triton's
+    (:func:`src.kernels.dispatch.fastest`); ``"triton"`` the Triton kernels (on CPU tensors in Triton's
     interpreter); ``"reference"`` the two modules.
 
     Shape:
@@ -137,7 +137,7 @@ _auto_path_choice: dict[tuple, str] = ChoiceCache("batch_norm_prelu")
 def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference" (the two modules), whichever forward and
     backward ran faster on the first call with this size (rows by
-    :func:`src.ops.dispatch.size_bucket`), channel count and dtype. Timed on detached copies,
+    :func:`src.kernels.dispatch.size_bucket`), channel count and dtype. Timed on detached copies,
     without running statistics; both paths are deterministic, and deterministic mode takes the
     kernels.
 

@@ -27,9 +27,9 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
+from src.kernels.dispatch import autocast_off, autocast_operands, opaque_op
 from src.ops.contracts import depthwise_conv as contract
 from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
-from src.ops.dispatch import autocast_off, autocast_operands, opaque_op
 from src.ops.layout import is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

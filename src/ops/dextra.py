@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from src.ops.dispatch import check_impl
+from src.kernels.dispatch import check_impl
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish

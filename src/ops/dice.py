@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.choices import ChoiceCache
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.dim_conv import DimConv, resize_matrix
 from src.ops.dim_fuse import DimFuse, local_fusion
-from src.ops.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
 from src.ops.fused_norm import batch_norm_factor, timed_pass
 from src.ops.inference_folding import (
     ConvBNPReLU,
@@ -401,7 +401,7 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (DimConv and the local fusion in one Triton pass,
     :mod:`src.ops.triton.dim_fuse`) or "unfused" (DimConv's own choice, then BN, PReLU and the
     grouped 1x1 conv), whichever was faster on the first call with this input shape (batch by
-    :func:`src.ops.dispatch.size_bucket`), dtype and mode (:func:`src.ops.dispatch.fastest`).
+    :func:`src.kernels.dispatch.size_bucket`), dtype and mode (:func:`src.kernels.dispatch.fastest`).
     Training times forward and backward, on copies of the running statistics and without touching
     the parameters' gradients; inference times the forward.
 

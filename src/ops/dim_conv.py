@@ -38,10 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.choices import ChoiceCache
-from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
-from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
-from src.ops.dispatch import (
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import (
     Timer,
     autocast_dtype,
     autocast_operands,
@@ -51,6 +49,8 @@ from src.ops.dispatch import (
     size_bucket,
     use_triton,
 )
+from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
 from src.ops.layout import is_channels_last
 
 
@@ -155,7 +155,7 @@ def auto_path(
 ) -> str:
     """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
     convolutions), whichever forward ran faster on the first call with this input shape (batch by
-    :func:`src.ops.dispatch.size_bucket`) and dtype (:func:`src.ops.dispatch.fastest`; kept for the
+    :func:`src.kernels.dispatch.size_bucket`) and dtype (:func:`src.kernels.dispatch.fastest`; kept for the
     process). Under ``torch.compile`` the kernel is traced.
 
     Shape:
@@ -195,7 +195,7 @@ def cpu_path_of(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on the CPU, where the kernels apply: OURS or ATEN, measured per shape on
-    this machine (:func:`src.ops.cpu.choice.cpu_path`). The kernels read every tap along the
+    this machine (:func:`src.kernels.timing.cpu_path`). The kernels read every tap along the
     contiguous channels, which pays at 116-464 channels (1.6-2.9x) and not at DiCENet's 24-channel
     stem (0.69-0.82x on an AMD EPYC, AVX2 and AVX-512 alike).
 

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.ops.cpu import cpu_kernels_loaded, cpu_path_mode, dispatch_mode_active
+from src.kernels.environment import cpu_path_mode
+from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
 
 
 def _draw_seed() -> int:

@@ -40,12 +40,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
-from src.ops.choices import ChoiceCache
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.depthwise_conv import DepthwiseConv2d
-from src.ops.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
 from src.ops.fused_norm import batch_norm_factor, timed_pass
 from src.ops.inference_folding import (
     ConvBNPReLU,
@@ -368,8 +368,8 @@ _pyramid_choice: dict[tuple, str] = ChoiceCache("eesp.pyramid")
 def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (:mod:`src.ops.triton.eesp`) or "eager" (the branch
     convolutions, sums, concatenation, BN and PReLU as PyTorch ops), whichever was faster on the
-    first call with this input shape (batch by :func:`src.ops.dispatch.size_bucket`), dtype and mode
-    (:func:`src.ops.dispatch.fastest`). Training times forward and backward on copies of the running
+    first call with this input shape (batch by :func:`src.kernels.dispatch.size_bucket`), dtype and mode
+    (:func:`src.kernels.dispatch.fastest`). Training times forward and backward on copies of the running
     statistics, without touching the parameters' gradients; inference times the forward. Under
     ``torch.use_deterministic_algorithms(True)`` it is "eager".
 

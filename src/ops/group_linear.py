@@ -16,9 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import ChoiceCache
-from src.ops.contracts import group_linear as contract
-from src.ops.dispatch import (
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import (
     Timer,
     autocast_known,
     autocast_off,
@@ -30,6 +29,7 @@ from src.ops.dispatch import (
     size_bucket,
     use_triton,
 )
+from src.ops.contracts import group_linear as contract
 
 
 class GroupLinear(nn.Module):
@@ -215,8 +215,8 @@ def auto_path(
     dtype: torch.dtype | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
-    call with these shapes (rows by :func:`src.ops.dispatch.size_bucket`) and dtype
-    (:func:`src.ops.dispatch.fastest`; kept for the process). The kernel is not faster everywhere:
+    call with these shapes (rows by :func:`src.kernels.dispatch.size_bucket`) and dtype
+    (:func:`src.kernels.dispatch.fastest`; kept for the process). The kernel is not faster everywhere:
     cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is measured rather than
     assumed. Under ``torch.compile`` the kernel is traced.
 

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.kernels.dispatch import exporting
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import batch_norm_prelu
-from src.ops.dispatch import exporting
 from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.prelu import PReLU
 

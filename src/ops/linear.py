@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.choices import ChoiceCache
-from src.ops.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
 from src.ops.group_linear import interleaved_group_linear
 
 
@@ -79,8 +79,8 @@ _linear_choice: dict[tuple, str] = ChoiceCache("linear")
 
 def linear_path(parts: Sequence[Tensor], layer: nn.Linear, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
-    call with these shapes (rows by :func:`src.ops.dispatch.size_bucket`) and dtypes
-    (:func:`src.ops.dispatch.fastest`, kept for the process and on disk). Both are timed as they
+    call with these shapes (rows by :func:`src.kernels.dispatch.size_bucket`) and dtypes
+    (:func:`src.kernels.dispatch.fastest`, kept for the process and on disk). Both are timed as they
     would run, under the caller's autocast: ``nn.Linear`` with its casts."""
     device = parts[0].device
     rows = parts[0].numel() // max(parts[0].shape[-1], 1)

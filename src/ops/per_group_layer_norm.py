@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import ChoiceCache
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, check_impl, fastest, size_bucket, use_triton
 from src.ops.cpu import cpu_kernels_loaded
-from src.ops.dispatch import Timer, check_impl, fastest, size_bucket, use_triton
 
 
 class PerGroupLayerNorm(nn.Module):
@@ -240,8 +240,8 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" (one fused launch) or "reference", whichever forward ran
-    faster on the first call with this shape (rows by :func:`src.ops.dispatch.size_bucket`) and
-    dtype (:func:`src.ops.dispatch.fastest`). Both are deterministic; deterministic mode takes the
+    faster on the first call with this shape (rows by :func:`src.kernels.dispatch.size_bucket`) and
+    dtype (:func:`src.kernels.dispatch.fastest`). Both are deterministic; deterministic mode takes the
     kernel.
 
     Shape:

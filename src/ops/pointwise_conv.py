@@ -22,7 +22,7 @@ traces the Function's products. Results are ``torch.mm``'s, oneDNN's up to summa
 
 Which of the two wins depends on the machine as well as the shape (on an AMD EPYC natively the
 58-channel split half at 28² ran at 0.82x oneDNN, as an AVX2 CPU at 1.09x), so each training call
-shape takes the faster, measured on its first call (:mod:`src.ops.cpu.choice`).
+shape takes the faster, measured on its first call (:mod:`src.kernels.timing`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import ChoiceCache
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import exporting, size_bucket
+from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.cpu import dispatch_mode_active
-from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
-from src.ops.dispatch import exporting, size_bucket
 from src.ops.layout import channel_rows, from_channel_rows
 
 # Fewer input channels keep oneDNN: ESPNetv2's image shortcut, 3 -> 64 channels at 56², took 0.72
@@ -80,7 +80,7 @@ _path_choice = ChoiceCache("pointwise_conv", device="cpu")
 
 def _path(x: Tensor, weight: Tensor, bias: Tensor | None) -> str:
     """The row products or oneDNN's convolution for a training call: by
-    :func:`src.ops.cpu.choice.cpu_path` (measured per shape on this machine). The pixel step says
+    :func:`src.kernels.timing.cpu_path` (measured per shape on this machine). The pixel step says
     whether the rows are a whole map's or a channel slice's."""
     step = x.stride(3) if x.shape[3] > 1 else x.stride(2) if x.shape[2] > 1 else x.stride(0)
     key = (

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.kernels.dispatch import autocast_operands, opaque_op
 from src.ops.contracts import prelu as contract
 from src.ops.cpu import cpu_kernels_loaded
-from src.ops.dispatch import autocast_operands, opaque_op
 from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.dispatch import check_impl
+from src.kernels.dispatch import check_impl
 from src.ops.group_linear import GroupLinear
 from src.ops.pru_recurrence import pru_recurrence
 from src.ops.pyramidal import GATES, PyramidalTransform

@@ -49,15 +49,11 @@ from filelock import FileLock
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import cpu_model
+from src.kernels.choices import cpu_model
+from src.kernels.dispatch import use_triton
+from src.kernels.environment import cpu_path_mode
 from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
-from src.ops.cpu import (
-    cpu_kernels_loaded,
-    cpu_path_mode,
-    current_build_directory,
-    dispatch_mode_active,
-)
-from src.ops.dispatch import use_triton
+from src.ops.cpu import cpu_kernels_loaded, current_build_directory, dispatch_mode_active
 from src.utils.files import write_json
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.kernels.dispatch import autocast_off, autocast_operands
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.cpu.scratch import scratch
-from src.ops.dispatch import autocast_off, autocast_operands
 from src.ops.relative_softmax import KERNEL_DTYPES
 
 

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.choices import ChoiceCache
-from src.ops.cpu.choice import ATEN, OURS, call_with_backward, cpu_path, detached
-from src.ops.dispatch import Timer, autocast_dtype, fastest, size_bucket
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, autocast_dtype, fastest, size_bucket
+from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.dropout import dropout
 from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
@@ -192,7 +192,7 @@ def _cpu_path(
     query_w: Tensor, query_r: Tensor, k: Tensor, v: Tensor, rk: Tensor, mask, scale: float
 ) -> str:
     """The one-node CPU attention or the eager ops, measured per shape on this machine
-    (:func:`src.ops.cpu.choice.cpu_path`); both give the same numbers. The node saves the page
+    (:func:`src.kernels.timing.cpu_path`); both give the same numbers. The node saves the page
     faults of fresh score-sized tensors, which glibc maps afresh only above its mmap threshold:
     2 x 8 x 512 x 1,024 float32 scores (32 MiB each) ran 1.6-2.0x faster, 1 x 8 x 512 x 1,024
     (16 MiB) 0.95-0.98x, on an AMD EPYC natively and as AVX2."""
@@ -309,7 +309,7 @@ def attention_path(
 ) -> str:
     """``path="auto"``: on CUDA, the faster of "eager" and "sdpa" for this shape and dtype, timed on
     the first call (forward and backward when autograd records, forward otherwise;
-    :func:`src.ops.dispatch.fastest`) and kept for the process; "eager" on the CPU (where PyTorch's
+    :func:`src.kernels.dispatch.fastest`) and kept for the process; "eager" on the CPU (where PyTorch's
     fused attention with a float bias measured slower: 466 vs 337 ms forward+backward over
     2 x 512 queries, 512 memory, 8 heads of 32, on 2 cores) and while ``torch.compile`` traces.
     Deterministic mode takes "eager" (the memory-efficient kernel's bias gradient is not

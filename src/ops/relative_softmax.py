@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import ChoiceCache
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
 from src.ops.contracts import relative_softmax as contract
 from src.ops.cpu import cpu_kernels_loaded
-from src.ops.dispatch import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -129,7 +129,7 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever ran faster on the first call
-    with this shape (heads x batch by :func:`src.ops.dispatch.size_bucket`), dtype and mode
+    with this shape (heads x batch by :func:`src.kernels.dispatch.size_bucket`), dtype and mode
     (forward and backward when autograd records, forward otherwise; :func:`fastest`). Both are
     deterministic; deterministic mode takes the kernel.
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.ops.choices import ChoiceCache
-from src.ops.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
 from src.ops.dropout import dropout
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -99,7 +99,7 @@ def auto_path(
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference" for :func:`residual_layer_norm`,
     whichever forward ran faster on the first call with this shape (rows by
-    :func:`src.ops.dispatch.size_bucket`) and dtypes (:func:`src.ops.dispatch.fastest`). Both are
+    :func:`src.kernels.dispatch.size_bucket`) and dtypes (:func:`src.kernels.dispatch.fastest`). Both are
     deterministic; deterministic mode takes the kernel.
 
     Shape:

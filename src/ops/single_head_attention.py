@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.dispatch import autocast_known, check_impl
+from src.kernels.dispatch import autocast_known, check_impl
 from src.ops.dropout import dropout
 from src.ops.linear import linear
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch.utils.cpp_extension
 
+from src.kernels.environment import CPU_KERNELS_ENV
 from src.ops import cpu
 
 
@@ -14,7 +15,7 @@ from src.ops import cpu
 def fake_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     """A builder that records its call instead of compiling, into an empty extension cache."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.delenv(cpu.DISABLE_ENV, raising=False)
+    monkeypatch.delenv(CPU_KERNELS_ENV, raising=False)
     calls: dict = {}
 
     def load(name: str, *, build_directory: str, sources: list[str], **kwargs) -> None:

@@ -1,4 +1,4 @@
-"""The CPU ops' measured choice between the project's path and ATen's (``src/ops/cpu/choice.py``):
+"""The CPU ops' measured choice between the project's path and ATen's (``src/kernels/timing.py``):
 the modes of ``LIGHTNETS_CPU_KERNELS``, the choice kept per shape, thread count and machine, the
 three ops that measure (BatchNorm's backward, DimConv, the point-wise convolution) running the
 chosen path with ATen's numbers, and timing that leaves the caller's tensors and statistics alone.
@@ -16,13 +16,14 @@ import torch
 import torch.nn.functional as F
 
 import src.ops.batch_norm
-import src.ops.cpu
 import src.ops.dim_conv
 import src.ops.pointwise_conv
 import src.ops.relative_position
-from src.ops import choices
+from src.kernels import choices, environment
+from src.kernels import timing as choice
+from src.kernels.environment import cpu_path_mode, use_cpu_paths
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.cpu import choice, cpu_kernels_loaded, cpu_path_mode, use_cpu_paths
+from src.ops.cpu import cpu_kernels_loaded
 from src.ops.dim_conv import DimConv, dim_conv_reference
 from src.ops.pointwise_conv import pointwise_conv
 from tests.helpers import require_cpu_kernels
@@ -42,8 +43,8 @@ CACHES = (
 def auto(monkeypatch, tmp_path):
     """Measured mode with the ops' choices emptied (restored after) and the store in tmp_path;
     yields the store's path."""
-    monkeypatch.setattr(src.ops.cpu, "_mode", "auto")
-    monkeypatch.setenv(choices.ENV, str(tmp_path / "choices.json"))
+    monkeypatch.setattr(environment, "_mode", "auto")
+    monkeypatch.setenv(environment.CHOICES_ENV, str(tmp_path / "choices.json"))
     choices._machine_choices.cache_clear()
     saved = [dict(cache) for cache in CACHES]
     for cache in CACHES:
@@ -74,17 +75,17 @@ def test_modes_and_a_clear_error_for_a_wrong_one(monkeypatch) -> None:
         assert choice.cpu_path({}, ("k",), candidates) == choice.ATEN
         assert not cpu_kernels_loaded()  # nothing of the project's runs
     # the variable, read once a process
-    monkeypatch.setattr(src.ops.cpu, "_mode", None)
+    monkeypatch.setattr(environment, "_mode", None)
     monkeypatch.delenv(ENV, raising=False)
     assert cpu_path_mode() == "auto"
-    monkeypatch.setattr(src.ops.cpu, "_mode", None)
+    monkeypatch.setattr(environment, "_mode", None)
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(ValueError, match=r"LIGHTNETS_CPU_KERNELS='yes'.*auto.*1.*0"):
         choice.cpu_path({}, ("k",), candidates)
 
 
 def test_measured_once_per_key_and_thread_count(monkeypatch) -> None:
-    monkeypatch.setattr(src.ops.cpu, "_mode", "auto")
+    monkeypatch.setattr(environment, "_mode", "auto")
     runs: list[str] = []
     times = {choice.OURS: 2.0, choice.ATEN: 1.0}
 
@@ -107,7 +108,7 @@ def test_measured_once_per_key_and_thread_count(monkeypatch) -> None:
 
 
 def test_deterministic_algorithms_take_the_projects_path(monkeypatch) -> None:
-    monkeypatch.setattr(src.ops.cpu, "_mode", "auto")
+    monkeypatch.setattr(environment, "_mode", "auto")
     monkeypatch.setattr(choice, "cpu_times", lambda built: pytest.fail("timed"))
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

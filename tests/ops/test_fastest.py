@@ -1,4 +1,4 @@
-"""``src.ops.dispatch.fastest``: the measured choice of ``impl="auto"``, kept per key."""
+"""``src.kernels.dispatch.fastest``: the measured choice of ``impl="auto"``, kept per key."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from src.ops import dispatch
+from src.kernels import dispatch, environment
 
 
 def _timed_candidates(times: dict[str, float], timed: list[str]):
@@ -31,7 +31,7 @@ def test_fastest_times_once_per_key_and_says_so_once(monkeypatch, caplog) -> Non
     monkeypatch.setattr(dispatch, "cuda_time", lambda fn: fn())
     dispatch._say_first_timing.cache_clear()
     cache: dict = {}
-    with caplog.at_level(logging.INFO, logger="src.ops.dispatch"):
+    with caplog.at_level(logging.INFO, logger="src.kernels.dispatch"):
         assert dispatch.fastest(cache, "a", candidates, None, deterministic="eager") == "kernel"
         times["kernel"] = 3.0
         assert dispatch.fastest(cache, "a", candidates, None, deterministic="eager") == "kernel"
@@ -54,10 +54,10 @@ def test_deterministic_mode_times_nothing(monkeypatch) -> None:
 def test_choices_timed_on_cuda_are_kept_for_later_processes(monkeypatch, tmp_path) -> None:
     """A ChoiceCache keeps what cuda_time measured on disk; a later process (a new cache, the
     file read anew) takes it without timing; another signature (GPU, versions, kernels) times."""
-    from src.ops import choices
+    from src.kernels import choices
 
     store = tmp_path / "choices.json"
-    monkeypatch.setenv(choices.ENV, str(store))
+    monkeypatch.setenv(environment.CHOICES_ENV, str(store))
     monkeypatch.setattr(dispatch, "cuda_time", lambda fn: fn())
     monkeypatch.setattr(choices, "signature", lambda: "GPU A | torch x | triton y | k1")
     timed: list[str] = []
@@ -83,23 +83,23 @@ def test_choices_timed_on_cuda_are_kept_for_later_processes(monkeypatch, tmp_pat
 
 
 def test_injected_timers_and_a_disabled_store_write_nothing(monkeypatch, tmp_path) -> None:
-    from src.ops import choices
+    from src.kernels import choices
 
     store = tmp_path / "choices.json"
-    monkeypatch.setenv(choices.ENV, str(store))
+    monkeypatch.setenv(environment.CHOICES_ENV, str(store))
     cache = choices.ChoiceCache("op")
     timed: list[str] = []
     fake = lambda fn: fn()  # noqa: E731
     assert dispatch.fastest(cache, 1, _timed_candidates({"a": 1.0, "b": 2.0}, timed), fake, deterministic="a") == "a"
     assert not store.exists()  # a test's timer: the process only
-    monkeypatch.setenv(choices.ENV, "0")
+    monkeypatch.setenv(environment.CHOICES_ENV, "0")
     monkeypatch.setattr(dispatch, "cuda_time", fake)
     assert dispatch.fastest(choices.ChoiceCache("op"), 1, _timed_candidates({"a": 1.0, "b": 2.0}, timed), None, deterministic="a") == "a"
     assert not store.exists()
 
 
 def test_the_signature_names_the_device_versions_and_kernels() -> None:
-    from src.ops import choices
+    from src.kernels import choices
 
     text = choices.signature()
     assert f"torch {torch.__version__}" in text and "triton" in text

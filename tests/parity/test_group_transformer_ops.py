@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from src.compat.group_transformer import from_official
+from src.kernels.dispatch import triton_available
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
@@ -22,7 +23,6 @@ from src.ops.relative_position import (
     relative_attention_scores,
 )
 from src.ops.shuffle import feature_shuffle
-from src.ops.dispatch import triton_available
 from tests.parity.reference import fixtures, load
 
 ATOL = 1e-5

@@ -4,6 +4,6 @@
 
 A contract is what a reference and its kernels agree on. The op's module (the reference, the
 dispatch and the wrappers of the C++ kernels) and its Triton kernels (:mod:`src.ops.triton.<op>`)
-import it and register their implementations under it with :func:`src.ops.dispatch.opaque_op`.
+import it and register their implementations under it with :func:`src.kernels.dispatch.opaque_op`.
 A contract imports no op module and no back-end.
 """

@@ -23,20 +23,19 @@ of the same sources shares one build.
 Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their eager
 PyTorch path.
 
-``LIGHTNETS_CPU_KERNELS`` (:func:`cpu_path_mode`) says which CPU paths run:
+``LIGHTNETS_CPU_KERNELS`` (:func:`src.kernels.environment.cpu_path_mode`) says which CPU paths run:
 
 - ``auto`` (the default): the kernels, except where the winner depends on the machine and the
   shape (BatchNorm's backward, DimConv, the point-wise convolution's row products, the one-node
   relative attention): those ops time
   their path against ATen's on the first call of each shape and keep the faster
-  (:mod:`src.ops.cpu.choice`);
+  (:mod:`src.kernels.timing`);
 - ``1``: the project's paths wherever they apply, nothing timed (the same path on every machine);
 - ``0``: ATen's eager paths everywhere, nothing built (e.g. to time both).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
@@ -44,14 +43,14 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from filelock import FileLock
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from src.ops.dispatch import exporting
+from src.kernels.dispatch import exporting
+from src.kernels.environment import CPU_KERNELS_ENV, cpu_kernels_disabled, cpu_path_mode
 from src.utils.files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -72,41 +71,6 @@ SOURCES = (
     HERE / "dropout.cpp",
 )
 HEADERS = (HERE / "common.h",)
-DISABLE_ENV = "LIGHTNETS_CPU_KERNELS"
-PATH_MODES = ("auto", "1", "0")
-
-
-_mode: str | None = None  # LIGHTNETS_CPU_KERNELS, read once: the ops ask on every call
-
-
-def cpu_path_mode() -> str:
-    """``LIGHTNETS_CPU_KERNELS``: ``"auto"`` (unset), ``"1"`` or ``"0"`` (module docstring), read
-    on the first call; :func:`use_cpu_paths` changes it for a while."""
-    global _mode
-    if _mode is None:
-        mode = os.environ.get(DISABLE_ENV) or "auto"
-        if mode not in PATH_MODES:
-            raise ValueError(
-                f"{DISABLE_ENV}={mode!r} is not a CPU path mode: use auto (the faster of the "
-                f"project's path and ATen's, measured per shape), 1 (the project's paths, nothing "
-                f"timed) or 0 (ATen's paths)"
-            )
-        _mode = mode
-    return _mode
-
-
-@contextlib.contextmanager
-def use_cpu_paths(mode: str) -> Iterator[None]:
-    """Within the context, the CPU paths of ``mode`` (as ``LIGHTNETS_CPU_KERNELS``): to time the
-    project's paths against ATen's in one process."""
-    global _mode
-    if mode not in PATH_MODES:
-        raise ValueError(f"mode must be one of {PATH_MODES}, got {mode!r}")
-    previous, _mode = _mode, mode
-    try:
-        yield
-    finally:
-        _mode = previous
 
 
 def _compiler_flags() -> tuple[list[str], list[str], str]:
@@ -191,7 +155,7 @@ def stage_sources(
 @functools.cache
 def cpu_kernels() -> bool:
     """Whether ``torch.ops.lightnets_cpu`` is loaded, building it on the first call."""
-    if os.environ.get(DISABLE_ENV) == "0":  # not built at all
+    if cpu_kernels_disabled():  # not built at all
         return False
     # importing the builder logs where it found CUDA, which a CPU-only build does not use
     builder_log = logging.getLogger("torch.utils.cpp_extension")
@@ -238,7 +202,7 @@ def cpu_kernels() -> bool:
             f"the fused CPU kernels could not be built ({type(error).__name__}: "
             f"{str(error).strip().splitlines()[-1] if str(error).strip() else error!r}); the "
             f"CPU uses the eager PyTorch paths. A C++ compiler and ninja "
-            f"(`pip install ninja`) are needed; {DISABLE_ENV}=0 silences this.",
+            f"(`pip install ninja`) are needed; {CPU_KERNELS_ENV}=0 silences this.",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -258,5 +222,5 @@ def cpu_kernels_loaded() -> bool:
     """:func:`cpu_kernels`, taken by ``torch.compile`` as a constant while tracing: for the ops
     whose compiled graphs call the kernels (PReLU's and BatchNorm's backward, the relative softmax).
     False under ``LIGHTNETS_CPU_KERNELS=0`` set after they were built, and while a graph is
-    exported (:func:`src.ops.dispatch.exporting`)."""
+    exported (:func:`src.kernels.dispatch.exporting`)."""
     return cpu_path_mode() != "0" and not exporting() and cpu_kernels()

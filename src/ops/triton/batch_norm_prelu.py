@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import opaque_op
 from src.ops.contracts import batch_norm_prelu as contract
-from src.ops.dispatch import opaque_op
 from src.ops.fused_norm import batch_norm_backward, batch_statistics
 from src.ops.triton.launch import gpu_launch, multi_processor_count
 

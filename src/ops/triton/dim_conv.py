@@ -35,8 +35,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
 from src.ops.contracts import dim_conv as contract
-from src.ops.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
 from src.ops.triton.launch import gpu_launch
 from src.ops.triton.stencil import launch_config, tile
 

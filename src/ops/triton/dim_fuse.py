@@ -39,9 +39,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import dim_fuse as contract
 from src.ops.contracts.dim_conv import output_like
-from src.ops.dispatch import autocast_off, opaque_op
 from src.ops.fused_norm import (
     batch_norm_backward,
     batch_statistics,

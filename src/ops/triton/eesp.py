@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
 from src.ops.contracts import eesp as contract
-from src.ops.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
 from src.ops.fused_norm import (
     batch_norm_backward,
     batch_statistics,

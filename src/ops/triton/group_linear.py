@@ -28,9 +28,9 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.ops.choices import ChoiceCache
+from src.kernels.choices import ChoiceCache
+from src.kernels.dispatch import Timer, autocast_off, fastest, opaque_op, size_bucket
 from src.ops.contracts import group_linear as contract
-from src.ops.dispatch import Timer, autocast_off, fastest, opaque_op, size_bucket
 from src.ops.triton.launch import gpu_launch, multi_processor_count
 
 # The grouped GEMM's launch configuration, read at every launch. On a GPU (a CUDA tensor, or
@@ -489,8 +489,8 @@ _weight_grad_choice: dict[tuple, str] = ChoiceCache("group_linear.weight_grad")
 def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> str:
     """The weight-gradient method for these operands: ``LIGHTNETS_GLT_WGRAD`` when it names one;
     otherwise, on CUDA, whichever of split-K and bmm measured faster on the first backward of this
-    shape (tokens by :func:`src.ops.dispatch.size_bucket`) and dtype
-    (:func:`src.ops.dispatch.fastest`, kept for the process), and split-K on CPU tensors (the
+    shape (tokens by :func:`src.kernels.dispatch.size_bucket`) and dtype
+    (:func:`src.kernels.dispatch.fastest`, kept for the process), and split-K on CPU tensors (the
     interpreter; a ``timer`` measures there too, for tests).
     """
     chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import per_group_layer_norm as contract
-from src.ops.dispatch import autocast_off, opaque_op
 from src.ops.triton.launch import gpu_launch
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile

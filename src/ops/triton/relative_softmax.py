@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import relative_softmax as contract
-from src.ops.dispatch import autocast_off, opaque_op
 from src.ops.triton.launch import gpu_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

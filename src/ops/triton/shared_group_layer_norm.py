@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import shared_group_layer_norm as contract
-from src.ops.dispatch import autocast_off, opaque_op
 from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
 
