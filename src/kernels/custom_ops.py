@@ -1,0 +1,74 @@
+"""Differentiable custom ops: a fused kernel and its backward as one node each of a traced graph.
+
+:func:`src.kernels.dispatch.opaque_op` registers a kernel as an opaque op that an autograd Function
+around it calls, forward or backward. :func:`autograd_op` registers the differentiable op itself:
+the kernel's forward with its fake function and, by ``torch.library.register_autograd``, its
+backward rule. ``torch.compile(fullgraph=True)`` then records the op as one node of the forward
+graph, and AOTAutograd the backward rule's ops (the backward kernel, an opaque op) in the backward
+graph, without tracing a Function's Python body. Operands that decide the result, such as a
+dropout mask's seed, are tensors drawn outside the op, so a traced graph draws them afresh on every
+call (a Python number would be a constant of the graph).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from src.kernels.dispatch import exporting
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def autograd_op(
+    name: str,
+    schema: str,
+    fake: Callable[..., Any],
+    *,
+    setup_context: Callable[[Any, tuple, Any], None],
+    backward: Callable[..., tuple],
+) -> Callable[[F], F]:
+    """Register the decorated function (a fused kernel's forward) as the custom op ``name`` with
+    ``fake`` for its outputs' metadata and an autograd rule: ``setup_context(ctx, inputs,
+    output)`` keeps what the backward reads (``ctx.save_for_backward``, attributes), and
+    ``backward(ctx, *grads)`` returns one gradient (or None) per input in schema order, calling
+    the backward kernel as an :func:`~src.kernels.dispatch.opaque_op`. ``schema`` and ``fake``
+    come from the op's contract (:mod:`src.ops.contracts`); the schema returns a Tensor or a tuple
+    of them (an output the caller does not use, saved for the backward, is marked
+    non-differentiable in ``setup_context``).
+
+    The function returned calls the op while ``torch.compile`` traces, and eagerly (and under
+    export, where the ops take their references before reaching a kernel) an autograd Function of
+    the same three functions: eager calls skip the dispatcher round trip of a Python custom op,
+    tens of us a call. The eager backward is once differentiable, as a kernel's is.
+    """
+
+    def register(fn: F) -> F:
+        op = torch.library.custom_op(name, fn, mutates_args=(), schema=schema)
+        op.register_fake(fake)
+        op.register_autograd(backward, setup_context=setup_context)
+        # "lightnets::hashed_dropout" -> HashedDropout: its nodes are HashedDropoutBackward
+        title = "".join(word.title() for word in name.split("::")[-1].split("_"))
+        function = type(
+            title,
+            (torch.autograd.Function,),
+            {
+                "forward": staticmethod(fn),
+                "setup_context": staticmethod(setup_context),
+                "backward": staticmethod(once_differentiable(backward)),
+            },
+        )
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            if torch.compiler.is_compiling() and not exporting():
+                return op(*args)
+            return function.apply(*args)
+
+        return cast(F, call)
+
+    return register
