@@ -5,13 +5,15 @@ use MKL's vectorised generator (AMD's) runs element by element from one locked M
 about 4 ns an element, a quarter of a small DeLighT's training step (its DExTra units drop out
 after every GLT). ``lightnets_cpu::dropout_forward`` (``src/ops/cpu/dropout.cpp``) keeps element
 i when a keyed 32-bit mix of i is at or above p 2^32, the key a 64-bit seed drawn from PyTorch's
-default generator, so ``torch.manual_seed`` fixes the masks as it fixes ``F.dropout``'s; the
-backward regenerates the mask from the seed (nothing is stored). The masks differ from
-``bernoulli_``'s draws (another generator), with the same distribution: each element kept with
-probability 1 - p independently to the quality of the mix, the kept ones scaled by 1 / (1 - p).
+default generator as a tensor (:func:`src.ops.contracts.dropout.draw_seed`), so
+``torch.manual_seed`` fixes the masks as it fixes ``F.dropout``'s and a graph traced by
+``torch.compile`` draws a new one on every call; the backward regenerates the mask from the saved
+seed (nothing else is stored). The masks differ from ``bernoulli_``'s draws (another generator),
+with the same distribution: each element kept with probability 1 - p independently to the quality
+of the mix, the kept ones scaled by 1 / (1 - p). Traced, the kernel is the custom op
+``lightnets::hashed_dropout``, one node forward and one backward.
 
-Elsewhere (CUDA, 16-bit and float64 tensors, ``torch.compile``, dispatch modes) it is
-``F.dropout``.
+Elsewhere (CUDA, 16-bit and float64 tensors, dispatch modes) it is ``F.dropout``.
 """
 
 from __future__ import annotations
@@ -19,31 +21,50 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from src.kernels.environment import cpu_path_mode
+from src.kernels.custom_ops import autograd_op
+from src.kernels.dispatch import opaque_op
+from src.ops.contracts import dropout as contract
 from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
 
 
-def _draw_seed() -> int:
-    # one draw from the default CPU generator: torch.manual_seed fixes it
-    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+@opaque_op("lightnets::hashed_dropout_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)
+def hashed_dropout_backward(grad_y: Tensor, seed: Tensor, p: float) -> Tensor:
+    """``lightnets_cpu::dropout_backward``: the output gradient through the forward's mask (drawn
+    again from ``seed``), scaled by 1 / (1 - p).
+
+    Shape:
+        grad_y any, contiguous; seed (1,) int64 -> grad_y's shape
+    """
+    return torch.ops.lightnets_cpu.dropout_backward(grad_y, p, seed)
 
 
-class HashDropoutFunction(torch.autograd.Function):
-    """:func:`dropout` by the C++ kernels; the backward regenerates the forward's mask."""
+def _keep_seed(ctx, inputs: tuple, output: Tensor) -> None:
+    _, seed, p = inputs
+    ctx.save_for_backward(seed)
+    ctx.p = p
 
-    @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
-        seed = _draw_seed()
-        ctx.p, ctx.seed = p, seed
-        return torch.ops.lightnets_cpu.dropout_forward(x.contiguous(), p, seed).view(x.shape)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        grad_x = torch.ops.lightnets_cpu.dropout_backward(grad_y.contiguous(), ctx.p, ctx.seed)
-        return grad_x.view(grad_y.shape), None
+def _through_mask(ctx, grad_y: Tensor) -> tuple[Tensor, None, None]:
+    (seed,) = ctx.saved_tensors
+    return hashed_dropout_backward(grad_y.contiguous(), seed, ctx.p), None, None
+
+
+@autograd_op(
+    "lightnets::hashed_dropout",
+    contract.FORWARD_SCHEMA,
+    contract.forward_fake,
+    setup_context=_keep_seed,
+    backward=_through_mask,
+)
+def hashed_dropout(x: Tensor, seed: Tensor, p: float) -> Tensor:
+    """``lightnets_cpu::dropout_forward``: x with the elements the mask of ``seed`` drops zeroed,
+    the kept ones scaled by 1 / (1 - p); differentiable, the backward applying the same mask.
+
+    Shape:
+        x any, contiguous float32; seed (1,) int64 -> x's shape
+    """
+    return torch.ops.lightnets_cpu.dropout_forward(x, p, seed)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -59,10 +80,9 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         0.0 < p < 1.0
         and x.device.type == "cpu"
         and x.dtype == torch.float32
-        and not torch.compiler.is_compiling()
         and not dispatch_mode_active()
-        and cpu_path_mode() != "0"
         and cpu_kernels_loaded()
     ):
-        return HashDropoutFunction.apply(x, p)
+        seed = contract.draw_seed(x.device)
+        return hashed_dropout(x.contiguous(), seed, p)
     return F.dropout(x, p, True)

@@ -40,7 +40,7 @@ def test_the_backward_applies_the_forwards_mask() -> None:
     torch.manual_seed(0)
     x = torch.randn(300, 70, requires_grad=True)
     y = dropout(x, 0.3)
-    assert type(y.grad_fn).__name__ == "HashDropoutFunctionBackward"
+    assert type(y.grad_fn).__name__ == "HashedDropoutBackward"
     probe = torch.randn_like(y)
     y.backward(probe)
     scale = torch.tensor(1 / 0.7, dtype=torch.float32)
@@ -72,16 +72,20 @@ def test_masks_do_not_depend_on_the_thread_count() -> None:
 def test_identity_outside_training_and_f_dropout_elsewhere() -> None:
     x = torch.randn(8, 5, requires_grad=True)
     assert dropout(x, 0.3, training=False) is x and dropout(x, 0.0) is x
-    assert type(dropout(x.double(), 0.3).grad_fn).__name__ != "HashDropoutFunctionBackward"
-    assert type(dropout(x.bfloat16(), 0.3).grad_fn).__name__ != "HashDropoutFunctionBackward"
+    assert type(dropout(x.double(), 0.3).grad_fn).__name__ != "HashedDropoutBackward"
+    assert type(dropout(x.bfloat16(), 0.3).grad_fn).__name__ != "HashedDropoutBackward"
     strided = torch.randn(8, 10)[:, ::2]  # any layout: the kernel reads a contiguous copy
     assert dropout(strided, 0.5).shape == (8, 5)
 
 
 def test_the_kernels_reject_what_they_cannot_read() -> None:
+    seed = torch.ones(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="dropout_forward: x must be float32"):
-        torch.ops.lightnets_cpu.dropout_forward(torch.ones(3, dtype=torch.float64), 0.5, 1)
+        torch.ops.lightnets_cpu.dropout_forward(torch.ones(3, dtype=torch.float64), 0.5, seed)
     with pytest.raises(RuntimeError, match=r"dropout_forward: p must be in \[0, 1\), got 1"):
-        torch.ops.lightnets_cpu.dropout_forward(torch.ones(3), 1.0, 1)
+        torch.ops.lightnets_cpu.dropout_forward(torch.ones(3), 1.0, seed)
     with pytest.raises(RuntimeError, match="dropout_backward: grad_y must be contiguous"):
-        torch.ops.lightnets_cpu.dropout_backward(torch.ones(3, 4).t(), 0.5, 1)
+        torch.ops.lightnets_cpu.dropout_backward(torch.ones(3, 4).t(), 0.5, seed)
+    for bad in (torch.ones(1), torch.ones(2, dtype=torch.int64)):
+        with pytest.raises(RuntimeError, match="dropout_forward: seed must be a one-element int64"):
+            torch.ops.lightnets_cpu.dropout_forward(torch.ones(3), 0.5, bad)

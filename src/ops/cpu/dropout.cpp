@@ -1,6 +1,8 @@
 // Dropout with a counter-based mask: element i of a call is kept when hash(seed, i), a keyed
 // 32-bit mix of its index, is at or above p 2^32; kept elements are scaled by 1 / (1 - p). The
-// backward regenerates the mask from the seed instead of storing it.
+// backward regenerates the mask from the seed instead of storing it. The seed is a one-element
+// int64 tensor, drawn by the caller on the CPU's generator: a traced graph then draws it on every
+// call, where a number would be a constant of the graph.
 //
 // Why: on CPUs where PyTorch does not take MKL's vectorised generator (AMD's), bernoulli_ draws
 // element by element from one locked Mersenne Twister, about 4 ns an element: DeLighT's many
@@ -63,32 +65,38 @@ void scale_kept(const float* src, float* dst, int64_t n, double p, int64_t seed)
   });
 }
 
-void check(const char* op, const at::Tensor& x, const char* name, double p) {
+// The seed's value, after both operands are checked
+int64_t check(const char* op, const at::Tensor& x, const char* name, double p,
+              const at::Tensor& seed) {
   lightnets::check_operand(op, x, name, x.dim(), "(any shape)");
   TORCH_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p);
   TORCH_CHECK(x.numel() <= (int64_t{1} << 32), op, ": ", name, " of shape ", x.sizes(),
               " has more than 2^32 elements, past the mask's index");
+  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 1, op,
+              ": seed must be a one-element int64 CPU tensor, got ", seed.scalar_type(),
+              " of shape ", seed.sizes(), " on ", seed.device());
+  return seed.data_ptr<int64_t>()[0];
 }
 
 // y = x * mask / (1 - p)
-at::Tensor dropout_forward(const at::Tensor& x, double p, int64_t seed) {
-  check("dropout_forward", x, "x", p);
+at::Tensor dropout_forward(const at::Tensor& x, double p, const at::Tensor& seed) {
+  const int64_t key = check("dropout_forward", x, "x", p, seed);
   at::Tensor y = at::empty_like(x);
-  scale_kept(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), p, seed);
+  scale_kept(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), p, key);
   return y;
 }
 
 // grad_x = grad_y * mask / (1 - p), the forward's mask for the same seed and size
-at::Tensor dropout_backward(const at::Tensor& grad_y, double p, int64_t seed) {
-  check("dropout_backward", grad_y, "grad_y", p);
+at::Tensor dropout_backward(const at::Tensor& grad_y, double p, const at::Tensor& seed) {
+  const int64_t key = check("dropout_backward", grad_y, "grad_y", p, seed);
   at::Tensor grad_x = at::empty_like(grad_y);
-  scale_kept(grad_y.data_ptr<float>(), grad_x.data_ptr<float>(), grad_y.numel(), p, seed);
+  scale_kept(grad_y.data_ptr<float>(), grad_x.data_ptr<float>(), grad_y.numel(), p, key);
   return grad_x;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lightnets_cpu, m) {
-  m.def("dropout_forward(Tensor x, float p, int seed) -> Tensor", &dropout_forward);
-  m.def("dropout_backward(Tensor grad_y, float p, int seed) -> Tensor", &dropout_backward);
+  m.def("dropout_forward(Tensor x, float p, Tensor seed) -> Tensor", &dropout_forward);
+  m.def("dropout_backward(Tensor grad_y, float p, Tensor seed) -> Tensor", &dropout_backward);
 }
