@@ -39,10 +39,11 @@ def residual_layer_norm(
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtypes, :func:`auto_path`) of the
     fused Triton kernel and the PyTorch ops; the PyTorch ops elsewhere and under
     ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
-    The kernel draws its dropout mask itself (Philox, from a seed of the default CPU generator),
-    the PyTorch path with :func:`src.ops.dropout.dropout`: the masks differ, their distribution
-    does not. Both give the output in the dtype the PyTorch ops give under CUDA's autocast (the
-    promotion of residual and branch: float32 for a float32 residual stream).
+    The kernel draws its dropout mask itself (Philox, from a seed tensor drawn on the input's
+    device, also in a traced graph), the PyTorch path with :func:`src.ops.dropout.dropout`: the
+    masks differ, their distribution does not. Both give the output in the dtype the PyTorch ops
+    give under CUDA's autocast (the promotion of residual and branch: float32 for a float32
+    residual stream).
 
     Shape:
         residual and branch (..., d), weight and bias (d,) -> (..., d)
@@ -59,11 +60,7 @@ def residual_layer_norm(
     if kernel:
         from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
 
-        if not torch.compiler.is_compiling():
-            return residual_layer_norm_triton(residual, branch, weight, bias, eps, p)
-        # traced, the mask's seed would be a constant of the graph: PyTorch's dropout draws it
-        branch = F.dropout(branch, p, True) if p > 0 else branch
-        return residual_layer_norm_triton(residual, branch, weight, bias, eps)
+        return residual_layer_norm_triton(residual, branch, weight, bias, eps, p)
     return _reference(residual, branch, weight, bias, eps, p)
 
 

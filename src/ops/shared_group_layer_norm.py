@@ -115,8 +115,8 @@ def shared_group_layer_norm_swish(
     and a sum backward, the output in x's dtype) and the PyTorch ops (under autocast
     ``layer_norm`` in float32, then ``silu``); the PyTorch ops elsewhere and under
     ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
-    The kernel draws its dropout mask itself (Philox, from a seed of the default CPU generator;
-    :mod:`src.ops.triton.shared_group_layer_norm`), the PyTorch path with
+    The kernel draws its dropout mask itself (Philox, from a seed tensor drawn on x's device,
+    also in a traced graph; :mod:`src.ops.triton.shared_group_layer_norm`), the PyTorch path with
     :func:`src.ops.dropout.dropout`: the masks differ, their distribution does not.
 
     Shape:
@@ -132,11 +132,7 @@ def shared_group_layer_norm_swish(
     if kernel:
         from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
-        if not torch.compiler.is_compiling():
-            return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True, p)
-        # traced, the mask's seed would be a constant of the graph: PyTorch's dropout draws it
-        y = shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
-        return F.dropout(y, p, True) if p > 0 else y
+        return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True, p)
     return _dropout(F.silu(shared_group_layer_norm(x, groups, weight, bias, eps)), p)
 
 

@@ -1,6 +1,7 @@
 """The contract of the post-norm residual (:mod:`src.ops.residual_layer_norm`): the forward and
 backward ops over (R, D) rows, which the Triton kernels (:mod:`src.ops.triton.residual_layer_norm`)
-compute.
+compute. The dropout mask's seed is a tensor (:mod:`src.ops.contracts.dropout`), None without
+dropout.
 """
 
 from __future__ import annotations
@@ -9,39 +10,39 @@ import torch
 from torch import Tensor
 
 FORWARD_SCHEMA = (
-    "(Tensor residual, Tensor branch, Tensor weight, Tensor bias, float eps, int seed, float p) "
-    "-> Tensor[]"
+    "(Tensor residual, Tensor branch, Tensor weight, Tensor bias, float eps, Tensor? seed, "
+    "float p) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 BACKWARD_SCHEMA = (
     "(Tensor grad_y, Tensor total, Tensor weight, Tensor mean, Tensor rstd, ScalarType "
-    "branch_dtype, int seed, float p) -> Tensor[]"
+    "branch_dtype, Tensor? seed, float p) -> (Tensor, Tensor, Tensor)"
 )
 
 
 def forward_fake(
-    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, seed: int,
-    p: float,
-) -> list[Tensor]:  # fmt: skip
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
+    seed: Tensor | None, p: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The forward op's outputs' metadata: y and the sum ``residual + dropout(branch)`` in the
     promoted dtype of the two, float32 (R,) mean and reciprocal standard deviation."""
     dtype = torch.result_type(residual, branch)
     rows = residual.shape[0]
-    return [
+    return (
         torch.empty_like(residual, dtype=dtype),
         torch.empty_like(residual, dtype=dtype),
         residual.new_empty((rows,), dtype=torch.float32),
         residual.new_empty((rows,), dtype=torch.float32),
-    ]
+    )
 
 
 def backward_fake(
     grad_y: Tensor, total: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-    branch_dtype: torch.dtype, seed: int, p: float,
-) -> list[Tensor]:  # fmt: skip
+    branch_dtype: torch.dtype, seed: Tensor | None, p: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The backward op's outputs' metadata: the residual's gradient like the sum, the branch's in
     its dtype, then the weight and bias gradients stacked, (2, D) in the weight's dtype."""
-    return [
+    return (
         torch.empty_like(total),
         torch.empty_like(total, dtype=branch_dtype),
         weight.new_empty((2, *weight.shape)),
-    ]
+    )

@@ -11,9 +11,11 @@ DeLighT's training step is launch-bound (docs/gpu.md). Here one program takes a 
 
 keeping s (in the sum's dtype, as PyTorch's ``layer_norm`` keeps its input) and each row's mean
 and r for the backward. The dropout mask m keeps element i when Philox's ``tl.rand(seed, i)`` is
-at or above p, the seed drawn once per call from PyTorch's default CPU generator
-(``torch.manual_seed`` fixes it; the masks differ from ``F.dropout``'s, their distribution does
-not), and the backward draws it again. With ``x_hat = c r`` and ``g = dy w`` the sum's gradient is
+at or above p, the seed a tensor drawn once per call on the input's device
+(:mod:`src.ops.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced or replayed graph
+draws it anew; the masks differ from ``F.dropout``'s, their distribution does not), and the
+backward draws the mask again from the saved seed. With ``x_hat = c r`` and ``g = dy w`` the
+sum's gradient is
 
     ds = r (g - mean(g) - x_hat mean(g x_hat))
 
@@ -23,7 +25,9 @@ and summed by PyTorch in one reduction, so they do not depend on the run.
 
 Statistics and arithmetic are float32. The output is in the dtype PyTorch's path gives: the
 promotion of residual and branch (a float32 residual stream and a 16-bit branch under autocast:
-float32, as CUDA's autocast runs ``layer_norm``).
+float32, as CUDA's autocast runs ``layer_norm``). The forward is the custom op
+``lightnets::residual_layer_norm`` with the backward kernel as its autograd rule: one node each
+way in a graph ``torch.compile`` traces.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import residual_layer_norm as contract
+from src.ops.contracts.dropout import draw_seed
 from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
 
@@ -49,7 +55,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit
 def _residual_norm_fwd_kernel(
     r_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_ptr, mean_ptr, rstd_ptr,
-    R, D, eps, seed, p,
+    R, D, eps, seed_ptr, p,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -60,7 +66,7 @@ def _residual_norm_fwd_kernel(
     offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
     if DROPOUT:
-        x = tl.where(kept(seed, offsets, p), x / (1.0 - p), 0.0)
+        x = tl.where(kept(seed_ptr, offsets, p), x / (1.0 - p), 0.0)
     s = tl.load(r_ptr + offsets, mask=m, other=0.0).to(tl.float32) + x
     s = s.to(s_ptr.dtype.element_ty)
     tl.store(s_ptr + offsets, s, mask=m)
@@ -80,7 +86,7 @@ def _residual_norm_fwd_kernel(
 @triton.jit
 def _residual_norm_bwd_kernel(
     s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
-    R, D, P, seed, p,
+    R, D, P, seed_ptr, p,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -102,7 +108,7 @@ def _residual_norm_bwd_kernel(
     tl.store(dr_ptr + offsets, ds.to(dr_ptr.dtype.element_ty), mask=m)
     dx = ds
     if DROPOUT:  # the forward's mask, drawn again
-        dx = tl.where(kept(seed, offsets, p), ds / (1.0 - p), 0.0)
+        dx = tl.where(kept(seed_ptr, offsets, p), ds / (1.0 - p), 0.0)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
     # partial rows of the weight and bias gradients: (2, P, D), one per program
     program = tl.program_id(0).to(tl.int64)
@@ -120,39 +126,19 @@ def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
     return (triton.cdiv(rows, block_r),), meta
 
 
-@opaque_op("lightnets::residual_layer_norm", contract.FORWARD_SCHEMA, contract.forward_fake)
-def residual_layer_norm_forward(
-    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, seed: int,
-    p: float,
-) -> list[Tensor]:  # fmt: skip
-    """The normalised rows, the sum they normalise, and each row's mean and 1 / std. One launch.
-
-    Shape:
-        residual and branch (R, D) contiguous, weight and bias (D,) -> [(R, D), (R, D), (R,), (R,)]
-    """
-    rows, width = residual.shape
-    grid, meta = _launch(rows, width, gpu_launch(residual))
-    y, total, mean, rstd = contract.forward_fake(residual, branch, weight, bias, eps, seed, p)
-    _residual_norm_fwd_kernel[grid](
-        residual, branch, weight, bias, y, total, mean, rstd, rows, width, eps, seed, p,
-        DROPOUT=p > 0, **meta,
-    )  # fmt: skip
-    return [y, total, mean, rstd]
-
-
 @opaque_op(
     "lightnets::residual_layer_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def residual_layer_norm_backward(
     grad_y: Tensor, total: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-    branch_dtype: torch.dtype, seed: int, p: float,
-) -> list[Tensor]:  # fmt: skip
+    branch_dtype: torch.dtype, seed: Tensor | None, p: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The residual's and the branch's gradients, and the weight and bias gradients stacked. One
     launch and one sum over the programs' partial rows.
 
     Shape:
-        grad_y and total (R, D) contiguous, weight (D,), mean and rstd (R,)
-        -> [(R, D), (R, D) in branch_dtype, (2, D) in weight's dtype]
+        grad_y and total (R, D) contiguous, weight (D,), mean and rstd (R,), seed (1,) int64 or
+        None -> ((R, D), (R, D) in branch_dtype, (2, D) in weight's dtype)
     """
     rows, width = total.shape
     grid, meta = _launch(rows, width, gpu_launch(total))
@@ -161,37 +147,55 @@ def residual_layer_norm_backward(
     )
     parts = torch.empty((2, grid[0], width), dtype=torch.float32, device=total.device)
     _residual_norm_bwd_kernel[grid](
-        total, grad_y, weight, mean, rstd, grad_r, grad_x, parts, rows, width, grid[0], seed, p,
-        DROPOUT=p > 0, **meta,
+        total, grad_y, weight, mean, rstd, grad_r, grad_x, parts, rows, width, grid[0],
+        mean if seed is None else seed, p, DROPOUT=p > 0, **meta,
     )  # fmt: skip
-    return [grad_r, grad_x, parts.sum(1).to(weight.dtype)]  # (2, D): weight, then bias
+    return grad_r, grad_x, parts.sum(1).to(weight.dtype)  # (2, D): weight, then bias
 
 
-class _ResidualLayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
-        p: float,
-    ) -> Tensor:  # fmt: skip
-        # the dropout mask's seed, from the default CPU generator: torch.manual_seed fixes it, and
-        # drawing it on the host costs no launch
-        seed = int(torch.randint(2**31 - 1, ())) if p > 0 else 0
-        with autocast_off(residual.device.type):
-            y, total, mean, rstd = residual_layer_norm_forward(
-                residual, branch, weight, bias, eps, seed, p
-            )
-        ctx.save_for_backward(total, weight, mean, rstd)
-        ctx.branch_dtype, ctx.seed, ctx.p = branch.dtype, seed, p
-        return y
+def _keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
+    _, branch, weight, _, _, seed, p = inputs
+    _, total, mean, rstd = output
+    ctx.mark_non_differentiable(total, mean, rstd)
+    ctx.save_for_backward(total, weight, mean, rstd, seed)
+    ctx.branch_dtype, ctx.p = branch.dtype, p
 
-    @staticmethod
-    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        total, weight, mean, rstd = ctx.saved_tensors
-        with autocast_off(total.device.type):
-            grad_r, grad_x, grad_affine = residual_layer_norm_backward(
-                grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, ctx.seed, ctx.p
-            )
-        return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None
+
+def _residual_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+    total, weight, mean, rstd, seed = ctx.saved_tensors
+    with autocast_off(total.device.type):
+        grad_r, grad_x, grad_affine = residual_layer_norm_backward(
+            grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, seed, ctx.p
+        )
+    return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None, None
+
+
+@autograd_op(
+    "lightnets::residual_layer_norm",
+    contract.FORWARD_SCHEMA,
+    contract.forward_fake,
+    setup_context=_keep_for_backward,
+    backward=_residual_layer_norm_grads,
+)
+def residual_layer_norm_forward(
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
+    seed: Tensor | None, p: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The normalised rows, the sum they normalise, and each row's mean and 1 / std (the last
+    three kept for the backward, not differentiable). One launch.
+
+    Shape:
+        residual and branch (R, D) contiguous, weight and bias (D,), seed (1,) int64 (None for
+        p = 0) -> ((R, D), (R, D), (R,), (R,))
+    """
+    rows, width = residual.shape
+    grid, meta = _launch(rows, width, gpu_launch(residual))
+    y, total, mean, rstd = contract.forward_fake(residual, branch, weight, bias, eps, seed, p)
+    _residual_norm_fwd_kernel[grid](
+        residual, branch, weight, bias, y, total, mean, rstd, rows, width, eps,
+        mean if seed is None else seed, p, DROPOUT=p > 0, **meta,
+    )  # fmt: skip
+    return y, total, mean, rstd
 
 
 def residual_layer_norm_triton(
@@ -199,7 +203,7 @@ def residual_layer_norm_triton(
 ) -> Tensor:
     """The fused post-norm residual; the contract of
     :func:`src.ops.residual_layer_norm.residual_layer_norm`. The dropout mask is Philox's
-    (``tl.rand``) from a seed drawn from PyTorch's default CPU generator, not ``F.dropout``'s; the
+    (``tl.rand``) from a seed tensor drawn on the input's device, not ``F.dropout``'s; the
     backward draws it again.
 
     Shape:
@@ -220,7 +224,9 @@ def residual_layer_norm_triton(
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     rows = [t.reshape(-1, width).contiguous() for t in (residual, branch)]  # (..., D) -> (R, D)
-    y = _ResidualLayerNormFunction.apply(
-        *rows, weight.contiguous(), bias.contiguous(), float(eps), float(p)
-    )
+    seed = draw_seed(residual.device) if p > 0 else None
+    with autocast_off(residual.device.type):
+        y = residual_layer_norm_forward(
+            *rows, weight.contiguous(), bias.contiguous(), float(eps), seed, float(p)
+        )[0]
     return y.view(*residual.shape[:-1], width)

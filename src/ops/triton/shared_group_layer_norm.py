@@ -13,8 +13,10 @@ group and applies the shared affine and the swish:
 then drops y out with probability p (DExTra's ``dextra_dropout``; PyTorch's dropout would be one
 launch more each way), keeping the per-(row, group) mean and r for the backward, which recomputes
 z and draws the mask again: element i is kept when Philox's ``tl.rand(seed, i)`` is at or above
-p, the seed drawn once per call from PyTorch's default CPU generator (``torch.manual_seed`` fixes
-it; the masks differ from ``F.dropout``'s, their distribution does not). With dy first taken
+p, the seed a tensor drawn once per call on x's device and saved for the backward
+(:mod:`src.ops.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced or replayed graph
+draws it anew; the masks differ from ``F.dropout``'s, their distribution does not). With dy first
+taken
 through the mask and the 1 / (1 - p) scale, ``dz = dy sigmoid(z) (1 + z (1 - sigmoid(z)))`` (dy
 itself without the swish), ``x_hat = c r`` and ``g = dz w``, the input gradient of one group row
 is
@@ -26,7 +28,9 @@ written as one partial row per program and summed by PyTorch in one reduction, s
 depend on the run.
 
 Statistics and arithmetic are float32; the output is in x's dtype (a 16-bit GLT output gives a
-16-bit activation, which the next GLT reads without a cast).
+16-bit activation, which the next GLT reads without a cast). The forward is the custom op
+``lightnets::shared_group_layer_norm`` with the backward kernel as its autograd rule: one node each
+way in a graph ``torch.compile`` traces.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import shared_group_layer_norm as contract
+from src.ops.contracts.dropout import draw_seed
 from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
 
@@ -53,7 +59,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 @triton.jit
 def _norm_swish_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    R, D, G, n, eps, seed, p,
+    R, D, G, n, eps, seed_ptr, p,
     SWISH: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -74,7 +80,7 @@ def _norm_swish_fwd_kernel(
     if SWISH:
         z = z * tl.sigmoid(z)
     if DROPOUT:
-        z = tl.where(kept(seed, offsets, p), z / (1.0 - p), 0.0)
+        z = tl.where(kept(seed_ptr, offsets, p), z / (1.0 - p), 0.0)
     tl.store(y_ptr + offsets, z.to(y_ptr.dtype.element_ty), mask=m)
     tl.store(mean_ptr + rows * G + group, mean, mask=row_ok)
     tl.store(rstd_ptr + rows * G + group, rstd, mask=row_ok)
@@ -83,7 +89,7 @@ def _norm_swish_fwd_kernel(
 @triton.jit
 def _norm_swish_bwd_kernel(
     x_ptr, dy_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr,
-    R, D, G, n, P, seed, p,
+    R, D, G, n, P, seed_ptr, p,
     SWISH: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -100,7 +106,7 @@ def _norm_swish_bwd_kernel(
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     x_hat = tl.where(m, (x - mean[:, None]) * rstd[:, None], 0.0)
     if DROPOUT:  # the forward's mask, drawn again
-        dy = tl.where(kept(seed, offsets, p), dy / (1.0 - p), 0.0)
+        dy = tl.where(kept(seed_ptr, offsets, p), dy / (1.0 - p), 0.0)
     dz = dy
     if SWISH:
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -129,29 +135,6 @@ def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int
     return (triton.cdiv(rows, block_r), groups), meta
 
 
-@opaque_op("lightnets::shared_group_layer_norm", contract.FORWARD_SCHEMA, contract.forward_fake)
-def shared_group_layer_norm_forward(
-    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool, seed: int,
-    p: float,
-) -> list[Tensor]:  # fmt: skip
-    """The normalised (activated, dropped out with probability p > 0 by the mask of ``seed``)
-    rows, and each (row, group)'s mean and 1 / std. One launch.
-
-    Shape:
-        x (R, D) contiguous, weight and bias (D / groups,) -> [(R, D), (R, G), (R, G)]
-    """
-    rows, width = x.shape
-    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
-    y = torch.empty_like(x)
-    mean = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
-    _norm_swish_fwd_kernel[grid](
-        x, weight, bias, y, mean, rstd, rows, width, groups, width // groups, eps, seed, p,
-        SWISH=swish, DROPOUT=p > 0, **meta,
-    )  # fmt: skip
-    return [y, mean, rstd]
-
-
 @opaque_op(
     "lightnets::shared_group_layer_norm_backward",
     contract.BACKWARD_SCHEMA,
@@ -159,14 +142,14 @@ def shared_group_layer_norm_forward(
 )
 def shared_group_layer_norm_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
-    swish: bool, seed: int, p: float,
-) -> list[Tensor]:  # fmt: skip
+    swish: bool, seed: Tensor | None, p: float,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The input gradient, and the weight and bias gradients stacked. One launch and one sum over
     the programs' partial rows.
 
     Shape:
-        grad_y and x (R, D) contiguous, weight and bias (D / G,), mean and rstd (R, G)
-        -> [(R, D) in x's dtype, (2, D / G) in weight's dtype]
+        grad_y and x (R, D) contiguous, weight and bias (D / G,), mean and rstd (R, G), seed (1,)
+        int64 or None -> ((R, D) in x's dtype, (2, D / G) in weight's dtype)
     """
     rows, width = x.shape
     groups = mean.shape[1]
@@ -176,37 +159,56 @@ def shared_group_layer_norm_backward(
     parts = torch.empty((2, programs, width // groups), dtype=torch.float32, device=x.device)
     _norm_swish_bwd_kernel[grid](
         x, grad_y, weight, bias, mean, rstd, grad_x, parts,
-        rows, width, groups, width // groups, programs, seed, p, SWISH=swish, DROPOUT=p > 0,
-        **meta,
+        rows, width, groups, width // groups, programs, mean if seed is None else seed, p,
+        SWISH=swish, DROPOUT=p > 0, **meta,
     )  # fmt: skip
-    return [grad_x, parts.sum(1).to(weight.dtype)]  # (2, D / G): weight, then bias
+    return grad_x, parts.sum(1).to(weight.dtype)  # (2, D / G): weight, then bias
 
 
-class _SharedGroupLayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool,
-        p: float,
-    ) -> Tensor:  # fmt: skip
-        # the dropout mask's seed, from the default CPU generator: torch.manual_seed fixes it, and
-        # drawing it on the host costs no launch
-        seed = int(torch.randint(2**31 - 1, ())) if p > 0 else 0
-        with autocast_off(x.device.type):
-            y, mean, rstd = shared_group_layer_norm_forward(
-                x, weight, bias, groups, eps, swish, seed, p
-            )
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.swish, ctx.seed, ctx.p = swish, seed, p
-        return y
+def _keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
+    x, weight, bias, _, _, swish, seed, p = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, bias, mean, rstd, seed)
+    ctx.swish, ctx.p = swish, p
 
-    @staticmethod
-    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        with autocast_off(x.device.type):
-            grad_x, grad_affine = shared_group_layer_norm_backward(
-                grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.swish, ctx.seed, ctx.p
-            )
-        return grad_x, grad_affine[0], grad_affine[1], None, None, None, None
+
+def _shared_group_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight, bias, mean, rstd, seed = ctx.saved_tensors
+    with autocast_off(x.device.type):
+        grad_x, grad_affine = shared_group_layer_norm_backward(
+            grad_y.contiguous(), x, weight, bias, mean, rstd, ctx.swish, seed, ctx.p
+        )
+    return grad_x, grad_affine[0], grad_affine[1], None, None, None, None, None
+
+
+@autograd_op(
+    "lightnets::shared_group_layer_norm",
+    contract.FORWARD_SCHEMA,
+    contract.forward_fake,
+    setup_context=_keep_for_backward,
+    backward=_shared_group_layer_norm_grads,
+)
+def shared_group_layer_norm_forward(
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, swish: bool,
+    seed: Tensor | None, p: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The normalised (activated, dropped out with probability p > 0 by the mask of ``seed``)
+    rows, and each (row, group)'s mean and 1 / std (kept for the backward, not differentiable).
+    One launch.
+
+    Shape:
+        x (R, D) contiguous, weight and bias (D / groups,), seed (1,) int64 (None for p = 0)
+        -> ((R, D), (R, G), (R, G))
+    """
+    rows, width = x.shape
+    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
+    y, mean, rstd = contract.forward_fake(x, weight, bias, groups, eps, swish, seed, p)
+    _norm_swish_fwd_kernel[grid](
+        x, weight, bias, y, mean, rstd, rows, width, groups, width // groups, eps,
+        mean if seed is None else seed, p, SWISH=swish, DROPOUT=p > 0, **meta,
+    )  # fmt: skip
+    return y, mean, rstd
 
 
 def shared_group_layer_norm_triton(
@@ -215,8 +217,7 @@ def shared_group_layer_norm_triton(
     """The fused norm (and swish, and dropout with probability p); the contract of
     :func:`src.ops.shared_group_layer_norm.shared_group_layer_norm` (then ``F.silu`` and
     dropout), with the output in x's dtype. The dropout mask is Philox's (``tl.rand``) from a
-    seed drawn from PyTorch's default CPU generator, not ``F.dropout``'s; the backward draws it
-    again.
+    seed tensor drawn on x's device, not ``F.dropout``'s; the backward draws it again.
 
     Shape:
         x (..., D) float32/float16/bfloat16, weight and bias (D / groups,) -> (..., D)
@@ -235,7 +236,10 @@ def shared_group_layer_norm_triton(
     rows = x.reshape(-1, width).contiguous()  # (..., D) -> (R, D)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    y = _SharedGroupLayerNormFunction.apply(
-        rows, weight.contiguous(), bias.contiguous(), groups, float(eps), bool(swish), float(p)
-    )
+    seed = draw_seed(x.device) if p > 0 else None
+    with autocast_off(x.device.type):
+        y = shared_group_layer_norm_forward(
+            rows, weight.contiguous(), bias.contiguous(), groups, float(eps), bool(swish), seed,
+            float(p),
+        )[0]  # fmt: skip
     return y.view(*x.shape[:-1], width)
