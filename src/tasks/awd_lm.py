@@ -295,7 +295,8 @@ class AWDLMTask(FusedOptimizerClipping, L.LightningModule):
         self._eval_hidden = detach_hidden(out.hidden)
         nll = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
         self.nll[stage].update(nll)
-        self.scored[stage].update(torch.tensor(float(targets.numel()), device=nll.device))
+        # targets of -100 (a padded last window) are skipped by cross_entropy and not counted
+        self.scored[stage].update(targets.ne(-100).sum().float())
 
     def _end_eval(self, stage: str) -> float:
         total, count = self.nll[stage].compute(), self.scored[stage].compute()
