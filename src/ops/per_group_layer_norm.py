@@ -16,7 +16,9 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, check_impl, fastest, size_bucket, use_triton
+from src.kernels.custom_ops import autograd_op
+from src.kernels.dispatch import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
+from src.ops.contracts import per_group_layer_norm as contract
 from src.ops.cpu import cpu_kernels_loaded
 
 
@@ -29,9 +31,9 @@ class PerGroupLayerNorm(nn.Module):
         eps: added to the unbiased standard deviation.
         impl: ``"auto"`` (on CUDA, per shape the faster of the fused Triton kernel,
             :mod:`src.ops.triton.per_group_layer_norm`, and the PyTorch path, :func:`auto_path`;
-            on the CPU the fused C++ kernels, :class:`PerGroupLayerNormCpuFunction`, where they
-            are built; the PyTorch path under ``torch.compile``), ``"reference"`` (the PyTorch
-            path, :class:`PerGroupLayerNormFunction`) or ``"triton"``.
+            on the CPU the fused C++ kernels, :func:`per_group_layer_norm_cpu`, where they are
+            built, also under ``torch.compile``), ``"reference"`` (the PyTorch path,
+            :class:`PerGroupLayerNormFunction`) or ``"triton"``.
 
     Parameters: ``weight`` and ``bias``, each (num_features,), one gain and shift per feature.
 
@@ -68,14 +70,8 @@ class PerGroupLayerNorm(nn.Module):
         if x.shape[-1] != self.num_features:
             raise ValueError(f"expected (..., {self.num_features}), got {tuple(x.shape)}")
         args = (x, self.weight, self.bias, self.groups, self.eps)
-        if (
-            self.impl == "auto"
-            and x.is_cpu
-            and not torch.compiler.is_compiling()  # inductor fuses the PyTorch path's passes
-            and _kernel_covers(*args)
-            and cpu_kernels_loaded()
-        ):
-            return PerGroupLayerNormCpuFunction.apply(*args)
+        if self.impl == "auto" and x.is_cpu and _kernel_covers(*args) and cpu_kernels_loaded():
+            return per_group_layer_norm_cpu(*args)
         kernel = use_triton(self.impl, x) and _kernel_covers(*args)
         if kernel and self.impl == "auto":
             # traced by torch.compile, the PyTorch path's passes are fused by inductor itself,
@@ -177,46 +173,72 @@ class PerGroupLayerNormFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None
 
 
-class PerGroupLayerNormCpuFunction(torch.autograd.Function):
+@opaque_op(
+    "lightnets::per_group_layer_norm_cpu_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
+)
+def per_group_layer_norm_cpu_backward(
+    grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, std: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``lightnets_cpu::per_group_norm_backward``: the input, weight and bias gradients.
+
+    Shape:
+        grad_y (R, D) float32 and x (R, D) contiguous, weight (D,), mean and std (R, G)
+        -> ((R, D) in x's dtype, (D,), (D,))
+    """
+    grad_x, grad_w, grad_b = torch.ops.lightnets_cpu.per_group_norm_backward(
+        grad_y, x, weight, mean, std, mean.shape[1], eps
+    )
+    # the kernel's two parameter gradients are rows of one tensor; an op's outputs may not alias
+    return grad_x, grad_w, grad_b.clone()
+
+
+def _per_group_layer_norm_cpu_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight, mean, std = ctx.saved_tensors
+    grad_x, grad_w, grad_b = per_group_layer_norm_cpu_backward(
+        grad_y.float().contiguous(), x, weight, mean, std, ctx.eps
+    )
+    return grad_x, grad_w, grad_b, None, None
+
+
+@autograd_op(
+    "lightnets::per_group_layer_norm_cpu",
+    contract.FORWARD_SCHEMA,
+    contract.forward_fake,
+    setup_context=contract.keep_for_backward,
+    backward=_per_group_layer_norm_cpu_grads,
+)
+def per_group_layer_norm_cpu_rows(
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``lightnets_cpu::per_group_norm_forward``: the normalised rows and each (row, group)'s mean
+    and std (kept for the backward, not differentiable).
+
+    Shape:
+        x (R, D) contiguous float32 or 16-bit, weight and bias (D,) float32
+        -> ((R, D) float32, (R, G), (R, G))
+    """
+    y, mean, std = torch.ops.lightnets_cpu.per_group_norm_forward(x, weight, bias, groups, eps)
+    return y, mean, std
+
+
+def per_group_layer_norm_cpu(
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
+) -> Tensor:
     """:class:`PerGroupLayerNorm` on the fused C++ kernels
-    (``src/ops/cpu/per_group_layer_norm.cpp``), its eager path on the CPU where they are built: one
-    pass over each group forward and one back, where :class:`PerGroupLayerNormFunction` runs about
-    eight element-wise ATen passes forward and fourteen back. It keeps x in its own dtype and each
-    group's mean and std, and recomputes the normalised values in the backward, the same formulas
-    as :class:`PerGroupLayerNormFunction`.
+    (``src/ops/cpu/per_group_layer_norm.cpp``), its CPU path where they are built, eager or
+    traced: one pass over each group forward and one back, where
+    :class:`PerGroupLayerNormFunction` runs about eight element-wise ATen passes forward and
+    fourteen back. It keeps x in its own dtype and each group's mean and std, and recomputes the
+    normalised values in the backward, the same formulas as :class:`PerGroupLayerNormFunction`.
+    Traced by ``torch.compile``, the kernels are the custom ops
+    ``lightnets::per_group_layer_norm_cpu`` and its backward, one node each way.
 
     Shape:
         x (..., D) float32 or 16-bit, weight and bias (D,) float32 -> (..., D) float32
     """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
-    ) -> Tensor:
-        rows = x.reshape(-1, x.shape[-1]).contiguous()  # (..., D) -> (N, D)
-        y, mean, std = torch.ops.lightnets_cpu.per_group_norm_forward(
-            rows, weight.contiguous(), bias.contiguous(), groups, eps
-        )  # (N, D), (N, G), (N, G)
-        ctx.save_for_backward(rows, weight, mean, std)
-        ctx.groups, ctx.eps = groups, eps
-        return y.view(x.shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        rows, weight, mean, std = ctx.saved_tensors
-        grad_x, grad_w, grad_b = torch.ops.lightnets_cpu.per_group_norm_backward(
-            grad_y.reshape(rows.shape).float().contiguous(),
-            rows, weight.contiguous(), mean, std, ctx.groups, ctx.eps,
-        )  # fmt: skip
-        wanted = ctx.needs_input_grad
-        return (
-            grad_x.view(grad_y.shape) if wanted[0] else None,
-            grad_w if wanted[1] else None,
-            grad_b if wanted[2] else None,
-            None,
-            None,
-        )
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # (..., D) -> (N, D)
+    y = per_group_layer_norm_cpu_rows(rows, weight.contiguous(), bias.contiguous(), groups, eps)[0]
+    return y if x.dim() == 2 else y.view(x.shape)
 
 
 def _kernel_covers(x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float) -> bool:

@@ -1,4 +1,4 @@
-"""The per-group norm's fused C++ kernels (``PerGroupLayerNormCpuFunction``, the eager CPU path of
+"""The per-group norm's fused C++ kernels (``per_group_layer_norm_cpu``, the CPU path of
 ``PerGroupLayerNorm`` where they are built) against the PyTorch path (``PerGroupLayerNormFunction``)
 and autograd through the plain passes: float32 values and gradients within 1e-5, 16-bit inputs
 normalised in float32, gradients independent of the thread count (finite gradients on constant
@@ -13,9 +13,9 @@ import torch
 import src.ops.per_group_layer_norm
 from src.ops.per_group_layer_norm import (
     PerGroupLayerNorm,
-    PerGroupLayerNormCpuFunction,
     PerGroupLayerNormFunction,
     per_group_layer_norm,
+    per_group_layer_norm_cpu,
 )
 from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
 
@@ -51,7 +51,7 @@ SHAPES = [((4, 7, 256), 2), ((3, 5, 1024), 4), ((2, 3, 512), 8), ((9, 32), 1), (
 
 @pytest.mark.parametrize("shape,groups", SHAPES)
 def test_float32_matches_the_pytorch_path_and_autograd(shape: tuple[int, ...], groups: int) -> None:
-    got = _run(PerGroupLayerNormCpuFunction.apply, shape, groups, torch.float32)
+    got = _run(per_group_layer_norm_cpu, shape, groups, torch.float32)
     for oracle in (PerGroupLayerNormFunction.apply, per_group_layer_norm):
         want = _run(oracle, shape, groups, torch.float32)
         for g, w in zip(got, want, strict=True):
@@ -61,7 +61,7 @@ def test_float32_matches_the_pytorch_path_and_autograd(shape: tuple[int, ...], g
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16_bit_inputs_are_normalised_in_float32(dtype: torch.dtype) -> None:
-    got = _run(PerGroupLayerNormCpuFunction.apply, (3, 5, 64), 2, dtype)
+    got = _run(per_group_layer_norm_cpu, (3, 5, 64), 2, dtype)
     want = _run(PerGroupLayerNormFunction.apply, (3, 5, 64), 2, dtype)
     assert got[0].dtype == torch.float32 and got[1].dtype == dtype
     # the output and parameter gradients are float32 in both; the input gradient is rounded to
@@ -77,7 +77,7 @@ def test_gradients_do_not_depend_on_the_thread_count() -> None:
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
-            runs.append(_run(PerGroupLayerNormCpuFunction.apply, (300, 64), 4, torch.float32))
+            runs.append(_run(per_group_layer_norm_cpu, (300, 64), 4, torch.float32))
     finally:
         torch.set_num_threads(threads)
     for other in runs[1:]:
@@ -89,7 +89,7 @@ def test_it_keeps_x_in_its_dtype_and_two_statistics_per_group() -> None:
     x, weight, bias = _leaves((16, 96), torch.bfloat16)
     saved: list[torch.Tensor] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        PerGroupLayerNormCpuFunction.apply(x, weight, bias, 4, EPS)
+        per_group_layer_norm_cpu(x, weight, bias, 4, EPS)
     assert sorted((tuple(t.shape), t.dtype) for t in saved) == sorted(
         [((16, 96), torch.bfloat16), ((96,), torch.float32)] + [((16, 4), torch.float32)] * 2
     )
@@ -97,7 +97,7 @@ def test_it_keeps_x_in_its_dtype_and_two_statistics_per_group() -> None:
 
 @pytest.mark.parametrize(
     "impl,built,function",
-    [("auto", True, "PerGroupLayerNormCpuFunctionBackward"),
+    [("auto", True, "PerGroupLayerNormCpuBackward"),
      ("auto", False, "PerGroupLayerNormFunctionBackward"),
      ("reference", True, "PerGroupLayerNormFunctionBackward")],
 )  # fmt: skip

@@ -16,7 +16,9 @@ The weight and bias gradients (sums of ``dy x_hat`` and ``dy`` over the rows) ar
 partial row per program and summed by PyTorch, so they do not depend on the run.
 
 Statistics and arithmetic are float32 for every input dtype; the output is float32 for 16-bit
-inputs (as the PyTorch path's, which normalises ``x.float()``) and x's dtype otherwise.
+inputs (as the PyTorch path's, which normalises ``x.float()``) and x's dtype otherwise. The
+forward is the custom op ``lightnets::per_group_layer_norm`` with the backward kernel as its
+autograd rule: one node each way in a graph ``torch.compile`` traces.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import per_group_layer_norm as contract
 from src.ops.triton.launch import gpu_launch
@@ -108,37 +111,17 @@ def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int
     return (triton.cdiv(rows, block_r), groups), meta
 
 
-@opaque_op("lightnets::per_group_layer_norm", contract.FORWARD_SCHEMA, contract.forward_fake)
-def per_group_layer_norm_forward(
-    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
-) -> list[Tensor]:
-    """The normalised rows, and each (row, group)'s mean and std. One launch.
-
-    Shape:
-        x (R, D) contiguous, weight and bias (D,) -> [(R, D), (R, G), (R, G)]
-    """
-    rows, width = x.shape
-    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
-    y = torch.empty(x.shape, dtype=contract.out_dtype(x), device=x.device)
-    mean = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
-    std = torch.empty_like(mean)
-    _norm_fwd_kernel[grid](
-        x, weight, bias, y, mean, std, rows, width, groups, width // groups, eps, **meta
-    )
-    return [y, mean, std]
-
-
 @opaque_op(
     "lightnets::per_group_layer_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def per_group_layer_norm_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, std: Tensor, eps: float
-) -> list[Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Input, weight and bias gradients. One launch and a sum over the programs' partial rows.
 
     Shape:
         grad_y and x (R, D) contiguous, weight (D,), mean and std (R, G)
-        -> [(R, D) in x's dtype, (D,), (D,) in weight's dtype]
+        -> ((R, D) in x's dtype, (D,), (D,) in weight's dtype)
     """
     rows, width = x.shape
     groups = mean.shape[1]
@@ -151,26 +134,41 @@ def per_group_layer_norm_backward(
         x, grad_y, weight, mean, std, grad_x, w_part, b_part,
         rows, width, groups, width // groups, eps, **meta,
     )  # fmt: skip
-    return [grad_x, w_part.sum(0).to(weight.dtype), b_part.sum(0).to(weight.dtype)]
+    return grad_x, w_part.sum(0).to(weight.dtype), b_part.sum(0).to(weight.dtype)
 
 
-class _PerGroupLayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float) -> Tensor:
-        with autocast_off(x.device.type):
-            y, mean, std = per_group_layer_norm_forward(x, weight, bias, groups, eps)
-        ctx.save_for_backward(x, weight, mean, std)
-        ctx.eps = eps
-        return y
+def _per_group_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight, mean, std = ctx.saved_tensors
+    with autocast_off(x.device.type):
+        grad_x, grad_w, grad_b = per_group_layer_norm_backward(
+            grad_y.contiguous(), x, weight, mean, std, ctx.eps
+        )
+    return grad_x, grad_w, grad_b, None, None
 
-    @staticmethod
-    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, mean, std = ctx.saved_tensors
-        with autocast_off(x.device.type):
-            grad_x, grad_w, grad_b = per_group_layer_norm_backward(
-                grad_y.contiguous(), x, weight, mean, std, ctx.eps
-            )
-        return grad_x, grad_w, grad_b, None, None
+
+@autograd_op(
+    "lightnets::per_group_layer_norm",
+    contract.FORWARD_SCHEMA,
+    contract.forward_fake,
+    setup_context=contract.keep_for_backward,
+    backward=_per_group_layer_norm_grads,
+)
+def per_group_layer_norm_forward(
+    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The normalised rows, and each (row, group)'s mean and std (kept for the backward, not
+    differentiable). One launch.
+
+    Shape:
+        x (R, D) contiguous, weight and bias (D,) -> ((R, D), (R, G), (R, G))
+    """
+    rows, width = x.shape
+    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
+    y, mean, std = contract.forward_fake(x, weight, bias, groups, eps)
+    _norm_fwd_kernel[grid](
+        x, weight, bias, y, mean, std, rows, width, groups, width // groups, eps, **meta
+    )
+    return y, mean, std
 
 
 def per_group_layer_norm_triton(
@@ -188,7 +186,8 @@ def per_group_layer_norm_triton(
         )
     width = x.shape[-1]
     rows = x.reshape(-1, width).contiguous()  # (..., D) -> (R, D)
-    y = _PerGroupLayerNormFunction.apply(
-        rows, weight.contiguous(), bias.contiguous(), groups, float(eps)
-    )
+    with autocast_off(x.device.type):
+        y = per_group_layer_norm_forward(
+            rows, weight.contiguous(), bias.contiguous(), groups, float(eps)
+        )[0]
     return y.view(*x.shape[:-1], width)
