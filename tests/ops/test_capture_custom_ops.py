@@ -1,0 +1,127 @@
+"""The fused kernels as custom ops with autograd rules (:func:`src.kernels.custom_ops.autograd_op`):
+``torch.compile(fullgraph=True)`` keeps each one as one node of the forward graph and its backward
+kernel as one node of the backward graph, and the compiled forward and backward equal eager's
+(the same kernels: bit for bit, AOTAutograd adding no arithmetic of its own around them).
+
+C++ kernels run where they are built; Triton kernels on CUDA, else in Triton's interpreter on CPU
+tensors (``impl="triton"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import Tensor
+
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
+from src.ops.residual_layer_norm import residual_layer_norm
+from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
+from tests.helpers import recording_backend, require_cpu_kernels
+
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Case:
+    """``build(device)`` gives the function of the leaves it differentiates and those leaves; the
+    forward and backward op the graphs must hold; the back-end it needs."""
+
+    build: Callable[[str], tuple[Callable[..., Tensor], list[Tensor]]]
+    ops: tuple[str, str]
+    backend: str  # "cpu" (the C++ kernels) or "triton"
+
+
+def _leaf(*shape: int, device: str, scale: float = 1.0, shift: float = 0.0) -> Tensor:
+    return (torch.randn(*shape) * scale + shift).to(device).requires_grad_()
+
+
+def _per_group_norm(impl: str) -> Callable[[str], tuple[Callable[..., Tensor], list[Tensor]]]:
+    def build(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+        norm = PerGroupLayerNorm(64, 4, impl=impl).to(device)
+        with torch.no_grad():
+            norm.weight.normal_(1, 0.5)
+            norm.bias.normal_(0, 0.5)
+        x = _leaf(3, 5, 64, device=device, scale=3, shift=1)
+        return lambda x, weight, bias: norm(x), [x, norm.weight, norm.bias]
+
+    return build
+
+
+def _residual_norm(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+    leaves = [
+        _leaf(3, 5, 48, device=device), _leaf(3, 5, 48, device=device),
+        _leaf(48, device=device, scale=0.5, shift=1), _leaf(48, device=device, scale=0.5),
+    ]  # fmt: skip
+    return lambda r, x, w, b: residual_layer_norm(r, x, w, b, impl="triton"), leaves
+
+
+def _shared_group_norm(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+    leaves = [
+        _leaf(7, 96, device=device, scale=2),
+        _leaf(32, device=device, scale=0.5, shift=1), _leaf(32, device=device, scale=0.5),
+    ]  # fmt: skip
+    return lambda x, w, b: shared_group_layer_norm_swish(x, 3, w, b, impl="triton"), leaves
+
+
+CASES = {
+    "per_group_layer_norm_cpu": Case(
+        _per_group_norm("auto"),
+        ("lightnets.per_group_layer_norm_cpu.default",
+         "lightnets.per_group_layer_norm_cpu_backward.default"),
+        "cpu",
+    ),  # fmt: skip
+    "per_group_layer_norm_triton": Case(
+        _per_group_norm("triton"),
+        ("lightnets.per_group_layer_norm.default",
+         "lightnets.per_group_layer_norm_backward.default"),
+        "triton",
+    ),  # fmt: skip
+    "residual_layer_norm_triton": Case(
+        _residual_norm,
+        ("lightnets.residual_layer_norm.default",
+         "lightnets.residual_layer_norm_backward.default"),
+        "triton",
+    ),  # fmt: skip
+    "shared_group_layer_norm_triton": Case(
+        _shared_group_norm,
+        ("lightnets.shared_group_layer_norm.default",
+         "lightnets.shared_group_layer_norm_backward.default"),
+        "triton",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_step_keeps_the_kernels_and_equals_eager(name: str) -> None:
+    case = CASES[name]
+    if case.backend == "cpu":
+        require_cpu_kernels()
+        device = "cpu"
+    else:
+        pytest.importorskip("triton")
+        device = KERNEL_DEVICE
+    torch.manual_seed(0)
+    fn, leaves = case.build(device)
+
+    def step(f: Callable[..., Tensor]) -> list[Tensor]:
+        out = f(*leaves)
+        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+        return [out, *torch.autograd.grad(out, leaves, probe)]
+
+    torch._dynamo.reset()
+    backend, graphs = recording_backend()
+    got = step(torch.compile(fn, backend=backend, fullgraph=True))
+    torch._dynamo.reset()
+    want = step(fn)
+    assert len(graphs["forward"]) == len(graphs["backward"]) == 1
+    forward_op, backward_op = case.ops
+    assert graphs["forward"][0].count(forward_op) == 1
+    assert graphs["backward"][0].count(backward_op) == 1
+    # the kernels' work is in the ops: no PyTorch reference traced beside them
+    for reference_op in ("aten.native_layer_norm", "aten.mean", "aten.linalg_vector_norm"):
+        assert reference_op not in graphs["forward"][0]
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
