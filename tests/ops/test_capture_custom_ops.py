@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
+from src.ops.relative_softmax import relative_softmax
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 from tests.helpers import recording_backend, require_cpu_kernels
@@ -66,6 +67,13 @@ def _shared_group_norm(device: str) -> tuple[Callable[..., Tensor], list[Tensor]
     return lambda x, w, b: shared_group_layer_norm_swish(x, 3, w, b, impl="triton"), leaves
 
 
+def _relative_softmax(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+    # (B, H, T, K) scores of 3 queries against 5 keys (2 of memory), causal
+    mask = torch.ones(3, 5, dtype=torch.bool).triu(3).to(device)
+    leaves = [_leaf(2, 2, 3, 5, device=device), _leaf(2, 2, 3, 5, device=device)]
+    return lambda c, p: relative_softmax(c, p, mask, 0.5, impl="triton"), leaves
+
+
 CASES = {
     "per_group_layer_norm_cpu": Case(
         _per_group_norm("auto"),
@@ -83,6 +91,12 @@ CASES = {
         _residual_norm,
         ("lightnets.residual_layer_norm.default",
          "lightnets.residual_layer_norm_backward.default"),
+        "triton",
+    ),  # fmt: skip
+    "relative_softmax_triton": Case(
+        _relative_softmax,
+        ("lightnets.relative_softmax_triton_forward.default",
+         "lightnets.relative_softmax_triton_backward.default"),
         "triton",
     ),  # fmt: skip
     "shared_group_layer_norm_triton": Case(
@@ -121,7 +135,7 @@ def test_compiled_step_keeps_the_kernels_and_equals_eager(name: str) -> None:
     assert graphs["forward"][0].count(forward_op) == 1
     assert graphs["backward"][0].count(backward_op) == 1
     # the kernels' work is in the ops: no PyTorch reference traced beside them
-    for reference_op in ("aten.native_layer_norm", "aten.mean", "aten.linalg_vector_norm"):
+    for reference_op in ("native_layer_norm", "aten.mean", "linalg_vector_norm", "aten._softmax"):
         assert reference_op not in graphs["forward"][0]
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)

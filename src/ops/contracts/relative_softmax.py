@@ -1,7 +1,8 @@
 """The contract of the relative-attention softmax (:mod:`src.ops.relative_softmax`): the forward
 and backward ops over (B H, T, K) score rows, which the C++ kernels
 (``src/ops/cpu/relative_softmax.cpp``) and the Triton ones (:mod:`src.ops.triton.relative_softmax`)
-both compute.
+both compute. The forward is differentiable: its backward rule (:func:`keep_for_backward`, then
+the back-end's backward op) reads the probabilities, not the scores.
 """
 
 from __future__ import annotations
@@ -31,3 +32,11 @@ def score_grads_like(
     """A backward op's outputs' metadata (its fake when traced): the content and the position
     score gradients, like the probabilities."""
     return torch.empty_like(prob), torch.empty_like(prob)
+
+
+def keep_for_backward(ctx, inputs: tuple, output: Tensor) -> None:
+    """A forward op's ``setup_context``: the backward op reads the probabilities (in the scores'
+    dtype), the mask and the scale."""
+    _, _, mask, scale = inputs
+    ctx.save_for_backward(output, mask)
+    ctx.scale = scale

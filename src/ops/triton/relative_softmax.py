@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import relative_softmax as contract
 from src.ops.triton.launch import gpu_launch
@@ -107,28 +108,6 @@ def _meta(keys: int, on_gpu: bool, has_mask: bool) -> dict:
 
 
 @opaque_op(
-    "lightnets::relative_softmax_triton_forward",
-    contract.FORWARD_SCHEMA,
-    contract.probabilities_like,
-)
-def relative_softmax_forward(
-    content: Tensor, position: Tensor, mask: Tensor | None, scale: float
-) -> Tensor:
-    """The probabilities, one launch.
-
-    Shape:
-        content, position (N, T, K) contiguous, mask (T, K) bool contiguous -> (N, T, K)
-    """
-    rows, qlen, klen = content.shape
-    prob = torch.empty_like(content)
-    _relative_softmax_fwd_kernel[(rows * qlen,)](
-        content, position, mask if mask is not None else content, prob,
-        qlen, klen, scale, **_meta(klen, gpu_launch(content), mask is not None),
-    )  # fmt: skip
-    return prob
-
-
-@opaque_op(
     "lightnets::relative_softmax_triton_backward",
     contract.BACKWARD_SCHEMA,
     contract.score_grads_like,
@@ -151,25 +130,37 @@ def relative_softmax_backward(
     return grad_content, grad_position
 
 
-class _RelativeSoftmaxTritonFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, content: Tensor, position: Tensor, mask: Tensor | None, scale: float
-    ) -> Tensor:
-        with autocast_off(content.device.type):
-            prob = relative_softmax_forward(content, position, mask, scale)
-        ctx.save_for_backward(prob, mask)
-        ctx.scale = scale
-        return prob
+def _relative_softmax_grads(ctx, grad_prob: Tensor) -> tuple[Tensor | None, ...]:
+    prob, mask = ctx.saved_tensors
+    with autocast_off(prob.device.type):
+        grad_content, grad_position = relative_softmax_backward(
+            grad_prob.to(prob.dtype).contiguous(), prob, mask, ctx.scale
+        )
+    return grad_content, grad_position, None, None
 
-    @staticmethod
-    def backward(ctx, grad_prob: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        prob, mask = ctx.saved_tensors
-        with autocast_off(prob.device.type):
-            grad_content, grad_position = relative_softmax_backward(
-                grad_prob.to(prob.dtype).contiguous(), prob, mask, ctx.scale
-            )
-        return grad_content, grad_position, None, None
+
+@autograd_op(
+    "lightnets::relative_softmax_triton_forward",
+    contract.FORWARD_SCHEMA,
+    contract.probabilities_like,
+    setup_context=contract.keep_for_backward,
+    backward=_relative_softmax_grads,
+)
+def relative_softmax_forward(
+    content: Tensor, position: Tensor, mask: Tensor | None, scale: float
+) -> Tensor:
+    """The probabilities, one launch; differentiable (the backward kernel's rule).
+
+    Shape:
+        content, position (N, T, K) contiguous, mask (T, K) bool contiguous -> (N, T, K)
+    """
+    rows, qlen, klen = content.shape
+    prob = torch.empty_like(content)
+    _relative_softmax_fwd_kernel[(rows * qlen,)](
+        content, position, mask if mask is not None else content, prob,
+        qlen, klen, scale, **_meta(klen, gpu_launch(content), mask is not None),
+    )  # fmt: skip
+    return prob
 
 
 def relative_softmax_triton(
@@ -192,7 +183,8 @@ def relative_softmax_triton(
     shape = content.shape
     rows = (contract.score_rows(t) for t in (content, position))
     mask = None if mask is None else mask.contiguous()
-    prob = _RelativeSoftmaxTritonFunction.apply(*rows, mask, float(scale))
+    with autocast_off(content.device.type):
+        prob = relative_softmax_forward(*rows, mask, float(scale))
     return prob.view(shape)
 
 
