@@ -173,3 +173,35 @@ def test_a_compiled_step_draws_a_mask_per_call_from_the_graph(case: Case) -> Non
     eager = _output_and_mask(case, case.run, x)
     for a, b in zip((y, grad, kept), eager, strict=True):
         assert torch.equal(a, b)
+
+
+def _captured(case: Case, capture: str, x: Tensor) -> Callable[[Tensor], Tensor]:
+    """``case.run`` replayed from CUDA graphs: ``torch.cuda.make_graphed_callables`` (forward and
+    backward graphs) or ``torch.compile``'s ``cudagraphs`` backend."""
+    if capture == "graphed_callable":
+        return torch.cuda.make_graphed_callables(case.run, (x,))
+    return torch.compile(case.run, backend="cudagraphs", fullgraph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("capture", ["graphed_callable", "cudagraphs"])
+@pytest.mark.parametrize("name", ["residual_layer_norm", "shared_group_layer_norm"])
+def test_cuda_graph_replays_draw_new_masks(name: str, capture: str) -> None:
+    """Replayed, the seed's draw is part of the graph (the CUDA generator's offset advances at each
+    replay), so each replay drops other elements, and the backward replay applies its forward's
+    mask. A replay's outputs live in the graph's buffers: each is copied before the next."""
+    pytest.importorskip("triton")
+    case = CASES[name]
+    x = _input(case)
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    replayed = _captured(case, capture, x)
+    runs = []
+    for _ in range(3):  # the cudagraphs backend records on its second call and replays after
+        y, grad, kept = _output_and_mask(case, replayed, x)
+        runs.append((y.clone(), grad.clone(), kept.clone()))
+    torch._dynamo.reset()
+    for y, grad, kept in runs:
+        _assert_backward_applies_the_forwards_mask(case, x, y, grad, kept)
+    assert not torch.equal(runs[1][2], runs[2][2])
