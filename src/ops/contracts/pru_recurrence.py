@@ -1,7 +1,9 @@
 """The contract of the PRU's recurrence (:mod:`src.ops.pru_recurrence`): its operands' shapes,
 which the reference, the C++ kernels and the Triton kernels (:mod:`src.ops.triton.pru_recurrence`)
-all take. It has no custom op: the C++ kernels are called as they are, the Triton ones inside an
-autograd Function.
+all take. The C++ kernels are called as they are, the per-step Triton ones inside an autograd
+Function; the time-loop kernels (:mod:`src.ops.triton.pru_time_loop`) are the custom ops
+``lightnets::pru_time_loop`` (differentiable) and ``lightnets::pru_time_loop_backward``, whose
+schemas and fakes are here.
 """
 
 from __future__ import annotations
@@ -39,3 +41,51 @@ def check_recurrence_operands(
         if state.shape != (batch, hidden):
             raise ValueError(f"{name} must be (B, M) = {(batch, hidden)}, got {tuple(state.shape)}")
     return steps, batch, hidden, groups, width
+
+
+TIME_LOOP_SCHEMA = (
+    "(Tensor inputs, Tensor weight, Tensor? bias, Tensor h0, Tensor c0, bool save) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+TIME_LOOP_BACKWARD_SCHEMA = (
+    "(Tensor grad_output, Tensor grad_h_last, Tensor grad_c_last, Tensor output, Tensor cells, "
+    "Tensor gates, Tensor h0, Tensor c0, Tensor weight, bool[] wanted) -> Tensor[]"
+)
+
+
+def time_loop_like(
+    inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor, save: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The time loop's outputs' metadata (its fake when traced): output (T, B, M), h_T and c_T
+    (B, M), and what the backward reads, the cells (T, B, M) and activated gates (T, B, 4, M),
+    empty unless ``save``."""
+    steps, batch, _, hidden = inputs.shape
+    output = inputs.new_empty(steps, batch, hidden)
+    cells = inputs.new_empty(steps, batch, hidden) if save else inputs.new_empty(0)
+    gates = inputs.new_empty(inputs.shape) if save else inputs.new_empty(0)
+    return output, torch.empty_like(h0), torch.empty_like(c0), cells, gates
+
+
+def time_loop_grads_like(
+    grad_output: Tensor,
+    grad_h_last: Tensor,
+    grad_c_last: Tensor,
+    output: Tensor,
+    cells: Tensor,
+    gates: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    weight: Tensor,
+    wanted: list[bool],
+) -> list[Tensor]:
+    """The time loop backward's outputs' metadata (its fake when traced): the gradients of
+    (inputs, weight, bias, h0, c0) that ``wanted`` asks for, in that order."""
+    groups, width = weight.shape[0], weight.shape[1]
+    likes = (
+        lambda: gates.new_empty(gates.shape),
+        lambda: torch.empty_like(weight),
+        lambda: weight.new_empty(groups, GATES * width),
+        lambda: torch.empty_like(h0),
+        lambda: torch.empty_like(c0),
+    )
+    return [like() for like, want in zip(likes, wanted, strict=True) if want]

@@ -1,0 +1,192 @@
+"""The PRU recurrence's time-loop kernels (``src/ops/triton/pru_time_loop.py``; compiled on CUDA,
+Triton's interpreter on the CPU) against the PyTorch loop in float64, forward and backward.
+
+Tolerances: the kernels compute in float32 what the oracle computes in float64; over these
+shapes the largest gap measured is 1.6e-6 (h_0's gradient, values up to 5), so rtol and atol 1e-5
+hold with room, while a wrong gate, step or group moves the numbers by 1e-1 or more. In bfloat16
+the kernels round once on each store (outputs, cells, gates, dG): against the float32 loop on the
+same rounded operands, a few bfloat16 ulps (2^-8 relative) carried through the steps, as for the
+per-step kernels (``tests/ops/test_pru_recurrence_triton.py``): rtol and atol 2e-2, where 1.8e-2
+is the largest gap measured in the interpreter (which casts to bfloat16 by truncation) at w = 8,
+the per-step kernels' 2.6e-2 and the bfloat16 PyTorch loop's 2.4e-2 (values up to 4).
+
+The interpreter's blocks are 16 wide: w = 20 runs two blocks of K and N, B = 17 two batch tiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from torch._dynamo.backends.debugging import aot_eager
+
+from src.ops.pru_recurrence import pru_recurrence_reference
+
+pytest.importorskip("triton")
+
+from src.ops.triton.pru_time_loop import pru_recurrence_time_loop  # noqa: E402
+
+FLOAT64 = {"rtol": 1e-5, "atol": 1e-5}
+BFLOAT16 = {"rtol": 2e-2, "atol": 2e-2}
+NAMES = ["output", "h_T", "c_T", "grad_inputs", "grad_weight", "grad_bias", "grad_h0", "grad_c0"]
+
+
+def _operands(
+    steps: int, batch: int, groups: int, width: int, *, bias: bool, state: bool, seed: int = 0
+) -> list[Tensor | None]:
+    """inputs (T, B, 4, M), weight (g, w, 4w), bias (g, 4w) or None, h0 and c0 (B, M) (zeros
+    without ``state``, as a sequence starts), float32, on the CPU: scaled so that the gates range
+    over their non-linear parts."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = groups * width
+
+    def draw(scale: float, *shape: int) -> Tensor:
+        return torch.randn(shape, generator=gen) * scale
+
+    return [
+        draw(1.0, steps, batch, 4, hidden),
+        draw(0.7, groups, width, 4 * width),
+        draw(0.5, groups, 4 * width) if bias else None,
+        draw(0.8, batch, hidden) if state else torch.zeros(batch, hidden),
+        draw(1.5, batch, hidden) if state else torch.zeros(batch, hidden),
+    ]
+
+
+def _probes(steps: int, batch: int, hidden: int) -> list[Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(steps, batch, hidden), (batch, hidden), (batch, hidden)]
+    return [torch.randn(shape, generator=gen) for shape in shapes]
+
+
+def _run(
+    fn, operands: list[Tensor | None], probes: list[Tensor], asks: list[bool], **to
+) -> list[Tensor | None]:
+    """Outputs (output, h_T, c_T) and the gradients, under the loss sum(outputs * probes), of the
+    operands that ``asks`` (None for the others), all moved by ``to`` (device, dtype) first."""
+    leaves = [
+        None if t is None else t.to(**to, copy=True).requires_grad_(ask)
+        for t, ask in zip(operands, asks, strict=True)
+    ]
+    outputs = fn(*leaves)
+    loss = sum((y * p.to(**to)).sum() for y, p in zip(outputs, probes, strict=True))
+    loss.backward()
+    return [*outputs, *(t.grad if t is not None else None for t in leaves)]
+
+
+def _compare(device: torch.device, operands, asks, dtype=torch.float32, reference_dtype=None):
+    """The kernels' outputs and gradients next to the reference's, each pair as float64."""
+    steps, batch, _, hidden = operands[0].shape
+    probes = _probes(steps, batch, hidden)
+    got = _run(pru_recurrence_time_loop, operands, probes, asks, device=device, dtype=dtype)
+    rounded = [t if t is None else t.to(dtype) for t in operands]
+    expected = _run(
+        pru_recurrence_reference, rounded, probes, asks, device=device,
+        dtype=reference_dtype or torch.float64,
+    )  # fmt: skip
+    for name, a, e in zip(NAMES, got, expected, strict=True):
+        assert (a is None) == (e is None), name
+        if a is not None:
+            assert a.dtype == dtype, name
+            yield name, a.double(), e.double()
+
+
+# (T, B, g, w): g 1, 2 and 4; M = 5, 40, 12, 6 (none a power of two); two blocks of K and N at
+# w = 20, two batch tiles at B = 17
+SHAPES = [(3, 2, 1, 5), (4, 3, 2, 20), (5, 2, 4, 3), (3, 17, 2, 3)]
+
+
+@pytest.mark.parametrize("state", [True, False], ids=["state", "zero-state"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "T{}-B{}-g{}-w{}".format(*s))
+def test_matches_float64_reference(
+    shape: tuple[int, int, int, int], bias: bool, state: bool, kernel_device: torch.device
+) -> None:
+    operands = _operands(*shape, bias=bias, state=state)
+    # the initial state asks for its gradient when it is given, as a carried state's would
+    asks = [True, True, bias, state, state]
+    for name, a, e in _compare(kernel_device, operands, asks):
+        torch.testing.assert_close(a, e, **FLOAT64, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize(
+    "asks",
+    [[True, False, False, False, True], [False, False, False, True, True]],
+    ids=["inputs-c0", "state-only"],
+)
+def test_gradient_only_where_asked(asks: list[bool], kernel_device: torch.device) -> None:
+    """Gradients for the operands that ask, none for the others; with only the state asking,
+    the kernel keeps two steps' dG in turn instead of all T."""
+    operands = _operands(4, 3, 2, 20, bias=True, state=True)
+    compared = {name: (a, e) for name, a, e in _compare(kernel_device, operands, asks)}
+    assert list(compared) == NAMES[:3] + [n for n, ask in zip(NAMES[3:], asks, strict=True) if ask]
+    for name, (a, e) in compared.items():
+        torch.testing.assert_close(a, e, **FLOAT64, msg=lambda m, n=name: f"{n}: {m}")
+        assert e.abs().max() > 0.1, name  # not vacuous: every compared value is of order one
+
+
+def test_without_gradient(kernel_device: torch.device) -> None:
+    """Under no_grad the kernel keeps two cells in turn and no gates: the same outputs."""
+    operands = [t.to(kernel_device) for t in _operands(5, 3, 2, 20, bias=True, state=True)]
+    leaves = [t.requires_grad_() for t in operands]
+    with torch.no_grad():
+        got = pru_recurrence_time_loop(*leaves)
+    expected = pru_recurrence_reference(*(t.detach().double() for t in operands))
+    for a, e in zip(got, expected, strict=True):
+        assert not a.requires_grad
+        torch.testing.assert_close(a.double(), e, **FLOAT64)
+
+
+def test_bfloat16_storage(kernel_device: torch.device) -> None:
+    """bfloat16 operands: outputs and gradients in bfloat16, near the float32 loop run on the
+    same rounded operands."""
+    operands = _operands(5, 3, 2, 8, bias=True, state=True)
+    pairs = _compare(
+        kernel_device, operands, [True] * 5, dtype=torch.bfloat16, reference_dtype=torch.float32
+    )
+    for name, a, e in pairs:
+        torch.testing.assert_close(a, e, **BFLOAT16, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_empty_sequence(kernel_device: torch.device) -> None:
+    """T = 0: an empty output, and the initial state passed through with its gradients."""
+    inputs, weight, bias, h0, c0 = (
+        t.to(kernel_device) for t in _operands(0, 3, 2, 3, bias=True, state=True)
+    )
+    h0.requires_grad_()
+    c0.requires_grad_()
+    output, h_last, c_last = pru_recurrence_time_loop(inputs, weight, bias, h0, c0)
+    assert output.shape == (0, 3, 6)
+    (2 * h_last.sum() + 3 * c_last.sum()).backward()
+    torch.testing.assert_close(h0.grad, torch.full_like(h0, 2.0), rtol=0, atol=0)
+    torch.testing.assert_close(c0.grad, torch.full_like(c0, 3.0), rtol=0, atol=0)
+
+
+def test_refuses_empty_batch_and_float64(kernel_device: torch.device) -> None:
+    operands = [t.to(kernel_device) for t in _operands(3, 0, 2, 3, bias=True, state=True)]
+    with pytest.raises(ValueError, match="B, M >= 1"):
+        pru_recurrence_time_loop(*operands)
+    operands = [t.to(kernel_device).double() for t in _operands(2, 1, 2, 3, bias=True, state=True)]
+    with pytest.raises(TypeError, match="float64"):
+        pru_recurrence_time_loop(*operands)
+
+
+def test_one_node_each_way_under_compile(kernel_device: torch.device) -> None:
+    """``torch.compile(fullgraph=True)`` keeps the time loop as the custom op (no graph break, no
+    trace of the kernels), its backward as the backward op: the numbers of the eager call."""
+    torch._dynamo.reset()
+    operands = _operands(3, 2, 2, 3, bias=True, state=True)
+    probes = _probes(3, 2, 6)
+    traced = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        traced.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return aot_eager(gm, example_inputs)
+
+    compiled = torch.compile(pru_recurrence_time_loop, fullgraph=True, backend=backend)
+    asks = [True] * 5
+    got = _run(compiled, operands, probes, asks, device=kernel_device)
+    eager = _run(pru_recurrence_time_loop, operands, probes, asks, device=kernel_device)
+    assert traced.count("lightnets.pru_time_loop.default") == 1, traced
+    for name, a, e in zip(NAMES, got, eager, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+
