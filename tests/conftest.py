@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 # when a kernel is defined, so it is set before any test module imports one.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# The CPU ops take the project's paths without timing them against ATen's (src/kernels/timing.py):
+# The CPU ops take the project's paths without timing them against ATen's (src.kernels.choose):
 # the tests' numbers then hold on every machine, and no test writes measured choices to the home
 # folder. The tests of the measured choice set their own mode.
 os.environ.setdefault("LIGHTNETS_CPU_KERNELS", "1")
@@ -97,3 +97,14 @@ def kernel_device() -> Iterator[torch.device]:
 
     with tf32(False):
         yield torch.device("cuda")
+
+
+@pytest.fixture
+def fresh_choices() -> Iterator[None]:
+    """The process's path choices and measurement count forgotten before and after the test
+    (:func:`src.kernels.forget`), so that what it times is its own."""
+    from src.kernels import forget
+
+    forget()
+    yield
+    forget()

@@ -95,7 +95,7 @@ def use_inference_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def path_timer(times: dict[str, float], outputs: dict[str, Tensor]) -> Callable:
-    """A timer for the measured kernel choices (``src.ops.triton.fastest``): each candidate is
+    """A timer for the measured kernel choices (:func:`src.kernels.choose`): each candidate is
     ``functools.partial(run, path)``; its output is recorded in ``outputs[path]`` and its time is
     ``times[path]`` (read when called, so a test can change it between choices)."""
 

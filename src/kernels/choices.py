@@ -1,18 +1,31 @@
-"""``impl="auto"``'s measured choices, kept on disk per GPU, PyTorch, Triton and kernel sources.
+"""The choices kept beyond the process: the committed table of each GPU architecture, and the
+choices measured on this machine.
 
-On CUDA, the first call of an op with a new shape compiles every candidate's kernels and times
-them (:func:`src.kernels.dispatch.fastest`). For DiCENet s=1.0 at batch 256 that first training step
-took over a minute on an H100 and an H200 (docs/gpu.md), in every process again. A
-:class:`ChoiceCache` keeps each op's choices in memory as before and, for the choices timed on
-CUDA, also in one JSON file (``LIGHTNETS_CHOICES``, default ``auto_choices.json`` under
-:func:`cache_root`; ``0`` turns it off), so a later process on the same
-machine takes them without timing, and compiles only the kernels it runs. Entries are filed under
-a signature: the GPU's name, the PyTorch and Triton versions and a hash of the Triton kernels'
-sources, so a new card, release or kernel is measured afresh. Writers (DDP ranks, parallel jobs)
-merge under a file lock and replace the file atomically.
+**The committed table** (``committed/<arch>.json``, ``arch`` as ``sm_90`` for compute capability
+9.0: the H100 and H200) holds the choices a visit to such a GPU measured, so that ``impl="auto"``
+times only what the table lacks. It maps an op's name to a list of entries::
 
-The CPU's measured choices (:mod:`src.kernels.timing`: the project's CPU path or ATen's) are kept
-the same way under the CPU's signature (:func:`cpu_signature`): its model name, the instruction sets
+    {"group_linear.weight_grad": [
+        {"key": "(16384, 8, 64, 128, torch.bfloat16)", "choice": "bmm",
+         "source": "docs/gpu.md, Visit 1: ..."},
+        {"choice": "bmm", "source": "..."}]}
+
+An entry with a ``key`` (the ``repr`` of the op's key, as :func:`src.kernels.dispatch.choose`
+gets it) holds for that key; one without holds for every key of the op the entries with keys do
+not name. ``choice`` names one of the op's candidates; ``source`` says which measurement it comes
+from (a page of ``docs/`` and the visit). Only what a visit measured goes in. The CPU has no
+committed table: its winner depends on the model of CPU, not an architecture.
+
+**The machine's store**: on CUDA, the first call of an op with a new shape compiles every
+candidate's kernels and times them; for DiCENet s=1.0 at batch 256 that first training step took
+over a minute on an H100 and an H200 (docs/gpu.md), in every process again. So what was timed is
+also kept in one JSON file (``LIGHTNETS_CHOICES``, default ``auto_choices.json`` under
+:func:`cache_root`; ``0`` turns it off), and a later process on the same machine takes it without
+timing, and compiles only the kernels it runs. Entries are filed under a signature: the GPU's
+name, the PyTorch and Triton versions and a hash of the Triton kernels' sources, so a new card,
+release or kernel is measured afresh. Writers (DDP ranks, parallel jobs) merge under a file lock
+and replace the file atomically. The CPU's choices (the project's CPU path or ATen's) are kept the
+same way under the CPU's signature (:func:`cpu_signature`): its model name, the instruction sets
 ATen and oneDNN dispatch to, the PyTorch version and a hash of the CPU kernels' sources.
 """
 
@@ -109,44 +122,78 @@ def _read(path: Path) -> dict:
 @functools.cache
 def _machine_choices(path: Path, machine: str) -> dict[str, dict[str, str]]:
     """{op: {repr(key): choice}} of the store under ``machine``'s signature, read once a process
-    (every op's cache looks there) and kept up to date by :meth:`ChoiceCache.remember`."""
+    (every op looks there) and kept up to date by :func:`remember`."""
     return {op: dict(entries) for op, entries in _read(path).get(machine, {}).items()}
 
 
-class ChoiceCache(dict):
-    """One op's choices (``key -> candidate name``) for the process, as a plain dict, plus the
-    ones an earlier process measured on this machine (module docstring): the GPU's choices, or
-    with ``device="cpu"`` the CPU's."""
+def machine_signature(device: str) -> str:
+    """The signature the choices of ``device`` (``"cuda"`` or ``"cpu"``) are filed under."""
+    return cpu_signature() if device == "cpu" else signature()
 
-    def __init__(self, name: str, device: str = "cuda") -> None:
-        super().__init__()
-        self.name = name
-        self.device = device
 
-    def signature(self) -> str:
-        """The machine signature this cache's choices are filed under."""
-        return cpu_signature() if self.device == "cpu" else signature()
+def stored(op: str, key: Hashable, device: str = "cuda") -> str | None:
+    """The choice an earlier process on this machine measured for ``op`` at ``key``, if any."""
+    path = store_path()
+    if path is None:
+        return None
+    return _machine_choices(path, machine_signature(device)).get(op, {}).get(repr(key))
 
-    def stored(self, key: Hashable) -> str | None:
-        """The choice an earlier process measured for ``key``, if any."""
-        path = store_path()
-        if path is None:
-            return None
-        return _machine_choices(path, self.signature()).get(self.name, {}).get(repr(key))
 
-    def remember(self, key: Hashable, choice: str) -> None:
-        """Keep ``choice`` for ``key`` in this process and on disk."""
-        self[key] = choice
-        path = store_path()
-        if path is None:
-            return
-        machine = self.signature()
-        _machine_choices(path, machine).setdefault(self.name, {})[repr(key)] = choice
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(path) + ".lock"):  # merged with what other processes wrote
-                everything = _read(path)
-                everything.setdefault(machine, {}).setdefault(self.name, {})[repr(key)] = choice
-                write_json(path, everything)
-        except OSError:  # a read-only home, say: the choice still holds for this process
-            pass
+def remember(op: str, key: Hashable, choice: str, device: str = "cuda") -> None:
+    """Keep ``choice`` for ``op`` at ``key`` on disk for later processes on this machine."""
+    path = store_path()
+    if path is None:
+        return
+    machine = machine_signature(device)
+    _machine_choices(path, machine).setdefault(op, {})[repr(key)] = choice
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock"):  # merged with what other processes wrote
+            everything = _read(path)
+            everything.setdefault(machine, {}).setdefault(op, {})[repr(key)] = choice
+            write_json(path, everything)
+    except OSError:  # a read-only home, say: the choice still holds for this process
+        pass
+
+
+COMMITTED = Path(__file__).parent / "committed"
+
+
+def architecture() -> str | None:
+    """The current CUDA device's architecture as the committed tables are named (``"sm_90"`` for
+    compute capability 9.0), None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+@functools.cache
+def committed_table(arch: str) -> dict[str, tuple[dict[str, str], str | None]]:
+    """``committed/<arch>.json`` as {op: ({repr(key): choice}, the op-wide choice or None)}; empty
+    for an architecture without a table."""
+    path = COMMITTED / f"{arch}.json"
+    if not path.is_file():
+        return {}
+    table = {}
+    for op, entries in json.loads(path.read_text()).items():
+        keyed = {entry["key"]: entry["choice"] for entry in entries if "key" in entry}
+        wide = [entry["choice"] for entry in entries if "key" not in entry]
+        if len(wide) > 1:
+            raise ValueError(f"{path}: {op} has {len(wide)} entries without a key; one at most")
+        table[op] = (keyed, wide[0] if wide else None)
+    return table
+
+
+def committed(op: str, key: Hashable, arch: str | None) -> str | None:
+    """The committed choice of ``op`` at ``key`` on ``arch`` (module docstring), if any."""
+    if arch is None:
+        return None
+    keyed, wide = committed_table(arch).get(op, ({}, None))
+    return keyed.get(repr(key), wide)
+
+
+def forget() -> None:
+    """Read the store and the committed tables anew on their next use."""
+    _machine_choices.cache_clear()
+    committed_table.cache_clear()

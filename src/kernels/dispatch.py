@@ -1,6 +1,6 @@
 """The rules every back-end of the ops follows: which path an ``impl`` takes, autocast's rule for
 the ops with their own autograd Functions, the custom ops that ``torch.compile`` sees as one
-node, and the measured choice of ``impl="auto"``.
+node, and the choice of a path (:func:`choose`: the rules in order, the package's docstring).
 
 Each op takes ``impl="auto" | "reference" | "triton"``. ``auto`` runs the kernel on CUDA tensors
 when Triton is importable and the PyTorch reference everywhere else (on the CPU, the ops' C++
@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 from torch.amp import is_autocast_available
 
-from src.kernels.choices import ChoiceCache
+from src.kernels import choices, environment
+from src.kernels.timing import MARGIN, Measure, Timer, cpu_times, cuda_time
 
 IMPLS = ("auto", "reference", "triton")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,7 +52,7 @@ def exporting() -> bool:
     holds only ATen operators (no custom op, no C++ or Triton kernel, no measured choice, no
     folded inference path) and no branch on a size that the graph leaves dynamic. The fast-path
     conditions of the ops ask :func:`use_triton`, :func:`opaque_op`'s call,
-    :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`src.kernels.timing.cpu_path` and
+    :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`choose` and
     :func:`src.ops.inference_folding.folded_inference`, which all ask this."""
     if _EXPORT_CAPTURES or torch.compiler.is_exporting():
         return True
@@ -161,75 +162,191 @@ def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F],
     return register
 
 
-Timer = Callable[[Callable[[], object]], float]
-
-
-def cuda_time(fn: Callable[[], object], repeats: int = 5) -> float:
-    """Seconds of one ``fn()`` on the current CUDA stream: the best of ``repeats`` after a warm-up
-    call (which compiles a kernel or lets cuBLAS pick its algorithm)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
-
-
 def size_bucket(n: int) -> int:
     """The power of two at or above ``n``: measured choices are kept per bucket of a varying size
-    (tokens per batch, batch size), so that variable-length batches are not each timed anew."""
+    (tokens per batch, batch size), so that variable-length batches are not each timed anew.
+    While ``torch.compile`` traces, a size left dynamic is found by comparisons, each a guard of
+    the graph: the bucket is then a constant of a graph per bucket, as :func:`choose` needs."""
+    if torch.compiler.is_compiling():
+        bucket = 1
+        while bucket < n:
+            bucket *= 2
+        return bucket
     return 1 << max(n - 1, 0).bit_length()
 
 
-def fastest(
-    cache: dict,
-    key: Hashable,
-    candidates: Callable[[], Mapping[str, Callable[[], object]]],
-    timer: Timer | None,
-    *,
-    deterministic: str,
-    measure: Callable[[Mapping[str, Callable[[], object]]], Mapping[str, float]] | None = None,
-) -> str:
-    """The name of the fastest of ``candidates()`` (interchangeable computations of one result,
-    built only to be timed) for ``key``: timed on first use and kept in ``cache`` for the process.
-    ``timer`` is a test's stand-in; without one the device's measurement runs (:func:`cuda_time`
-    of each candidate, or ``measure`` of them all: the CPU's
-    :func:`src.kernels.timing.cpu_times`), and a
-    :class:`~src.kernels.choices.ChoiceCache` also keeps what it measured on disk, and takes an
-    earlier process's choice on this machine without timing. The measurement synchronises the
-    device once per key: take one eager step before capturing CUDA graphs.
+# the names of the CPU flavour's candidates: the project's path (the default) and ATen's
+OURS = "ours"
+ATEN = "aten"
 
-    With ``torch.use_deterministic_algorithms(True)`` nothing is timed and ``deterministic`` is
-    the answer: a timed choice may differ between processes (a resumed run would then round
-    differently), and ``deterministic`` names a candidate whose result does not depend on the run.
+Candidates = Callable[[], Mapping[str, Callable[[], object]]]
+_DECLARED: dict[tuple[str, str], tuple[str, ...]] = {}  # (op, device) -> its candidates' names
+_CHOSEN: dict[tuple[str, str], dict[Hashable, str]] = {}  # (op, device) -> {key: choice}
+_TIMINGS = [0]  # measurements since the process started (or since forget())
+
+
+def declare(op: str, candidates: Sequence[str], *, device: str = "cuda") -> str:
+    """Name ``op``'s candidates on ``device`` (``"cuda"`` or ``"cpu"``); returns ``op``. The ops
+    declare theirs where they are defined: the committed tables are checked against them, and a
+    measurement against the candidates the op builds."""
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    _DECLARED[op, device] = tuple(candidates)
+    return op
+
+
+def declared() -> Mapping[tuple[str, str], tuple[str, ...]]:
+    """{(op, device): candidate names} of every op declared so far (:func:`declare`)."""
+    return dict(_DECLARED)
+
+
+def capturing() -> bool:
+    """Whether a graph is being recorded: ``torch.compile`` tracing, or the current CUDA stream
+    capturing a CUDA graph. Then nothing may be timed (a timing synchronises the device, and
+    its launches would be recorded) and :func:`choose` takes a stored choice or the default."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def choose(
+    op: str,
+    key: Hashable,
+    candidates: Candidates,
+    *,
+    default: str,
+    reference: str = "reference",
+    device: str = "cuda",
+    timer: Timer | None = None,
+    measure: Measure | None = None,
+) -> str:
+    """The name of the path ``op`` takes at ``key`` (its shapes, dtypes, mode): the first of
+
+    1. :func:`exporting`: ``reference`` (an exported graph holds ATen's operators only);
+    2. an environment variable that forces the op (:mod:`src.kernels.environment`:
+       ``LIGHTNETS_GLT_WGRAD``; on the CPU ``LIGHTNETS_CPU_KERNELS``, 1 for ``default``, 0 for
+       ``reference``);
+    3. ``torch.use_deterministic_algorithms(True)``: ``default``, a candidate whose result does
+       not depend on the run (a timed choice may differ between processes, and a resumed run
+       would then round differently);
+    4. the process's choice for ``key``;
+    5. the committed table of this GPU's architecture (:mod:`src.kernels.choices`);
+    6. the choice an earlier process measured on this machine;
+    7. while :func:`capturing`: ``default``, nothing timed;
+    8. else the fastest of ``candidates()`` (interchangeable computations of one result, each a
+       whole call as the caller makes it: :func:`src.kernels.timing.call_with_backward`), timed
+       now and kept for the process and on disk, which synchronises the device once per key.
+
+    ``device="cpu"`` is the CPU flavour: the candidates are ``default`` (the project's path) and
+    ``reference`` (ATen's), timed by :func:`src.kernels.timing.cpu_times`; the thread count joins
+    the key, and ``default`` wins only by :data:`src.kernels.timing.MARGIN`. ``timer`` (seconds of
+    one candidate's call) and ``measure`` (seconds of each of them) stand in for the measurement
+    in tests; a ``timer``'s choices stay in the process. While ``torch.compile`` traces, rules 1-7
+    are taken as a constant of the graph, so ``key`` must be made of Python constants there
+    (:func:`size_bucket` gives one for a size the graph leaves dynamic).
     """
-    if timer is None and torch.are_deterministic_algorithms_enabled():
-        return deterministic
-    if key in cache:
-        return cache[key]
-    # timed on CUDA: a ChoiceCache also keeps the choice on disk for later processes
-    persistent = timer is None and isinstance(cache, ChoiceCache)
-    stored = cache.stored(key) if persistent else None
-    if stored is not None:
-        cache[key] = stored
-        return stored
-    if timer is None:
-        _say_first_timing(measure is None)
+    if exporting():
+        return reference
+    if device == "cpu":  # fewer threads favour other paths
+        threads = torch.get_num_threads()
+        key = (*key, threads) if isinstance(key, tuple) else (key, threads)
+    if torch.compiler.is_compiling():
+        return _traced_choice(op, key, default, reference, device)
+    known = _known(op, key, default, reference, device, timer is None)
+    if known is not None:
+        return known
+    if capturing():
+        return default
+    return _measured(op, key, candidates, default, reference, device, timer, measure)
+
+
+def _known(
+    op: str, key: Hashable, default: str, reference: str, device: str, machine: bool
+) -> str | None:
+    """Rules 2-6 of :func:`choose`; None when none applies. ``machine``: look in the store."""
+    forced = _forced(op, default, reference, device)
+    if forced is not None:
+        return forced
+    if torch.are_deterministic_algorithms_enabled():
+        return default
+    chosen = _CHOSEN.setdefault((op, device), {})
+    known = chosen.get(key)
+    if known is None and device == "cuda":
+        known = choices.committed(op, key, choices.architecture())
+    if known is None and machine:
+        known = choices.stored(op, key, device)
+    if known is not None:
+        chosen[key] = known
+    return known
+
+
+@torch.compiler.assume_constant_result
+def _traced_choice(op: str, key: Hashable, default: str, reference: str, device: str) -> str:
+    """Rules 2-7 of :func:`choose` as ``torch.compile`` takes them: a constant of the graph."""
+    return _known(op, key, default, reference, device, True) or default
+
+
+def _forced(op: str, default: str, reference: str, device: str) -> str | None:
+    if device == "cpu":
+        mode = environment.cpu_path_mode()
+        return default if mode == "1" else reference if mode == "0" else None
+    return environment.forced_choice(op)
+
+
+def _measured(
+    op: str,
+    key: Hashable,
+    candidates: Candidates,
+    default: str,
+    reference: str,
+    device: str,
+    timer: Timer | None,
+    measure: Measure | None,
+) -> str:
+    """Rule 8 of :func:`choose`: time the candidates, keep the fastest."""
     built = candidates()
-    if timer is None and measure is not None:
-        times = measure(built)
+    names = _DECLARED.get((op, device))
+    if names is not None and set(built) != set(names):
+        raise ValueError(f"{op} on {device} declared the candidates {names}, built {tuple(built)}")
+    if timer is not None:
+        times = {name: timer(fn) for name, fn in built.items()}
+    elif measure is not None:
+        times = dict(measure(built))
+    elif device == "cpu":
+        _say_first_timing(cuda=False)
+        times = cpu_times(built)
+        for name in times:  # the reference is the path to be no slower than
+            if name != reference:
+                times[name] *= 1 + MARGIN
     else:
-        times = {name: (timer or cuda_time)(fn) for name, fn in built.items()}
+        _say_first_timing(cuda=True)
+        times = {name: cuda_time(fn) for name, fn in built.items()}
+    _TIMINGS[0] += 1
     choice = min(times, key=times.__getitem__)
-    if persistent:
-        cache.remember(key, choice)
-    else:
-        cache[key] = choice
+    _CHOSEN.setdefault((op, device), {})[key] = choice
+    if timer is None:
+        choices.remember(op, key, choice, device)
     return choice
+
+
+def timings() -> int:
+    """How many times :func:`choose` has timed candidates (one key each) since the process
+    started or :func:`forget` was called: a test asserts that a warmed-up step times nothing."""
+    return _TIMINGS[0]
+
+
+def chosen(op: str, device: str = "cuda") -> Mapping[Hashable, str]:
+    """The process's choices of ``op`` on ``device``: {key: candidate name} (a copy)."""
+    return dict(_CHOSEN.get((op, device), {}))
+
+
+def forget() -> None:
+    """Forget the process's choices and measurements and read the store and the committed tables
+    anew: each test of a choice starts from nothing."""
+    _CHOSEN.clear()
+    _TIMINGS[0] = 0
+    choices.forget()
+    _say_first_timing.cache_clear()
 
 
 @functools.cache

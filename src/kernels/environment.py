@@ -83,6 +83,15 @@ def glt_weight_grad() -> str:
     return method
 
 
+def forced_choice(op: str) -> str | None:
+    """The candidate a variable forces for the CUDA choice of ``op``
+    (:func:`src.kernels.dispatch.choose`), None where none does."""
+    if op == "group_linear.weight_grad":
+        method = glt_weight_grad()
+        return None if method == "auto" else method
+    return None
+
+
 def pru_gemm() -> str | None:
     """``LIGHTNETS_PRU_GEMM``: ``"plain"``, ``"packed"``, ``"0"``, or None when unset."""
     mode = os.environ.get(PRU_GEMM_ENV) or None

@@ -1,31 +1,25 @@
-"""The project's CPU path of an op or ATen's, whichever this machine runs faster at this shape.
+"""How the candidates of a choice are timed: on CUDA a call's device time (:func:`cuda_time`), on
+the CPU interleaved samples (:func:`cpu_times`), each candidate a whole call as the caller makes it
+(:func:`call_with_backward`: forward and backward when autograd needs the backward) on operands
+detached from the caller's graph (:func:`detached`).
 
-The CPU paths (the C++ kernels of this folder, the point-wise convolution's row products) were
-each written to beat ATen and oneDNN at the paper models' shapes, but for three of them the winner
-depends on the machine as well as the shape. On an AMD EPYC, 2 cores, batch 8 of DiCENet s=1.0
-(``benchmarks/ops.py``), natively (AVX-512) and as an AVX2 CPU (``ATEN_CPU_CAPABILITY=avx2
-ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
+On the CPU the winner depends on the machine as well as the shape. On an AMD EPYC, 2 cores, batch 8
+of DiCENet s=1.0 (``benchmarks/ops.py``), natively (AVX-512) and as an AVX2 CPU
+(``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``), forward+backward against ATen's:
 
 - BatchNorm's two-pass backward: 1.27-1.31x at 24 x 112², 0.84-0.87x at 464 x 7²;
 - DimConv's kernels (channels-last): 1.63-2.12x at 116-464 channels, 0.69-0.71x at 24 x 56²;
 - the point-wise convolution as row products: 1.09x at 58 x 28² (a split half) as AVX2, 0.82x
   natively; 116 -> 116 at 28²: 0.94x natively, 0.82x as AVX2.
 
-So these ops time both paths on their first call with each shape (forward and backward when
-autograd will need the backward; the median of interleaved samples of a millisecond or more,
-:func:`cpu_times`) and keep the faster for the process and, in a
-:class:`~src.kernels.choices.ChoiceCache`, on disk for later processes on this machine, as
-``impl="auto"`` does on CUDA (:func:`src.kernels.dispatch.fastest`). The key holds the thread count:
-fewer threads favour other paths. The project's path must win by :data:`MARGIN` (5%): closer
-than that, the measurement goes either way between runs, and ATen's is the path to be no slower
-than.
-``LIGHTNETS_CPU_KERNELS=1`` takes the project's path without timing (the suite does, for numbers
-that hold on every machine), ``0`` ATen's; under ``torch.use_deterministic_algorithms(True)`` and
-while ``torch.compile`` traces, the project's path runs, as it always has.
+So those ops time both paths on their first call with each shape. The project's path must win by
+:data:`MARGIN` (5%): closer than that, the measurement goes either way between runs, and ATen's is
+the path to be no slower than.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -34,12 +28,27 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, exporting, fastest
-from src.kernels.environment import cpu_path_mode
+Timer = Callable[[Callable[[], object]], float]
+Measure = Callable[[Mapping[str, Callable[[], object]]], Mapping[str, float]]
 
-OURS = "ours"
-ATEN = "aten"
+# ATen's path unless the project's is at least this much faster: closer than that, timings on a
+# busy machine go either way (in one run two identical paths' medians differed by 10%)
+MARGIN = 0.05
+
+
+def cuda_time(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Seconds of one ``fn()`` on the current CUDA stream: the best of ``repeats`` after a warm-up
+    call (which compiles a kernel or lets cuBLAS pick its algorithm)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
 
 
 # a sample lasts at least this long (a call repeated), so that the timer's resolution and the
@@ -70,47 +79,6 @@ def cpu_times(candidates: Mapping[str, Callable[[], object]], rounds: int = 9) -
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def cpu_path(
-    cache: ChoiceCache,
-    key: tuple,
-    candidates: Callable[[], Mapping[str, Callable[[], object]]],
-    timer: Timer | None = None,
-) -> str:
-    """:data:`OURS` or :data:`ATEN` for an op's call with ``key`` (its shape, dtypes and whether
-    autograd needs the backward; the thread count is added here): by ``LIGHTNETS_CPU_KERNELS``,
-    else measured once (module docstring). ``candidates()`` builds the two paths as zero-argument
-    callables, each a whole call (see :func:`call_with_backward`); ``timer`` is a test's stand-in
-    for :func:`cpu_times` (one candidate at a time)."""
-    if exporting():  # an exported graph holds ATen's operators only
-        return ATEN
-    if torch.compiler.is_compiling():  # nothing is timed while tracing
-        return ATEN if _aten_only() else OURS
-    mode = cpu_path_mode()
-    if mode == "1":
-        return OURS
-    if mode == "0":
-        return ATEN
-    key = (*key, torch.get_num_threads())
-    return fastest(cache, key, candidates, timer, deterministic=OURS, measure=_with_margin)
-
-
-# ATen's path unless the project's is at least this much faster: closer than that, timings on a
-# busy machine go either way (in one run two identical paths' medians differed by 10%)
-MARGIN = 0.05
-
-
-def _with_margin(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
-    times = cpu_times(candidates)
-    times[OURS] *= 1 + MARGIN
-    return times
-
-
-@torch.compiler.assume_constant_result
-def _aten_only() -> bool:
-    """``LIGHTNETS_CPU_KERNELS=0``, taken by ``torch.compile`` as a constant while tracing."""
-    return cpu_path_mode() == "0"
-
-
 def call_with_backward(fn: Callable[[], Tensor], inputs: Sequence[Tensor]) -> Callable[[], object]:
     """A call of ``fn`` as the caller makes it: with autograd on (training), the forward and the
     backward of a gradient of ones into those of ``inputs`` that require grad, without
@@ -131,3 +99,24 @@ def detached(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
     """Each tensor detached (same storage and strides), requiring grad as it did: the operands the
     candidates are timed on, whose graphs never reach the caller's."""
     return tuple(None if t is None else t.detach().requires_grad_(t.requires_grad) for t in tensors)
+
+
+def candidate_steps(
+    run: Callable[..., Tensor], names: Sequence[str], *operands: Tensor | None
+) -> dict[str, Callable[[], object]]:
+    """The candidates of a choice: for each name, ``run(name, *operands)`` on copies of the
+    operands detached from the caller's graph (:func:`detached`), as a whole call
+    (:func:`call_with_backward`). Each is ``functools.partial(step, name)``."""
+    inputs = detached(*operands)
+    wanted = [t for t in inputs if t is not None]
+
+    def step(name: str) -> object:
+        return call_with_backward(functools.partial(run, name, *inputs), wanted)()
+
+    return {name: functools.partial(step, name) for name in names}
+
+
+def needs_backward(*tensors: Tensor | None) -> bool:
+    """Whether autograd will want the backward of a call on ``tensors``: grad mode is on and one
+    of them requires grad. Part of a choice's key: training and inference are timed apart."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -24,10 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import opaque_op
+from src.kernels import ATEN, OURS, candidate_steps, choose, declare, opaque_op
 from src.kernels.environment import cpu_path_mode
-from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.contracts import batch_norm as contract
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.fused_norm import batch_norm_factor
@@ -85,33 +83,26 @@ class BatchNorm2d(nn.BatchNorm2d):
         return super()._apply(fn, *args, **kwargs)
 
 
-# (x's shape, dtype, x needs grad, threads) -> OURS or ATEN
-_path_choice = ChoiceCache("batch_norm", device="cpu")
+CPU_CHOICE = declare("batch_norm", (OURS, ATEN), device="cpu")
 
 
 def _path(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> str:
     """The kernel's backward or ATen's for a channels-last training call, measured per shape on
-    this machine (:func:`src.kernels.timing.cpu_path`): the kernel's two passes split the rows into
+    this machine (:func:`~src.kernels.choose`): the kernel's two passes split the rows into
     fixed blocks, which pays on large maps (1.3x at 24 x 112²) and not on the last stage's
     (0.84-0.87x at 464 x 7², batch 8, on an AMD EPYC). Timed without running statistics, which
     the candidates must not update."""
     key = (x.shape, x.dtype, x.requires_grad)
 
+    def run(path: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        if path == OURS:
+            return BatchNormCpuFunction.apply(x, weight, bias, None, None, 0.0, eps)
+        return F.batch_norm(x, None, None, weight, bias, True, 0.0, eps)
+
     def candidates() -> dict:
-        xs, ws, bs = detached(x, weight, bias)
+        return candidate_steps(run, (OURS, ATEN), x, weight, bias)
 
-        def ours() -> Tensor:
-            return BatchNormCpuFunction.apply(xs, ws, bs, None, None, 0.0, eps)
-
-        def aten() -> Tensor:
-            return F.batch_norm(xs, None, None, ws, bs, True, 0.0, eps)
-
-        return {
-            OURS: call_with_backward(ours, [xs, ws, bs]),
-            ATEN: call_with_backward(aten, [xs, ws, bs]),
-        }
-
-    return cpu_path(_path_choice, key, candidates)
+    return choose(CPU_CHOICE, key, candidates, default=OURS, reference=ATEN, device="cpu")
 
 
 @opaque_op("lightnets::batch_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)

@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import (
+from src.kernels import (
     Timer,
     autocast_off,
     check_impl,
-    fastest,
+    choose,
+    declare,
     opaque_op,
     size_bucket,
     use_triton,
@@ -64,9 +64,9 @@ def batch_norm_prelu(
     docstring).
 
     ``impl``: ``"auto"`` takes the C++ kernels on the CPU and, on CUDA, the Triton kernels where
-    they timed faster than the two modules for this shape and dtype
-    (:func:`src.kernels.dispatch.fastest`); ``"triton"`` the Triton kernels (on CPU tensors in Triton's
-    interpreter); ``"reference"`` the two modules.
+    they timed faster than the two modules for this shape and dtype (:func:`auto_path`);
+    ``"triton"`` the Triton kernels (on CPU tensors in Triton's interpreter); ``"reference"`` the
+    two modules.
 
     Shape:
         x (B, C, H, W), residual (B, C, H, W) or None -> (B, C, H, W)
@@ -130,14 +130,14 @@ def _fused_path(
     return None
 
 
-# (row bucket, C, dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("batch_norm_prelu")
+CHOICE = declare("batch_norm_prelu", ("triton", "reference"))
 
 
 def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference" (the two modules), whichever forward and
     backward ran faster on the first call with this size (rows by
-    :func:`src.kernels.dispatch.size_bucket`), channel count and dtype. Timed on detached copies,
+    :func:`~src.kernels.size_bucket`), channel count and dtype (:func:`~src.kernels.choose`; the
+    fused op applies in training only). Timed on detached copies,
     without running statistics; both paths are deterministic, and deterministic mode takes the
     kernels.
 
@@ -163,7 +163,7 @@ def auto_path(x: Tensor, norm: nn.BatchNorm2d, act: nn.PReLU, timer: Timer | Non
 
         return {"triton": fused, "reference": reference}
 
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)
 
 
 @opaque_op("lightnets::batch_norm_prelu_forward", contract.FORWARD_SCHEMA, contract.forward_fake)

@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
+from src.kernels import Timer, autocast_dtype, choose, declare, size_bucket, use_triton
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.dim_conv import DimConv, resize_matrix
@@ -393,15 +392,14 @@ class DiCE(nn.Module):
         return spatial.mul_(gate[:, :, None, None])
 
 
-# (batch bucket, C, H, W, dtype, autocast dtype, dilation, training, device) -> "fused" | "unfused"
-_local_fusion_choice: dict[tuple, str] = ChoiceCache("dice.local_fusion")
+LOCAL_FUSION_CHOICE = declare("dice.local_fusion", ("fused", "unfused"))
 
 
 def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (DimConv and the local fusion in one Triton pass,
     :mod:`src.ops.triton.dim_fuse`) or "unfused" (DimConv's own choice, then BN, PReLU and the
     grouped 1x1 conv), whichever was faster on the first call with this input shape (batch by
-    :func:`src.kernels.dispatch.size_bucket`), dtype and mode (:func:`src.kernels.dispatch.fastest`).
+    :func:`~src.kernels.size_bucket`), dtype and mode (:func:`~src.kernels.choose`).
     Training times forward and backward, on copies of the running statistics and without touching
     the parameters' gradients; inference times the forward.
 
@@ -435,7 +433,10 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
         return {path: functools.partial(run, path) for path in ("fused", "unfused")}
 
     deterministic = "unfused" if unit.training else "fused"
-    return fastest(_local_fusion_choice, key, candidates, timer, deterministic=deterministic)
+    return choose(
+        LOCAL_FUSION_CHOICE, key, candidates,
+        default=deterministic, reference="unfused", timer=timer,
+    )  # fmt: skip
 
 
 class StridedDiCE(nn.Module):

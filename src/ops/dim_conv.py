@@ -31,25 +31,27 @@ happens. Other sizes always take the PyTorch reference.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import (
+from src.kernels import (
+    ATEN,
+    OURS,
     Timer,
     autocast_dtype,
     autocast_operands,
+    candidate_steps,
     check_impl,
+    choose,
+    declare,
     exporting,
-    fastest,
+    needs_backward,
     size_bucket,
     use_triton,
 )
-from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
 from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
 from src.ops.layout import is_channels_last
 
@@ -141,9 +143,9 @@ class DimConv(nn.Module):
         )
 
 
-# (batch bucket, C, H, W, dtype, autocast dtype, dilation, interleave, device)
-#   -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("dim_conv")
+CHOICE = declare("dim_conv", ("triton", "reference"))
+# OURS: the C++ kernels; ATEN: the eager path's oneDNN convolutions
+CPU_CHOICE = declare("dim_conv", (OURS, ATEN), device="cpu")
 
 
 def auto_path(
@@ -154,9 +156,9 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
-    convolutions), whichever forward ran faster on the first call with this input shape (batch by
-    :func:`src.kernels.dispatch.size_bucket`) and dtype (:func:`src.kernels.dispatch.fastest`; kept for the
-    process). Under ``torch.compile`` the kernel is traced.
+    convolutions), whichever call (a training step when autograd wants the backward) ran faster on
+    the first call with this input shape (batch by :func:`~src.kernels.size_bucket`), dtype and
+    mode (:func:`~src.kernels.choose`). Under ``torch.compile`` the kernel is traced.
 
     Shape:
         x (B, C, H, W), weights as :class:`DimConv`'s
@@ -165,26 +167,20 @@ def auto_path(
     autocast = autocast_dtype(device)
     key = (
         size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, dilation, interleave,
-        str(x.device),
+        str(x.device), needs_backward(x, *weights),
     )  # fmt: skip
 
-    def run(path: str) -> Tensor:
+    def run(path: str, x: Tensor, *weights: Tensor) -> Tensor:
         from src.ops.triton.dim_conv import dim_conv_triton
 
         forward = dim_conv_triton if path == "triton" else dim_conv_reference
-        with torch.no_grad():
-            return forward(x, *weights, dilation=dilation, interleave=interleave)
+        return forward(x, *weights, dilation=dilation, interleave=interleave)
 
     def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+        return candidate_steps(run, ("triton", "reference"), x, *weights)
 
     # the kernel's weight gradients add float atomics in a run-dependent order; cuDNN's do not
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="reference")
-
-
-# (batch bucket, C, H, W, dtype, autocast dtype, dilation, interleave, grad, threads)
-#   -> OURS (the C++ kernels) or ATEN (the eager path's oneDNN convolutions)
-_cpu_path_choice = ChoiceCache("dim_conv", device="cpu")
+    return choose(CHOICE, key, candidates, default="reference", timer=timer)
 
 
 def cpu_path_of(
@@ -195,7 +191,7 @@ def cpu_path_of(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on the CPU, where the kernels apply: OURS or ATEN, measured per shape on
-    this machine (:func:`src.kernels.timing.cpu_path`). The kernels read every tap along the
+    this machine (:func:`~src.kernels.choose`). The kernels read every tap along the
     contiguous channels, which pays at 116-464 channels (1.6-2.9x) and not at DiCENet's 24-channel
     stem (0.69-0.82x on an AMD EPYC, AVX2 and AVX-512 alike).
 
@@ -203,25 +199,25 @@ def cpu_path_of(
         x (B, C, H, W) channels-last, weights as :class:`DimConv`'s
     """
     autocast = autocast_dtype("cpu")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights))
     key = (
-        size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, dilation, interleave, needs_grad
+        size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, dilation, interleave,
+        needs_backward(x, *weights),
     )  # fmt: skip
 
+    def run(path: str, x: Tensor, *weights: Tensor) -> Tensor:
+        y = None
+        if path == OURS:  # None: dtypes the kernels do not take, where the eager path runs
+            y = dim_conv_cpu(x, *weights, dilation=dilation, interleave=interleave)
+        if y is None:
+            y = dim_conv_reference(x, *weights, dilation=dilation, interleave=interleave)
+        return y
+
     def candidates() -> dict:
-        operands = detached(x, *weights)
+        return candidate_steps(run, (OURS, ATEN), x, *weights)
 
-        def ours() -> Tensor:
-            y = dim_conv_cpu(*operands, dilation=dilation, interleave=interleave)
-            # None: dtypes the kernels do not take, where the eager path runs either way
-            return aten() if y is None else y
-
-        def aten() -> Tensor:
-            return dim_conv_reference(*operands, dilation=dilation, interleave=interleave)
-
-        return {OURS: call_with_backward(ours, operands), ATEN: call_with_backward(aten, operands)}
-
-    return cpu_path(_cpu_path_choice, key, candidates, timer)
+    return choose(
+        CPU_CHOICE, key, candidates, default=OURS, reference=ATEN, device="cpu", timer=timer
+    )
 
 
 def resize_matrix(n_in: int, n_out: int, *, dtype: torch.dtype, device: torch.device) -> Tensor:

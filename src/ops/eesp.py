@@ -40,8 +40,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.kernels import (
+    Timer,
+    autocast_dtype,
+    check_impl,
+    choose,
+    declare,
+    size_bucket,
+    use_triton,
+)
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.ops.cpu import cpu_kernels_loaded
@@ -360,16 +367,14 @@ def eesp_pyramid_reference(
     return prelu(z, alpha)
 
 
-# (batch bucket, n, H, W, dtype, autocast dtype, dilations, stride, hff, training, device)
-#   -> "fused" | "eager"
-_pyramid_choice: dict[tuple, str] = ChoiceCache("eesp.pyramid")
+PYRAMID_CHOICE = declare("eesp.pyramid", ("fused", "eager"))
 
 
 def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (:mod:`src.ops.triton.eesp`) or "eager" (the branch
     convolutions, sums, concatenation, BN and PReLU as PyTorch ops), whichever was faster on the
-    first call with this input shape (batch by :func:`src.kernels.dispatch.size_bucket`), dtype and mode
-    (:func:`src.kernels.dispatch.fastest`). Training times forward and backward on copies of the running
+    first call with this input shape (batch by :func:`~src.kernels.size_bucket`), dtype and mode
+    (:func:`~src.kernels.choose`). Training times forward and backward on copies of the running
     statistics, without touching the parameters' gradients; inference times the forward. Under
     ``torch.use_deterministic_algorithms(True)`` it is "eager".
 
@@ -396,7 +401,9 @@ def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("fused", "eager")}
 
-    return fastest(_pyramid_choice, key, candidates, timer, deterministic="eager")
+    return choose(
+        PYRAMID_CHOICE, key, candidates, default="eager", reference="eager", timer=timer
+    )
 
 
 class EESPDownsampler(nn.Module):

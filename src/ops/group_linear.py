@@ -8,7 +8,6 @@ so the next GLT mixes information between groups. g = 1 is an ordinary linear la
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -16,15 +15,17 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import (
+from src.kernels import (
     Timer,
     autocast_known,
     autocast_off,
     autocast_operands,
+    candidate_steps,
     check_impl,
     check_same_dtype,
-    fastest,
+    choose,
+    declare,
+    needs_backward,
     opaque_op,
     size_bucket,
     use_triton,
@@ -201,8 +202,7 @@ def _product_dtype(device_type: str, parts: Sequence[Tensor]) -> torch.dtype:
     return check_same_dtype("the GLT", parts=parts)
 
 
-# (row bucket, part widths, weight shape, bias, shuffle, dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("group_linear")
+CHOICE = declare("group_linear", ("triton", "reference"))
 
 
 def auto_path(
@@ -214,11 +214,11 @@ def auto_path(
     *,
     dtype: torch.dtype | None = None,
 ) -> str:
-    """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
-    call with these shapes (rows by :func:`src.kernels.dispatch.size_bucket`) and dtype
-    (:func:`src.kernels.dispatch.fastest`; kept for the process). The kernel is not faster everywhere:
-    cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is measured rather than
-    assumed. Under ``torch.compile`` the kernel is traced.
+    """``impl="auto"`` on CUDA: "triton" or "reference", whichever call (a training step when
+    autograd wants the backward) ran faster on the first call with these shapes (rows by
+    :func:`~src.kernels.size_bucket`), dtype and mode (:func:`~src.kernels.choose`). The kernel is
+    not faster everywhere: cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is
+    measured rather than assumed. Under ``torch.compile`` the kernel is traced.
 
     ``dtype`` is the products' (default the parts'); float32 operands of 16-bit products
     (autocast) are cast for the PyTorch path, as it takes them, and not for the kernel.
@@ -229,23 +229,22 @@ def auto_path(
     dtype = parts[0].dtype if dtype is None else dtype
     key = (
         size_bucket(parts[0].shape[0]), tuple(p.shape[1] for p in parts), tuple(weight.shape),
-        bias is not None, shuffle, dtype, str(weight.device),
+        bias is not None, shuffle, dtype, str(weight.device), needs_backward(weight, bias, *parts),
     )  # fmt: skip
 
-    def run(path: str) -> Tensor:
+    def run(path: str, w: Tensor, b: Tensor | None, *xs: Tensor) -> Tensor:
         from src.ops.triton.group_linear import interleaved_group_linear_triton
 
-        with torch.no_grad():
-            if path == "triton":
-                return interleaved_group_linear_triton(parts, weight, bias, shuffle, dtype=dtype)
-            w, b, *cast = (None if t is None else t.to(dtype) for t in (weight, bias, *parts))
-            return InterleavedGroupLinearFunction.apply(w, b, shuffle, *cast)
+        if path == "triton":
+            return interleaved_group_linear_triton(xs, w, b, shuffle, dtype=dtype)
+        w, b, *xs = (None if t is None else t.to(dtype) for t in (w, b, *xs))
+        return InterleavedGroupLinearFunction.apply(w, b, shuffle, *xs)
 
     def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+        return candidate_steps(run, ("triton", "reference"), weight, bias, *parts)
 
     # both paths sum in a fixed order; the kernel was the rule before choices were measured
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)
 
 
 def interleaved_group_linear_forward(

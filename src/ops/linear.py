@@ -12,23 +12,31 @@ A dense linear layer is a GLT of one group (:mod:`src.ops.group_linear`): ``W`` 
 
 DeLighT's training steps are launch-bound on a GPU (docs/gpu.md), so those launches are most of a
 layer's cost there. Where the GEMM itself dominates, cuBLAS may be faster than the kernel, so
-``impl="auto"`` times both forwards on the first call of each shape and keeps the faster (the kernel
-without casts against ``F.linear`` with them). Elsewhere (the CPU, export, ``torch.compile``, which
-fuses around ``nn.Linear``'s own product) the layer runs as ``nn.Linear``. Both compute the same
+``impl="auto"`` times both on the first call of each shape (a training step where autograd wants
+the backward) and keeps the faster (the kernel without casts against ``F.linear`` with them).
+Elsewhere (the CPU, export, ``torch.compile``, which fuses around ``nn.Linear``'s own product) the
+layer runs as ``nn.Linear``. Both compute the same
 products in float32 accumulation: the results differ by rounding.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_dtype, fastest, size_bucket, use_triton
+from src.kernels import (
+    Timer,
+    autocast_dtype,
+    candidate_steps,
+    choose,
+    declare,
+    needs_backward,
+    size_bucket,
+    use_triton,
+)
 from src.ops.group_linear import interleaved_group_linear
 
 
@@ -55,49 +63,48 @@ def linear(parts: Sequence[Tensor], layer: nn.Linear, *, impl: str = "auto") -> 
     )
     if not kernel:
         return layer(x if len(parts) == 1 else torch.cat(tuple(parts), dim=-1))
-    return _on_kernel(parts, layer)
+    return _on_kernel(parts, layer.weight, layer.bias)
 
 
-def _on_kernel(parts: Sequence[Tensor], layer: nn.Linear) -> Tensor:
-    """``layer`` as a GLT of one group on its kernel.
+def _on_kernel(parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear`` with ``weight`` and ``bias`` as a GLT of one group on its kernel.
 
     Shape:
-        parts (..., d_j) -> (..., n)
+        parts (..., d_j), weight (n, k), bias (n,) or None -> (..., n)
     """
     lead = parts[0].shape[:-1]
     flat = tuple(p.reshape(-1, p.shape[-1]) for p in parts)  # (M, d_j)
-    weight = layer.weight.t().unsqueeze(0)  # (n, k) -> (1, k, n), a view
-    bias = None if layer.bias is None else layer.bias.unsqueeze(0)  # (1, n)
-    y = interleaved_group_linear(flat, weight, bias, shuffle=False, impl="triton")
-    return y.view(*lead, layer.out_features)
+    grouped = weight.t().unsqueeze(0)  # (n, k) -> (1, k, n), a view
+    bias = None if bias is None else bias.unsqueeze(0)  # (1, n)
+    y = interleaved_group_linear(flat, grouped, bias, shuffle=False, impl="triton")
+    return y.view(*lead, weight.shape[0])
 
 
-# (row bucket, part widths, n, bias, input dtype, autocast dtype, device) -> "triton" or
-# "reference"
-_linear_choice: dict[tuple, str] = ChoiceCache("linear")
+CHOICE = declare("linear", ("triton", "reference"))
 
 
 def linear_path(parts: Sequence[Tensor], layer: nn.Linear, timer: Timer | None = None) -> str:
-    """``impl="auto"`` on CUDA: "triton" or "reference", whichever forward ran faster on the first
-    call with these shapes (rows by :func:`src.kernels.dispatch.size_bucket`) and dtypes
-    (:func:`src.kernels.dispatch.fastest`, kept for the process and on disk). Both are timed as they
-    would run, under the caller's autocast: ``nn.Linear`` with its casts."""
+    """``impl="auto"`` on CUDA: "triton" or "reference", whichever call (a training step when
+    autograd wants the backward) ran faster on the first call with these shapes (rows by
+    :func:`~src.kernels.size_bucket`), dtypes and mode (:func:`~src.kernels.choose`). Both are
+    timed as they would run, under the caller's autocast: ``nn.Linear`` with its casts."""
     device = parts[0].device
     rows = parts[0].numel() // max(parts[0].shape[-1], 1)
     key = (
         size_bucket(rows), tuple(p.shape[-1] for p in parts), layer.out_features,
         layer.bias is not None, parts[0].dtype, autocast_dtype(device.type), str(device),
+        needs_backward(layer.weight, layer.bias, *parts),
     )  # fmt: skip
 
-    def run(path: str) -> Tensor:
-        with torch.no_grad():
-            if path == "triton":
-                return _on_kernel(parts, layer)
-            x = parts[0] if len(parts) == 1 else torch.cat(tuple(parts), dim=-1)
-            return F.linear(x, layer.weight, layer.bias)
+    def run(path: str, weight: Tensor, bias: Tensor | None, *xs: Tensor) -> Tensor:
+        if path == "triton":
+            return _on_kernel(xs, weight, bias)
+        x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=-1)
+        return F.linear(x, weight, bias)
 
     def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+        names = ("triton", "reference")
+        return candidate_steps(run, names, layer.weight, layer.bias, *parts)
 
     # both sum in a fixed order; the kernel takes fewer launches
-    return fastest(_linear_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)

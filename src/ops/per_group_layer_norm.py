@@ -9,15 +9,22 @@ and shift span the full width. DeLighT's shared-parameter group norm is a differ
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
+from src.kernels import (
+    Timer,
+    candidate_steps,
+    check_impl,
+    choose,
+    declare,
+    needs_backward,
+    opaque_op,
+    size_bucket,
+    use_triton,
+)
 from src.kernels.custom_ops import autograd_op
-from src.kernels.dispatch import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
 from src.ops.contracts import per_group_layer_norm as contract
 from src.ops.cpu import cpu_kernels_loaded
 
@@ -249,8 +256,7 @@ def _kernel_covers(x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: fl
     )
 
 
-# (row bucket, D, groups, dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("per_group_layer_norm")
+CHOICE = declare("per_group_layer_norm", ("triton", "reference"))
 
 
 def auto_path(
@@ -261,25 +267,27 @@ def auto_path(
     eps: float,
     timer: Timer | None = None,
 ) -> str:
-    """``impl="auto"`` on CUDA: "triton" (one fused launch) or "reference", whichever forward ran
-    faster on the first call with this shape (rows by :func:`src.kernels.dispatch.size_bucket`) and
-    dtype (:func:`src.kernels.dispatch.fastest`). Both are deterministic; deterministic mode takes the
-    kernel.
+    """``impl="auto"`` on CUDA: "triton" (one fused launch) or "reference", whichever call (a
+    training step when autograd wants the backward) ran faster on the first call with this shape
+    (rows by :func:`~src.kernels.size_bucket`), dtype and mode (:func:`~src.kernels.choose`). Both
+    are deterministic; deterministic mode takes the kernel.
 
     Shape:
         x (..., D), weight and bias (D,)
     """
     rows = x.numel() // max(x.shape[-1], 1)
-    key = (size_bucket(rows), x.shape[-1], groups, x.dtype, str(x.device))
+    key = (
+        size_bucket(rows), x.shape[-1], groups, x.dtype, str(x.device),
+        needs_backward(x, weight, bias),
+    )  # fmt: skip
 
-    def run(path: str) -> Tensor:
+    def run(path: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         from src.ops.triton.per_group_layer_norm import per_group_layer_norm_triton
 
         forward = per_group_layer_norm_triton if path == "triton" else per_group_layer_norm
-        with torch.no_grad():
-            return forward(x, weight, bias, groups, eps)
+        return forward(x, weight, bias, groups, eps)
 
     def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+        return candidate_steps(run, ("triton", "reference"), x, weight, bias)
 
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)

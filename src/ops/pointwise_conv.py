@@ -22,7 +22,7 @@ traces the Function's products. Results are ``torch.mm``'s, oneDNN's up to summa
 
 Which of the two wins depends on the machine as well as the shape (on an AMD EPYC natively the
 58-channel split half at 28² ran at 0.82x oneDNN, as an AVX2 CPU at 1.09x), so each training call
-shape takes the faster, measured on its first call (:mod:`src.kernels.timing`).
+shape takes the faster, measured on its first call (:func:`src.kernels.choose`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import exporting, size_bucket
-from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.kernels import ATEN, OURS, candidate_steps, choose, declare, exporting, size_bucket
 from src.ops.cpu import dispatch_mode_active
 from src.ops.layout import channel_rows, from_channel_rows
 
@@ -73,30 +71,29 @@ def pointwise_conv(x: Tensor, weight: Tensor, bias: Tensor | None, groups: int =
     return PointwiseConvCpuFunction.apply(x, weight, bias)
 
 
-# (batch bucket, C_in, C_out, H, W, pixel step, bias, x / weight need grad, threads)
-#   -> OURS (row products) or ATEN (oneDNN's convolution)
-_path_choice = ChoiceCache("pointwise_conv", device="cpu")
+# OURS: the row products; ATEN: oneDNN's convolution
+CPU_CHOICE = declare("pointwise_conv", (OURS, ATEN), device="cpu")
 
 
 def _path(x: Tensor, weight: Tensor, bias: Tensor | None) -> str:
     """The row products or oneDNN's convolution for a training call: by
-    :func:`src.kernels.timing.cpu_path` (measured per shape on this machine). The pixel step says
-    whether the rows are a whole map's or a channel slice's."""
+    :func:`~src.kernels.choose` (measured per shape on this machine). The pixel step says whether
+    the rows are a whole map's or a channel slice's."""
     step = x.stride(3) if x.shape[3] > 1 else x.stride(2) if x.shape[2] > 1 else x.stride(0)
     key = (
         size_bucket(x.shape[0]), x.shape[1], weight.shape[0], *x.shape[2:], step,
         bias is not None, x.requires_grad, weight.requires_grad,
     )  # fmt: skip
 
-    def candidates() -> dict:
-        xs, ws, bs = detached(x, weight, bias)
-        inputs = [t for t in (xs, ws, bs) if t is not None]
-        return {
-            OURS: call_with_backward(lambda: PointwiseConvCpuFunction.apply(xs, ws, bs), inputs),
-            ATEN: call_with_backward(lambda: F.conv2d(xs, ws, bs), inputs),
-        }
+    def run(path: str, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if path == OURS:
+            return PointwiseConvCpuFunction.apply(x, weight, bias)
+        return F.conv2d(x, weight, bias)
 
-    return cpu_path(_path_choice, key, candidates)
+    def candidates() -> dict:
+        return candidate_steps(run, (OURS, ATEN), x, weight, bias)
+
+    return choose(CPU_CHOICE, key, candidates, default=OURS, reference=ATEN, device="cpu")
 
 
 def row_view(x: Tensor) -> Tensor | None:

@@ -51,7 +51,7 @@ from torch.autograd.function import once_differentiable
 
 from src.kernels.choices import cpu_model
 from src.kernels.dispatch import use_triton
-from src.kernels.environment import cpu_path_mode
+from src.kernels.environment import PRU_GEMM_ENV, cpu_path_mode, pru_gemm
 from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
 from src.ops.cpu import cpu_kernels_loaded, current_build_directory, dispatch_mode_active
 from src.utils.files import write_json
@@ -127,7 +127,6 @@ def pru_recurrence_reference(
 
 
 GEMM_MODES = ("plain", "packed")  # in the order checked: plain is as fast (pru_recurrence.cpp)
-GEMM_ENV = "LIGHTNETS_PRU_GEMM"  # "packed" or "plain": this mode, unchecked; "0": the PyTorch loop
 PROBE_FILE = "pru_recurrence_check.json"
 # the checked shapes (T, B, g, w, level widths): a tiny one and PTB's (g = 4, w = 350, K = 2)
 PROBE_SHAPES = ((3, 2, 2, 4, (8,)), (3, 20, 4, 350, (1050, 350)))
@@ -176,7 +175,7 @@ def _run_check(mode: str) -> str | None:
     root = Path(__file__).resolve().parents[2]
     command = [sys.executable, "-m", "src.ops.pru_recurrence", "--check", mode,
                "--threads", str(torch.get_num_threads())]  # fmt: skip
-    env = {**os.environ, GEMM_ENV: mode}
+    env = {**os.environ, PRU_GEMM_ENV: mode}
     try:
         child = subprocess.run(
             command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False
@@ -204,10 +203,8 @@ def probed_gemm_mode() -> str | None:
     was reached on). ``LIGHTNETS_PRU_GEMM`` names a mode and skips the check."""
     if not (cpu_kernels_loaded() and torch.ops.lightnets_cpu.pru_recurrence_available()):
         return None
-    forced = os.environ.get(GEMM_ENV)
+    forced = pru_gemm()  # "packed" or "plain": this mode, unchecked; "0": the PyTorch loop
     if forced:
-        if forced not in (*GEMM_MODES, "0"):
-            raise ValueError(f"{GEMM_ENV} must be one of {(*GEMM_MODES, '0')}, got {forced!r}")
         return None if forced == "0" else forced
     record = current_build_directory() / PROBE_FILE
     processor = cpu_model()

@@ -23,9 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_dtype, fastest, size_bucket
-from src.kernels.timing import ATEN, OURS, call_with_backward, cpu_path, detached
+from src.kernels import (
+    ATEN,
+    OURS,
+    Timer,
+    autocast_dtype,
+    candidate_steps,
+    choose,
+    declare,
+    needs_backward,
+    size_bucket,
+)
 from src.ops.dropout import dropout
 from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.ops.relative_softmax import rel_shift, relative_softmax
@@ -184,38 +192,33 @@ def relative_attention(
     )
 
 
-# (B bucket, H, T, K, d_head, dtype, autocast dtype, grad, masked, threads) -> OURS or ATEN
-_cpu_path_choice = ChoiceCache("relative_attention", device="cpu")
+# OURS: the one-node CPU attention; ATEN: the eager ops
+CPU_CHOICE = declare("relative_attention", (OURS, ATEN), device="cpu")
 
 
 def _cpu_path(
     query_w: Tensor, query_r: Tensor, k: Tensor, v: Tensor, rk: Tensor, mask, scale: float
 ) -> str:
     """The one-node CPU attention or the eager ops, measured per shape on this machine
-    (:func:`src.kernels.timing.cpu_path`); both give the same numbers. The node saves the page
+    (:func:`~src.kernels.choose`); both give the same numbers. The node saves the page
     faults of fresh score-sized tensors, which glibc maps afresh only above its mmap threshold:
     2 x 8 x 512 x 1,024 float32 scores (32 MiB each) ran 1.6-2.0x faster, 1 x 8 x 512 x 1,024
     (16 MiB) 0.95-0.98x, on an AMD EPYC natively and as AVX2."""
     autocast = autocast_dtype("cpu")
     operands = (query_w, query_r, k, v, rk)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in operands)
     key = (
         size_bucket(query_w.shape[0]), *query_w.shape[1:3], k.shape[-2], query_w.shape[-1],
-        query_w.dtype, autocast, grad, mask is not None,
+        query_w.dtype, autocast, needs_backward(*operands), mask is not None,
     )  # fmt: skip
 
+    def run(path: str, *operands: Tensor) -> Tensor:
+        attention = relative_attention_cpu if path == OURS else eager_relative_attention
+        return attention(*operands, mask, scale)
+
     def candidates() -> dict:
-        inputs = detached(*operands)
+        return candidate_steps(run, (OURS, ATEN), *operands)
 
-        def ours() -> Tensor:
-            return relative_attention_cpu(*inputs, mask, scale)
-
-        def aten() -> Tensor:
-            return eager_relative_attention(*inputs, mask, scale)
-
-        return {OURS: call_with_backward(ours, inputs), ATEN: call_with_backward(aten, inputs)}
-
-    return cpu_path(_cpu_path_choice, key, candidates)
+    return choose(CPU_CHOICE, key, candidates, default=OURS, reference=ATEN, device="cpu")
 
 
 def eager_relative_attention(
@@ -290,9 +293,7 @@ def _sdpa_relative_attention(
     )
 
 
-# (B bucket, H, T, K, d_head, dtype, autocast dtype, grad, masked, dropout, device)
-#   -> "eager" | "sdpa"
-_attention_choice: dict[tuple, str] = ChoiceCache("relative_attention")
+CHOICE = declare("relative_attention", ("eager", "sdpa"))
 
 
 def attention_path(
@@ -309,8 +310,8 @@ def attention_path(
 ) -> str:
     """``path="auto"``: on CUDA, the faster of "eager" and "sdpa" for this shape and dtype, timed on
     the first call (forward and backward when autograd records, forward otherwise;
-    :func:`src.kernels.dispatch.fastest`) and kept for the process; "eager" on the CPU (where PyTorch's
-    fused attention with a float bias measured slower: 466 vs 337 ms forward+backward over
+    :func:`~src.kernels.choose`) and kept; "eager" on the CPU (where PyTorch's fused attention
+    with a float bias measured slower: 466 vs 337 ms forward+backward over
     2 x 512 queries, 512 memory, 8 heads of 32, on 2 cores) and while ``torch.compile`` traces.
     Deterministic mode takes "eager" (the memory-efficient kernel's bias gradient is not
     deterministic).
@@ -345,4 +346,4 @@ def attention_path(
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("eager", "sdpa")}
 
-    return fastest(_attention_choice, key, candidates, timer, deterministic="eager")
+    return choose(CHOICE, key, candidates, default="eager", reference="eager", timer=timer)

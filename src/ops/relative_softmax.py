@@ -22,8 +22,15 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, check_impl, fastest, opaque_op, size_bucket, use_triton
+from src.kernels import (
+    Timer,
+    check_impl,
+    choose,
+    declare,
+    opaque_op,
+    size_bucket,
+    use_triton,
+)
 from src.ops.contracts import relative_softmax as contract
 from src.ops.cpu import cpu_kernels_loaded
 
@@ -117,8 +124,7 @@ def relative_softmax_reference(
     return torch.softmax(scores, dim=-1)
 
 
-# (row bucket, T, K, dtype, grad, masked, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("relative_softmax")
+CHOICE = declare("relative_softmax", ("triton", "reference"))
 
 
 def auto_path(
@@ -129,8 +135,8 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever ran faster on the first call
-    with this shape (heads x batch by :func:`src.kernels.dispatch.size_bucket`), dtype and mode
-    (forward and backward when autograd records, forward otherwise; :func:`fastest`). Both are
+    with this shape (heads x batch by :func:`~src.kernels.size_bucket`), dtype and mode (forward
+    and backward when autograd records, forward otherwise; :func:`~src.kernels.choose`). Both are
     deterministic; deterministic mode takes the kernel.
 
     Shape:
@@ -153,7 +159,7 @@ def auto_path(
     def candidates() -> dict:
         return {impl: functools.partial(run, impl) for impl in ("triton", "reference")}
 
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)
 
 
 def _kernel_applies(content: Tensor, position: Tensor, mask: Tensor | None) -> bool:

@@ -10,14 +10,22 @@ each shape and keeps the faster.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.kernels import (
+    Timer,
+    autocast_dtype,
+    candidate_steps,
+    check_impl,
+    choose,
+    declare,
+    needs_backward,
+    size_bucket,
+    use_triton,
+)
 from src.ops.dropout import dropout
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -82,8 +90,7 @@ def _kernel_covers(residual: Tensor, branch: Tensor, weight: Tensor, bias: Tenso
     )
 
 
-# (row bucket, d, residual dtype, branch dtype, autocast dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("residual_layer_norm")
+CHOICE = declare("residual_layer_norm", ("triton", "reference"))
 
 
 def auto_path(
@@ -95,9 +102,9 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference" for :func:`residual_layer_norm`,
-    whichever forward ran faster on the first call with this shape (rows by
-    :func:`src.kernels.dispatch.size_bucket`) and dtypes (:func:`src.kernels.dispatch.fastest`). Both are
-    deterministic; deterministic mode takes the kernel.
+    whichever call (a training step when autograd wants the backward) ran faster on the first call
+    with this shape (rows by :func:`~src.kernels.size_bucket`), dtypes and mode
+    (:func:`~src.kernels.choose`). Both are deterministic; deterministic mode takes the kernel.
 
     Shape:
         residual and branch (..., d), weight and bias (d,)
@@ -106,17 +113,18 @@ def auto_path(
     key = (
         size_bucket(rows), residual.shape[-1], residual.dtype, branch.dtype,
         autocast_dtype(residual.device.type), str(residual.device),
+        needs_backward(residual, branch, weight, bias),
     )  # fmt: skip
 
-    def run(path: str) -> Tensor:
+    def run(path: str, *operands: Tensor) -> Tensor:
         from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
 
-        with torch.no_grad():
-            if path == "triton":
-                return residual_layer_norm_triton(residual, branch, weight, bias, eps)
-            return _reference(residual, branch, weight, bias, eps, 0.0)
+        if path == "triton":
+            return residual_layer_norm_triton(*operands, eps)
+        return _reference(*operands, eps, 0.0)
 
     def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+        names = ("triton", "reference")
+        return candidate_steps(run, names, residual, branch, weight, bias)
 
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)

@@ -9,14 +9,22 @@ statistics) nor a per-group GroupNorm (one affine per group). With g = 1 it is `
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_dtype, check_impl, fastest, size_bucket, use_triton
+from src.kernels import (
+    Timer,
+    autocast_dtype,
+    candidate_steps,
+    check_impl,
+    choose,
+    declare,
+    needs_backward,
+    size_bucket,
+    use_triton,
+)
 from src.ops.dropout import dropout
 
 
@@ -154,8 +162,7 @@ def _kernel_covers(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> boo
     )
 
 
-# (row bucket, d, groups, dtype, autocast dtype, device) -> "triton" or "reference"
-_auto_path_choice: dict[tuple, str] = ChoiceCache("shared_group_layer_norm")
+CHOICE = declare("shared_group_layer_norm", ("triton", "reference"))
 
 
 def auto_path(
@@ -167,9 +174,9 @@ def auto_path(
     timer: Timer | None = None,
 ) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference" for :func:`shared_group_layer_norm_swish`,
-    whichever forward ran faster on the first call with this shape (rows by
-    :func:`src.kernels.dispatch.size_bucket`) and dtype (:func:`src.kernels.dispatch.fastest`). Both are
-    deterministic; deterministic mode takes the kernel.
+    whichever call (a training step when autograd wants the backward) ran faster on the first call
+    with this shape (rows by :func:`~src.kernels.size_bucket`), dtype and mode
+    (:func:`~src.kernels.choose`). Both are deterministic; deterministic mode takes the kernel.
 
     Shape:
         x (..., d), weight and bias (d/g,)
@@ -177,18 +184,17 @@ def auto_path(
     rows = x.numel() // max(x.shape[-1], 1)
     key = (
         size_bucket(rows), x.shape[-1], groups, x.dtype, autocast_dtype(x.device.type),
-        str(x.device),
+        str(x.device), needs_backward(x, weight, bias),
     )  # fmt: skip
 
-    def run(path: str) -> Tensor:
+    def run(path: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
-        with torch.no_grad():
-            if path == "triton":
-                return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
-            return F.silu(shared_group_layer_norm(x, groups, weight, bias, eps))
+        if path == "triton":
+            return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)
+        return F.silu(shared_group_layer_norm(x, groups, weight, bias, eps))
 
     def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("triton", "reference")}
+        return candidate_steps(run, ("triton", "reference"), x, weight, bias)
 
-    return fastest(_auto_path_choice, key, candidates, timer, deterministic="triton")
+    return choose(CHOICE, key, candidates, default="triton", timer=timer)

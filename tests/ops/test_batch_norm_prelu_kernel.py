@@ -17,8 +17,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from src.kernels import forget
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import _auto_path_choice, auto_path, batch_norm_prelu
+from src.ops.batch_norm_prelu import auto_path, batch_norm_prelu
 from src.ops.prelu import PReLU
 from src.ops.triton.batch_norm_prelu import (
     batch_norm_prelu_backward_triton,
@@ -180,7 +181,7 @@ def test_the_function_with_impl_triton_matches_the_two_modules(dtype: torch.dtyp
     assert int(norm.num_batches_tracked) == 1
 
 
-def test_auto_path_keeps_the_faster_and_deterministic_mode_the_kernels() -> None:
+def test_auto_path_keeps_the_faster_and_deterministic_mode_the_kernels(fresh_choices) -> None:
     norm, act = BatchNorm2d(8).to(DEVICE), PReLU(8).to(DEVICE)
     x = torch.randn(2, 8, 5, 5, device=DEVICE).contiguous(memory_format=torch.channels_last)
     timed = []
@@ -190,18 +191,16 @@ def test_auto_path_keeps_the_faster_and_deterministic_mode_the_kernels() -> None
         timed.append(fn)
         return 2.0 if len(timed) == 1 else 1.0  # the second candidate ("reference") is faster
 
-    _auto_path_choice.clear()
     state = {k: v.clone() for k, v in norm.state_dict().items()}
     try:
         assert auto_path(x, norm, act, timer) == "reference"
         assert auto_path(x, norm, act, timer) == "reference" and len(timed) == 2  # kept
         assert all(torch.equal(v, norm.state_dict()[k]) for k, v in state.items())
         torch.use_deterministic_algorithms(True)
-        _auto_path_choice.clear()
+        forget()
         assert auto_path(x, norm, act) == "triton"
     finally:
         torch.use_deterministic_algorithms(False)
-        _auto_path_choice.clear()
 
 
 @pytest.mark.parametrize(

@@ -172,12 +172,12 @@ def test_module_dispatch(kernel_device: torch.device) -> None:
     assert not _ran_triton(layer.cpu()(x.cpu()))
 
 
-def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.device) -> None:
+def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torch.device) -> None:
     """The kernel and the reference compute the same output; the faster (injected timer) is kept
     per input shape."""
+    from src.kernels import chosen
     from src.ops import dim_conv
 
-    monkeypatch.setattr(dim_conv, "_auto_path_choice", {})
     times = {"triton": 1.0, "reference": 2.0}
     outputs: dict = {}
     timer = path_timer(times, outputs)
@@ -187,13 +187,14 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.
     weights = tuple(w.to(kernel_device) for w in _weights(4, 5, 6))
     assert auto_path(x, weights, (1, 2, 1), True, timer) == "triton"
     torch.testing.assert_close(outputs["triton"], outputs["reference"], atol=1e-5, rtol=1e-5)
-    assert not outputs["reference"].requires_grad
+    # the weights require grad: a training step on detached copies, the caller's grads untouched
+    assert outputs["reference"].requires_grad and all(w.grad is None for w in weights)
     times["triton"] = 3.0
     assert auto_path(x, weights, (1, 2, 1), True, timer) == "triton"  # kept
     assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"  # another shape
     with torch.autocast(kernel_device.type, dtype=torch.bfloat16):  # another key: autocast dtype
         assert auto_path(x[:1], weights, (1, 2, 1), True, timer) == "reference"
-    assert len(dim_conv._auto_path_choice) == 3
+    assert len(chosen(dim_conv.CHOICE)) == 3
     # deterministic algorithms: nothing timed, cuDNN's convolutions (the kernel adds atomics)
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

@@ -198,11 +198,10 @@ def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None
 
 
 def test_auto_path_times_both_and_touches_no_state(
-    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+    kernel_device: torch.device, fresh_choices
 ) -> None:
     """``local_fusion_path`` times "fused" and "unfused" once per key (here with a fake timer that
     runs each candidate) and leaves the running statistics, batch count and gradients alone."""
-    monkeypatch.setattr("src.ops.dice._local_fusion_choice", {})  # nothing timed before counts
     torch.manual_seed(0)
     unit = randomise_norms(DiCE(6, 6, 5, 7)).to(kernel_device)
     before = {k: v.clone() for k, v in unit.state_dict().items()}

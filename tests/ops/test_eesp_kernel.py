@@ -175,9 +175,8 @@ def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None
 
 
 def test_auto_path_times_both_and_touches_no_state(
-    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
+    kernel_device: torch.device, fresh_choices
 ) -> None:
-    monkeypatch.setattr("src.ops.eesp._pyramid_choice", {})  # nothing timed before counts
     torch.manual_seed(0)
     unit = randomise_norms(EESP(16, 16)).to(kernel_device)
     before = {k: v.clone() for k, v in unit.state_dict().items()}

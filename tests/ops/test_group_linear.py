@@ -264,9 +264,10 @@ def test_weight_gradient_methods_match_reference(
 ) -> None:
     """Both weight-gradient methods, chosen by LIGHTNETS_GLT_WGRAD, through the GLT with the input
     mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32 sums)."""
-    from src.ops.triton.group_linear import WEIGHT_GRAD_ENV, split_k_splits
+    from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
+    from src.ops.triton.group_linear import split_k_splits
 
-    monkeypatch.setenv(WEIGHT_GRAD_ENV, method)
+    monkeypatch.setenv(GLT_WEIGHT_GRAD_ENV, method)
     torch.manual_seed(0)
     # split-K reduces at least 4 blocks a split: 64 tokens a block on a GPU, 32 in the interpreter
     tokens, groups, n = 555, 4, 7
@@ -285,12 +286,12 @@ def test_weight_gradient_methods_match_reference(
         torch.testing.assert_close(g.float(), w.float(), **tol)
 
 
-def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch) -> None:
+def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch, fresh_choices) -> None:
     """auto: the faster method by the timer, kept per shape and dtype; a bad setting is named."""
+    from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
     from src.ops.triton import group_linear as triton_glt
 
-    monkeypatch.setattr(triton_glt, "_weight_grad_choice", {})
-    monkeypatch.delenv(triton_glt.WEIGHT_GRAD_ENV, raising=False)
+    monkeypatch.delenv(GLT_WEIGHT_GRAD_ENV, raising=False)
     calls = []
 
     def timer(fn) -> float:
@@ -304,17 +305,18 @@ def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch) -> None:
     assert triton_glt.weight_grad_method(xg.double(), dy.double(), timer) == "bmm"
     assert len(calls) == 4  # another dtype is another choice
     assert triton_glt.weight_grad_method(xg, dy) == "splitk"  # CPU, untimed: the interpreted kernel
-    monkeypatch.setenv(triton_glt.WEIGHT_GRAD_ENV, "cublas")
+    monkeypatch.setenv(GLT_WEIGHT_GRAD_ENV, "cublas")
     with pytest.raises(ValueError, match="LIGHTNETS_GLT_WGRAD='cublas'; choose auto, splitk or bmm"):
         triton_glt.weight_grad_method(xg, dy)
 
 
-def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.device) -> None:
+def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torch.device) -> None:
     """impl="auto" on CUDA runs whichever of the kernel and the reference timed faster for the
-    shape (the timer injected here; both candidates compute the same output)."""
+    shape and mode (the timer injected here; both candidates compute the same output, a training
+    step on detached operands while autograd records)."""
+    from src.kernels import chosen, timings
     from src.ops import group_linear as glt
 
-    monkeypatch.setattr(glt, "_auto_path_choice", {})
     times = {"triton": 2.0, "reference": 1.0}
     outputs: dict = {}
     timer = path_timer(times, outputs)
@@ -324,14 +326,17 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.
     weight, bias = _params(4, 5, 3, torch.float32, kernel_device)
     assert glt.auto_path(parts, weight, bias, True, timer) == "reference"
     torch.testing.assert_close(outputs["triton"], outputs["reference"], atol=1e-5, rtol=1e-5)
-    assert not outputs["triton"].requires_grad  # measured without autograd
+    assert outputs["triton"].requires_grad and weight.grad is None  # a step, the caller's untouched
     times["reference"] = 3.0
     assert glt.auto_path(parts, weight, bias, True, timer) == "reference"  # kept
     assert glt.auto_path(parts, weight, None, True, timer) == "triton"  # another key
     # rows are kept by power-of-two bucket: 33..64 rows share the choice made at 37
     assert glt.auto_path([p[:50] for p in parts], weight, bias, True, timer) == "reference"
     assert glt.auto_path([p[:20] for p in parts], weight, bias, True, timer) == "triton"
-    assert len(glt._auto_path_choice) == 3
+    with torch.no_grad():  # inference: another choice, timed as a forward alone
+        assert glt.auto_path(parts, weight, bias, True, timer) == "triton"
+    assert not outputs["triton"].requires_grad
+    assert len(chosen(glt.CHOICE)) == 4 and timings() == 4
     # deterministic algorithms: nothing timed, the kernel (a fixed summation order)
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

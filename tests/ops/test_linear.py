@@ -82,10 +82,10 @@ def test_kernel_under_autocast_casts_no_parameter(kernel_device: torch.device) -
         assert error < 5 * 2.0**-8, error
 
 
-def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.device) -> None:
+def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torch.device) -> None:
+    from src.kernels import chosen
     from src.ops import linear as module
 
-    monkeypatch.setattr(module, "_linear_choice", {})
     times = {"triton": 1.0, "reference": 2.0}
     outputs: dict = {}
     timer = path_timer(times, outputs)
@@ -96,7 +96,7 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.
     times["triton"] = 3.0
     assert module.linear_path((x,), layer, timer) == "triton"  # kept
     assert module.linear_path((x[:20],), layer, timer) == "reference"  # another row bucket
-    assert len(module._linear_choice) == 2
+    assert len(chosen(module.CHOICE)) == 2
 
 
 def test_attention_projections_follow_impl(kernel_device: torch.device) -> None:

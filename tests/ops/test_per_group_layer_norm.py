@@ -99,11 +99,7 @@ def test_module_paths_agree_and_check_the_width(kernel_device: torch.device) -> 
     torch.testing.assert_close(kernel.double()(x64), reference.double()(x64))
 
 
-def test_auto_path_times_each_shape_once(
-    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # nothing timed before counts
-    monkeypatch.setattr("src.ops.per_group_layer_norm._auto_path_choice", {})
+def test_auto_path_times_each_shape_once(kernel_device: torch.device, fresh_choices) -> None:
     x = torch.randn(6, 32, device=kernel_device)
     weight = torch.ones(32, device=kernel_device)
     bias = torch.zeros(32, device=kernel_device)

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 import src.ops.pru_recurrence as recurrence
+from src.kernels.environment import PRU_GEMM_ENV
 from src.ops.pru_recurrence import (
-    GEMM_ENV,
     GEMM_MODES,
     PRURecurrenceCpu,
     gemm_mode,
@@ -252,7 +252,7 @@ def test_backward_rejects_widths_that_do_not_sum_to_the_units(widths: list[int])
 def fresh_probe(monkeypatch, tmp_path):
     """The probe with no verdict yet: its record in ``tmp_path``, no mode named in the
     environment; the process's verdict restored afterwards."""
-    monkeypatch.delenv(GEMM_ENV, raising=False)
+    monkeypatch.delenv(PRU_GEMM_ENV, raising=False)
     monkeypatch.setattr(recurrence, "current_build_directory", lambda: tmp_path)
     recurrence.probed_gemm_mode.cache_clear()
     yield tmp_path
@@ -290,10 +290,10 @@ def test_a_machine_where_both_modes_fail_takes_the_pytorch_loop(fresh_probe, mon
 
 def test_a_mode_named_in_the_environment_is_taken_unchecked(fresh_probe, monkeypatch):
     monkeypatch.setattr(recurrence, "_run_check", lambda mode: pytest.fail("checked"))
-    monkeypatch.setenv(GEMM_ENV, "plain")
+    monkeypatch.setenv(PRU_GEMM_ENV, "plain")
     assert recurrence.probed_gemm_mode() == "plain"
     recurrence.probed_gemm_mode.cache_clear()
-    monkeypatch.setenv(GEMM_ENV, "fast")
+    monkeypatch.setenv(PRU_GEMM_ENV, "fast")
     with pytest.raises(ValueError, match=r"LIGHTNETS_PRU_GEMM must be one of"):
         recurrence.probed_gemm_mode()
 

@@ -86,11 +86,7 @@ def test_sdpa_dropout_keeps_shape_and_scale() -> None:
     assert float((runs[0] - plain).abs().max()) > 1e-3  # it did drop something
 
 
-def test_auto_is_eager_on_the_cpu_and_timed_once_per_shape(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # a fresh cache: nothing timed before counts
-    monkeypatch.setattr("src.ops.relative_position._attention_choice", {})
+def test_auto_is_eager_on_the_cpu_and_timed_once_per_shape(fresh_choices) -> None:
     operands = [t.detach() for t in _operands(2, 2, 4, 4, 8)]
     mask = causal_memory_mask(4, 4, device=DEVICE)
     if not CUDA:

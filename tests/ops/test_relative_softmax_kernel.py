@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 import src.ops.relative_softmax
+from src.kernels import chosen, forget, timings
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import (
     auto_path,
@@ -130,14 +131,13 @@ def test_what_the_kernel_covers(kernel_device: torch.device) -> None:
         relative_softmax(scores.double(), scores.double(), mask, 0.5, impl="triton")
 
 
-def test_auto_times_both_on_cuda_and_keeps_the_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_times_both_on_cuda_and_keeps_the_faster(fresh_choices) -> None:
     """``auto_path`` with a fake timer: it times the kernel and the eager ops once per shape and
     keeps the faster; deterministic mode takes the kernel without timing."""
-    monkeypatch.setattr(src.ops.relative_softmax, "_auto_path_choice", {})
     content, position, _ = _operands(4, 2, torch.float32, torch.device("cpu"))
     mask = causal_memory_mask(4, 2)
     for faster in ("triton", "reference"):
-        src.ops.relative_softmax._auto_path_choice.clear()
+        forget()
         timed: list[str] = []
 
         def timer(fn, faster=faster, timed=timed) -> float:
@@ -146,11 +146,11 @@ def test_auto_times_both_on_cuda_and_keeps_the_faster(monkeypatch: pytest.Monkey
 
         assert auto_path(content, position, mask, 0.5, timer) == faster
         assert sorted(timed) == ["reference", "triton"]
-    src.ops.relative_softmax._auto_path_choice.clear()
+    forget()
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert auto_path(content, position, mask, 0.5) == "triton"
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert src.ops.relative_softmax._auto_path_choice == {}
+    assert chosen(src.ops.relative_softmax.CHOICE) == {} and timings() == 0

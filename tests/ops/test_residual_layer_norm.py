@@ -115,10 +115,10 @@ def test_impl_selection_and_bad_input(kernel_device: torch.device) -> None:
         residual_layer_norm_triton(r.double(), x, w, b, 1e-5)
 
 
-def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.device) -> None:
+def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torch.device) -> None:
+    from src.kernels import chosen
     from src.ops import residual_layer_norm as module
 
-    monkeypatch.setattr(module, "_auto_path_choice", {})
     times = {"triton": 1.0, "reference": 2.0}
     outputs: dict = {}
     timer = path_timer(times, outputs)
@@ -130,7 +130,7 @@ def test_auto_path_is_measured_once_per_shape(monkeypatch, kernel_device: torch.
     times["triton"] = 3.0
     assert auto_path(r, x, w, b, 1e-5, timer) == "triton"  # kept
     assert auto_path(r[:20], x[:20], w, b, 1e-5, timer) == "reference"  # another row bucket
-    assert len(module._auto_path_choice) == 2
+    assert len(chosen(module.CHOICE)) == 2
 
 
 def test_delight_block_residuals_on_the_kernel(kernel_device: torch.device) -> None:

@@ -123,10 +123,7 @@ def test_function_takes_the_kernel_only_where_told(kernel_device: torch.device) 
         shared_group_layer_norm_swish(x, 4, w, b, impl="cuda")
 
 
-def test_auto_path_times_each_shape_once(
-    kernel_device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("src.ops.shared_group_layer_norm._auto_path_choice", {})
+def test_auto_path_times_each_shape_once(kernel_device: torch.device, fresh_choices) -> None:
     x = torch.randn(6, 32, device=kernel_device)
     w, b = torch.ones(8, device=kernel_device), torch.zeros(8, device=kernel_device)
     times = iter([1.0, 3.0])  # the kernel (faster here), then the PyTorch ops

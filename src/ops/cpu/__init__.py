@@ -29,7 +29,7 @@ PyTorch path.
   shape (BatchNorm's backward, DimConv, the point-wise convolution's row products, the one-node
   relative attention): those ops time
   their path against ATen's on the first call of each shape and keep the faster
-  (:mod:`src.kernels.timing`);
+  (:func:`src.kernels.choose`);
 - ``1``: the project's paths wherever they apply, nothing timed (the same path on every machine);
 - ``0``: ATen's eager paths everywhere, nothing built (e.g. to time both).
 """

@@ -19,7 +19,6 @@ PyTorch computes only the bias gradient (weight frozen), it reduces it itself.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import torch
@@ -28,8 +27,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.kernels.choices import ChoiceCache
-from src.kernels.dispatch import Timer, autocast_off, fastest, opaque_op, size_bucket
+from src.kernels import Timer, autocast_off, choose, declare, opaque_op, size_bucket
+from src.kernels.environment import glt_weight_grad
 from src.ops.contracts import group_linear as contract
 from src.ops.triton.launch import gpu_launch, multi_processor_count
 
@@ -481,27 +480,19 @@ def weight_grad_bmm(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) 
 
 
 WEIGHT_GRAD_METHODS = {"splitk": weight_grad_splitk, "bmm": weight_grad_bmm}
-WEIGHT_GRAD_ENV = "LIGHTNETS_GLT_WGRAD"  # auto (default) | splitk | bmm
-# (token bucket, g, k, n, dtype, device) -> the faster method, measured on first use on CUDA
-_weight_grad_choice: dict[tuple, str] = ChoiceCache("group_linear.weight_grad")
+WEIGHT_GRAD_CHOICE = declare("group_linear.weight_grad", tuple(WEIGHT_GRAD_METHODS))
 
 
 def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> str:
-    """The weight-gradient method for these operands: ``LIGHTNETS_GLT_WGRAD`` when it names one;
-    otherwise, on CUDA, whichever of split-K and bmm measured faster on the first backward of this
-    shape (tokens by :func:`src.kernels.dispatch.size_bucket`) and dtype
-    (:func:`src.kernels.dispatch.fastest`, kept for the process), and split-K on CPU tensors (the
+    """The weight-gradient method for these operands (:func:`src.kernels.choose`):
+    ``LIGHTNETS_GLT_WGRAD`` when it names one; on CUDA the committed table's (bmm on an H100 at
+    DExTra's shapes) or whichever of split-K and bmm measured faster on the first backward of this
+    shape (tokens by :func:`src.kernels.size_bucket`) and dtype; split-K on CPU tensors (the
     interpreter; a ``timer`` measures there too, for tests).
     """
-    chosen = os.environ.get(WEIGHT_GRAD_ENV, "auto")
-    if chosen not in ("auto", *WEIGHT_GRAD_METHODS):
-        names = " or ".join(WEIGHT_GRAD_METHODS)
-        raise ValueError(f"{WEIGHT_GRAD_ENV}={chosen!r}; choose auto, {names}")
-    if chosen != "auto":
-        return chosen
-    if not xg.is_cuda and timer is None:
+    if not xg.is_cuda and timer is None and glt_weight_grad() == "auto":
         return "splitk"
-    key = (size_bucket(xg.shape[0]), *xg.shape[1:], dy.shape[2], xg.dtype, str(xg.device))
+    key = (size_bucket(xg.shape[0]), *xg.shape[1:], dy.shape[2], xg.dtype)
 
     def candidates() -> dict:
         out = xg.new_empty(xg.shape[1], xg.shape[2], dy.shape[2])
@@ -511,7 +502,9 @@ def weight_grad_method(xg: Tensor, dy: Tensor, timer: Timer | None = None) -> st
             for name, method in WEIGHT_GRAD_METHODS.items()
         }
 
-    return fastest(_weight_grad_choice, key, candidates, timer, deterministic="splitk")
+    return choose(
+        WEIGHT_GRAD_CHOICE, key, candidates, default="splitk", reference="bmm", timer=timer
+    )
 
 
 def weight_grad_into(xg: Tensor, dy: Tensor, out: Tensor, colsum: Tensor | None) -> None:
