@@ -1,9 +1,9 @@
 """Imports go one way: utils -> kernels -> ops -> models -> compat -> tasks -> build -> commands ->
-the root scripts, with decoding, evaluation and optim as libraries beside the tasks; datamodules stand
-alone (only export and the entry layer import them); nothing imports a root script, and there is
-no import cycle. Only build and commands (the entry
-layer) and the ``python -m`` commands ``src.datamodules.check`` and ``src.compat.convert`` use
-Hydra (and may import the entry layer)."""
+the root scripts, with decoding, evaluation and optim as libraries beside the tasks; datamodules
+stand alone (only export and the entry layer import them); nothing imports a root script, and
+there is no import cycle. Only build and commands (the entry layer) and the ``python -m`` commands
+``src.datamodules.check`` and ``src.compat.convert`` use Hydra (and may import the entry
+layer)."""
 
 from __future__ import annotations
 
