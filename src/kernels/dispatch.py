@@ -247,11 +247,9 @@ def choose(
     """
     if exporting():
         return reference
-    if device == "cpu":  # fewer threads favour other paths
-        threads = torch.get_num_threads()
-        key = (*key, threads) if isinstance(key, tuple) else (key, threads)
     if torch.compiler.is_compiling():
         return _traced_choice(op, key, default, reference, device)
+    key = _keyed(key, device)
     known = _known(op, key, default, reference, device, timer is None)
     if known is not None:
         return known
@@ -283,7 +281,16 @@ def _known(
 @torch.compiler.assume_constant_result
 def _traced_choice(op: str, key: Hashable, default: str, reference: str, device: str) -> str:
     """Rules 2-7 of :func:`choose` as ``torch.compile`` takes them: a constant of the graph."""
-    return _known(op, key, default, reference, device, True) or default
+    return _known(op, _keyed(key, device), default, reference, device, True) or default
+
+
+def _keyed(key: Hashable, device: str) -> Hashable:
+    """The key a choice is kept under: on the CPU with the thread count, as fewer threads favour
+    other paths."""
+    if device != "cpu":
+        return key
+    threads = torch.get_num_threads()
+    return (*key, threads) if isinstance(key, tuple) else (key, threads)
 
 
 def _forced(op: str, default: str, reference: str, device: str) -> str | None:

@@ -225,6 +225,21 @@ def test_the_cpu_flavour_keys_the_thread_count_and_keeps_its_own_choices(store) 
     threads = torch.get_num_threads()
     assert chosen("op", "cpu") == {("a", threads): "aten"} and chosen("op") == {}
 
+    def step(x: torch.Tensor) -> torch.Tensor:
+        path = choose("op", (x.shape[0],), _untimed, default="ours", reference="aten",
+                      device="cpu", timer=_no_timer)  # fmt: skip
+        return x + 1 if path == "aten" else x - 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(torch.zeros(2)), torch.zeros(2) - 1)  # ("a",) is not (2,)
+    forget()
+    assert choose("op", (2,), _candidates(times, []), default="ours", reference="aten",
+                  device="cpu", timer=timer) == "aten"  # fmt: skip
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))  # the kept choice, traced
+
 
 def test_measured_candidates_must_be_the_declared_ones(store) -> None:
     dispatch.declare("declared_op", ("a", "b"))
