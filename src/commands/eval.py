@@ -53,10 +53,15 @@ def dynamic_metrics(
 ) -> dict[str, float]:
     """Dynamic evaluation of ``cfg.split`` (Krause et al. 2018; :mod:`src.evaluation.dynamic_eval`):
     gradient statistics on the training stream in ``options.batch_size`` rows, then the split in
-    one row, both cut into segments of ``options.bptt`` tokens."""
+    one row, both cut into segments of ``options.bptt`` tokens. The streams are the official ones
+    (``bptt_step=None``: no window rounded, dropped or padded): this runs eagerly."""
     options = cfg.dynamic_eval_options
     data = instantiate(
-        cfg.data, batch_size=options.batch_size, eval_batch_size=1, test_batch_size=1
+        cfg.data,
+        batch_size=options.batch_size,
+        eval_batch_size=1,
+        test_batch_size=1,
+        bptt_step=None,
     )
     data.prepare_data()
     data.setup("fit")

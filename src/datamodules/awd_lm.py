@@ -33,9 +33,26 @@ T / bptt from the batch (the official code uses the drawn length, which differs 
 the last, cut window). The number of training batches varies by epoch, so the training loader has
 no length: Lightning validates at the end of each epoch, and ``limit_train_batches`` and
 ``val_check_interval`` must be 1.0 or a number of batches.
-Validation and test take fixed windows of ``bptt`` (the last one shorter) over
-``eval_batch_size`` / ``test_batch_size`` columns, in order; every process evaluates the whole
-split, so there is no distributed sampler (the loaders serve an ``IterableDataset``).
+
+Fixed shapes (``bptt_step``; 10 in the configs, a deviation from the paper's recipe, which draws
+continuous lengths): a training step traced with static shapes or replayed as a CUDA graph is
+recorded once per window length, so each drawn length is rounded to the nearest multiple of
+``bptt_step`` between ``bptt / 2 - bptt_step`` and ``bptt + bptt_step`` (:func:`bptt_choices`), and
+the window the stream's end would cut is dropped (at most ``bptt + bptt_step`` tokens of each
+column wait for the next epoch, whose lengths end elsewhere). A step of 10 = 2 * the official
+``bptt_std`` keeps the base lengths at the middle of a rounding interval, so the mean moves little:
+bptt 70 (PTB, WikiText-2) gives lengths 30 ... 80 (70: 65%, 60 and 80: 15% each, 30 and 40: 2.5%
+each, 50: 0.2%), mean 68.3 tokens against the official 67.8 (+0.7%; the official ``int`` truncates
+half a token), standard deviation 9.4 against 9.1; bptt 35 (the pydoc_ptb demo) gives 10, 20, 30,
+40, mean 33.9 against 33.6 (+0.8%). The learning rate scale T / bptt averages the same fraction
+higher. ``bptt_step: null`` restores the official lengths.
+
+Validation and test take fixed windows of ``bptt`` over ``eval_batch_size`` / ``test_batch_size``
+columns, in order. The last window is shorter; with ``bptt_step`` it is padded to ``bptt`` instead,
+inputs with id 0 and targets with :data:`UNSCORED` (-100, ``F.cross_entropy``'s ``ignore_index``),
+which the task neither scores nor counts: the padding follows every scored step, so the loss and
+perplexity stay exact and every window has one shape. Every process evaluates the whole split, so
+there is no distributed sampler (the loaders serve an ``IterableDataset``).
 
 ``PydocPTBDataModule`` is an offline demo corpus: CPython's documentation topics written in PTB
 style under ``root`` and read back by the same code.
@@ -52,6 +69,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -60,6 +78,7 @@ from src.datamodules.word_corpus import EOS, PydocCorpus, Vocabulary, WordCorpus
 
 PTB_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 WIKITEXT2_URL = "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip"
+UNSCORED = -100  # the target of a padded step: F.cross_entropy's default ignore_index
 
 
 def batchify(stream: np.ndarray, columns: int) -> np.ndarray:
@@ -73,21 +92,52 @@ def batchify(stream: np.ndarray, columns: int) -> np.ndarray:
     return stream[: steps * columns].reshape(columns, steps)
 
 
-def bptt_lengths(
-    steps: int, *, bptt: int, short_prob: float, std: float, min_len: int, seed: int, epoch: int
-) -> list[int]:
-    """Window lengths of one training pass over rows of ``steps`` tokens (official rule).
+def bptt_choices(bptt: int, step: int, min_len: int) -> tuple[int, ...]:
+    """The window lengths of the rounded rule: the multiples of ``step`` from
+    ``max(min_len, bptt / 2 - step)`` to ``bptt + step`` (at least one: the multiple nearest
+    ``bptt``). With the official σ = 5 and ``step`` 10 = 2σ: bptt 70 -> 30, 40, ..., 80 and
+    bptt 35 -> 10, 20, 30, 40."""
+    if step < 1:
+        raise ValueError(f"bptt_step must be >= 1, got {step}")
+    low, high = max(min_len, bptt / 2 - step), bptt + step
+    choices = tuple(c for c in range(step, int(high) + 1, step) if c >= low)
+    return choices or (step * max(1, round(bptt / step)),)
 
-    Base ``bptt`` with probability 1 - ``short_prob``, else ``bptt / 2``; length
-    ``max(min_len, int(normal(base, std)))``, cut at the end of the rows; the pass stops when
-    fewer than two targets are left (the official ``while i < len - 2``). Seeded by (seed, epoch).
+
+def bptt_lengths(
+    steps: int,
+    *,
+    bptt: int,
+    short_prob: float,
+    std: float,
+    min_len: int,
+    seed: int,
+    epoch: int,
+    step: int | None = None,
+) -> list[int]:
+    """Window lengths of one training pass over rows of ``steps`` tokens.
+
+    Official rule (``step`` None): base ``bptt`` with probability 1 - ``short_prob``, else
+    ``bptt / 2``; length ``max(min_len, int(normal(base, std)))``, cut at the end of the rows; the
+    pass stops when fewer than two targets are left (the official ``while i < len - 2``).
+
+    Rounded rule (``step``): the same draws, each length the nearest of :func:`bptt_choices`; a
+    window that would run past the end of the rows ends the pass instead (its tokens wait for
+    the next epoch's windows), so every length is one of the choices. Seeded by (seed, epoch).
     """
     rng = np.random.default_rng((seed, epoch))
+    choices = None if step is None else np.asarray(bptt_choices(bptt, step, min_len))
     lengths = []
     start = 0
     while start < steps - 2:
         base = bptt if rng.random() < 1 - short_prob else bptt / 2
-        length = max(min_len, int(rng.normal(base, std)))
+        drawn = rng.normal(base, std)
+        if choices is None:
+            length = max(min_len, int(drawn))
+        else:
+            length = int(choices[np.abs(choices - drawn).argmin()])
+            if start + length > steps - 1:
+                break
         lengths.append(min(length, steps - 1 - start))
         start += length
     return lengths
@@ -125,7 +175,8 @@ class _ColumnWindows(IterableDataset):
 
 
 class VariableBPTTWindows(_ColumnWindows):
-    """Training windows of variable length (:func:`bptt_lengths`), one pass per iteration.
+    """Training windows of variable length (:func:`bptt_lengths`, rounded to multiples of ``step``
+    unless it is None), one pass per iteration.
 
     Each iteration is the next epoch, starting at ``epoch`` (``set_epoch`` moves it); with loader
     workers they must be persistent, so that each worker's copy counts the epochs. The number of
@@ -145,6 +196,7 @@ class VariableBPTTWindows(_ColumnWindows):
         min_len: int,
         seed: int,
         epoch: int = 0,
+        step: int | None = None,
     ) -> None:
         super().__init__(rows)
         self.bptt = bptt
@@ -153,6 +205,7 @@ class VariableBPTTWindows(_ColumnWindows):
         self.min_len = min_len
         self.seed = seed
         self.epoch = epoch
+        self.step = step
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``."""
@@ -167,6 +220,7 @@ class VariableBPTTWindows(_ColumnWindows):
             min_len=self.min_len,
             seed=self.seed,
             epoch=self.epoch,
+            step=self.step,
         )
         self.epoch += 1
         starts = np.cumsum([0, *lengths[:-1]]).tolist()
@@ -174,15 +228,20 @@ class VariableBPTTWindows(_ColumnWindows):
 
 
 class FixedWindows(_ColumnWindows):
-    """Evaluation windows of ``length`` (the last one shorter): every target once, in order.
+    """Evaluation windows of ``length``: every target once, in order. The last one is shorter, or
+    with ``pad_last`` as long as the others: inputs padded with id 0 and targets with
+    :data:`UNSCORED`, which the loss skips (the padding comes after every scored step, so no score
+    changes).
 
     Shape:
-        items are ((B, t) int64 inputs, (B, t) int64 targets), t <= length
+        items are ((B, t) int64 inputs, (B, t) int64 targets), t <= length (t = length with
+        ``pad_last``)
     """
 
-    def __init__(self, rows: np.ndarray, length: int) -> None:
+    def __init__(self, rows: np.ndarray, length: int, *, pad_last: bool = False) -> None:
         super().__init__(rows)
         self.length = length
+        self.pad_last = pad_last
 
     def __len__(self) -> int:
         return math.ceil((self.rows.shape[1] - 1) / self.length)
@@ -190,6 +249,13 @@ class FixedWindows(_ColumnWindows):
     def _pass_windows(self) -> list[tuple[int, int]]:
         targets = self.rows.shape[1] - 1
         return [(s, min(self.length, targets - s)) for s in range(0, targets, self.length)]
+
+    def _window(self, start: int, length: int) -> tuple[Tensor, Tensor]:
+        inputs, targets = super()._window(start, length)
+        if not self.pad_last or length == self.length:
+            return inputs, targets
+        missing = self.length - length
+        return F.pad(inputs, (0, missing), value=0), F.pad(targets, (0, missing), value=UNSCORED)
 
 
 class AWDLMDataModule(WordCorpusDataModule):
@@ -207,6 +273,10 @@ class AWDLMDataModule(WordCorpusDataModule):
         bptt_short_prob: probability of a base of ``bptt / 2`` (official 0.05).
         bptt_std: standard deviation of the training window length (official 5).
         bptt_min: shortest training window (official 5).
+        bptt_step: round every training window to the nearest multiple of ``bptt_step`` in
+            :func:`bptt_choices` (a few batch shapes), drop the window the stream's end would
+            cut, and pad the last evaluation window (module docstring); None: the official
+            continuous lengths, the last windows as long as the stream leaves them.
         seed: seeds the window lengths, with the epoch.
         num_workers: DataLoader workers (persistent for training, see
             :class:`VariableBPTTWindows`).
@@ -235,10 +305,15 @@ class AWDLMDataModule(WordCorpusDataModule):
         bptt_short_prob: float = 0.05,
         bptt_std: float = 5.0,
         bptt_min: int = 5,
+        bptt_step: int | None = None,
         seed: int = 1111,
         num_workers: int = 0,
         encoding: str = DEFAULT_ENCODING,
     ) -> None:
+        if bptt_step is not None and bptt_step < 1:
+            raise ValueError(
+                f"bptt_step must be >= 1 or None (the official lengths), got {bptt_step}"
+            )
         if min(batch_size, eval_batch_size, test_batch_size, bptt, bptt_min) < 1:
             raise ValueError(
                 f"batch sizes, bptt and bptt_min must be >= 1, got batch_size={batch_size}, "
@@ -257,6 +332,7 @@ class AWDLMDataModule(WordCorpusDataModule):
         self.bptt_short_prob = bptt_short_prob
         self.bptt_std = bptt_std
         self.bptt_min = bptt_min
+        self.bptt_step = bptt_step
         self.seed = seed
         super().__init__(root, vocab_size, num_workers=num_workers, encoding=encoding)
 
@@ -326,11 +402,16 @@ class AWDLMDataModule(WordCorpusDataModule):
         rank, world, _ = self._process()
         stream, columns = self.splits["train"], world * self.batch_size
         steps = len(stream) // columns
-        if steps < self.bptt + 1:
+        if self.bptt_step is None:
+            longest, name, lower = self.bptt, "bptt", "data.bptt"
+        else:
+            longest = max(bptt_choices(self.bptt, self.bptt_step, self.bptt_min))
+            name, lower = "the longest window", "data.bptt or data.bptt_step"
+        if steps < longest + 1:
             raise ValueError(
                 f"the training split has {len(stream):,} tokens: {world} process(es) x "
                 f"batch_size {self.batch_size} = {columns} columns of {steps} tokens, fewer than "
-                f"bptt + 1 = {self.bptt + 1}; lower data.batch_size or data.bptt"
+                f"{name} + 1 = {longest + 1}; lower data.batch_size or {lower}"
             )
         return batchify(stream, columns)[rank * self.batch_size : (rank + 1) * self.batch_size]
 
@@ -368,16 +449,19 @@ class AWDLMDataModule(WordCorpusDataModule):
             min_len=self.bptt_min,
             seed=self.seed,
             epoch=self._process()[2],
+            step=self.bptt_step,
         )
         return self._loader(windows, persistent=True)
 
+    def _eval_windows(self, split: str, batch_size: int) -> FixedWindows:
+        rows = self._eval_rows(split, batch_size)
+        return FixedWindows(rows, self.bptt, pad_last=self.bptt_step is not None)
+
     def val_dataloader(self) -> DataLoader:
-        rows = self._eval_rows("val", self.eval_batch_size)
-        return self._loader(FixedWindows(rows, self.bptt), persistent=False)
+        return self._loader(self._eval_windows("val", self.eval_batch_size), persistent=False)
 
     def test_dataloader(self) -> DataLoader:
-        rows = self._eval_rows("test", self.test_batch_size)
-        return self._loader(FixedWindows(rows, self.bptt), persistent=False)
+        return self._loader(self._eval_windows("test", self.test_batch_size), persistent=False)
 
 
 # letter runs (inner apostrophes kept: "it's") and numbers ("3.14", "1,000")
@@ -421,6 +505,7 @@ class PydocPTBDataModule(PydocCorpus, AWDLMDataModule):
         bptt_short_prob: float = 0.05,
         bptt_std: float = 5.0,
         bptt_min: int = 5,
+        bptt_step: int | None = None,
         seed: int = 1111,
         num_workers: int = 0,
         val_fraction: float = 0.1,
@@ -438,6 +523,7 @@ class PydocPTBDataModule(PydocCorpus, AWDLMDataModule):
             bptt_short_prob=bptt_short_prob,
             bptt_std=bptt_std,
             bptt_min=bptt_min,
+            bptt_step=bptt_step,
             seed=seed,
             num_workers=num_workers,
         )

@@ -18,7 +18,12 @@ read (an interrupted download) raises ``zipfile.BadZipFile`` naming it and the d
 Batches follow Transformer-XL's ordered iterator: a split is cut into ``batch_size`` contiguous
 sub-streams (row b of every batch continues row b of the previous one, so memories line up), served
 in order as (input, target) segments of ``tgt_len`` symbols, the target shifted by one. Under DDP
-each rank first takes its own contiguous, equally long slice of the stream.
+each rank first takes its own contiguous, equally long slice of the stream. Training drops the
+last segment when it is shorter (the official iterator serves it), so every training batch has
+one shape, (batch_size, tgt_len), as a training step replayed as a CUDA graph needs; the tokens
+it would have trained on are at most ``tgt_len - 1`` per row, at the end of the split. Evaluation
+keeps it: every symbol is scored, in the two shapes (eval_batch_size, eval_tgt_len) and the last
+one's.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ class OrderedSegments(IterableDataset):
 
     The stream (after taking slice ``rank`` of ``world_size`` equal slices) is trimmed to a
     multiple of ``batch_size`` and viewed as ``batch_size`` contiguous rows of ``n_step`` tokens;
-    segment s covers columns ``[s * tgt_len, (s + 1) * tgt_len)``, the last one possibly shorter.
+    segment s covers columns ``[s * tgt_len, (s + 1) * tgt_len)``, the last one possibly shorter
+    (or, with ``drop_last``, left out).
 
     Args:
         tokens: the token ids of one split (a memory map is fine; it is read segment by segment).
@@ -64,34 +70,49 @@ class OrderedSegments(IterableDataset):
         tgt_len: segment length.
         rank: this process's slice.
         world_size: number of slices (processes).
+        drop_last: leave out a last segment shorter than ``tgt_len`` (training: one shape).
 
     Shape:
         items are ((batch_size, T) int64 inputs, (batch_size, T) int64 targets), T <= tgt_len
+        (T = tgt_len with ``drop_last``)
     """
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, tgt_len: int, *, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        batch_size: int,
+        tgt_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ) -> None:
         super().__init__()
         if batch_size < 1 or tgt_len < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size, tgt_len >= 1 and 0 <= rank < world_size, got "
                              f"{batch_size}, {tgt_len}, {rank}, {world_size}")
         per_rank = len(tokens) // world_size
         n_step = per_rank // batch_size
-        if n_step < 2:
+        needed = tgt_len + 1 if drop_last else 2
+        if n_step < needed:
             raise ValueError(
                 f"{len(tokens)} tokens are too few for {world_size} process(es) x batch_size {batch_size} "
-                "(each sub-stream needs at least 2 tokens)"
+                f"(each sub-stream needs at least {needed} tokens)"
             )
         start = rank * per_rank
         # (N,) -> (batch_size, n_step): row b is the b-th contiguous piece of this rank's slice
         self.rows = tokens[start : start + n_step * batch_size].reshape(batch_size, n_step)
         self.tgt_len = tgt_len
         self.n_step = n_step
+        self.drop_last = drop_last
 
     def __len__(self) -> int:
+        if self.drop_last:
+            return (self.n_step - 1) // self.tgt_len
         return math.ceil((self.n_step - 1) / self.tgt_len)
 
     def __iter__(self):
-        for begin in range(0, self.n_step - 1, self.tgt_len):
+        for begin in range(0, len(self) * self.tgt_len, self.tgt_len):
             end = min(begin + self.tgt_len, self.n_step - 1)
             window = torch.from_numpy(np.array(self.rows[:, begin : end + 1], dtype=np.int64))
             yield window[:, :-1], window[:, 1:]
@@ -246,7 +267,14 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
     def _loader(self, split: str, batch_size: int, tgt_len: int) -> DataLoader:
         trainer = getattr(self, "trainer", None)
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        stream = OrderedSegments(self.splits[split], batch_size, tgt_len, rank=rank, world_size=world)
+        stream = OrderedSegments(
+            self.splits[split],
+            batch_size,
+            tgt_len,
+            rank=rank,
+            world_size=world,
+            drop_last=split == "train",
+        )
         # the stream yields whole batches, in order; no sampler, no shuffling
         return DataLoader(stream, batch_size=None, num_workers=0)
 

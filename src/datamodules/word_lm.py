@@ -23,6 +23,11 @@ is scored exactly once, after up to ``eval_context_window`` tokens of context. (
 Lightning's distributed sampler repeats up to world_size - 1 windows to even out the ranks; take
 the exact figure on one process.)
 
+Every batch has one shape, as a step replayed as a CUDA graph needs: (batch_size,
+tokens_per_sample) in training, whose last incomplete batch is dropped (the shuffle drops other
+blocks each epoch), and (eval_batch_size, tokens_per_sample) in evaluation, whose short last
+window and last batch are padded with ``pad`` rows and targets, which are not scored.
+
 ``PydocWordsDataModule`` is an offline demo corpus: CPython's documentation topics
 (``pydoc_data.topics``) cut into words and punctuation, written in the WikiText layout under
 ``root`` and read back by the same code.
@@ -33,6 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from functools import partial
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -142,15 +148,27 @@ def _shifted(stream: np.ndarray, start: int, end: int) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(before), targets
 
 
-def collate(items: Sequence[tuple[Tensor, Tensor]], pad: int = PAD) -> tuple[Tensor, Tensor]:
-    """Right-pad (input, target) pairs to the longest; pad targets are not scored.
+def collate(
+    items: Sequence[tuple[Tensor, Tensor]],
+    pad: int = PAD,
+    *,
+    length: int | None = None,
+    rows: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Right-pad (input, target) pairs to the longest, or to ``length``, and add rows of pad up to
+    ``rows``; pad targets are not scored.
 
     Shape:
-        -> ((B, T) int64 inputs, (B, T) int64 targets)
+        -> ((B, T) int64 inputs, (B, T) int64 targets), B = ``rows`` or the items, T = ``length``
+        or the longest
     """
-    length = max(len(x) for x, _ in items)
-    inputs = torch.full((len(items), length), pad, dtype=torch.long)
-    targets = torch.full((len(items), length), pad, dtype=torch.long)
+    longest = max(len(x) for x, _ in items)
+    length = longest if length is None else length
+    rows = len(items) if rows is None else rows
+    if rows < len(items) or length < longest:
+        raise ValueError(f"{len(items)} items up to {longest} long do not fit ({rows}, {length})")
+    inputs = torch.full((rows, length), pad, dtype=torch.long)
+    targets = torch.full((rows, length), pad, dtype=torch.long)
     for b, (x, y) in enumerate(items):
         inputs[b, : len(x)] = x
         targets[b, : len(y)] = y
@@ -260,17 +278,27 @@ class WordLMDataModule(WordCorpusDataModule):
         return torch.full((batch_size, self.tokens_per_sample), EOS, dtype=torch.long)
 
     def _loader(self, dataset: Dataset, batch_size: int, shuffle: bool) -> DataLoader:
+        # training drops its last incomplete batch, evaluation pads it: one shape either way
         return DataLoader(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,
-            collate_fn=collate,
+            drop_last=shuffle,
+            collate_fn=partial(
+                collate, pad=self.pad, length=self.tokens_per_sample, rows=batch_size
+            ),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:
         blocks = TokenBlocks(self.splits["train"], self.tokens_per_sample)
+        if len(blocks) < self.batch_size:
+            raise ValueError(
+                f"the training split has {len(blocks)} blocks of {self.tokens_per_sample} tokens, "
+                f"fewer than batch_size {self.batch_size}; lower data.batch_size or "
+                "data.tokens_per_sample"
+            )
         return self._loader(blocks, self.batch_size, shuffle=True)
 
     def _eval_loader(self, split: str) -> DataLoader:

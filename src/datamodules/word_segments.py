@@ -6,8 +6,9 @@ them (every line ends with ``</s>``; fairseq's dictionary, so the adaptive input
 words' training counts). The batches are the character models' instead of fairseq's blocks: each
 split is one stream cut into ``batch_size`` contiguous rows, served in order as (input, target)
 segments of ``tgt_len`` words (:class:`~src.datamodules.char_lm.OrderedSegments`), so the memories
-of one batch are the context of the next. Validation and test score every word once, with the
-memories of all the split before it (as the official ``eval.py``), in segments of ``eval_tgt_len``.
+of one batch are the context of the next; training drops a last shorter segment (one batch shape).
+Validation and test score every word once, with the memories of all the split before it (as the
+official ``eval.py``), in segments of ``eval_tgt_len`` (the last one shorter).
 
 ``PydocWordSegmentsDataModule`` is the offline demo: CPython's documentation topics as
 ``PydocWordsDataModule`` writes them.
@@ -42,7 +43,8 @@ class WordSegmentsDataModule(WordLMDataModule):
         encoding: the text files' encoding, a Python codec name.
 
     Shape:
-        batches are ((B, T) int64 inputs, (B, T) int64 targets), T <= tgt_len
+        batches are ((B, T) int64 inputs, (B, T) int64 targets); T = tgt_len in training,
+        T <= eval_tgt_len in evaluation
     """
 
     def __init__(
@@ -79,7 +81,14 @@ class WordSegmentsDataModule(WordLMDataModule):
     def _segments(self, split: str, batch_size: int, tgt_len: int) -> DataLoader:
         trainer = getattr(self, "trainer", None)
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        stream = OrderedSegments(self.splits[split], batch_size, tgt_len, rank=rank, world_size=world)
+        stream = OrderedSegments(
+            self.splits[split],
+            batch_size,
+            tgt_len,
+            rank=rank,
+            world_size=world,
+            drop_last=split == "train",
+        )
         # the stream yields whole batches, in order; no sampler, no shuffling
         return DataLoader(stream, batch_size=None, num_workers=0)
 

@@ -1,7 +1,7 @@
 """PTB-layout word streams: the official vocabulary order and <eos>, column streams carried across
-batches, the variable-BPTT rule, DDP column slices, evaluation windows that score every token
-once, the bad-input messages, loader workers, a Lightning fit over two epochs and the embedded
-pydoc_ptb corpus."""
+batches, the variable-BPTT rule and its rounded, few-shape form, DDP column slices, evaluation
+windows that score every token once (a padded last one too), the bad-input messages, loader
+workers, a Lightning fit over two epochs and the embedded pydoc_ptb corpus."""
 
 from __future__ import annotations
 
@@ -9,20 +9,26 @@ import logging
 from pathlib import Path
 from types import SimpleNamespace
 
+from functools import partial
+
 import lightning as L
 import numpy as np
 import pytest
 import torch
 
 from src.datamodules.awd_lm import (
+    UNSCORED,
     AWDLMDataModule,
     PydocPTBDataModule,
     batchify,
+    bptt_choices,
     bptt_lengths,
     ptb_style,
 )
 from src.datamodules.text_files import TextEncodingError
 from src.datamodules.word_corpus import Vocabulary
+from src.models.awd_lm import AWDLanguageModel
+from src.tasks.awd_lm import AWDLMTask
 from tests.datamodules.test_text_files import check_message, write_latin1
 
 TRAIN = " the cat sat\n\n a dog <unk> sat\n"
@@ -115,6 +121,67 @@ def test_bptt_lengths_follow_the_official_rule() -> None:
     assert fixed == [70] * 14 + [999 - 14 * 70]
     halves = bptt_lengths(1000, bptt=7, short_prob=1.0, std=0.0, min_len=5, seed=0, epoch=0)
     assert set(halves[:-1]) == {5}  # int(3.5) = 3, raised to bptt_min
+
+
+def test_rounded_lengths_take_a_few_values_and_keep_the_mean() -> None:
+    assert bptt_choices(70, 10, 5) == (30, 40, 50, 60, 70, 80)
+    assert bptt_choices(35, 10, 5) == (10, 20, 30, 40)
+    assert bptt_choices(4, 10, 5) == (10,)
+    rule = dict(bptt=70, short_prob=0.05, std=5.0, min_len=5, seed=1111)
+    official = np.asarray(bptt_lengths(200_000, epoch=0, **rule))[:-1]
+    rounded = np.asarray(bptt_lengths(200_000, epoch=0, step=10, **rule))
+    assert set(rounded.tolist()) <= {30, 40, 50, 60, 70, 80}
+    assert 0 <= 200_000 - 1 - rounded.sum() < 80  # the window the end would cut is dropped
+    # the same draws, each to the nearest multiple of 10 (the official truncates by up to 1)
+    paired = min(len(official), len(rounded))
+    assert (np.abs(rounded[:paired] - official[:paired]) <= 6).mean() > 0.99
+    assert (rounded == 70).mean() == pytest.approx(0.65, abs=0.02)
+    assert ((rounded == 60).mean(), (rounded == 80).mean()) == pytest.approx((0.15, 0.15), abs=0.02)
+    assert rounded.mean() / official.mean() - 1 == pytest.approx(0.007, abs=0.005)
+    assert np.array_equal(rounded, bptt_lengths(200_000, epoch=0, step=10, **rule))
+
+
+def test_rounded_training_windows_and_padded_evaluation_windows(tmp_path: Path) -> None:
+    root = write_corpus(tmp_path, numbered(999), numbered(101), numbered(60))
+    dm = AWDLMDataModule(
+        str(root), vocab_size=1000, batch_size=4, eval_batch_size=3, bptt=20, bptt_step=10
+    )
+    dm.setup()
+    batches = list(dm.train_dataloader())
+    assert {inputs.shape for inputs, _ in batches} <= {(4, 10), (4, 20), (4, 30)}
+    assert all(torch.equal(targets, inputs + 1) for inputs, targets in batches)
+    rows = torch.cat([inputs for inputs, _ in batches], dim=1)  # columns continue across batches
+    assert 250 - 1 - 30 < rows.shape[1] <= 250 - 1
+    assert torch.equal(rows, torch.arange(4)[:, None] * 250 + torch.arange(rows.shape[1])[None, :])
+    # evaluation: 102 // 3 = 34 steps, 33 targets in windows of 20, the last padded
+    val = list(dm.val_dataloader())
+    assert [inputs.shape for inputs, _ in val] == [(3, 20), (3, 20)]
+    inputs, targets = val[-1]
+    assert targets[:, 13:].eq(UNSCORED).all() and inputs[:, 13:].eq(0).all()
+    scored = torch.cat([val[0][1], targets[:, :13]], dim=1)
+    expected = batchify(np.asarray(dm.splits["val"]), 3)[:, 1:]  # w0 .. w100, <eos>
+    assert torch.equal(scored, torch.from_numpy(expected).long())
+    assert {inputs.shape for inputs, _ in dm.test_dataloader()} == {(1, 20)}
+
+
+def test_a_padded_last_window_keeps_the_perplexity_exact(tmp_path: Path) -> None:
+    root = write_corpus(tmp_path, TRAIN * 40, TRAIN * 7 + VALID, TEST * 9)
+    losses = {}
+    for step in (None, 10):
+        dm = AWDLMDataModule(str(root), batch_size=2, eval_batch_size=3, bptt=12, bptt_step=step)
+        torch.manual_seed(0)
+        net = AWDLanguageModel(dm.vocab_size, rnn="lstm", embedding_dim=8, hidden_size=8,
+                               num_layers=1, dropout=0.0, dropout_hidden=0.0, dropout_input=0.0,
+                               dropout_embedding=0.0, weight_drop=0.0)  # fmt: skip
+        task = AWDLMTask(net, partial(torch.optim.SGD, lr=1.0), bptt=12)
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+        (result,) = trainer.validate(task, datamodule=dm, verbose=False)
+        shapes = {inputs.shape for inputs, _ in dm.val_dataloader()}
+        losses[step] = result["val/loss"], shapes
+    (exact, shapes), (padded, padded_shapes) = losses[None], losses[10]
+    assert len(shapes) == 2 and padded_shapes == {(3, 12)}  # one shape instead of two
+    assert padded == pytest.approx(exact, rel=1e-6)
 
 
 def test_epochs_draw_new_lengths_the_same_on_every_rank(tmp_path: Path) -> None:
