@@ -24,7 +24,9 @@ paths here:
   and run the cell equations on the result while it is in cache;
   backward through time in the same call, keeping only the activated gates and the cells; the
   weight and bias gradients as one product over all T·B rows after the loop;
-- on CUDA, the Triton cell kernels between cuBLAS products (:mod:`src.ops.triton.pru_recurrence`).
+- on CUDA, Triton: the time loop (:mod:`src.ops.triton.pru_time_loop`), one launch each way whose
+  programs loop over the steps, or per step the cell kernels between cuBLAS products
+  (:mod:`src.ops.triton.pru_recurrence`); :func:`triton_path` picks one.
 
 Every path is deterministic, and its gradients do not depend on the thread count.
 """
@@ -41,7 +43,7 @@ import signal
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -50,8 +52,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.kernels.choices import cpu_model
-from src.kernels.dispatch import use_triton
+from src.kernels.dispatch import autocast_dtype, choose, declare, size_bucket, use_triton
 from src.kernels.environment import PRU_GEMM_ENV, cpu_path_mode, pru_gemm
+from src.kernels.timing import Timer, call_with_backward, detached, needs_backward
 from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
 from src.ops.cpu import cpu_kernels_loaded, current_build_directory, dispatch_mode_active
 from src.utils.files import write_json
@@ -353,8 +356,8 @@ def pru_recurrence(
             level_outputs`), P being their concatenation along the units: the C++ kernel reads
             them in place, the other paths concatenate them.
         impl: "auto": the C++ kernel on float32 CPU tensors (:func:`cpu_kernel_applies`), the
-            Triton kernels on CUDA, the reference elsewhere (float64, autocast on the CPU,
-            ``torch.compile``); "triton" or "reference" to fix it.
+            Triton kernels on CUDA (:func:`triton_path` picks which), the reference elsewhere
+            (float64, autocast on the CPU, ``torch.compile``); "triton" or "reference" to fix it.
 
     Shape:
         inputs (T, B, 4, M) or [(T, B, 4, m_l)] with sum m_l = M, weight (g, w, 4w), bias (g, 4w),
@@ -374,10 +377,73 @@ def pru_recurrence(
     # the kernels take neither float64 nor an empty batch (B M = 0)
     rows = inputs.shape[1] * inputs.shape[3]
     if use_triton(impl, inputs) and inputs.dtype != torch.float64 and rows:
-        from src.ops.triton.pru_recurrence import pru_recurrence_triton
-
-        return pru_recurrence_triton(inputs, weight, bias, h0, c0)
+        return triton_recurrence(triton_path(inputs, weight, bias, h0, c0))(
+            inputs, weight, bias, h0, c0
+        )
     return pru_recurrence_reference(inputs, weight, bias, h0, c0)
+
+
+TRITON_PATHS = ("time_loop", "per_step")
+TRITON_CHOICE = declare("pru_recurrence", TRITON_PATHS)
+
+
+def triton_recurrence(path: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """The recurrence on Triton ``path``, with the contract of :func:`pru_recurrence_reference`."""
+    if path == "time_loop":
+        from src.ops.triton.pru_time_loop import pru_recurrence_time_loop
+
+        return pru_recurrence_time_loop
+    from src.ops.triton.pru_recurrence import pru_recurrence_triton
+
+    return pru_recurrence_triton
+
+
+def triton_path(
+    inputs: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    h0: Tensor,
+    c0: Tensor,
+    timer: Timer | None = None,
+) -> str:
+    """The Triton path of these operands: "time_loop" (one launch each way, the programs looping
+    over the steps) or "per_step" (each step a cuBLAS product and a cell launch, each way).
+
+    The time loop is the default: one launch each way is what a captured CUDA graph replays and
+    what a launch-bound step wants. ``torch.compile`` always traces it (a custom op, one node each
+    way; the per-step path's Function, a loop of launches, breaks a full graph), and so do CPU
+    tensors (Triton's interpreter, or launches recorded for a GPU). Eagerly on CUDA the two are
+    timed on the first call of each shape (a training step's forward and backward when autograd
+    records) and the faster kept (:func:`choose`); a CUDA stream capturing takes a choice already
+    made, else the time loop, untimed. Both are deterministic.
+
+    Shape:
+        as :func:`pru_recurrence_reference`
+    """
+    if timer is None and (torch.compiler.is_compiling() or not inputs.is_cuda):
+        return "time_loop"
+    operands = (inputs, weight, bias, h0, c0)
+    steps, batch, _, hidden = inputs.shape
+    key = (
+        size_bucket(steps), size_bucket(batch), hidden, weight.shape[0], inputs.dtype,
+        autocast_dtype(inputs.device.type), bias is not None, needs_backward(*operands),
+    )  # fmt: skip
+
+    def candidates() -> dict:
+        leaves = detached(*operands)
+        wanted = [t for t in leaves if t is not None]
+
+        def output(path: str) -> Tensor:
+            # the carried state's gradients are zeros in training (it is detached between
+            # windows): the output's alone
+            return triton_recurrence(path)(*leaves)[0]
+
+        return {path: call_with_backward(functools.partial(output, path), wanted)
+                for path in TRITON_PATHS}  # fmt: skip
+
+    return choose(
+        TRITON_CHOICE, key, candidates, default="time_loop", reference="per_step", timer=timer
+    )
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ from src.ops.linear import linear
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
+from src.ops.pru_recurrence import pru_recurrence
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
@@ -175,6 +176,24 @@ def _relative_softmax(dtype: torch.dtype) -> None:
             relative_softmax(content, position, None, 0.17, impl="triton")
 
 
+def _pru_time_loop(dtype: torch.dtype) -> None:
+    # the recurrence's time loop (its path off CUDA) at AWD-PRU's layers and PTB's batch (g = 4,
+    # M = 1400 and 400) and a small group; under autocast the operands are cast to its dtype
+    for batch, groups, width in ((20, 4, 350), (20, 4, 100), (3, 1, 24)):
+        hidden = groups * width
+        operands = [
+            torch.randn(3, batch, 4, hidden, dtype=dtype, requires_grad=True),
+            torch.randn(groups, width, 4 * width, requires_grad=True),
+            torch.randn(groups, 4 * width, requires_grad=True),
+            torch.randn(batch, hidden, dtype=dtype, requires_grad=True),
+            torch.randn(batch, hidden, dtype=dtype, requires_grad=True),
+        ]
+        outputs = pru_recurrence(*operands, impl="triton")
+        sum(y.float().sum() for y in outputs).backward()
+        with torch.no_grad():
+            pru_recurrence(*operands, impl="triton")
+
+
 WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "group_linear": _glt,
     "dim_conv": _dim_conv,
@@ -185,6 +204,7 @@ WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
     "residual_layer_norm": _residual_layer_norm,
     "relative_softmax": _relative_softmax,
     "batch_norm_prelu": _batch_norm_prelu,
+    "pru_time_loop": _pru_time_loop,
 }
 
 

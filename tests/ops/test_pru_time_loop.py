@@ -11,21 +11,37 @@ is the largest gap measured in the interpreter (which casts to bfloat16 by trunc
 the per-step kernels' 2.6e-2 and the bfloat16 PyTorch loop's 2.4e-2 (values up to 4).
 
 The interpreter's blocks are 16 wide: w = 20 runs two blocks of K and N, B = 17 two batch tiles.
+Which path the op takes (``triton_path``) is read from the launches it records for an H100.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import pytest
 import torch
 from torch import Tensor
 from torch._dynamo.backends.debugging import aot_eager
 
-from src.ops.pru_recurrence import pru_recurrence_reference
+from src.kernels.dispatch import timings
+from src.ops.pru_recurrence import (
+    TRITON_PATHS,
+    pru_recurrence,
+    pru_recurrence_reference,
+    triton_path,
+    triton_recurrence,
+)
 
 pytest.importorskip("triton")
 
+from src.ops.triton.cross_compile import H100, recorded_launches  # noqa: E402
 from src.ops.triton.pru_time_loop import pru_recurrence_time_loop  # noqa: E402
 
+# launches are recorded (for an H100, not run) in the interpreter only
+INTERPRETER = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="launches are recorded in the interpreter"
+)
 FLOAT64 = {"rtol": 1e-5, "atol": 1e-5}
 BFLOAT16 = {"rtol": 2e-2, "atol": 2e-2}
 NAMES = ["output", "h_T", "c_T", "grad_inputs", "grad_weight", "grad_bias", "grad_h0", "grad_c0"]
@@ -171,8 +187,9 @@ def test_refuses_empty_batch_and_float64(kernel_device: torch.device) -> None:
 
 
 def test_one_node_each_way_under_compile(kernel_device: torch.device) -> None:
-    """``torch.compile(fullgraph=True)`` keeps the time loop as the custom op (no graph break, no
-    trace of the kernels), its backward as the backward op: the numbers of the eager call."""
+    """``torch.compile(fullgraph=True)`` of the op takes the time loop and keeps it as the custom
+    op (no graph break, no trace of the kernels), its backward as the backward op: the numbers of
+    the eager call."""
     torch._dynamo.reset()
     operands = _operands(3, 2, 2, 3, bias=True, state=True)
     probes = _probes(3, 2, 6)
@@ -182,7 +199,8 @@ def test_one_node_each_way_under_compile(kernel_device: torch.device) -> None:
         traced.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
         return aot_eager(gm, example_inputs)
 
-    compiled = torch.compile(pru_recurrence_time_loop, fullgraph=True, backend=backend)
+    op = functools.partial(pru_recurrence, impl="triton")
+    compiled = torch.compile(op, fullgraph=True, backend=backend)
     asks = [True] * 5
     got = _run(compiled, operands, probes, asks, device=kernel_device)
     eager = _run(pru_recurrence_time_loop, operands, probes, asks, device=kernel_device)
@@ -190,3 +208,54 @@ def test_one_node_each_way_under_compile(kernel_device: torch.device) -> None:
     for name, a, e in zip(NAMES, got, eager, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
 
+
+def _launched_kernels(path: str | None, operands: list[Tensor | None]) -> list[str]:
+    """The Triton kernels (names) that a training call of the recurrence launches, forward and
+    backward, on ``path`` (None: the one :func:`pru_recurrence` picks), recorded for an H100 and
+    not run."""
+    leaves = [None if t is None else t.clone().requires_grad_() for t in operands]
+    with recorded_launches(H100) as launches:
+        if path is None:
+            outputs = pru_recurrence(*leaves, impl="triton")
+        else:
+            outputs = triton_recurrence(path)(*leaves)
+        outputs[0].sum().backward()
+    return [launch.kernel.split(":")[-1] for launch in launches]
+
+
+@INTERPRETER
+def test_the_time_loop_is_one_launch_each_way_and_the_default_off_cuda(fresh_choices) -> None:
+    """On CPU tensors (the interpreter, launches recorded for a GPU) the recurrence takes the time
+    loop untimed: one launch forward and one backward for all T steps, where the per-step path
+    launches a cell kernel per step each way."""
+    operands = _operands(6, 2, 2, 3, bias=True, state=True)
+    assert triton_path(*operands) == "time_loop"
+    assert timings() == 0
+    time_loop = ["_pru_time_loop_fwd_kernel", "_pru_time_loop_bwd_kernel"]
+    assert _launched_kernels(None, operands) == time_loop
+    assert _launched_kernels("time_loop", operands) == time_loop
+    per_step = _launched_kernels("per_step", operands)
+    assert per_step == ["_pru_cell_fwd_kernel"] * 6 + ["_pru_cell_bwd_kernel"] * 6
+
+
+@INTERPRETER
+@pytest.mark.parametrize("faster", TRITON_PATHS)
+def test_the_timed_choice_keeps_the_faster(faster: str, fresh_choices) -> None:
+    """Timed (a stand-in timer: a candidate's Triton launches, the time loop's fewer), the
+    faster is kept for the shape and not timed again; a timer that ranks the other way takes the
+    per-step path."""
+    operands = _operands(4, 2, 2, 3, bias=True, state=True)
+    for t in operands:
+        if t is not None:
+            t.requires_grad_()
+    sign = 1 if faster == "time_loop" else -1
+
+    def timer(call) -> float:
+        with recorded_launches(H100) as launches:
+            call()
+        return sign * len(launches)
+
+    assert triton_path(*operands, timer=timer) == faster
+    assert timings() == 1
+    assert triton_path(*operands, timer=timer) == faster
+    assert timings() == 1
