@@ -465,13 +465,19 @@ def _built(
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
+    from src.kernels import timings
+
     started = time.perf_counter()
     entry = entries[label] = build(name, sz, device, backend)
+    before_timing = timings()
     first = timed(entry.step, device)
+    # how many of impl="auto"'s choices the first step measured: none where the committed table
+    # and the machine's store hold them
+    timed_choices = timings() - before_timing
     for _ in range(2):
         entry.step()
     synchronize(device)
-    facts = {"first_step_s": round(first, 3),
+    facts = {"first_step_s": round(first, 3), "timed_choices": timed_choices,
              "warm_up_s": round(time.perf_counter() - started, 2)}  # fmt: skip
     if backend == GRAPHED:
         facts["capture_s"] = facts["warm_up_s"]  # tracing, compiling nothing, recording

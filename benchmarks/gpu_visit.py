@@ -36,7 +36,8 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
 
 It writes, refreshed after every part (so a run cut short still leaves its results):
 ``summary.md`` (every table), ``results.json`` (every row, by part), ``logs.tar.gz`` (each part's
-full output) and ``trace.json.gz``. ``--dry`` runs every part on the CPU at toy sizes (about a
+full output), ``trace.json.gz`` and ``auto_choices.json`` (the choices ``impl="auto"`` measured,
+for ``benchmarks/commit_choices.py`` to commit). ``--dry`` runs every part on the CPU at toy sizes (about a
 minute on 2 cores; the tests run it), so that the command cannot rot between visits.
 
     python benchmarks/gpu_visit.py --out DIR [--dry] [--budget 480] [--parts ...]
@@ -205,6 +206,9 @@ class Visit:
             runs = list(self.runs)
         summary = "\n\n".join(sections[p] for p in SECTIONS if p in sections) + "\n"
         atomic_write(self.out / "summary.md", summary.encode())
+        choices = Path(os.environ.get("LIGHTNETS_CHOICES", ""))
+        if choices.is_file():
+            atomic_write(self.out / "auto_choices.json", choices.read_bytes())
         write_json(self.out / "results.json", rows)
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -474,9 +478,10 @@ def vision_part(visit: Visit, deadline: float) -> None:
         f"## Vision beside ShuffleNetV2 x1.0 ({status(run)})\n\n"
         + markdown_table(
             ("model", "train img/s", "vs ShuffleNetV2", "inference img/s", "1st step s",
-             "peak MiB", "error"),
+             "choices timed in it", "peak MiB", "error"),
             [(r.get("name"), r.get("per_s"), r.get("speedup"), r.get("infer_per_s"),
-              r.get("first_step_s"), r.get("peak_mib"), r.get("error")) for r in rows],
+              r.get("first_step_s"), r.get("timed_choices"), r.get("peak_mib"), r.get("error"))
+             for r in rows],
         )  # fmt: skip
     )
 
@@ -607,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     # compiled kernels kept in the checkout (ignored), where a second call on the warm machine
     # finds them
     os.environ.setdefault("TRITON_CACHE_DIR", str(ROOT / ".visit" / "triton"))
+    # and the choices impl="auto" measured, which the results carry back for the committed
+    # table (benchmarks/commit_choices.py)
+    os.environ.setdefault("LIGHTNETS_CHOICES", str(ROOT / ".visit" / "auto_choices.json"))
     if not args.dry:
         import torch
 

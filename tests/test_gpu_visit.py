@@ -31,7 +31,8 @@ def visit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Co
 def test_every_part_leaves_rows_and_a_section(visit) -> None:
     out, done = visit
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == [
+    # auto_choices.json where an op measured a choice (the CPU's, on this machine)
+    assert sorted(p.name for p in out.iterdir() if p.name != "auto_choices.json") == [
         "logs.tar.gz", "results.json", "summary.md", "trace.json.gz"
     ]  # fmt: skip
     rows = json.loads((out / "results.json").read_text())
@@ -70,6 +71,7 @@ def test_the_parts_measure(visit) -> None:
     for name in ("dicenet", "espnetv2"):
         assert vision[name]["baseline"] == "shufflenet" and vision[name]["speedup"] > 0
         assert vision[name]["infer_per_s"] > 0 and vision[name]["first_step_s"] > 0
+        assert vision[name]["timed_choices"] >= 0
     *profiled, trace = rows["profile"]
     assert [p["name"] for p in profiled] == ["gt4", "txl", "gt4+graphed", "txl+graphed"]
     for p in profiled:
