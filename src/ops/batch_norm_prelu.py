@@ -20,9 +20,9 @@ ATen's PReLU for the shape (:func:`auto_path`). The fused op applies in training
 a channels-last input, an ``nn.BatchNorm2d`` (or ours) with float32 affine parameters, and a
 per-channel float32 slope; everywhere else (eval, no autograd, NCHW, a BatchNorm subclass with a
 forward of its own, another dtype under autocast) the two modules run as they are.
-``torch.compile`` traces the Function with the C++ kernels as opaque nodes on the CPU; on CUDA
-it traces the two modules, whose ops inductor fuses itself (``impl="triton"`` keeps the kernels,
-as opaque nodes).
+``torch.compile`` traces the Function with the kernels as opaque nodes: the C++ ones on the CPU,
+on CUDA the Triton ones where ``impl="auto"`` chose them (untimed while tracing: the eager steps'
+choice or the kernels) or ``impl="triton"``.
 """
 
 from __future__ import annotations
@@ -122,8 +122,6 @@ def _fused_path(
             return None
         if impl == "triton":
             return "triton"
-        if torch.compiler.is_compiling():
-            return None  # inductor fuses the two modules' ops itself
         return "triton" if auto_path(x, norm, act) == "triton" else None
     if x.is_cpu and x.dtype in CPU_DTYPES and cpu_kernels_loaded():
         return "cpu"

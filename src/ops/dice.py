@@ -151,7 +151,8 @@ class DiCE(nn.Module):
         (:mod:`src.ops.triton.dim_fuse`): DimConv's kernel would run (CUDA, or ``impl="triton"``),
         interleaved, at the build size, BN tracking running statistics; in training, or in
         inference without autograd. ``impl="auto"`` takes it where :func:`local_fusion_path`
-        measured it faster (not while ``torch.compile`` traces)."""
+        chose it (while ``torch.compile`` traces, without timing: the eager steps' choice or the
+        default)."""
         conv, fuse = self.dim_conv, self.dim_fuse
         norm = fuse.norm
         if not (
@@ -169,7 +170,7 @@ class DiCE(nn.Module):
             return False
         if conv.impl == "triton":
             return True
-        return not torch.compiler.is_compiling() and local_fusion_path(self, x) == "fused"
+        return local_fusion_path(self, x) == "fused"
 
     def _local_fusion_args(self, *, advance: bool = True) -> dict:
         """Keyword arguments of :func:`src.ops.dim_fuse.local_fusion_reference` for this unit's

@@ -119,7 +119,7 @@ class DimConv(nn.Module):
             raise ValueError(f"expected (B, {self.channels}, H, W), got {tuple(x.shape)}")
         weights = (self.weight_channel, self.weight_height, self.weight_width)
         kernel = use_triton(self.impl, x) and x.shape[-2:] == (self.height, self.width)
-        if kernel and self.impl == "auto" and not torch.compiler.is_compiling():
+        if kernel and self.impl == "auto":
             kernel = auto_path(x, weights, self.dilation, self.interleave) == "triton"
         if kernel:
             from src.ops.triton.dim_conv import dim_conv_triton
@@ -158,7 +158,8 @@ def auto_path(
     """``impl="auto"`` on CUDA at the build size: "triton" or "reference" (cuDNN's depth-wise
     convolutions), whichever call (a training step when autograd wants the backward) ran faster on
     the first call with this input shape (batch by :func:`~src.kernels.size_bucket`), dtype and
-    mode (:func:`~src.kernels.choose`). Under ``torch.compile`` the kernel is traced.
+    mode (:func:`~src.kernels.choose`); while ``torch.compile`` traces, that choice untimed (the
+    eager steps' or the default), the kernel a custom op of the graph.
 
     Shape:
         x (B, C, H, W), weights as :class:`DimConv`'s

@@ -281,7 +281,8 @@ class EESP(nn.Module):
         ``impl="triton"``), a float dtype, BN tracking running statistics, depth-wise 3x3
         branches; in
         training, or in inference without autograd. ``impl="auto"`` takes it where
-        :func:`pyramid_path` measured it faster (not while ``torch.compile`` traces)."""
+        :func:`pyramid_path` chose it (while ``torch.compile`` traces, without timing: the eager
+        steps' choice or the default)."""
         norm = self.fuse_norm
         if not (
             use_triton(self.impl, reduced)  # first: on the CPU it ends the check
@@ -296,7 +297,7 @@ class EESP(nn.Module):
             return False
         if self.impl == "triton":
             return True
-        return not torch.compiler.is_compiling() and pyramid_path(self, reduced) == "fused"
+        return pyramid_path(self, reduced) == "fused"
 
     def _folded_pyramid(self, reduced: Tensor) -> Tensor:
         """:meth:`_pyramid` in one call of the fused C++ kernel (``src/ops/cpu/eesp.cpp``) where

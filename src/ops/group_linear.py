@@ -172,7 +172,7 @@ def interleaved_group_linear(
     if not mixed:
         *parts, weight, bias = autocast_operands(device_type, *parts, weight, bias)
         check_same_dtype("the GLT", parts=parts, weight=weight, bias=bias)
-    if kernel and impl == "auto" and len(parts) <= 2 and not torch.compiler.is_compiling():
+    if kernel and impl == "auto" and len(parts) <= 2:
         kernel = auto_path(parts, weight, bias, shuffle, dtype=dtype) == "triton"
         if not kernel and mixed:
             *parts, weight, bias = autocast_operands(device_type, *parts, weight, bias)
@@ -218,7 +218,8 @@ def auto_path(
     autograd wants the backward) ran faster on the first call with these shapes (rows by
     :func:`~src.kernels.size_bucket`), dtype and mode (:func:`~src.kernels.choose`). The kernel is
     not faster everywhere: cuBLAS's GEMMs beat it on some shapes and dtypes, so the choice is
-    measured rather than assumed. Under ``torch.compile`` the kernel is traced.
+    measured rather than assumed. While ``torch.compile`` traces, that choice untimed (the eager
+    steps' or the default), the kernel a custom op of the graph.
 
     ``dtype`` is the products' (default the parts'); float32 operands of 16-bit products
     (autocast) are cast for the PyTorch path, as it takes them, and not for the kernel.

@@ -14,8 +14,8 @@ DeLighT's training steps are launch-bound on a GPU (docs/gpu.md), so those launc
 layer's cost there. Where the GEMM itself dominates, cuBLAS may be faster than the kernel, so
 ``impl="auto"`` times both on the first call of each shape (a training step where autograd wants
 the backward) and keeps the faster (the kernel without casts against ``F.linear`` with them).
-Elsewhere (the CPU, export, ``torch.compile``, which fuses around ``nn.Linear``'s own product) the
-layer runs as ``nn.Linear``. Both compute the same
+Elsewhere (the CPU, export) the layer runs as ``nn.Linear``; ``torch.compile`` traces the path the
+eager steps chose (or the default), the kernel as a custom op. Both compute the same
 products in float32 accumulation: the results differ by rounding.
 """
 
@@ -45,21 +45,17 @@ def linear(parts: Sequence[Tensor], layer: nn.Linear, *, impl: str = "auto") -> 
 
     ``impl``: "reference" runs ``layer`` itself (after ``torch.cat`` for two parts); "triton" the
     GLT kernel; "auto" the kernel or ``layer``, whichever :func:`linear_path` measured faster on
-    CUDA, and ``layer`` elsewhere and under ``torch.compile``.
+    CUDA (traced by ``torch.compile``, that choice untimed), and ``layer`` elsewhere.
 
     Shape:
         parts (..., d_j), one or two with the same leading dimensions, sum_j d_j =
         layer.in_features -> (..., layer.out_features)
     """
     x = parts[0]
-    # "auto" under torch.compile: nn.Linear, which inductor fuses around; "triton" is obeyed
     kernel = (
         len(parts) <= 2
         and use_triton(impl, x)
-        and (
-            impl == "triton"
-            or (not torch.compiler.is_compiling() and linear_path(parts, layer) == "triton")
-        )
+        and (impl == "triton" or linear_path(parts, layer) == "triton")
     )
     if not kernel:
         return layer(x if len(parts) == 1 else torch.cat(tuple(parts), dim=-1))

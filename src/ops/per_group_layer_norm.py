@@ -37,7 +37,8 @@ class PerGroupLayerNorm(nn.Module):
         groups: number of contiguous chunks normalised separately; 1 normalises the full width.
         eps: added to the unbiased standard deviation.
         impl: ``"auto"`` (on CUDA, per shape the faster of the fused Triton kernel,
-            :mod:`src.ops.triton.per_group_layer_norm`, and the PyTorch path, :func:`auto_path`;
+            :mod:`src.ops.triton.per_group_layer_norm`, and the PyTorch path, :func:`auto_path`,
+            its choice untimed under ``torch.compile``;
             on the CPU the fused C++ kernels, :func:`per_group_layer_norm_cpu`, where they are
             built, also under ``torch.compile``), ``"reference"`` (the PyTorch path,
             :class:`PerGroupLayerNormFunction`) or ``"triton"``.
@@ -81,9 +82,7 @@ class PerGroupLayerNorm(nn.Module):
             return per_group_layer_norm_cpu(*args)
         kernel = use_triton(self.impl, x) and _kernel_covers(*args)
         if kernel and self.impl == "auto":
-            # traced by torch.compile, the PyTorch path's passes are fused by inductor itself,
-            # and with its neighbours, which an opaque kernel would prevent
-            kernel = not torch.compiler.is_compiling() and auto_path(*args) == "triton"
+            kernel = auto_path(*args) == "triton"
         if kernel:
             from src.ops.triton.per_group_layer_norm import per_group_layer_norm_triton
 

@@ -75,8 +75,8 @@ def relative_softmax(
         scale: the score scale, ``1/sqrt(d_head)``.
         impl: "auto": on the CPU the C++ kernels where they apply, on CUDA the faster of the
             Triton kernels (:mod:`src.ops.triton.relative_softmax`) and the eager ops for this
-            shape (:func:`auto_path`), the eager ops while ``torch.compile`` traces (inductor
-            fuses them); "triton" or "reference" (the eager ops) to fix it.
+            shape (:func:`auto_path`; while ``torch.compile`` traces, that choice untimed);
+            "triton" or "reference" (the eager ops) to fix it.
         timer: times the candidates of ``impl="auto"`` on CUDA (default: CUDA events).
 
     Shape:
@@ -88,10 +88,7 @@ def relative_softmax(
 
         kernel = use_triton(impl, content) and covers(content, position, mask)
         if kernel and impl == "auto":
-            kernel = (
-                not torch.compiler.is_compiling()
-                and auto_path(content, position, mask, scale, timer) == "triton"
-            )
+            kernel = auto_path(content, position, mask, scale, timer) == "triton"
         if kernel:
             return relative_softmax_triton(content, position, mask, scale)
         if impl == "triton":

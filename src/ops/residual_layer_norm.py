@@ -45,8 +45,9 @@ def residual_layer_norm(
     training).
 
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtypes, :func:`auto_path`) of the
-    fused Triton kernel and the PyTorch ops; the PyTorch ops elsewhere and under
-    ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
+    fused Triton kernel and the PyTorch ops (while ``torch.compile`` traces, that choice untimed:
+    the eager steps' or the kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"``
+    fix it.
     The kernel draws its dropout mask itself (Philox, from a seed tensor drawn on the input's
     device, also in a traced graph), the PyTorch path with :func:`src.ops.dropout.dropout`: the
     masks differ, their distribution does not. Both give the output in the dtype the PyTorch ops
@@ -60,11 +61,7 @@ def residual_layer_norm(
         residual, branch, weight, bias
     )
     if kernel and impl == "auto":
-        # traced by torch.compile, the PyTorch ops are fused by inductor with their neighbours
-        kernel = (
-            not torch.compiler.is_compiling()
-            and auto_path(residual, branch, weight, bias, eps) == "triton"
-        )
+        kernel = auto_path(residual, branch, weight, bias, eps) == "triton"
     if kernel:
         from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
 

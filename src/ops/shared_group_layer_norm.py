@@ -121,8 +121,9 @@ def shared_group_layer_norm_swish(
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtype, :func:`auto_path`) of the
     fused Triton kernel (:mod:`src.ops.triton.shared_group_layer_norm`: one launch forward, one
     and a sum backward, the output in x's dtype) and the PyTorch ops (under autocast
-    ``layer_norm`` in float32, then ``silu``); the PyTorch ops elsewhere and under
-    ``torch.compile``, whose inductor fuses them itself. ``"triton"`` / ``"reference"`` fix it.
+    ``layer_norm`` in float32, then ``silu``), while ``torch.compile`` traces that choice untimed
+    (the eager steps' or the kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"``
+    fix it.
     The kernel draws its dropout mask itself (Philox, from a seed tensor drawn on x's device,
     also in a traced graph; :mod:`src.ops.triton.shared_group_layer_norm`), the PyTorch path with
     :func:`src.ops.dropout.dropout`: the masks differ, their distribution does not.
@@ -132,11 +133,7 @@ def shared_group_layer_norm_swish(
     """
     kernel = use_triton(check_impl(impl), x) and _kernel_covers(x, weight, bias)
     if kernel and impl == "auto":
-        # traced by torch.compile, the PyTorch ops are fused by inductor with their neighbours
-        kernel = (
-            not torch.compiler.is_compiling()
-            and auto_path(x, groups, weight, bias, eps) == "triton"
-        )
+        kernel = auto_path(x, groups, weight, bias, eps) == "triton"
     if kernel:
         from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 

@@ -9,6 +9,7 @@ tensors (``impl="triton"``).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,20 +52,26 @@ def _per_group_norm(impl: str) -> Callable[[str], tuple[Callable[..., Tensor], l
     return build
 
 
-def _residual_norm(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
-    leaves = [
-        _leaf(3, 5, 48, device=device), _leaf(3, 5, 48, device=device),
-        _leaf(48, device=device, scale=0.5, shift=1), _leaf(48, device=device, scale=0.5),
-    ]  # fmt: skip
-    return lambda r, x, w, b: residual_layer_norm(r, x, w, b, impl="triton"), leaves
+def _residual_norm(impl: str) -> Callable[[str], tuple[Callable[..., Tensor], list[Tensor]]]:
+    def build(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+        leaves = [
+            _leaf(3, 5, 48, device=device), _leaf(3, 5, 48, device=device),
+            _leaf(48, device=device, scale=0.5, shift=1), _leaf(48, device=device, scale=0.5),
+        ]  # fmt: skip
+        return lambda r, x, w, b: residual_layer_norm(r, x, w, b, impl=impl), leaves
+
+    return build
 
 
-def _shared_group_norm(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
-    leaves = [
-        _leaf(7, 96, device=device, scale=2),
-        _leaf(32, device=device, scale=0.5, shift=1), _leaf(32, device=device, scale=0.5),
-    ]  # fmt: skip
-    return lambda x, w, b: shared_group_layer_norm_swish(x, 3, w, b, impl="triton"), leaves
+def _shared_group_norm(impl: str) -> Callable[[str], tuple[Callable[..., Tensor], list[Tensor]]]:
+    def build(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+        leaves = [
+            _leaf(7, 96, device=device, scale=2),
+            _leaf(32, device=device, scale=0.5, shift=1), _leaf(32, device=device, scale=0.5),
+        ]  # fmt: skip
+        return lambda x, w, b: shared_group_layer_norm_swish(x, 3, w, b, impl=impl), leaves
+
+    return build
 
 
 def _relative_softmax(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
@@ -88,7 +95,7 @@ CASES = {
         "triton",
     ),  # fmt: skip
     "residual_layer_norm_triton": Case(
-        _residual_norm,
+        _residual_norm("triton"),
         ("lightnets.residual_layer_norm.default",
          "lightnets.residual_layer_norm_backward.default"),
         "triton",
@@ -100,7 +107,7 @@ CASES = {
         "triton",
     ),  # fmt: skip
     "shared_group_layer_norm_triton": Case(
-        _shared_group_norm,
+        _shared_group_norm("triton"),
         ("lightnets.shared_group_layer_norm.default",
          "lightnets.shared_group_layer_norm_backward.default"),
         "triton",
@@ -139,3 +146,100 @@ def test_compiled_step_keeps_the_kernels_and_equals_eager(name: str) -> None:
         assert reference_op not in graphs["forward"][0]
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+
+def _module_case(
+    module: torch.nn.Module, *shape: int, channels_last: bool = False
+) -> tuple[Callable[..., Tensor], list[Tensor]]:
+    x = torch.randn(*shape)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return lambda x, *_: module(x), [x.requires_grad_(), *module.parameters()]
+
+
+def _norm_prelu() -> tuple[Callable[..., Tensor], list[Tensor]]:
+    from src.ops.batch_norm import BatchNorm2d
+    from src.ops.batch_norm_prelu import FusingSequential
+    from src.ops.prelu import PReLU
+
+    return _module_case(FusingSequential(BatchNorm2d(8), PReLU(8)), 2, 8, 5, 6, channels_last=True)
+
+
+def _dense() -> tuple[Callable[..., Tensor], list[Tensor]]:
+    from src.ops.linear import linear
+
+    layer = torch.nn.Linear(24, 16)
+    return lambda x, *_: linear([x], layer), [_leaf(5, 24, device="cpu"), *layer.parameters()]
+
+
+def _dice() -> tuple[Callable[..., Tensor], list[Tensor]]:
+    from src.ops.dice import DiCE
+
+    return _module_case(DiCE(4, 4, 5, 6, impl="auto"), 2, 4, 5, 6)
+
+
+def _eesp() -> tuple[Callable[..., Tensor], list[Tensor]]:
+    from src.ops.eesp import EESP
+
+    return _module_case(EESP(16, 16, impl="auto"), 2, 16, 5, 6)
+
+
+def _glt() -> tuple[Callable[..., Tensor], list[Tensor]]:
+    from src.ops.group_linear import GroupLinear
+
+    return _module_case(GroupLinear(24, 16, 4, impl="auto"), 5, 24)
+
+
+def _dim_conv() -> tuple[Callable[..., Tensor], list[Tensor]]:
+    from src.ops.dim_conv import DimConv
+
+    return _module_case(DimConv(4, 5, 6, impl="auto"), 2, 4, 5, 6)
+
+
+KERNEL_CHOSEN = {"auto_path": "triton"}
+# op with impl="auto": (its module, the stand-ins there for the measured choice, which chose the
+# kernel, and for anything else that would keep it off a CPU tensor; a builder; the forward op)
+AUTO_CASES = {
+    "residual_layer_norm": ("src.ops.residual_layer_norm", KERNEL_CHOSEN,
+                            lambda: _residual_norm("auto")("cpu"),
+                            "lightnets.residual_layer_norm.default"),
+    "shared_group_layer_norm": ("src.ops.shared_group_layer_norm", KERNEL_CHOSEN,
+                                lambda: _shared_group_norm("auto")("cpu"),
+                                "lightnets.shared_group_layer_norm.default"),
+    "per_group_layer_norm": ("src.ops.per_group_layer_norm",
+                             {**KERNEL_CHOSEN, "cpu_kernels_loaded": lambda: False},
+                             lambda: _per_group_norm("auto")("cpu"),
+                             "lightnets.per_group_layer_norm.default"),
+    "group_linear": ("src.ops.group_linear", KERNEL_CHOSEN, _glt, "lightnets.glt_triton.default"),
+    "linear": ("src.ops.linear", {"linear_path": "triton"}, _dense, "lightnets.glt_triton.default"),
+    "dim_conv": ("src.ops.dim_conv", KERNEL_CHOSEN, _dim_conv, "lightnets.dim_conv_triton.default"),
+    "batch_norm_prelu": ("src.ops.batch_norm_prelu", KERNEL_CHOSEN, _norm_prelu,
+                         "lightnets.batch_norm_prelu_forward_triton.default"),
+    "dice_local_fusion": ("src.ops.dice", {"local_fusion_path": "fused"}, _dice,
+                          "lightnets.local_fusion_forward.default"),
+    "eesp_pyramid": ("src.ops.eesp", {"pyramid_path": "fused"}, _eesp,
+                     "lightnets.eesp_pyramid_forward.default"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(AUTO_CASES))
+def test_auto_traces_the_kernel_it_chose(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``impl="auto"`` traced by ``torch.compile`` takes the path its choice names (here the
+    kernel; untimed while tracing), where it once took the PyTorch path whenever it was traced.
+    The kernels run on CPU tensors in Triton's interpreter: ``use_triton`` stands in for CUDA."""
+    pytest.importorskip("triton")
+    module_name, choices, build, forward_op = AUTO_CASES[name]
+    module = importlib.import_module(module_name)
+    monkeypatch.setattr(module, "use_triton", lambda impl, x: impl != "reference")
+    for function, choice in choices.items():
+        stand_in = choice if callable(choice) else (lambda *args, _c=choice, **kwargs: _c)
+        monkeypatch.setattr(module, function, stand_in)
+    torch.manual_seed(0)
+    fn, leaves = build()
+    torch._dynamo.reset()
+    backend, graphs = recording_backend()
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*leaves)
+    torch.autograd.grad(out, [t for t in leaves if t.requires_grad], torch.ones_like(out))
+    torch._dynamo.reset()
+    assert forward_op in graphs["forward"][0]
