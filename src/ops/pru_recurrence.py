@@ -52,10 +52,25 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.kernels.choices import cpu_model
-from src.kernels.dispatch import autocast_dtype, choose, declare, size_bucket, use_triton
+from src.kernels.dispatch import (
+    autocast_dtype,
+    choose,
+    declare,
+    exporting,
+    opaque_op,
+    size_bucket,
+    use_triton,
+)
 from src.kernels.environment import PRU_GEMM_ENV, cpu_path_mode, pru_gemm
 from src.kernels.timing import Timer, call_with_backward, detached, needs_backward
-from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
+from src.ops.contracts.pru_recurrence import (
+    CPU_BACKWARD_SCHEMA,
+    CPU_SCHEMA,
+    GATES,
+    check_recurrence_operands,
+    cpu_grads_like,
+    cpu_like,
+)
 from src.ops.cpu import cpu_kernels_loaded, current_build_directory, dispatch_mode_active
 from src.utils.files import write_json
 
@@ -255,17 +270,24 @@ def use_gemm_mode(mode: str) -> Iterator[None]:
 
 def cpu_kernel_applies(*operands: Tensor | None) -> bool:
     """Whether the C++ recurrence runs these operands: float32 CPU tensors, outside autocast,
-    ``torch.compile`` (which fuses the reference's loop body itself) and dispatch modes (a flop
-    counter would count nothing inside the kernel), with the kernels built."""
+    export and dispatch modes (a flop counter would count nothing inside the kernel), with the
+    kernels built (eagerly, or traced by ``torch.compile`` as a custom op)."""
     tensors = [t for t in operands if t is not None]
     return (
         all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-        and not torch.compiler.is_compiling()
+        and not exporting()
         and not torch.is_autocast_enabled("cpu")
         and not dispatch_mode_active()
-        and cpu_path_mode() != "0"
-        and gemm_mode() is not None
+        and _kernel_gemm_mode() is not None
     )
+
+
+@torch.compiler.assume_constant_result
+def _kernel_gemm_mode() -> str | None:
+    """:func:`gemm_mode` where the CPU paths are on (``LIGHTNETS_CPU_KERNELS`` not 0), else None:
+    a constant of the graph while ``torch.compile`` traces (the machine's check, run once, is no
+    part of a step)."""
+    return gemm_mode() if cpu_path_mode() != "0" else None
 
 
 class PRURecurrenceCpu(torch.autograd.Function):
@@ -292,21 +314,10 @@ class PRURecurrenceCpu(torch.autograd.Function):
     def backward(ctx, grad_output, grad_h, grad_c):  # type: ignore[override]
         gates, cells, output, weight, h0, c0 = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grad_levels, grad_weight, grad_bias, grad_h0, grad_c0 = (
-            torch.ops.lightnets_cpu.pru_recurrence_backward(
-                *(None if g is None else g.contiguous() for g in (grad_output, grad_h, grad_c)),
-                gates,
-                cells,
-                output,
-                weight.contiguous(),
-                h0.contiguous(),
-                c0.contiguous(),
-                ctx.widths,
-                needs[0],
-                needs[1] and ctx.has_bias,
-                ctx.packed,
-            )
-        )
+        grad_levels, grad_weight, grad_bias, grad_h0, grad_c0 = kernel_backward(
+            grad_output, grad_h, grad_c, gates, cells, output, weight, h0, c0, ctx.widths,
+            needs[0], needs[1] and ctx.has_bias, ctx.packed,
+        )  # fmt: skip
         return (
             grad_weight if needs[0] else None,
             grad_bias if needs[1] and ctx.has_bias else None,
@@ -341,6 +352,80 @@ def kernel_forward(
     return output, h_last, c_last, gates, cells
 
 
+@opaque_op("lightnets::pru_recurrence_cpu_backward", CPU_BACKWARD_SCHEMA, cpu_grads_like)
+def kernel_backward(
+    grad_output: Tensor | None, grad_h_last: Tensor | None, grad_c_last: Tensor | None,
+    gates: Tensor, cells: Tensor, output: Tensor, weight: Tensor, h0: Tensor, c0: Tensor,
+    widths: list[int], weight_grad: bool, bias_grad: bool, packed: bool,
+) -> tuple[list[Tensor], Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """``lightnets_cpu::pru_recurrence_backward``: the levels', weight's, bias's (each of these two
+    empty unless wanted), h0's and c0's gradients, from the outputs' (None: no gradient).
+
+    Shape:
+        grad_output (T, B, M), grad_h_last and grad_c_last (B, M), gates (T, B, 4, M), cells and
+        output (T, B, M), weight (g, w, 4w), h0 and c0 (B, M)
+        -> ([(T, B, 4, m_l)], (g, w, 4w), (g, 4w), (B, M), (B, M))
+    """
+    grads = (None if g is None else g.contiguous() for g in (grad_output, grad_h_last, grad_c_last))
+    grad_levels, grad_weight, grad_bias, grad_h0, grad_c0 = (
+        torch.ops.lightnets_cpu.pru_recurrence_backward(
+            *grads, gates, cells, output, weight.contiguous(), h0.contiguous(), c0.contiguous(),
+            widths, weight_grad, bias_grad, packed,
+        )  # fmt: skip
+    )
+    return list(grad_levels), grad_weight, grad_bias, grad_h0, grad_c0
+
+
+def _keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
+    levels, weight, bias, h0, c0, _, packed = inputs
+    out, _, _, gates, cells = output
+    ctx.mark_non_differentiable(gates, cells)
+    ctx.set_materialize_grads(False)  # an output without gradient reaches the kernel as None
+    ctx.save_for_backward(gates, cells, out, weight, h0, c0)
+    ctx.widths = [level.shape[-1] for level in levels]
+    ctx.weight_grad = weight.requires_grad
+    ctx.bias_grad = bias is not None and bias.requires_grad
+    ctx.packed = packed
+
+
+def _recurrence_grads(
+    ctx, grad_output: Tensor | None, grad_h: Tensor | None, grad_c: Tensor | None, *_: Tensor
+) -> tuple:
+    gates, cells, output, weight, h0, c0 = ctx.saved_tensors
+    grad_levels, grad_weight, grad_bias, grad_h0, grad_c0 = kernel_backward(
+        grad_output, grad_h, grad_c, gates, cells, output, weight, h0, c0, ctx.widths,
+        ctx.weight_grad, ctx.bias_grad, ctx.packed,
+    )  # fmt: skip
+    return (
+        grad_levels,
+        grad_weight if ctx.weight_grad else None,
+        grad_bias if ctx.bias_grad else None,
+        grad_h0,
+        grad_c0,
+        None,
+        None,
+    )
+
+
+def _traced_recurrence(
+    levels: list[Tensor], weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor,
+    save: bool, packed: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    output, h_last, c_last, gates, cells = kernel_forward(
+        weight, bias, h0, c0, levels, save, packed
+    )
+    return output, h_last, c_last, gates, cells
+
+
+# the C++ recurrence as ``torch.compile`` traces it: one node each way (eagerly the Function above,
+# whose autograd tracks the levels one by one, runs the same kernels)
+_recurrence_op = torch.library.custom_op(
+    "lightnets::pru_recurrence_cpu", _traced_recurrence, mutates_args=(), schema=CPU_SCHEMA
+)
+_recurrence_op.register_fake(cpu_like)
+_recurrence_op.register_autograd(_recurrence_grads, setup_context=_keep_for_backward)
+
+
 def pru_recurrence(
     inputs: Tensor | Sequence[Tensor],
     weight: Tensor,
@@ -355,9 +440,10 @@ def pru_recurrence(
         inputs: P, or the pyramid's levels (:meth:`src.ops.pyramidal.PyramidalTransform.
             level_outputs`), P being their concatenation along the units: the C++ kernel reads
             them in place, the other paths concatenate them.
-        impl: "auto": the C++ kernel on float32 CPU tensors (:func:`cpu_kernel_applies`), the
-            Triton kernels on CUDA (:func:`triton_path` picks which), the reference elsewhere
-            (float64, autocast on the CPU, ``torch.compile``); "triton" or "reference" to fix it.
+        impl: "auto": the C++ kernel on float32 CPU tensors (:func:`cpu_kernel_applies`; traced
+            by ``torch.compile``, the custom op ``lightnets::pru_recurrence_cpu``), the Triton
+            kernels on CUDA (:func:`triton_path` picks which), the reference elsewhere (float64,
+            autocast on the CPU, export); "triton" or "reference" to fix it.
 
     Shape:
         inputs (T, B, 4, M) or [(T, B, 4, m_l)] with sum m_l = M, weight (g, w, 4w), bias (g, 4w),
@@ -367,8 +453,11 @@ def pru_recurrence(
     check_recurrence_operands(concatenated_shape(levels), weight, bias, h0, c0)
     if impl == "auto" and cpu_kernel_applies(*levels, weight, bias, h0, c0):
         operands = (weight, bias, h0, c0, *levels)
-        packed = gemm_mode() == "packed"
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands):
+        packed = _kernel_gemm_mode() == "packed"
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in operands)
+        if torch.compiler.is_compiling():
+            return _recurrence_op(list(levels), weight, bias, h0, c0, grad, packed)[:3]
+        if grad:
             return PRURecurrenceCpu.apply(weight, bias, h0, c0, packed, *levels)
         # no gradient to come: the kernel keeps no gates or cells (the Function, even under
         # no_grad, sees its parameters' requires_grad and would)

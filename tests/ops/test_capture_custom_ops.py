@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
+from src.ops.pru_recurrence import pru_recurrence
 from src.ops.relative_softmax import relative_softmax
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
@@ -81,6 +82,21 @@ def _relative_softmax(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]
     return lambda c, p: relative_softmax(c, p, mask, 0.5, impl="triton"), leaves
 
 
+def _pru_recurrence(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
+    # the pyramid's two levels (12 and 4 of 16 units), read in place by the kernel
+    leaves = [
+        _leaf(5, 3, 4, 16, device=device), _leaf(2, 8, 32, device=device, scale=0.3),
+        _leaf(2, 32, device=device, scale=0.3), _leaf(3, 16, device=device),
+        _leaf(3, 16, device=device),
+    ]  # fmt: skip
+
+    def run(inputs: Tensor, weight: Tensor, bias: Tensor, h0: Tensor, c0: Tensor) -> Tensor:
+        output, h_last, c_last = pru_recurrence(inputs.split([12, 4], -1), weight, bias, h0, c0)
+        return output + (h_last + c_last)  # (T, B, M): every output's gradient
+
+    return run, leaves
+
+
 CASES = {
     "per_group_layer_norm_cpu": Case(
         _per_group_norm("auto"),
@@ -88,6 +104,11 @@ CASES = {
          "lightnets.per_group_layer_norm_cpu_backward.default"),
         "cpu",
     ),  # fmt: skip
+    "pru_recurrence_cpu": Case(
+        _pru_recurrence,
+        ("lightnets.pru_recurrence_cpu.default", "lightnets.pru_recurrence_cpu_backward.default"),
+        "cpu",
+    ),
     "per_group_layer_norm_triton": Case(
         _per_group_norm("triton"),
         ("lightnets.per_group_layer_norm.default",

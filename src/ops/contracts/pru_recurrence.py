@@ -1,8 +1,10 @@
 """The contract of the PRU's recurrence (:mod:`src.ops.pru_recurrence`): its operands' shapes,
 which the reference, the C++ kernels and the Triton kernels (:mod:`src.ops.triton.pru_recurrence`)
-all take. The C++ kernels are called as they are, the per-step Triton ones inside an autograd
-Function; the time-loop kernels (:mod:`src.ops.triton.pru_time_loop`) are the custom ops
-``lightnets::pru_time_loop`` (differentiable) and ``lightnets::pru_time_loop_backward``, whose
+all take. The C++ kernels are called inside an autograd Function eagerly and, traced, as the
+custom ops ``lightnets::pru_recurrence_cpu`` (differentiable) and
+``lightnets::pru_recurrence_cpu_backward``; the per-step Triton ones inside an autograd Function;
+the time-loop kernels (:mod:`src.ops.triton.pru_time_loop`) are the custom ops
+``lightnets::pru_time_loop`` (differentiable) and ``lightnets::pru_time_loop_backward``. Their
 schemas and fakes are here.
 """
 
@@ -89,3 +91,50 @@ def time_loop_grads_like(
         lambda: torch.empty_like(c0),
     )
     return [like() for like, want in zip(likes, wanted, strict=True) if want]
+
+
+CPU_SCHEMA = (
+    "(Tensor[] levels, Tensor weight, Tensor? bias, Tensor h0, Tensor c0, bool save, bool packed) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+CPU_BACKWARD_SCHEMA = (
+    "(Tensor? grad_output, Tensor? grad_h_last, Tensor? grad_c_last, Tensor gates, Tensor cells, "
+    "Tensor output, Tensor weight, Tensor h0, Tensor c0, int[] widths, bool weight_grad, "
+    "bool bias_grad, bool packed) -> (Tensor[], Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def cpu_like(
+    levels: list[Tensor], weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor, save: bool,
+    packed: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The C++ recurrence's outputs' metadata (its fake when traced): output (T, B, M), h_T and
+    c_T (B, M), then the activated gates (T, B, 4, M) and the cells (T, B, M) when ``save``,
+    else empty."""
+    steps, batch = levels[0].shape[:2]
+    hidden = sum(level.shape[-1] for level in levels)
+    return (
+        h0.new_empty(steps, batch, hidden),
+        torch.empty_like(h0),
+        torch.empty_like(c0),
+        h0.new_empty((steps, batch, GATES, hidden) if save else (0,)),
+        h0.new_empty((steps, batch, hidden) if save else (0,)),
+    )
+
+
+def cpu_grads_like(
+    grad_output: Tensor | None, grad_h_last: Tensor | None, grad_c_last: Tensor | None,
+    gates: Tensor, cells: Tensor, output: Tensor, weight: Tensor, h0: Tensor, c0: Tensor,
+    widths: list[int], weight_grad: bool, bias_grad: bool, packed: bool,
+) -> tuple[list[Tensor], Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The C++ backward's outputs' metadata: each level's gradient (T, B, 4, m_l), the weight's
+    and the bias's (empty where not wanted), h0's and c0's."""
+    steps, batch = output.shape[:2]
+    groups, _, four_w = weight.shape
+    return (
+        [output.new_empty(steps, batch, GATES, width) for width in widths],
+        torch.empty_like(weight) if weight_grad else weight.new_empty(0),
+        weight.new_empty(groups, four_w) if bias_grad else weight.new_empty(0),
+        torch.empty_like(h0),
+        torch.empty_like(c0),
+    )
