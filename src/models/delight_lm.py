@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from src.models.delight_block import DeLighTDecoderBlock, block_wise_scaling
 from src.models.delight_mt import EMBEDDING_DIM, recurrent_dropout
 from src.models.fairseq_init import PADDING_IDX, init_official
+from src.models.padding import keys_to_mask
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.sinusoidal_positions import sinusoidal_positions
@@ -331,8 +332,7 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
         """
         padding_mask = tokens.eq(self.padding_idx)  # (B, T)
         x = self.embedding(tokens, padding_mask).transpose(0, 1)  # (T, B, d_m)
-        # like fairseq, padded keys are masked only when the batch has any
-        key_padding_mask = padding_mask if bool(padding_mask.any()) else None
+        key_padding_mask = keys_to_mask(padding_mask)  # fairseq's rule (src.models.padding)
         for block in self.blocks:
             x, _ = block(x, self_attn_padding_mask=key_padding_mask)  # (T, B, d_m), causal
         x = x.transpose(0, 1)  # (B, T, d_m)

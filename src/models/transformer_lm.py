@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from src.models.delight_lm import TiedOutputLanguageModel, tied_lookup
 from src.models.delight_mt import EMBEDDING_DIM
 from src.models.fairseq_init import PADDING_IDX
+from src.models.padding import keys_to_mask
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from src.ops.dropout import dropout
 from src.ops.sinusoidal_positions import sinusoidal_positions
@@ -165,11 +166,11 @@ class TransformerLanguageModel(TiedOutputLanguageModel):
             x = self.project_in(x)  # (B, T, d_model)
         x = x + sinusoidal_positions(padding_mask, self.d_model, self.padding_idx).to(x.dtype)
         x = dropout(x, self.dropout, self.training)
-        causal = nn.Transformer.generate_square_subsequent_mask(
-            tokens.shape[1], device=tokens.device, dtype=x.dtype
-        )
-        # like fairseq, padded keys are masked only when the batch has any
-        key_padding_mask = padding_mask if bool(padding_mask.any()) else None
+        length = tokens.shape[1]
+        # boolean like the key padding mask (True = masked): mixed kinds of mask make torch warn,
+        # which a traced step cannot
+        causal = torch.ones(length, length, dtype=torch.bool, device=tokens.device).triu(1)
+        key_padding_mask = keys_to_mask(padding_mask)  # fairseq's rule (src.models.padding)
         for layer in self.layers:
             x = layer(x, src_mask=causal, src_key_padding_mask=key_padding_mask, is_causal=True)
         if self.norm is not None:

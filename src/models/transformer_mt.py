@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from src.models.checks import check_dropout
 from src.models.fairseq_init import PADDING_IDX
+from src.models.padding import keys_to_mask
 from src.ops.sinusoidal_positions import sinusoidal_positions
 
 
@@ -441,8 +442,7 @@ class TransformerEncoderDecoder(nn.Module):
         x = self._embed(self.decoder_embedding, prev_output_tokens, tgt_padding_mask)  # (T, B, d)
         length = prev_output_tokens.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
-        # like fairseq, the self-attention masks padded keys only when the batch has any
-        self_padding_mask = tgt_padding_mask if bool(tgt_padding_mask.any()) else None
+        self_padding_mask = keys_to_mask(tgt_padding_mask)  # fairseq's rule (src.models.padding)
         for layer in self.decoder_layers:
             x = layer(
                 x,
