@@ -41,6 +41,13 @@ from src.ops.dropout import dropout
 REDUCTIONS = ("sum", "mean", "none")
 
 
+def _fixed_shapes() -> bool:
+    """Whether every intermediate must have a shape known before the data is seen: under
+    ``torch.export`` (a dynamic batch) and in a traced step (torch.compile, CUDA graphs, where
+    ``nonzero`` would read the data on the host)."""
+    return exporting() or torch.compiler.is_compiling()
+
+
 class AdaptiveInputSoftmax(nn.Module):
     """Adaptive input embedding and adaptive softmax sharing their band tables and projections.
 
@@ -140,9 +147,9 @@ class AdaptiveInputSoftmax(nn.Module):
         """
         flat = tokens.reshape(-1)  # (N,)
         band = self.band_of(flat)
-        if exporting():
-            # the rows of a band are a data-dependent count (nonzero), which torch.export cannot
-            # size under a dynamic batch: a graph embeds every token in every band and keeps its own
+        if _fixed_shapes():
+            # the rows of a band are a data-dependent count (nonzero): a graph embeds every token
+            # in every band and keeps its own
             out = None
             for i, (embedding, projection) in enumerate(zip(self.embeddings, self.projections)):
                 local = (flat - self.bounds[i]).clamp(0, embedding.num_embeddings - 1)
@@ -183,7 +190,9 @@ class AdaptiveInputSoftmax(nn.Module):
         """Negative log-likelihood of ``targets`` (fairseq's ``adaptive_loss``), pads ignored.
 
         Only the head (c_1 + n_tails columns) is scored for every position; a tail is scored only
-        for the positions whose target lies in it, so no (N, V) tensor is formed.
+        for the positions whose target lies in it, so no (N, V) tensor is formed. Traced
+        (torch.compile, CUDA graphs) or exported, shapes cannot depend on the targets: every
+        position scores every tail, an (N, V - c_1) tensor in all, and keeps its own.
 
         Args:
             hidden: the network's output states.
@@ -209,6 +218,13 @@ class AdaptiveInputSoftmax(nn.Module):
         head_target = head_target.masked_fill(~scored, 0)
         nll = -self._head_log_probs(h).gather(1, head_target[:, None]).squeeze(1)  # (N,)
         for i in range(self.n_tails):
+            if _fixed_shapes():
+                # every position scores the tail; those whose target is elsewhere add 0
+                size = self.embeddings[i + 1].num_embeddings
+                inside = (flat - self.bounds[i + 1]).clamp(0, size - 1)[:, None]  # (N, 1)
+                tail = -self._tail_log_probs(h, i).gather(1, inside).squeeze(1)  # (N,)
+                nll = nll + torch.where(band == i + 1, tail, torch.zeros_like(tail))
+                continue
             index = torch.nonzero((band == i + 1) & scored).squeeze(1)  # (n_i,)
             if index.numel() == 0:
                 continue

@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
@@ -84,6 +85,8 @@ def call_with_weight_drop(
     if not module.training or p == 0.0 or not names:
         return module(*args)
     dropped = {name: F.dropout(module.get_parameter(name), p, training=True) for name in names}
+    if torch.compiler.is_compiling():  # traced, an LSTM is unrolled: no cuDNN weight buffer
+        return functional_call(module, dropped, args)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NON_CONTIGUOUS_RNN_WEIGHTS)
         return functional_call(module, dropped, args)

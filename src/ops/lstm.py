@@ -46,6 +46,8 @@ class LSTM(nn.LSTM):
     def forward(  # type: ignore[override]
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        if torch.compiler.is_compiling() and hx is not None and self.proj_size == 0:
+            return self._traced_forward(input, hx)
         if (
             isinstance(input, Tensor)
             and input.is_cpu
@@ -56,3 +58,18 @@ class LSTM(nn.LSTM):
                 state = None if hx is None else tuple(h.float() for h in hx)
                 return super().forward(input.float(), state)
         return super().forward(input, hx)
+
+    def _traced_forward(
+        self, input: Tensor, hx: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``nn.LSTM``'s computation on the weights the module holds now. Traced (Dynamo's RNN
+        tracing unrolls the time loop), reading them by name keeps ``nn.LSTM``'s cache of them
+        (``_flat_weights``, checked by identity on every call) out of the graph's guards: a
+        weight swapped in for one call (DropConnect) would otherwise retrace every call. The
+        unrolled loop needs no 16-bit oneDNN kernel, so the CPU autocast fallback is not needed."""
+        weights = [getattr(self, name) for name in self._flat_weights_names]
+        output, h, c = torch._VF.lstm(  # type: ignore[attr-defined]
+            input, hx, weights, self.bias, self.num_layers, float(self.dropout), self.training,
+            self.bidirectional, self.batch_first,
+        )  # fmt: skip
+        return output, (h, c)

@@ -3,6 +3,8 @@ no 16-bit LSTM kernel."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -69,3 +71,37 @@ class _nothing:
 
     def __exit__(self, *exc) -> None:
         return None
+
+
+def test_traced_with_dropconnect_one_graph_that_equals_eager() -> None:
+    """Traced (Dynamo's RNN tracing), the layer reads its weights by name: DropConnect's weight,
+    a new tensor each call, does not retrace (nn.LSTM's cached weights would), and the outputs and
+    gradients are eager's with the same dropped weight."""
+    from src.ops.awd_dropout import call_with_weight_drop
+
+    _, ours = _pair()
+    x = torch.randn(3, 4, 6, requires_grad=True)
+    hx = (torch.zeros(1, 3, 5), torch.zeros(1, 3, 5))
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        out, (h, c) = call_with_weight_drop(ours, ["weight_hh_l0"], 0.5, x, hx)
+        return out.sum() + h.sum() + c.sum()
+
+    def run(f: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        torch.manual_seed(1)  # the same DropConnect mask
+        ours.zero_grad()
+        x.grad = None
+        loss = f(x)
+        loss.backward()
+        return [loss, x.grad, *(p.grad for p in ours.parameters())]
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(allow_rnn=True):
+        traced = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=False)
+        results = [run(step), run(traced)]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            results.append(run(traced))
+    torch._dynamo.reset()
+    for got in results[1:]:
+        for a, b in zip(got, results[0], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
