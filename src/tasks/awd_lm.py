@@ -52,9 +52,10 @@ from torch.optim import ASGD, Optimizer
 from torchmetrics import SumMetric
 
 from src.models.awd_lm import Hidden
-from src.models.awd_state import carried_hidden, detach_hidden
+from src.models.awd_state import carried_hidden
 from src.optim.clipping import FusedOptimizerClipping
 from src.tasks.finetune import load_network_weights
+from src.tasks.graphed import GraphedStep
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def averaged_sgd(optimizer: Optimizer) -> ASGD:
     return ASGD(groups, t0=0, lambd=0.0)
 
 
-class AWDLMTask(FusedOptimizerClipping, L.LightningModule):
+class AWDLMTask(GraphedStep, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word cross-entropy with AR/TAR and NT-ASGD (module docstring).
 
     Logs ``train/loss`` (cross-entropy, nats per token), ``train/ppl``, ``train/total_loss``
@@ -165,8 +166,9 @@ class AWDLMTask(FusedOptimizerClipping, L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         tokens, targets = batch
         hidden = carried_hidden(self.net, self._train_hidden, tokens.shape[0])
+        self.begin_step()
         out = self.net(tokens, hidden)
-        self._train_hidden = detach_hidden(out.hidden)
+        self._train_hidden = self.keep(out.hidden)
         ce = F.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
         ar = self.alpha * out.dropped_output.pow(2).mean()
         raw = out.raw_output  # (B, T, E)
@@ -291,8 +293,9 @@ class AWDLMTask(FusedOptimizerClipping, L.LightningModule):
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         tokens, targets = batch
         hidden = carried_hidden(self.net, self._eval_hidden, tokens.shape[0])
+        self.begin_step()
         out = self.net(tokens, hidden)
-        self._eval_hidden = detach_hidden(out.hidden)
+        self._eval_hidden = self.keep(out.hidden)
         nll = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
         self.nll[stage].update(nll)
         # targets of -100 (a padded last window) are skipped by cross_entropy and not counted

@@ -21,12 +21,13 @@ from torchmetrics import MeanMetric
 from src.optim.clipping import FusedOptimizerClipping
 from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
+from src.tasks.graphed import GraphedStep
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class CharLMTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-symbol cross-entropy; logs loss (nats) and bpc = loss / ln 2.
 
     Validation and test report the token-weighted mean over the whole split (``val/bpc``,
@@ -45,6 +46,8 @@ class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
         batch: ((B, T) int64 inputs, (B, T) int64 targets); forward returns (B, T, V) logits and
         the new memories.
     """
+
+    graphs_per_shape = 4  # training and evaluation, each with and without memories
 
     def __init__(
         self,
@@ -73,10 +76,13 @@ class CharLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
 
     def _nll(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         tokens, targets = batch
+        self.begin_step()
         if hasattr(self.net, "loss"):  # scores without forming (B, T, V) where it can (adaptive softmax)
-            nll, self.memories[stage] = self.net.loss(tokens, targets, self.memories[stage])
+            nll, memories = self.net.loss(tokens, targets, self.memories[stage])
+            self.memories[stage] = self.keep(memories)
             return nll.mean()  # over B*T
-        logits, self.memories[stage] = self.net(tokens, self.memories[stage])
+        logits, memories = self.net(tokens, self.memories[stage])
+        self.memories[stage] = self.keep(memories)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # mean over B*T
 
     def units(self, nll: Tensor) -> dict[str, Tensor]:

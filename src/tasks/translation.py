@@ -38,13 +38,14 @@ from src.evaluation.bleu import sacre_bleu, tokenized_bleu
 from src.optim.clipping import FusedOptimizerClipping
 from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
+from src.tasks.graphed import GraphedStep
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 DECODINGS = ("greedy", "beam", "none")
 
 
-class TranslationTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains an encoder-decoder ``net`` by teacher forcing; evaluates by translating.
 
     Args:
@@ -112,14 +113,16 @@ class TranslationTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningMod
     def forward(self, src_tokens: Tensor, src_padding_mask: Tensor | None, prev_output_tokens: Tensor) -> Tensor:
         return self.net(src_tokens, src_padding_mask, prev_output_tokens)
 
-    def _losses(self, batch: dict) -> tuple[Tensor, Tensor, int]:
-        """Token-mean smoothed loss and NLL of the batch, and its number of target tokens."""
+    def _losses(self, batch: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """Token-mean smoothed loss and NLL of the batch, and its number of target tokens (a
+        tensor: counting on the host would wait for the device every step)."""
+        self.begin_step()
         logits = self.net(batch["src_tokens"], None, batch["prev_output_tokens"])  # (B, T, V)
         logits = logits.flatten(0, 1).float()  # the softmax in fp32 under autocast
         target = batch["target"].flatten()
         loss = F.cross_entropy(logits, target, ignore_index=self.padding_idx, label_smoothing=self.label_smoothing)
         nll = F.cross_entropy(logits.detach(), target, ignore_index=self.padding_idx)
-        return loss, nll, int(target.ne(self.padding_idx).sum())
+        return loss, nll, target.ne(self.padding_idx).sum()
 
     # -- training -----------------------------------------------------------------------------
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:

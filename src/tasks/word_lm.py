@@ -23,12 +23,13 @@ from torchmetrics import SumMetric
 from src.optim.clipping import FusedOptimizerClipping
 from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
+from src.tasks.graphed import GraphedStep
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
 
 
-class WordLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
+class WordLMTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
     """Trains ``net`` by next-word NLL; logs ``train/loss`` (nats per token), and for validation
     and test the loss and perplexity over the whole split, token-weighted and reduced over all
     processes (``val/loss``, ``val/ppl``, ``test/loss``, ``test/ppl``).
@@ -68,13 +69,15 @@ class WordLMTask(InitFromCheckpoint, FusedOptimizerClipping, L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         tokens, targets = batch
+        self.begin_step()
         # fairseq's adaptive_loss: summed NLL divided by the number of target tokens
         loss = self.net.loss(tokens, targets, reduction="mean")
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+        self.log("train/loss", self.keep(loss), prog_bar=True, on_step=True, on_epoch=True)
         return loss
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         tokens, targets = batch
+        self.begin_step()
         nll = self.net.loss(tokens, targets, reduction="sum")
         self.nll[stage].update(nll.float())
         self.scored[stage].update(targets.ne(self.padding_idx).sum().float())
