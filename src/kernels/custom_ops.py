@@ -58,8 +58,10 @@ def autograd_op(
             (torch.autograd.Function,),
             {
                 "forward": staticmethod(fn),
-                "setup_context": staticmethod(setup_context),
-                "backward": staticmethod(once_differentiable(backward)),
+                "setup_context": staticmethod(functools.partial(_setup, setup_context)),
+                "backward": staticmethod(
+                    once_differentiable(functools.partial(_backward, backward))
+                ),
             },
         )
 
@@ -72,3 +74,28 @@ def autograd_op(
         return cast(F, call)
 
     return register
+
+
+def _setup(
+    setup_context: Callable[[Any, tuple, Any], None], ctx: Any, inputs: tuple, output: Any
+) -> None:
+    """The eager Function's ``setup_context``: the op's, then which outputs get gradients. An output
+    marked non-differentiable (statistics kept for the backward) gets None instead of a tensor of
+    zeros, which autograd would otherwise launch a kernel for at every backward."""
+    setup_context(ctx, inputs, output)
+    outputs = output if isinstance(output, tuple) else (output,)
+    fixed = {id(t) for t in getattr(ctx, "non_differentiable", None) or ()}
+    ctx.output_meta = tuple(
+        None if id(t) in fixed else (t.shape, t.dtype, t.device) for t in outputs
+    )
+    ctx.set_materialize_grads(False)
+
+
+def _backward(backward: Callable[..., tuple], ctx: Any, *grads: Any) -> tuple:
+    """The eager Function's backward: the op's rule, given zeros for a differentiable output the
+    loss did not reach (as autograd would materialise them) and None for the others."""
+    grads = tuple(
+        torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta else g
+        for g, meta in zip(grads, ctx.output_meta, strict=True)
+    )
+    return backward(ctx, *grads)
