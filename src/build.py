@@ -14,17 +14,22 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import hydra
 import hydra._internal.utils as hydra_internal
 import lightning as L
+import torch
+import torch._dynamo.config as dynamo_config
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from lightning.pytorch.accelerators import MPSAccelerator
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from torch import nn
 
@@ -94,15 +99,138 @@ def build_task(cfg: DictConfig) -> tuple[L.LightningDataModule, L.LightningModul
     return datamodule, task
 
 
-def compile_network(net: nn.Module, options: DictConfig | None) -> None:
-    """``net.compile(...)`` in place when ``options.enabled`` (the other keys are torch.compile's
-    arguments): forward and backward then run compiled, while ``net.state_dict()`` keeps its keys,
-    so checkpoints, resume and ``eval.py`` work as with the eager network."""
-    if options is None or not options.get("enabled", False):
-        return
-    kwargs = {k: v for k, v in OmegaConf.to_container(options).items() if k != "enabled"}
-    net.compile(**kwargs)
-    log.info("compiled the network with torch.compile(%s)", kwargs)
+# torch.compile backends and inductor modes that replay the compiled graphs as CUDA graphs
+CUDA_GRAPH_BACKENDS = ("cudagraphs",)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+COMPILE_ENABLED = (True, False, "auto")
+# batch shapes a text datamodule gives at most, its splits together: translation's length buckets
+# (data.shape_buckets, 8), a language model's one or two segment shapes, AWD's rounded windows
+BATCH_SHAPES_BOUND = 16
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """How a run's network runs, as :func:`compile_plan` resolves ``compile.*``.
+
+    ``path``: ``"eager"``; ``"compiled"`` (torch.compile); or ``"graphed"`` (torch.compile whose
+    graphs replay as CUDA graphs on the run's GPU). ``options``: torch.compile's arguments (empty
+    when eager).
+    """
+
+    path: str
+    options: dict[str, Any]
+
+    @property
+    def replays_cuda_graphs(self) -> bool:
+        """Whether the backend or mode replays the compiled graphs as CUDA graphs (on a CUDA
+        device; on the CPU torch's ``cudagraphs`` backend runs the graphs as they are)."""
+        return (
+            self.options.get("backend") in CUDA_GRAPH_BACKENDS
+            or self.options.get("mode") in CUDA_GRAPH_MODES
+        )
+
+
+def runs_on_cuda(trainer: Mapping[str, Any]) -> bool:
+    """Whether the Trainer config trains on CUDA GPUs: ``accelerator`` ``cuda``, ``gpu``
+    (Lightning's CUDA or Apple's MPS: CUDA unless MPS is this machine's only GPU) or ``auto``
+    where CUDA is."""
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator == "gpu":
+        return torch.cuda.is_available() or not MPSAccelerator.is_available()
+    return accelerator == "cuda" or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def one_process(trainer: Mapping[str, Any]) -> bool:
+    """Whether the Trainer config runs one process on one device (no DDP or FSDP)."""
+    devices, strategy = str(trainer.get("devices", 1)), trainer.get("strategy", "auto")
+    return devices == "1" and strategy in ("auto", None)
+
+
+def compile_plan(
+    options: Mapping[str, Any] | None, task: L.LightningModule, trainer: Mapping[str, Any]
+) -> CompilePlan:
+    """The path a run takes (:class:`CompilePlan`) from ``compile.*`` and the Trainer config.
+
+    ``compile.enabled``: ``false`` (eager), ``true`` (torch.compile with the other keys), or
+    ``auto``: the graphed path for a task that declares its step traceable (``traced_step``: the
+    text systems and their baselines, :class:`src.tasks.graphed.GraphedStep`) in one process on
+    one CUDA GPU (``trainer=gpu``), eager otherwise (the CPU, DDP, FSDP, the vision tasks). Keys
+    left null take the path's defaults: the graphed path ``backend=cudagraphs``,
+    ``fullgraph=true``, ``dynamic=false``; ``compile.enabled=true`` ``backend=inductor`` and
+    torch.compile's own for the others.
+    """
+    if isinstance(options, DictConfig):
+        options = OmegaConf.to_container(options, resolve=True)  # type: ignore[assignment]
+    options = dict(options or {})
+    enabled = options.pop("enabled", False)
+    if enabled not in COMPILE_ENABLED:
+        raise ConfigError(f"compile.enabled must be true, false or auto, got {enabled!r}")
+    if enabled == "auto":
+        traced = bool(getattr(task, "traced_step", False))
+        if not (traced and runs_on_cuda(trainer) and one_process(trainer)):
+            return CompilePlan("eager", {})
+        defaults = {"backend": "cudagraphs", "fullgraph": True, "dynamic": False}
+    elif enabled:
+        defaults = {"backend": "inductor"}
+    else:
+        return CompilePlan("eager", {})
+    for key, value in defaults.items():
+        if options.get(key) is None:
+            options[key] = value
+    options = {key: value for key, value in options.items() if value is not None}
+    plan = CompilePlan("compiled", options)
+    if plan.replays_cuda_graphs and runs_on_cuda(trainer):
+        return CompilePlan("graphed", options)
+    return plan
+
+
+def declared_batch_shapes(datamodule: L.LightningDataModule) -> int:
+    """How many batch shapes the datamodule's loaders may give in all, known before it reads its
+    data: a translation corpus's ``shape_buckets`` (its length buckets, shared by every split)
+    where it asks for more than :data:`BATCH_SHAPES_BOUND`, else that bound."""
+    return max(BATCH_SHAPES_BOUND, int(getattr(datamodule, "shape_buckets", 0) or 0))
+
+
+def compile_network(
+    task: L.LightningModule,
+    options: Mapping[str, Any] | None,
+    trainer: Mapping[str, Any],
+    batch_shapes: int | None = None,
+) -> CompilePlan:
+    """Compile ``task.net`` in place as :func:`compile_plan` says, and return the plan.
+
+    ``net.compile(...)``: forward and backward then run compiled, while ``net.state_dict()`` keeps
+    its keys, so checkpoints, resume and ``eval.py`` work as with the eager network. A network
+    that scores its own outputs (``net.loss``, which the language-model tasks call instead of
+    ``forward``) has that compiled too. Networks with an ``nn.LSTM`` turn on Dynamo's RNN tracing
+    (the time loop unrolled). The task learns whether graphs replay
+    (``task.replays_cuda_graphs``: it then copies carried state out of the graphs' outputs).
+
+    With ``fullgraph``, Dynamo's recompile limit is raised to ``batch_shapes`` (the batch shapes
+    the data may give, :func:`declared_batch_shapes`) times the graphs a shape may take
+    (``task.graphs_per_shape``), so that every expected graph is compiled; past the limit a
+    ``fullgraph`` compile raises (Dynamo's ``FailOnRecompileLimitHit``) rather than running on
+    eagerly.
+    """
+    plan = compile_plan(options, task, trainer)
+    if plan.path == "eager":
+        return plan
+    net = task.net
+    if plan.options.get("fullgraph"):
+        graphs = (batch_shapes or 1) * int(getattr(task, "graphs_per_shape", 2))
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, graphs)
+        dynamo_config.accumulated_recompile_limit = max(
+            dynamo_config.accumulated_recompile_limit, 2 * graphs
+        )
+    if any(isinstance(m, nn.RNNBase) for m in net.modules()):
+        dynamo_config.allow_rnn = True
+    net.compile(**plan.options)
+    if callable(getattr(type(net), "loss", None)):
+        # bound to the network, so a deep copy of it calls its own copy
+        net.loss = MethodType(torch.compile(type(net).loss, **plan.options), net)
+    task.replays_cuda_graphs = plan.replays_cuda_graphs
+    log.info("%s path: torch.compile(%s)", plan.path, plan.options)
+    return plan
 
 
 def build_trainer(cfg: DictConfig, extra_callbacks: tuple = ()) -> L.Trainer:

@@ -27,6 +27,7 @@ from src.build import (
     check_config,
     compile_network,
     complexity_of,
+    declared_batch_shapes,
     hydra_choices,
     hydra_overrides,
     scalars,
@@ -158,7 +159,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, Any]:
     if resumed is not None:
         check_resume(cfg, resumed, cfg.ckpt_path)
     complexity = complexity_of(task, datamodule)  # of the eager network
-    compile_network(task.net, cfg.get("compile"))
+    compile_network(task, cfg.get("compile"), cfg.trainer, declared_batch_shapes(datamodule))
     output_dir = Path(cfg.paths.output_dir)
     record = RunRecord(make_record(cfg, hydra_choices()), start=start, previous_time=previous_time)
     interrupt = InterruptCheckpoint(output_dir / "checkpoints")
