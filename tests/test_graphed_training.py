@@ -16,8 +16,7 @@ A second pass over the same shapes compiles nothing (``error_on_recompile``). Wi
 traced step's loss and gradients equal the eager step's. On the CPU torch's ``cudagraphs`` backend
 runs the graphs without capturing (its checks find CPU tensors), so the checks here are what a GPU
 run would apply; :func:`src.build.compile_plan` decides where the path is taken. ``train.py`` runs
-a demo traced from the command line; ``pytest -m heavy tests/test_graphed_training.py`` adds every
-demo's command and every system's comparison with eager (minutes).
+every demo traced from the command line (about half a minute each on two cores).
 """
 
 from __future__ import annotations
@@ -257,18 +256,7 @@ def test_the_checks_find_what_a_capture_refuses() -> None:
     assert any("tensor constant" in p for p in backend.problems), backend.problems
 
 
-# the baselines take every path the traced step changes (masks given when traced, the adaptive
-# softmax's fixed shapes, the unrolled LSTM, memories copied); the systems' own ops are compared
-# with eager in tests/ops (test_compile.py and each op's capture tests), so their whole steps run
-# with -m heavy
-EQUAL_IN_EVERY_RUN = ("delight_mt/transformer_mt_demo", "char_lm/demo_txl", "pru_lm/lstm_demo",
-                      "delight_lm/transformer_lm_demo")  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "demo",
-    [d if d in EQUAL_IN_EVERY_RUN else pytest.param(d, marks=pytest.mark.heavy) for d in SYSTEMS],
-)
+@pytest.mark.parametrize("demo", list(SYSTEMS))
 def test_traced_step_equals_the_eager_step_without_dropout(demo: str) -> None:
     """Two training steps, the second reading the state the first carried: the traced task's loss
     and gradients are the eager task's (same weights, no dropout), carried state copied as on a
@@ -408,16 +396,8 @@ def check_traced_run(done: subprocess.CompletedProcess) -> None:
     assert "compiled path: torch.compile(" in log
 
 
-# every demo's command runs with -m heavy (about half a minute each on two cores); the suite's
-# default run keeps one, with carried memories (the in-process tests above cover every system)
-COMMAND_LINE_DEMOS = [
-    demo if demo == "char_lm/demo_txl" else pytest.param(demo, marks=pytest.mark.heavy)
-    for demo in SYSTEMS
-]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("demo", COMMAND_LINE_DEMOS)
+@pytest.mark.parametrize("demo", list(SYSTEMS))
 def test_a_demo_trains_traced_from_the_command_line(demo: str, tmp_path: Path) -> None:
     check_traced_run(train_command(demo, "aot_eager", tmp_path / "run"))
 
