@@ -269,18 +269,26 @@ def pru_recurrence_triton(
         inputs (T, B, 4, M), weight (g, w, 4w) with M = g w, bias (g, 4w) or None, h0 and c0
         (B, M), all float32, bfloat16 or float16 -> output (T, B, M), h_T (B, M), c_T (B, M)
     """
+    steps, operands = kernel_operands(
+        "the fused PRU recurrence", "pru_recurrence_triton", inputs, weight, bias, h0, c0
+    )
+    if steps == 0:  # no step: the state passes through, as the reference's loop leaves it
+        inputs, _, _, h0, c0 = operands
+        return inputs.new_empty(0, *h0.shape), h0, c0
+    return PRURecurrenceTriton.apply(*operands)
+
+
+def kernel_operands(
+    what: str, op: str, inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
+) -> tuple[int, tuple[Tensor | None, ...]]:
+    """The checks both fused recurrences (``what``, named ``op`` in dtype errors) make of their
+    operands, and the operands as their kernels take them: cast as ``torch.autocast`` casts,
+    contiguous. Returns T and (inputs, weight, bias, h0, c0)."""
     steps, batch, hidden, *_ = check_recurrence_operands(inputs, weight, bias, h0, c0)
     if batch * hidden == 0:
-        raise ValueError(
-            f"the fused PRU recurrence needs B, M >= 1, got inputs of shape {tuple(inputs.shape)}"
-        )
+        raise ValueError(f"{what} needs B, M >= 1, got inputs of shape {tuple(inputs.shape)}")
     operands = autocast_operands(inputs.device.type, inputs, weight, bias, h0, c0)
-    inputs, weight, bias, h0, c0 = operands
-    dtype = check_same_dtype(
-        "pru_recurrence_triton", inputs=inputs, weight=weight, bias=bias, h0=h0, c0=c0
-    )
+    dtype = check_same_dtype(op, **dict(zip(("inputs", "weight", "bias", "h0", "c0"), operands)))
     if dtype not in DTYPES:
-        raise TypeError(f"the fused PRU recurrence takes {DTYPES}, got {dtype}")
-    if steps == 0:  # no step: the state passes through, as the reference's loop leaves it
-        return inputs.new_empty(0, *h0.shape), h0, c0
-    return PRURecurrenceTriton.apply(*(t.contiguous() if t is not None else None for t in operands))
+        raise TypeError(f"{what} takes {DTYPES}, got {dtype}")
+    return steps, tuple(t.contiguous() if t is not None else None for t in operands)

@@ -41,11 +41,11 @@ import triton.language as tl
 from torch import Tensor
 
 from src.kernels.custom_ops import autograd_op
-from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import pru_recurrence as contract
-from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
+from src.ops.contracts.pru_recurrence import GATES
 from src.ops.triton.launch import gpu_launch
-from src.ops.triton.pru_recurrence import DTYPES, _tanh
+from src.ops.triton.pru_recurrence import _tanh, kernel_operands
 
 BLOCK_B_GPU = 16  # batch rows of one program: tl.dot's smallest tile; more rows, fewer programs
 BLOCK_K_GPU = 32  # units of h (or of one gate of dG) reduced per product block
@@ -419,18 +419,10 @@ def pru_recurrence_time_loop(
         inputs (T, B, 4, M), weight (g, w, 4w) with M = g w, bias (g, 4w) or None, h0 and c0
         (B, M), all float32, bfloat16 or float16 -> output (T, B, M), h_T (B, M), c_T (B, M)
     """
-    steps, batch, hidden, *_ = check_recurrence_operands(inputs, weight, bias, h0, c0)
-    if batch * hidden == 0:
-        raise ValueError(
-            f"the PRU time loop needs B, M >= 1, got inputs of shape {tuple(inputs.shape)}"
-        )
-    operands = autocast_operands(inputs.device.type, inputs, weight, bias, h0, c0)
-    dtype = check_same_dtype("pru_recurrence_time_loop", **dict(
-        zip(("inputs", "weight", "bias", "h0", "c0"), operands, strict=True)
-    ))  # fmt: skip
-    if dtype not in DTYPES:
-        raise TypeError(f"the PRU time loop takes {DTYPES}, got {dtype}")
-    inputs, weight, bias, h0, c0 = (t.contiguous() if t is not None else None for t in operands)
+    steps, operands = kernel_operands(
+        "the PRU time loop", "pru_recurrence_time_loop", inputs, weight, bias, h0, c0
+    )
+    inputs, weight, bias, h0, c0 = operands
     if steps == 0:  # no step: the state passes through, as the reference's loop leaves it
         return inputs.new_empty(0, *h0.shape), h0, c0
     # the cells and gates are kept only for a gradient to come
