@@ -118,6 +118,25 @@ class OrderedSegments(IterableDataset):
             yield window[:, :-1], window[:, 1:]
 
 
+def segments_loader(
+    datamodule: L.LightningDataModule, split: str, batch_size: int, tgt_len: int
+) -> DataLoader:
+    """The :class:`OrderedSegments` of ``datamodule.splits[split]`` for this rank, as a loader:
+    whole batches in order (no sampler, no shuffling), the short last training batch dropped
+    (one batch shape for training)."""
+    trainer = getattr(datamodule, "trainer", None)
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    stream = OrderedSegments(
+        datamodule.splits[split],
+        batch_size,
+        tgt_len,
+        rank=rank,
+        world_size=world,
+        drop_last=split == "train",
+    )
+    return DataLoader(stream, batch_size=None, num_workers=0)
+
+
 class CharLMDataModule(L.LightningDataModule, abc.ABC):
     """Shared caching, vocabulary and ordered batching; subclasses say where the symbols come from.
 
@@ -265,18 +284,7 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
         return torch.zeros(batch_size, self.tgt_len, dtype=torch.long)
 
     def _loader(self, split: str, batch_size: int, tgt_len: int) -> DataLoader:
-        trainer = getattr(self, "trainer", None)
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        stream = OrderedSegments(
-            self.splits[split],
-            batch_size,
-            tgt_len,
-            rank=rank,
-            world_size=world,
-            drop_last=split == "train",
-        )
-        # the stream yields whole batches, in order; no sampler, no shuffling
-        return DataLoader(stream, batch_size=None, num_workers=0)
+        return segments_loader(self, split, batch_size, tgt_len)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", self.batch_size, self.tgt_len)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from src.datamodules.char_lm import OrderedSegments
+from src.datamodules.char_lm import segments_loader
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.text_files import DEFAULT_ENCODING
 from src.datamodules.word_lm import WORD, WordLMDataModule
@@ -79,18 +79,7 @@ class WordSegmentsDataModule(WordLMDataModule):
         return torch.full((batch_size, self.tgt_len), EOS_ID, dtype=torch.long)
 
     def _segments(self, split: str, batch_size: int, tgt_len: int) -> DataLoader:
-        trainer = getattr(self, "trainer", None)
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        stream = OrderedSegments(
-            self.splits[split],
-            batch_size,
-            tgt_len,
-            rank=rank,
-            world_size=world,
-            drop_last=split == "train",
-        )
-        # the stream yields whole batches, in order; no sampler, no shuffling
-        return DataLoader(stream, batch_size=None, num_workers=0)
+        return segments_loader(self, split, batch_size, tgt_len)
 
     def train_dataloader(self) -> DataLoader:
         return self._segments("train", self.batch_size, self.tgt_len)
