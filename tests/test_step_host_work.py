@@ -14,6 +14,7 @@ read nothing (``tests/test_graphed_training.py`` checks the graphs)."""
 from __future__ import annotations
 
 import collections
+import weakref
 
 import pytest
 import torch
@@ -31,12 +32,13 @@ RANDOM = frozenset({"randint", "random_", "random", "rand", "randn", "bernoulli"
 class HostDraws(TorchDispatchMode):
     """Counts random numbers read on the host: a random op's output read back by
     ``aten._local_scalar_dense`` (``.item()``, ``int()``), or drawn as a 0-dim tensor (a number in
-    all but name)."""
+    all but name). Draws are remembered by weak reference, not by ``id`` alone: a freed draw's id
+    is reused by later tensors, which would count their reads as draws."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: collections.Counter[str] = collections.Counter()
-        self.drawn: set[int] = set()
+        self.drawn: dict[int, weakref.ref[Tensor]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         name = func.overloadpacket.__name__
@@ -44,12 +46,16 @@ class HostDraws(TorchDispatchMode):
         if name in RANDOM:
             for t in tree_leaves(out):
                 if isinstance(t, Tensor):
-                    self.drawn.add(id(t))
+                    self.drawn[id(t)] = weakref.ref(t)
                     if t.dim() == 0:
                         self.counts[f"0-dim {name}"] += 1
-        elif name == "_local_scalar_dense" and id(args[0]) in self.drawn:
+        elif name == "_local_scalar_dense" and self._drawn(args[0]):
             self.counts["random number read on the host"] += 1
         return out
+
+    def _drawn(self, t: Tensor) -> bool:
+        ref = self.drawn.get(id(t))
+        return ref is not None and ref() is t
 
 
 @pytest.fixture
