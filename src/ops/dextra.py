@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from src.kernels.dispatch import check_impl
+from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
@@ -207,20 +208,28 @@ class DExTra(nn.Module):
             if module is not self and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
 
-    def _norm_swish(self, x: Tensor, groups: int, norm: nn.Module) -> Tensor:
+    def _norm_swish(self, x: Tensor, groups: int, norm: nn.Module, seeds: DropoutSeeds) -> Tensor:
         # LayerNorm, swish and dropout as one op: on CUDA one fused launch each way where it
         # times faster (src/ops/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
         p = self.dropout if self.training else 0.0
         return shared_group_layer_norm_swish(
-            x, groups, norm.weight, norm.bias, norm.eps, p=p, impl=self.impl
+            x, groups, norm.weight, norm.bias, norm.eps, p=p, seeds=seeds, impl=self.impl
         )
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seeds: DropoutSeeds | None = None) -> Tensor:
+        """DExTra on x; its N + 2 dropouts take their seed from ``seeds`` (those of the
+        enclosing forward), else from one seed of the unit's own: one draw a call, not one a
+        dropout.
+
+        Shape:
+            x (..., in_features) -> (..., out_features)
+        """
+        seeds = DropoutSeeds() if seeds is None else seeds
         lead = x.shape[:-1]
         # (..., d_in) -> (N, d_in)
         x = x.reshape(-1, self.in_features)
         x0 = linear((x,), self.input_layer, impl=self.impl)
-        x0 = self._norm_swish(x0, 1, self.input_norm)  # (N, p)
+        x0 = self._norm_swish(x0, 1, self.input_norm, seeds)  # (N, p)
         y = None
         for glt, norm in zip(self.glts, self.glt_norms, strict=True):
             # the input mixer as two parts: [x0_1, y_1, ..., x0_g, y_g] is never materialised
@@ -228,11 +237,11 @@ class DExTra(nn.Module):
             y = interleaved_group_linear(
                 parts, glt.weight, glt.bias, shuffle=self.glt_shuffle, impl=self.impl
             )  # (N, out_l)
-            y = self._norm_swish(y, norm.groups, norm)
+            y = self._norm_swish(y, norm.groups, norm, seeds)
         # output layer on concat(x0, y): (N, p + o) -> (N, o); on the GLT kernel it reads both in
         # place (src/ops/linear.py)
         out = linear((x0, y), self.output_layer, impl=self.impl)
-        out = self._norm_swish(out, 1, self.output_norm)
+        out = self._norm_swish(out, 1, self.output_norm, seeds)
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -3,8 +3,8 @@
 Every sublayer of a post-norm Transformer block ends so (Vaswani et al., 2017, Sec. 5.4; DeLighT's
 blocks with ``normalize_before`` off, the official default). The PyTorch path is exactly that:
 :func:`src.ops.dropout.dropout`, the add and ``F.layer_norm``. On CUDA the fused kernel
-(:mod:`src.ops.triton.residual_layer_norm`) does all three in one launch forward and one (and a
-sum) backward, where PyTorch launches five or six; ``impl="auto"`` times both on the first call of
+(:mod:`src.ops.triton.residual_layer_norm`) does all three in one launch each way, where PyTorch
+launches five or six; ``impl="auto"`` times both on the first call of
 each shape and keeps the faster.
 """
 
@@ -26,6 +26,7 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
+from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dropout import dropout
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -39,6 +40,7 @@ def residual_layer_norm(
     eps: float = 1e-5,
     *,
     p: float = 0.0,
+    seeds: DropoutSeeds | None = None,
     impl: str = "auto",
 ) -> Tensor:
     """``layer_norm(residual + dropout(branch, p))`` over the last axis (pass ``p=0`` outside
@@ -48,9 +50,10 @@ def residual_layer_norm(
     fused Triton kernel and the PyTorch ops (while ``torch.compile`` traces, that choice untimed:
     the eager steps' or the kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"``
     fix it.
-    The kernel draws its dropout mask itself (Philox, from a seed tensor drawn on the input's
-    device, also in a traced graph), the PyTorch path with :func:`src.ops.dropout.dropout`: the
-    masks differ, their distribution does not. Both give the output in the dtype the PyTorch ops
+    The kernel draws its dropout mask itself (Philox, from a seed tensor on the input's device,
+    also in a traced graph: the seed the dropout sites of the forward share when ``seeds`` is
+    given, else one drawn for this call), the PyTorch path with :func:`src.ops.dropout.dropout`:
+    the masks differ, their distribution does not. Both give the output in the dtype the PyTorch ops
     give under CUDA's autocast (the promotion of residual and branch: float32 for a float32
     residual stream).
 
@@ -65,7 +68,7 @@ def residual_layer_norm(
     if kernel:
         from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
 
-        return residual_layer_norm_triton(residual, branch, weight, bias, eps, p)
+        return residual_layer_norm_triton(residual, branch, weight, bias, eps, p, seeds)
     return _reference(residual, branch, weight, bias, eps, p)
 
 

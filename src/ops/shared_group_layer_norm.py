@@ -25,6 +25,7 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
+from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dropout import dropout
 
 
@@ -113,20 +114,22 @@ def shared_group_layer_norm_swish(
     eps: float = 1e-5,
     *,
     p: float = 0.0,
+    seeds: DropoutSeeds | None = None,
     impl: str = "auto",
 ) -> Tensor:
     """``dropout(silu(shared_group_layer_norm(x, ...)), p)``: DExTra's norm, activation and
     dropout after each GLT (pass ``p=0`` outside training).
 
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtype, :func:`auto_path`) of the
-    fused Triton kernel (:mod:`src.ops.triton.shared_group_layer_norm`: one launch forward, one
-    and a sum backward, the output in x's dtype) and the PyTorch ops (under autocast
+    fused Triton kernel (:mod:`src.ops.triton.shared_group_layer_norm`: one launch each way, the
+    output in x's dtype) and the PyTorch ops (under autocast
     ``layer_norm`` in float32, then ``silu``), while ``torch.compile`` traces that choice untimed
     (the eager steps' or the kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"``
     fix it.
-    The kernel draws its dropout mask itself (Philox, from a seed tensor drawn on x's device,
-    also in a traced graph; :mod:`src.ops.triton.shared_group_layer_norm`), the PyTorch path with
-    :func:`src.ops.dropout.dropout`: the masks differ, their distribution does not.
+    The kernel draws its dropout mask itself (Philox, from a seed tensor on x's device, also in a
+    traced graph: the seed the dropout sites of the forward share when ``seeds`` is given, else
+    one drawn for this call; :mod:`src.ops.triton.shared_group_layer_norm`), the PyTorch path
+    with :func:`src.ops.dropout.dropout`: the masks differ, their distribution does not.
 
     Shape:
         x (..., d), weight and bias (d/g,) -> (..., d)
@@ -137,7 +140,7 @@ def shared_group_layer_norm_swish(
     if kernel:
         from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
-        return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True, p)
+        return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True, p, seeds)
     return _dropout(F.silu(shared_group_layer_norm(x, groups, weight, bias, eps)), p)
 
 

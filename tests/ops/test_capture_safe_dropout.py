@@ -7,6 +7,9 @@ the masks; traced by ``torch.compile(fullgraph=True)`` the seed is drawn by the 
 read: no ``_local_scalar_dense``), so calls of the compiled function draw new masks too, and the
 kernels stay custom ops, one node forward and one backward.
 
+The sites of one forward may share one seed (``DropoutSeeds``): one draw between them, each site's
+mask its own.
+
 Each case reads its mask off the output (the hashed dropout's and the swish's zeros) or off the
 gradient of the input it drops out (the residual norm's branch: the sum's gradient through the
 mask); the forward and the backward must then both equal the PyTorch ops with that one mask.
@@ -21,7 +24,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from src.ops.contracts.dropout import DropoutSeeds
+from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm, shared_group_layer_norm_swish
@@ -205,3 +211,107 @@ def test_cuda_graph_replays_draw_new_masks(name: str, capture: str) -> None:
     for y, grad, kept in runs:
         _assert_backward_applies_the_forwards_mask(case, x, y, grad, kept)
     assert not torch.equal(runs[1][2], runs[2][2])
+
+
+
+# the kernels' cases as sites of one forward
+SITES = {
+    "residual_layer_norm": lambda x, seeds: residual_layer_norm(
+        RESIDUAL, x, NORM_WEIGHT, NORM_BIAS, p=P, seeds=seeds, impl="triton"
+    ),
+    "shared_group_layer_norm": lambda x, seeds: shared_group_layer_norm_swish(
+        x, 3, GROUP_WEIGHT, GROUP_BIAS, p=P, seeds=seeds, impl="triton"
+    ),
+}
+
+
+def _two_sites(name: str) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+    """A forward with two dropout sites of kind ``name`` on one input, sharing one seed."""
+
+    def run(x: Tensor) -> tuple[Tensor, Tensor]:
+        seeds = DropoutSeeds()
+        return SITES[name](x, seeds), SITES[name](x, seeds)
+
+    return run
+
+
+def _sites_and_masks(
+    case: Case, run: Callable[[Tensor], tuple[Tensor, ...]], x: Tensor
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """(output, x's gradient under sum(output * probe), mask) of each output of ``run(x)``."""
+    found = []
+    # a compiled forward is one autograd node for all its outputs: kept for each output's grad
+    for y in run(x):
+        (grad,) = torch.autograd.grad(y, x, _probe(y), retain_graph=True)
+        found.append((y, grad, case.mask(y, grad)))
+    return found
+
+
+class _Draws(TorchDispatchMode):
+    """Counts the ``aten.randint`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self.count += func.overloadpacket is torch.ops.aten.randint
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", list(SITES))
+def test_sites_sharing_a_seed_draw_it_once_and_their_own_masks(name: str) -> None:
+    """Two sites handed one :class:`DropoutSeeds` draw one seed between them (one launch, not
+    one a site); each draws its own mask and each backward applies its own forward's; the next
+    forward draws new masks, ``torch.manual_seed`` fixes them, and site 0 draws what a site with
+    a seed of its own draws."""
+    pytest.importorskip("triton")
+    case, run, x = CASES[name], _two_sites(name), _input(CASES[name])
+    torch.manual_seed(0)
+    with _Draws() as draws:
+        sites = _sites_and_masks(case, run, x)
+    assert draws.count == 1
+    (_, _, kept0), (_, _, kept1) = sites
+    assert not torch.equal(kept0, kept1)
+    for y, grad, kept in sites:
+        _assert_backward_applies_the_forwards_mask(case, x, y, grad, kept)
+    assert not torch.equal(_sites_and_masks(case, run, x)[0][2], kept0)
+    torch.manual_seed(0)
+    for a, b in zip(sites, _sites_and_masks(case, run, x), strict=True):
+        assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+    torch.manual_seed(0)
+    alone = _sites_and_masks(case, lambda x: (SITES[name](x, None),), x)
+    assert torch.equal(alone[0][2], kept0)
+
+
+@pytest.mark.parametrize("name", list(SITES))
+def test_a_compiled_forward_draws_one_seed_for_its_sites(name: str) -> None:
+    """Traced with ``fullgraph=True``, the shared seed is one draw of the forward graph and the
+    site indices constants of it: the same masks as eager under the same ``torch.manual_seed``,
+    new ones at the next call."""
+    pytest.importorskip("triton")
+    case, run, x = CASES[name], _two_sites(name), _input(CASES[name])
+    torch._dynamo.reset()
+    backend, graphs = recording_backend()
+    compiled = torch.compile(run, backend=backend, fullgraph=True)
+    torch.manual_seed(0)
+    sites = _sites_and_masks(case, compiled, x)
+    again = _sites_and_masks(case, compiled, x)
+    torch._dynamo.reset()
+    assert len(graphs["forward"]) == 1
+    assert graphs["forward"][0].count("aten.randint") == 1
+    assert not torch.equal(sites[0][2], again[0][2])
+    torch.manual_seed(0)
+    for a, b in zip(sites, _sites_and_masks(case, run, x), strict=True):
+        assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+def test_dextra_draws_one_seed_a_call() -> None:
+    """DExTra's N + 2 norms on the kernel drop out with one seed drawn per call between them."""
+    pytest.importorskip("triton")
+    unit = DExTra(32, 16, 16, width_multiplier=2.0, depth=4, max_groups=4, dropout=0.3,
+                  impl="triton").to(KERNEL_DEVICE)  # fmt: skip
+    x = torch.randn(6, 32, device=KERNEL_DEVICE)
+    with _Draws() as draws:
+        unit(x).sum().backward()
+    assert draws.count == 1

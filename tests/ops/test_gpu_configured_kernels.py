@@ -31,11 +31,15 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
+from src.ops.residual_layer_norm import residual_layer_norm
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
 from src.ops.triton.cross_compile import H100
 from src.ops.triton.dim_conv import _weight_grid
 from src.ops.triton.group_linear import split_k_splits
 from src.ops.triton.launch import launches_for
 from src.ops.triton.per_group_layer_norm import _launch as _norm_launch
+from src.ops.triton.residual_layer_norm import _column_launch as _residual_column_launch
+from src.ops.triton.shared_group_layer_norm import _column_launch as _group_column_launch
 from src.ops.triton.stencil import launch_config
 from tests.helpers import randomise_norms
 
@@ -175,3 +179,55 @@ def randomise_affine(norm: PerGroupLayerNorm) -> PerGroupLayerNorm:
         norm.weight.normal_(1.0, 0.5)
         norm.bias.normal_(0.0, 0.5)
     return norm
+
+
+class _ResidualNorm(nn.Module):
+    """``residual_layer_norm`` of a fixed residual and the input, as a module for :func:`_step`."""
+
+    def __init__(self, residual: Tensor, impl: str) -> None:
+        super().__init__()
+        self.residual, self.impl = residual, impl
+        self.norm = nn.LayerNorm(residual.shape[-1])
+        with torch.no_grad():
+            self.norm.weight.normal_(1.0, 0.5)
+            self.norm.bias.normal_(0.0, 0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = self.norm
+        return residual_layer_norm(self.residual, x, n.weight, n.bias, n.eps, impl=self.impl)
+
+
+class _GroupNormSwish(nn.Module):
+    """``shared_group_layer_norm_swish`` with a random shared affine, as a module."""
+
+    def __init__(self, width: int, groups: int, impl: str) -> None:
+        super().__init__()
+        self.impl = impl
+        self.norm = SharedGroupLayerNorm(width, groups)
+        with torch.no_grad():
+            self.norm.weight.normal_(1.0, 0.5)
+            self.norm.bias.normal_(0.0, 0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = self.norm
+        return shared_group_layer_norm_swish(x, n.groups, n.weight, n.bias, impl=self.impl)
+
+
+def test_residual_norm_weight_gradient_over_column_programs() -> None:
+    # 300 rows of 80 features: 75 row programs of 4 rows (2,048-element tiles of 512 columns) and
+    # 3 column programs of 32 features, each summing all 300 rows in blocks of 64
+    assert _residual_column_launch(300, 80, on_gpu=True) == (
+        3, {"COLUMN_ROWS": 64, "COLUMN_BLOCK": 32}
+    )  # fmt: skip
+    residual = torch.randn(300, 80)
+    _assert_paths_agree(lambda impl: _ResidualNorm(residual, impl), torch.randn(300, 80), True)
+
+
+def test_group_norm_weight_gradient_over_column_programs() -> None:
+    # 300 rows of 4 groups of 40: 3 column programs of 16 group features, each summing all 300
+    # rows of every group in blocks of 128
+    assert _group_column_launch(300, 40, on_gpu=True) == (
+        3, {"COLUMN_ROWS": 128, "COLUMN_BLOCK": 16}
+    )  # fmt: skip
+    x = torch.randn(300, 160).mul_(2).add_(0.5)
+    _assert_paths_agree(lambda impl: _GroupNormSwish(160, 4, impl), x, True)

@@ -1,7 +1,7 @@
 """The contract of the post-norm residual (:mod:`src.ops.residual_layer_norm`): the forward and
 backward ops over (R, D) rows, which the Triton kernels (:mod:`src.ops.triton.residual_layer_norm`)
 compute. The dropout mask's seed is a tensor (:mod:`src.ops.contracts.dropout`), None without
-dropout.
+dropout, and ``site`` the dropout site's index among those sharing it.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from torch import Tensor
 
 FORWARD_SCHEMA = (
     "(Tensor residual, Tensor branch, Tensor weight, Tensor bias, float eps, Tensor? seed, "
-    "float p) -> (Tensor, Tensor, Tensor, Tensor)"
+    "int site, float p) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 BACKWARD_SCHEMA = (
     "(Tensor grad_y, Tensor total, Tensor weight, Tensor mean, Tensor rstd, ScalarType "
-    "branch_dtype, Tensor? seed, float p) -> (Tensor, Tensor, Tensor)"
+    "branch_dtype, Tensor? seed, int site, float p) -> (Tensor, Tensor, Tensor)"
 )
 
 
 def forward_fake(
     residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
-    seed: Tensor | None, p: float,
+    seed: Tensor | None, site: int, p: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The forward op's outputs' metadata: y and the sum ``residual + dropout(branch)`` in the
     promoted dtype of the two, float32 (R,) mean and reciprocal standard deviation."""
@@ -37,7 +37,7 @@ def forward_fake(
 
 def backward_fake(
     grad_y: Tensor, total: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-    branch_dtype: torch.dtype, seed: Tensor | None, p: float,
+    branch_dtype: torch.dtype, seed: Tensor | None, site: int, p: float,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The backward op's outputs' metadata: the residual's gradient like the sum, the branch's in
     its dtype, then the weight and bias gradients stacked, (2, D) in the weight's dtype."""

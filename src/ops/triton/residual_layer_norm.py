@@ -1,5 +1,4 @@
-"""Fused post-norm residual: ``LayerNorm(residual + dropout(branch))`` in one launch forward, one
-(and a sum) backward.
+"""Fused post-norm residual: ``LayerNorm(residual + dropout(branch))`` in one launch each way.
 
 Every sublayer of a post-norm Transformer block (DeLighT's: attention, encoder-decoder attention,
 light-weight FFN) ends so. In PyTorch that is a dropout, an add and ``layer_norm`` forward, and
@@ -11,17 +10,18 @@ DeLighT's training step is launch-bound (docs/gpu.md). Here one program takes a 
 
 keeping s (in the sum's dtype, as PyTorch's ``layer_norm`` keeps its input) and each row's mean
 and r for the backward. The dropout mask m keeps element i when Philox's ``tl.rand(seed, i)`` is
-at or above p, the seed a tensor drawn once per call on the input's device
-(:mod:`src.ops.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced or replayed graph
-draws it anew; the masks differ from ``F.dropout``'s, their distribution does not), and the
-backward draws the mask again from the saved seed. With ``x_hat = c r`` and ``g = dy w`` the
+at or above p, the seed a tensor drawn on the input's device, per call or once for the dropout
+sites of a forward (:mod:`src.ops.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced
+or replayed graph draws it anew; the masks differ from ``F.dropout``'s, their distribution does
+not), and the backward draws the mask again from the saved seed and site. With ``x_hat = c r`` and ``g = dy w`` the
 sum's gradient is
 
     ds = r (g - mean(g) - x_hat mean(g x_hat))
 
 which is the residual's gradient; the branch's is ``m ds / (1 - p)``. The weight and bias
-gradients (sums of ``dy x_hat`` and ``dy`` over rows) are written as one partial row per program
-and summed by PyTorch in one reduction, so they do not depend on the run.
+gradients (sums of ``dy x_hat`` and ``dy`` over rows) come from column programs of the same launch,
+each summing a slice of the features over every row in a fixed order: no reduction launch after
+the kernel, and no atomics, so they do not depend on the run.
 
 Statistics and arithmetic are float32. The output is in the dtype PyTorch's path gives: the
 promotion of residual and branch (a float32 residual stream and a 16-bit branch under autocast:
@@ -40,7 +40,7 @@ from torch import Tensor
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.ops.contracts import residual_layer_norm as contract
-from src.ops.contracts.dropout import draw_seed
+from src.ops.contracts.dropout import DropoutSeeds, site_seed
 from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
 
@@ -49,13 +49,17 @@ from src.ops.triton.launch import gpu_launch
 ELEMENTS_GPU = 2048
 WARPS_GPU = 8
 ELEMENTS_INTERPRETER = 1 << 16
+# features of one backward program that sums the weight and bias gradients over every row: D / 32
+# such programs (10 at DeLighT MT's d_m = 320) beside the row programs, instead of a reduction
+# launch after them. Speed: to be measured (benchmarks/gpu_tune.py)
+COLUMN_BLOCK_GPU = 32
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
 def _residual_norm_fwd_kernel(
     r_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_ptr, mean_ptr, rstd_ptr,
-    R, D, eps, seed_ptr, p,
+    R, D, eps, seed_ptr, site, p,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -66,7 +70,7 @@ def _residual_norm_fwd_kernel(
     offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
     if DROPOUT:
-        x = tl.where(kept(seed_ptr, offsets, p), x / (1.0 - p), 0.0)
+        x = tl.where(kept(seed_ptr, site, offsets, p), x / (1.0 - p), 0.0)
     s = tl.load(r_ptr + offsets, mask=m, other=0.0).to(tl.float32) + x
     s = s.to(s_ptr.dtype.element_ty)
     tl.store(s_ptr + offsets, s, mask=m)
@@ -84,12 +88,37 @@ def _residual_norm_fwd_kernel(
 
 
 @triton.jit
-def _residual_norm_bwd_kernel(
-    s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, part_ptr,
-    R, D, P, seed_ptr, p,
+def _residual_norm_affine_grads(
+    s_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, R, D, program,
+    COLUMN_ROWS: tl.constexpr, COLUMN_BLOCK: tl.constexpr,
+):  # fmt: skip
+    # the weight and bias gradients of COLUMN_BLOCK features: sums of dy x_hat and dy over every
+    # row, in one fixed order (no atomics: the same bits on every run)
+    cols = program * COLUMN_BLOCK + tl.arange(0, COLUMN_BLOCK)
+    col_ok = cols < D
+    acc_w = tl.zeros((COLUMN_ROWS, COLUMN_BLOCK), dtype=tl.float32)
+    acc_b = tl.zeros((COLUMN_ROWS, COLUMN_BLOCK), dtype=tl.float32)
+    for r0 in range(0, R, COLUMN_ROWS):
+        rows = r0 + tl.arange(0, COLUMN_ROWS)
+        row_ok = rows < R
+        m = row_ok[:, None] & col_ok[None, :]
+        offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+        s = tl.load(s_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+        acc_w += dy * tl.where(m, (s - mean[:, None]) * rstd[:, None], 0.0)
+        acc_b += dy
+    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _residual_norm_input_grads(
+    s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, R, D, seed_ptr, site, p, program,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = program * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < R
     col_ok = cols < D
@@ -108,12 +137,28 @@ def _residual_norm_bwd_kernel(
     tl.store(dr_ptr + offsets, ds.to(dr_ptr.dtype.element_ty), mask=m)
     dx = ds
     if DROPOUT:  # the forward's mask, drawn again
-        dx = tl.where(kept(seed_ptr, offsets, p), ds / (1.0 - p), 0.0)
+        dx = tl.where(kept(seed_ptr, site, offsets, p), ds / (1.0 - p), 0.0)
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
-    # partial rows of the weight and bias gradients: (2, P, D), one per program
-    program = tl.program_id(0).to(tl.int64)
-    tl.store(part_ptr + program * D + cols, tl.sum(dy * x_hat, axis=0), mask=col_ok)
-    tl.store(part_ptr + (P + program) * D + cols, tl.sum(dy, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _residual_norm_bwd_kernel(
+    s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, dw_ptr, db_ptr,
+    R, D, seed_ptr, site, p, COLUMN_PROGRAMS,
+    DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    COLUMN_ROWS: tl.constexpr, COLUMN_BLOCK: tl.constexpr,
+):  # fmt: skip
+    # programs below COLUMN_PROGRAMS each own a slice of features, the rest a block of rows
+    pid = tl.program_id(0)
+    if pid < COLUMN_PROGRAMS:
+        _residual_norm_affine_grads(
+            s_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, R, D, pid, COLUMN_ROWS, COLUMN_BLOCK
+        )
+    else:
+        _residual_norm_input_grads(
+            s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, R, D, seed_ptr, site, p,
+            pid - COLUMN_PROGRAMS, DROPOUT, BLOCK_R, BLOCK_N,
+        )  # fmt: skip
 
 
 def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
@@ -126,48 +171,61 @@ def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
     return (triton.cdiv(rows, block_r),), meta
 
 
+def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
+    """The backward's column programs: how many, and their (rows x features) tile."""
+    block_c = triton.next_power_of_2(width)
+    if on_gpu:
+        block_c = min(block_c, COLUMN_BLOCK_GPU)
+    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
+    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_c))
+    return triton.cdiv(width, block_c), {"COLUMN_ROWS": block_r, "COLUMN_BLOCK": block_c}
+
+
 @opaque_op(
     "lightnets::residual_layer_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def residual_layer_norm_backward(
     grad_y: Tensor, total: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-    branch_dtype: torch.dtype, seed: Tensor | None, p: float,
+    branch_dtype: torch.dtype, seed: Tensor | None, site: int, p: float,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The residual's and the branch's gradients, and the weight and bias gradients stacked. One
-    launch and one sum over the programs' partial rows.
+    launch: row programs give the first two, column programs the last.
 
     Shape:
         grad_y and total (R, D) contiguous, weight (D,), mean and rstd (R,), seed (1,) int64 or
         None -> ((R, D), (R, D) in branch_dtype, (2, D) in weight's dtype)
     """
     rows, width = total.shape
-    grid, meta = _launch(rows, width, gpu_launch(total))
-    grad_r, grad_x, _ = contract.backward_fake(
-        grad_y, total, weight, mean, rstd, branch_dtype, seed, p
+    on_gpu = gpu_launch(total)
+    (row_programs,), meta = _launch(rows, width, on_gpu)
+    column_programs, column_meta = _column_launch(rows, width, on_gpu)
+    grad_r, grad_x, grad_affine = contract.backward_fake(
+        grad_y, total, weight, mean, rstd, branch_dtype, seed, site, p
     )
-    parts = torch.empty((2, grid[0], width), dtype=torch.float32, device=total.device)
-    _residual_norm_bwd_kernel[grid](
-        total, grad_y, weight, mean, rstd, grad_r, grad_x, parts, rows, width, grid[0],
-        mean if seed is None else seed, p, DROPOUT=p > 0, **meta,
+    # the column programs first: on a GPU they start with the first wave, beside the row programs
+    _residual_norm_bwd_kernel[(column_programs + row_programs,)](
+        total, grad_y, weight, mean, rstd, grad_r, grad_x, grad_affine[0], grad_affine[1], rows,
+        width, mean if seed is None else seed, site, p, column_programs, DROPOUT=p > 0, **meta,
+        **column_meta,
     )  # fmt: skip
-    return grad_r, grad_x, parts.sum(1).to(weight.dtype)  # (2, D): weight, then bias
+    return grad_r, grad_x, grad_affine  # (2, D): weight, then bias
 
 
 def _keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
-    _, branch, weight, _, _, seed, p = inputs
+    _, branch, weight, _, _, seed, site, p = inputs
     _, total, mean, rstd = output
     ctx.mark_non_differentiable(total, mean, rstd)
     ctx.save_for_backward(total, weight, mean, rstd, seed)
-    ctx.branch_dtype, ctx.p = branch.dtype, p
+    ctx.branch_dtype, ctx.site, ctx.p = branch.dtype, site, p
 
 
 def _residual_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
     total, weight, mean, rstd, seed = ctx.saved_tensors
     with autocast_off(total.device.type):
         grad_r, grad_x, grad_affine = residual_layer_norm_backward(
-            grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, seed, ctx.p
+            grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, seed, ctx.site, ctx.p
         )
-    return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None, None
+    return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None, None, None
 
 
 @autograd_op(
@@ -179,7 +237,7 @@ def _residual_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor 
 )
 def residual_layer_norm_forward(
     residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
-    seed: Tensor | None, p: float,
+    seed: Tensor | None, site: int, p: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The normalised rows, the sum they normalise, and each row's mean and 1 / std (the last
     three kept for the backward, not differentiable). One launch.
@@ -190,21 +248,24 @@ def residual_layer_norm_forward(
     """
     rows, width = residual.shape
     grid, meta = _launch(rows, width, gpu_launch(residual))
-    y, total, mean, rstd = contract.forward_fake(residual, branch, weight, bias, eps, seed, p)
+    y, total, mean, rstd = contract.forward_fake(
+        residual, branch, weight, bias, eps, seed, site, p
+    )
     _residual_norm_fwd_kernel[grid](
         residual, branch, weight, bias, y, total, mean, rstd, rows, width, eps,
-        mean if seed is None else seed, p, DROPOUT=p > 0, **meta,
+        mean if seed is None else seed, site, p, DROPOUT=p > 0, **meta,
     )  # fmt: skip
     return y, total, mean, rstd
 
 
 def residual_layer_norm_triton(
-    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, p: float = 0.0
-) -> Tensor:
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float, p: float = 0.0,
+    seeds: DropoutSeeds | None = None,
+) -> Tensor:  # fmt: skip
     """The fused post-norm residual; the contract of
-    :func:`src.ops.residual_layer_norm.residual_layer_norm`. The dropout mask is Philox's
-    (``tl.rand``) from a seed tensor drawn on the input's device, not ``F.dropout``'s; the
-    backward draws it again.
+    :func:`src.ops.residual_layer_norm.residual_layer_norm`. The dropout mask is Philox's from a
+    seed tensor on the input's device (the forward's shared seed and this site's index from
+    ``seeds``, else a seed of its own), not ``F.dropout``'s; the backward draws it again.
 
     Shape:
         residual and branch (..., D) float32/float16/bfloat16, weight and bias (D,) -> (..., D)
@@ -224,9 +285,9 @@ def residual_layer_norm_triton(
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     rows = [t.reshape(-1, width).contiguous() for t in (residual, branch)]  # (..., D) -> (R, D)
-    seed = draw_seed(residual.device) if p > 0 else None
+    seed, site = site_seed(seeds, residual.device) if p > 0 else (None, 0)
     with autocast_off(residual.device.type):
         y = residual_layer_norm_forward(
-            *rows, weight.contiguous(), bias.contiguous(), float(eps), seed, float(p)
+            *rows, weight.contiguous(), bias.contiguous(), float(eps), seed, site, float(p)
         )[0]
     return y.view(*residual.shape[:-1], width)
