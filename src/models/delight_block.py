@@ -253,13 +253,23 @@ class DeLighTEncoderBlock(_DeLighTBlock):
 
     Shape:
         x (T, B, d_m); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
-        True) entries blocked -> (T, B, d_m)
+        True) entries blocked; attn_bias (B, T, T) float added to the scores as it is (the pairs
+        of packed rows: :mod:`src.models.packing`) -> (T, B, d_m)
     """
 
     def forward(
-        self, x: Tensor, padding_mask: Tensor | None = None, attn_mask: Tensor | None = None
+        self,
+        x: Tensor,
+        padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        *,
+        attn_bias: Tensor | None = None,
     ) -> Tensor:
-        if attn_mask is not None:
+        if attn_bias is not None:
+            if attn_mask is not None:
+                raise ValueError("give attn_mask (the official blocked entries) or attn_bias")
+            attn_mask = attn_bias
+        elif attn_mask is not None:
             # the official encoder blocks with a large finite value, so no row is all -inf
             blocked = attn_mask.bool() if attn_mask.dtype != torch.bool else attn_mask
             attn_mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
@@ -298,9 +308,10 @@ class DeLighTDecoderBlock(_DeLighTBlock):
 
     Shape:
         x (T, B, d_m); encoder_out (S, B, d_m); encoder_padding_mask (B, S) bool, True = pad;
-        self_attn_mask (T, T) additive float, the causal mask when None; self_attn_padding_mask
-        (B, T) bool -> x (T, B, d_m) and, with ``need_weights``, the encoder-attention
-        probabilities (T, B, S), else None
+        self_attn_mask (T, T) or (B, T, T) additive float, the causal mask when None;
+        self_attn_padding_mask (B, T) bool; encoder_attn_mask (B, T, S) additive float (the pairs
+        of packed rows: :mod:`src.models.packing`) -> x (T, B, d_m) and, with ``need_weights``,
+        the encoder-attention probabilities (T, B, S), else None
     """
 
     def __init__(self, d_m: int, *, cross_attention: bool = True, **block_args: Any) -> None:
@@ -322,6 +333,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         *,
         self_attn_mask: Tensor | None = None,
         self_attn_padding_mask: Tensor | None = None,
+        encoder_attn_mask: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         if (encoder_out is not None) != self.cross_attention:
@@ -338,6 +350,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
                 self._pre(x, self.encoder_attn_norm),
                 encoder_out,
                 key_padding_mask=encoder_padding_mask,
+                attn_mask=encoder_attn_mask,
                 need_weights=need_weights,
             )
             x = self._residual(x, h, self.encoder_attn_norm, self.dropout)

@@ -44,6 +44,7 @@ from src.models.delight_block import (
     block_wise_scaling,
 )
 from src.models.fairseq_init import PADDING_IDX, init_official
+from src.models.packing import PackedRows, cross_segment_mask, per_segment, segment_mask
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from src.ops.single_head_attention import attention_dtype, causal_attention_mask, padding_bias
@@ -52,17 +53,21 @@ from src.ops.sinusoidal_positions import sinusoidal_positions
 EMBEDDING_DIM = 128  # the official ``delight_emb_map_dim`` of every MT and LM architecture
 
 
-def recurrent_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Dropout with one mask per sequence for all its time steps (official ``RecurrentDropout``).
+def recurrent_dropout(
+    x: Tensor, p: float, training: bool, segments: Tensor | None = None
+) -> Tensor:
+    """Dropout with one mask per sequence for all its time steps (official ``RecurrentDropout``);
+    with ``segments``, one per pair of a packed row (:mod:`src.models.packing`).
 
     Shape:
-        (B, T, C) -> (B, T, C)
+        x (B, T, C); segments (B, T) int64 or None -> (B, T, C)
     """
     if not training or p <= 0.0:
         return x
     keep = 1.0 - p
-    mask = x.new_empty(x.shape[0], 1, x.shape[2]).bernoulli_(keep) / keep  # (B, 1, C)
-    return x * mask
+    rows = 1 if segments is None else x.shape[1] + 1  # a row's segments number at most T
+    mask = x.new_empty(x.shape[0], rows, x.shape[2]).bernoulli_(keep) / keep  # (B, rows, C)
+    return x * (mask if segments is None else per_segment(mask, segments))
 
 
 class DeLighTEmbedding(nn.Module):
@@ -91,7 +96,9 @@ class DeLighTEmbedding(nn.Module):
 
     Shape:
         tokens (B, T) int64; padding_mask (B, T) bool, True = pad, from ``padding_idx`` when None;
-        ``offset`` unpadded tokens precede ``tokens`` (incremental decoding) -> (B, T, d_model)
+        ``offset`` unpadded tokens precede ``tokens`` (incremental decoding); segments and
+        positions (B, T) int64 of a packed batch (:class:`~src.models.packing.PackedRows`) or
+        None -> (B, T, d_model)
     """
 
     def __init__(
@@ -136,18 +143,24 @@ class DeLighTEmbedding(nn.Module):
         )
 
     def forward(
-        self, tokens: Tensor, padding_mask: Tensor | None = None, *, offset: int = 0
+        self,
+        tokens: Tensor,
+        padding_mask: Tensor | None = None,
+        *,
+        offset: int = 0,
+        segments: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         if padding_mask is None:
             padding_mask = tokens.eq(self.padding_idx)
         x = self.lookup(tokens) * self.embed_scale  # (B, T, 128)
-        x = recurrent_dropout(x, self.embedding_dropout, self.training)
+        x = recurrent_dropout(x, self.embedding_dropout, self.training, segments)
         x = self.dextra(x)  # (B, T, d_m)
-        positions = sinusoidal_positions(
-            padding_mask, self.d_model, self.padding_idx, offset=offset
+        vectors = sinusoidal_positions(
+            padding_mask, self.d_model, self.padding_idx, offset=offset, positions=positions
         )  # (B, T, d_m)
-        x = x + positions.to(x.dtype)
-        return recurrent_dropout(x, self.position_dropout, self.training)
+        x = x + vectors.to(x.dtype)
+        return recurrent_dropout(x, self.position_dropout, self.training, segments)
 
     def extra_repr(self) -> str:
         return (
@@ -256,7 +269,9 @@ class DeLighTEncoderDecoder(nn.Module):
 
     Shape:
         src_tokens (B, S) int64; src_padding_mask (B, S) bool, True = pad, from ``padding_idx``
-        when None; prev_output_tokens (B, T) int64, right-padded -> logits (B, T, V_tgt)
+        when None; prev_output_tokens (B, T) int64, right-padded; packing: where the pairs of
+        packed rows sit (:class:`~src.models.packing.PackedRows`), None for a pair a row ->
+        logits (B, T, V_tgt)
     """
 
     def __init__(
@@ -348,19 +363,36 @@ class DeLighTEncoderDecoder(nn.Module):
         """The official initialisation (:func:`init_official`)."""
         init_official(self)
 
-    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        """The encoder output, time-major as the blocks keep it.
+    def encode(
+        self,
+        src_tokens: Tensor,
+        src_padding_mask: Tensor | None = None,
+        packing: PackedRows | None = None,
+    ) -> Tensor:
+        """The encoder output, time-major as the blocks keep it; with ``packing``, each pair of a
+        row attends within itself (:mod:`src.models.packing`).
 
         Shape:
             src_tokens (B, S); src_padding_mask (B, S) bool or None -> (S, B, d_model)
         """
         if src_padding_mask is None:
             src_padding_mask = src_tokens.eq(self.padding_idx)
-        x = self.encoder_embedding(src_tokens, src_padding_mask).transpose(0, 1)  # (S, B, d_m)
-        # the padding as the additive mask the attention adds, built once for all blocks
-        bias = padding_bias(src_padding_mask, self._attention_dtype())  # (B, S)
+        segments, positions = (
+            (None, None) if packing is None else (packing.source_segments, packing.source_positions)
+        )
+        x = self.encoder_embedding(
+            src_tokens, src_padding_mask, segments=segments, positions=positions
+        ).transpose(0, 1)  # (S, B, d_m)
+        # the masks as the additive ones the attention adds, built once for all blocks
+        dtype = self._attention_dtype()
+        if packing is None:
+            bias = padding_bias(src_padding_mask, dtype)  # (B, S)
+            for block in self.encoder_blocks:
+                x = block(x, bias)
+            return x
+        within = segment_mask(packing.source_segments, dtype)  # (B, S, S)
         for block in self.encoder_blocks:
-            x = block(x, bias)
+            x = block(x, attn_bias=within)
         return x
 
     def _attention_dtype(self) -> torch.dtype:
@@ -371,14 +403,29 @@ class DeLighTEncoderDecoder(nn.Module):
         prev_output_tokens: Tensor,
         encoder_out: Tensor,
         src_padding_mask: Tensor | None,
+        packing: PackedRows | None = None,
     ) -> Tensor:
-        """Logits of the next target tokens given the encoder output (teacher forcing).
+        """Logits of the next target tokens given the encoder output (teacher forcing); with
+        ``packing``, each pair of a row attends within itself and to its own source.
 
         Shape:
             prev_output_tokens (B, T); encoder_out (S, B, d_model); src_padding_mask (B, S) bool
             or None -> (B, T, V_tgt)
         """
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        if packing is not None:
+            x = self.decoder_embedding(
+                prev_output_tokens, tgt_padding_mask,
+                segments=packing.target_segments, positions=packing.target_positions,
+            ).transpose(0, 1)  # fmt: skip
+            dtype = self._attention_dtype()
+            within = segment_mask(packing.target_segments, dtype, causal=True)  # (B, T, T)
+            across = cross_segment_mask(
+                packing.target_segments, packing.source_segments, dtype
+            )  # (B, T, S)
+            for block in self.decoder_blocks:
+                x, _ = block(x, encoder_out, self_attn_mask=within, encoder_attn_mask=across)
+            return self._output(x)
         x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask).transpose(0, 1)
         # as the official decoder, only the causal mask: with right padding a real position never
         # sees a pad, and pad positions are outside the loss (fairseq's own decoder masks them too).
@@ -449,11 +496,12 @@ class DeLighTEncoderDecoder(nn.Module):
         src_tokens: Tensor,
         src_padding_mask: Tensor | None,
         prev_output_tokens: Tensor,
+        packing: PackedRows | None = None,
     ) -> Tensor:
         if src_padding_mask is None:
             src_padding_mask = src_tokens.eq(self.padding_idx)
-        encoder_out = self.encode(src_tokens, src_padding_mask)
-        return self.decode(prev_output_tokens, encoder_out, src_padding_mask)
+        encoder_out = self.encode(src_tokens, src_padding_mask, packing)
+        return self.decode(prev_output_tokens, encoder_out, src_padding_mask, packing)
 
     def paper_macs(self, src_len: int = 20, tgt_len: int = 20) -> int:
         """Multiply-adds as the official profiler counts them (``--print-stats``; thesis Table

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from src.models.checks import check_dropout
 from src.models.fairseq_init import PADDING_IDX
+from src.models.packing import PackedRows, cross_segment_mask, segment_mask
 from src.models.padding import keys_to_mask
 from src.ops.sinusoidal_positions import sinusoidal_positions
 
@@ -277,7 +278,9 @@ class TransformerEncoderDecoder(nn.Module):
 
     Shape:
         src_tokens (B, S) int64; src_padding_mask (B, S) bool, True = pad, from ``padding_idx``
-        when None; prev_output_tokens (B, T) int64, right-padded -> logits (B, T, V_tgt)
+        when None; prev_output_tokens (B, T) int64, right-padded; packing: where the pairs of
+        packed rows sit (:class:`~src.models.packing.PackedRows`), None for a pair a row ->
+        logits (B, T, V_tgt)
     """
 
     def __init__(
@@ -396,32 +399,63 @@ class TransformerEncoderDecoder(nn.Module):
             nn.init.normal_(self.output.weight, std=d**-0.5)
 
     def _embed(
-        self, table: nn.Embedding, tokens: Tensor, padding_mask: Tensor, *, offset: int = 0
+        self,
+        table: nn.Embedding,
+        tokens: Tensor,
+        padding_mask: Tensor,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Scaled token embeddings plus sinusoidal positions, dropout, time-major; ``offset``
-        unpadded tokens precede ``tokens`` (incremental decoding).
+        unpadded tokens precede ``tokens`` (incremental decoding); ``positions`` numbers them
+        instead (packed rows).
 
         Shape:
-            tokens (B, T); padding_mask (B, T) bool -> (T, B, d_model)
+            tokens (B, T); padding_mask (B, T) bool; positions (B, T) int64 or None
+            -> (T, B, d_model)
         """
         x = table(tokens) * self.embed_scale  # (B, T, d)
-        positions = sinusoidal_positions(
-            padding_mask, self.d_model, self.padding_idx, offset=offset
+        vectors = sinusoidal_positions(
+            padding_mask, self.d_model, self.padding_idx, offset=offset, positions=positions
         )
-        x = self.dropout(x + positions.to(x.dtype))
+        x = self.dropout(x + vectors.to(x.dtype))
         return x.transpose(0, 1)  # (T, B, d)
 
-    def encode(self, src_tokens: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        """The encoder output, time-major.
+    def _per_head(self, mask: Tensor) -> Tensor:
+        """A per-row additive mask as ``nn.MultiheadAttention`` takes it, one copy per head.
+
+        Shape:
+            (B, T, S) -> (B * H, T, S), row b * H + h for head h of row b
+        """
+        return mask.repeat_interleave(self.num_heads, dim=0)
+
+    def encode(
+        self,
+        src_tokens: Tensor,
+        src_padding_mask: Tensor | None = None,
+        packing: PackedRows | None = None,
+    ) -> Tensor:
+        """The encoder output, time-major; with ``packing``, each pair of a row attends within
+        itself (:mod:`src.models.packing`).
 
         Shape:
             src_tokens (B, S); src_padding_mask (B, S) bool or None -> (S, B, d_model)
         """
         if src_padding_mask is None:
             src_padding_mask = src_tokens.eq(self.padding_idx)
-        x = self._embed(self.encoder_embedding, src_tokens, src_padding_mask)  # (S, B, d)
-        for layer in self.encoder_layers:
-            x = layer(x, src_key_padding_mask=src_padding_mask)
+        if packing is not None:
+            x = self._embed(
+                self.encoder_embedding, src_tokens, src_padding_mask,
+                positions=packing.source_positions,
+            )  # fmt: skip
+            within = self._per_head(segment_mask(packing.source_segments, x.dtype))
+            for layer in self.encoder_layers:
+                x = layer(x, src_mask=within)
+        else:
+            x = self._embed(self.encoder_embedding, src_tokens, src_padding_mask)  # (S, B, d)
+            for layer in self.encoder_layers:
+                x = layer(x, src_key_padding_mask=src_padding_mask)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return x
@@ -431,14 +465,29 @@ class TransformerEncoderDecoder(nn.Module):
         prev_output_tokens: Tensor,
         encoder_out: Tensor,
         src_padding_mask: Tensor | None,
+        packing: PackedRows | None = None,
     ) -> Tensor:
-        """Logits of the next target tokens given the encoder output (teacher forcing).
+        """Logits of the next target tokens given the encoder output (teacher forcing); with
+        ``packing``, each pair of a row attends within itself and to its own source.
 
         Shape:
             prev_output_tokens (B, T); encoder_out (S, B, d_model); src_padding_mask (B, S) bool
             or None (no padding) -> (B, T, V_tgt)
         """
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        if packing is not None:
+            x = self._embed(
+                self.decoder_embedding, prev_output_tokens, tgt_padding_mask,
+                positions=packing.target_positions,
+            )  # fmt: skip
+            within = segment_mask(packing.target_segments, x.dtype, causal=True)
+            across = cross_segment_mask(packing.target_segments, packing.source_segments, x.dtype)
+            within, across = self._per_head(within), self._per_head(across)
+            for layer in self.decoder_layers:
+                x = layer(x, encoder_out, tgt_mask=within, memory_mask=across)
+            if self.decoder_norm is not None:
+                x = self.decoder_norm(x)
+            return self._output(x)
         x = self._embed(self.decoder_embedding, prev_output_tokens, tgt_padding_mask)  # (T, B, d)
         length = prev_output_tokens.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
@@ -535,11 +584,12 @@ class TransformerEncoderDecoder(nn.Module):
         src_tokens: Tensor,
         src_padding_mask: Tensor | None,
         prev_output_tokens: Tensor,
+        packing: PackedRows | None = None,
     ) -> Tensor:
         if src_padding_mask is None:
             src_padding_mask = src_tokens.eq(self.padding_idx)
-        encoder_out = self.encode(src_tokens, src_padding_mask)
-        return self.decode(prev_output_tokens, encoder_out, src_padding_mask)
+        encoder_out = self.encode(src_tokens, src_padding_mask, packing)
+        return self.decode(prev_output_tokens, encoder_out, src_padding_mask, packing)
 
     def extra_repr(self) -> str:
         return (

@@ -109,7 +109,8 @@ class SingleHeadAttention(nn.Module):
         query (T, B, query_features); key_value (S, B, kv_features) for cross-attention, None for
         self-attention (S = T); key_padding_mask (B, S) bool, True = padded key, or the same as an
         additive float mask (:func:`padding_bias`, built once for all layers); attn_mask (T, S)
-        float, added to the scores -> output (T, B, out_features) and, with ``need_weights``, the
+        or (B, T, S) float, added to the scores (e.g. the pairs of packed rows:
+        :mod:`src.models.packing`) -> output (T, B, out_features) and, with ``need_weights``, the
         attention probabilities (T, B, S) (before dropout), else None.
     """
 
@@ -245,10 +246,12 @@ class SingleHeadAttention(nn.Module):
                 f"key_padding_mask must be (B, S) = {(k.shape[0], k.shape[1])}, "
                 f"got {tuple(key_padding_mask.shape)}"
             )
-        if attn_mask is not None and attn_mask.shape != (q.shape[1], k.shape[1]):
+        if attn_mask is not None and attn_mask.shape[-2:] != (q.shape[1], k.shape[1]) or (
+            attn_mask is not None and attn_mask.dim() == 3 and attn_mask.shape[0] != q.shape[0]
+        ):
             raise ValueError(
-                f"attn_mask must be (T, S) = {(q.shape[1], k.shape[1])}, "
-                f"got {tuple(attn_mask.shape)}"
+                f"attn_mask must be (T, S) = {(q.shape[1], k.shape[1])} or (B, T, S) = "
+                f"{(q.shape[0], q.shape[1], k.shape[1])}, got {tuple(attn_mask.shape)}"
             )
         p = self.dropout if self.training else 0.0
         if need_weights:
@@ -309,8 +312,11 @@ class SingleHeadAttention(nn.Module):
 def _additive_mask(
     attn_mask: Tensor | None, key_padding_mask: Tensor | None, dtype: torch.dtype
 ) -> Tensor | None:
-    """attn_mask (T, S) and key_padding_mask (B, S) as one float mask (B or 1, T or 1, S)."""
-    mask = None if attn_mask is None else attn_mask.to(dtype).unsqueeze(0)  # (1, T, S)
+    """attn_mask (T, S) or (B, T, S) and key_padding_mask (B, S) as one float mask
+    (B or 1, T or 1, S)."""
+    mask = None if attn_mask is None else attn_mask.to(dtype)
+    if mask is not None and mask.dim() == 2:
+        mask = mask.unsqueeze(0)  # (1, T, S)
     if key_padding_mask is not None:
         pad = padding_bias(key_padding_mask, dtype).unsqueeze(1)  # (B, 1, S)
         mask = pad if mask is None else mask + pad
