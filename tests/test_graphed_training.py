@@ -50,6 +50,7 @@ from torch._inductor.utils import (
 )
 
 from src.build import CompilePlan, compile_network, compile_plan
+from src.datamodules.translation import ParallelSplit, collate_packed
 from src.utils.config_checks import ConfigError
 from tests.conftest import ROOT, compose_config
 
@@ -116,20 +117,26 @@ def stream_batch(shape: tuple[int, ...], g: torch.Generator, vocab: int) -> tupl
 
 
 def translation_batch(shape: tuple[int, ...], g: torch.Generator, vocab: int) -> dict:
-    """A teacher-forcing batch (B, S) sources and (B, T) targets, the last row padded."""
+    """A teacher-forcing batch of packed rows (B, S) sources and (B, T) targets, as training
+    batches come (``data.pack_pairs``): the first row holds two pairs, the last row one pair and
+    pads, the others one pair each."""
     b, s, t = shape
-    src = torch.randint(4, vocab, (b, s), generator=g)
-    src[:, -1] = EOS
-    src[-1, s // 2 :] = PAD
-    src[-1, s // 2 - 1] = EOS
-    target = torch.randint(4, vocab, (b, t), generator=g)
-    target[:, -1] = EOS
-    target[-1, t // 2 :] = PAD
-    target[-1, t // 2 - 1] = EOS
-    prev = torch.cat((torch.full((b, 1), EOS), target[:, :-1]), dim=1)
-    prev[-1, t // 2 :] = PAD
-    return {"src_tokens": src, "prev_output_tokens": prev, "target": target,
-            "references": [""] * b}  # fmt: skip
+    rows = [[(s // 2, t // 2), (s - s // 2, t - t // 2)]] + [
+        [(s, t)] for _ in range(b - 2)
+    ] + [[(s // 2, t // 2)]]
+    pairs = [
+        (torch.randint(4, vocab, (n,), generator=g), torch.randint(4, vocab, (m,), generator=g))
+        for row in rows for n, m in row
+    ]  # fmt: skip
+    for source, target in pairs:
+        source[-1] = target[-1] = EOS
+    split = ParallelSplit([p[0] for p in pairs], [p[1] for p in pairs], [""] * len(pairs),
+                          list(range(len(pairs))))  # fmt: skip
+    members, k = [], 0
+    for row in rows:
+        members.append(list(range(k, k + len(row))))
+        k += len(row)
+    return collate_packed(split, members, shape)
 
 
 def lm_eval(task: Any, batch: Any) -> None:

@@ -20,6 +20,16 @@ So B depends on the split's count in the cell, not on the pass, every pair is in
 pass, and only the cell's last batch has rows without a pair, fewer than m
 (:func:`~src.datamodules.translation.collate` fills them, and the loss skips them).
 
+Packed rows (:func:`packed_batches`, the training batches with ``data.pack_pairs``): a row holds
+as many pairs as fit its cell side by side, each a segment the model keeps apart
+(:mod:`src.models.packing`), so the free length of rows holding a short pair is filled by other
+pairs instead of pads. The cells are then a ladder (:func:`packing_cells`): square cells doubling
+in length from about twice the median pair, then the cell covering the longest pair. Rows are
+filled best fit, longest pairs first (:func:`pack_rows`): a pair goes to the open row whose free
+source length is the least that holds it (and whose free target length holds it too), else opens
+a row of the smallest cell holding it. A longer row costs attention over its whole length, so
+the ladder keeps most pairs in rows a few times their length.
+
 :func:`padding_table` measures what the batches of a pass pad: pad tokens / all tokens of the padded
 source and target, by cell.
 """
@@ -231,6 +241,116 @@ def bucket_batches(
         rows = cell.rows(len(own), max_tokens)
         shape = (rows, cell.source, cell.target)
         batches.extend((shape, own[i : i + rows]) for i in range(0, len(own), rows))
+    return batches
+
+
+def packing_cells(
+    source: Sequence[int],
+    target: Sequence[int],
+    count: int,
+    *,
+    cover: tuple[int, int] | None = None,
+) -> tuple[Cell, ...]:
+    """At most ``count`` cells for packed rows (module docstring): (L, L) for L = 8 * 2^k from the
+    least power of two at least twice the median of max(s, t) and below the longest pair, the
+    longest ones kept when there are more, then the cell covering every pair (and ``cover``).
+    """
+    if count < 1:
+        raise ValueError(f"need at least one length bucket, got {count}")
+    pairs, weight, _ = _pairs(source, target)
+    top = pairs.max(0) if cover is None else np.maximum(pairs.max(0), cover)
+    longest = pairs.max(1)
+    order = np.argsort(longest)
+    cumulative = np.cumsum(weight[order])
+    median = int(longest[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+    length = 8
+    while length < 2 * median:
+        length *= 2
+    ladder = []
+    while length < min(top) and len(ladder) < 64:
+        ladder.append(length)
+        length *= 2
+    ladder = ladder[len(ladder) - (count - 1) :] if count > 1 else []
+    return tuple(Cell(n, n) for n in ladder) + (Cell(int(top[0]), int(top[1])),)
+
+
+def pack_rows(
+    cells: Sequence[Cell],
+    source: Sequence[int],
+    target: Sequence[int],
+    generator: random.Random | None = None,
+) -> list[tuple[int, list[int]]]:
+    """Pairs packed into rows of the cells, best fit, longest first (module docstring).
+
+    Args:
+        cells: the row shapes; every pair must fit one.
+        generator: orders pairs of equal length at random (training), else by index.
+
+    Returns:
+        per row, the index of its cell and its pairs in the order they sit in the row
+    """
+    home = assign(cells, source, target).tolist()
+    order = list(range(len(source)))
+    if generator is not None:
+        generator.shuffle(order)
+    order.sort(key=lambda i: -(source[i] + target[i]))  # stable: equal lengths stay shuffled
+    widest = max(c.source for c in cells)
+    by_gap: list[list[int]] = [[] for _ in range(widest + 1)]  # open rows by free source length
+    counts = np.zeros(widest + 1, dtype=np.int64)  # len(by_gap[g]), to find the next g at once
+    rows: list[tuple[int, list[int]]] = []
+    free_target: list[int] = []
+    for i in order:
+        s, t = source[i], target[i]
+        row = -1
+        for g in np.flatnonzero(counts[s:]) + s:
+            bucket = by_gap[g]
+            for j in range(len(bucket) - 1, -1, -1):  # the most recent rows first
+                if free_target[bucket[j]] >= t:
+                    row = bucket.pop(j)
+                    counts[g] -= 1
+                    break
+            if row >= 0:
+                break
+        if row < 0:
+            cell = cells[home[i]]
+            rows.append((home[i], []))
+            free_target.append(cell.target)
+            row, g = len(rows) - 1, cell.source
+        else:
+            g = int(g)
+        rows[row][1].append(i)
+        free_target[row] -= t
+        by_gap[g - s].append(row)
+        counts[g - s] += 1
+    return rows
+
+
+def packed_batches(
+    cells: Sequence[Cell],
+    source: Sequence[int],
+    target: Sequence[int],
+    max_tokens: int,
+    generator: random.Random | None = None,
+) -> list[tuple[tuple[int, int, int], list[list[int]]]]:
+    """One pass's batches of packed rows: ((B, S, T), the pairs of each row), every pair once.
+
+    A cell's n rows (shuffled with ``generator``) are cut into batches of B rows as
+    :func:`bucket_batches` cuts pairs: ``B = ceil(n / m)``, m = ceil(n / B_max),
+    B_max = max_tokens // max(S, T).
+    """
+    rows = pack_rows(cells, source, target, generator)
+    members: list[list[list[int]]] = [[] for _ in cells]
+    for k, pairs in rows:
+        members[k].append(pairs)
+    batches: list[tuple[tuple[int, int, int], list[list[int]]]] = []
+    for cell, own in zip(cells, members):
+        if not own:
+            continue
+        if generator is not None:
+            generator.shuffle(own)
+        b = cell.rows(len(own), max_tokens)
+        shape = (b, cell.source, cell.target)
+        batches.extend((shape, own[i : i + b]) for i in range(0, len(own), b))
     return batches
 
 

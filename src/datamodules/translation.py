@@ -31,8 +31,17 @@ serve validation and test too (their batch sizes follow ``eval_max_tokens``); ea
 shapes, batches and padding is logged. A batch of a cell holds at most ``max_tokens // max(S, T)``
 pairs, the cell's pairs split evenly, and the rows of a last batch that hold no pair are scored by
 no loss (their target is all pad). The price is padding: on the gettext demo corpus and on an
-IWSLT'14-like length distribution, 8 shapes pad about 21% of the tokens, 16 shapes 11-13%, where
-exact batching pads 16% and 3% (``python benchmarks/buckets.py`` prints the tables).
+IWSLT'14-like length distribution, 8 shapes of a pair a row pad about 21% of the tokens, 16 shapes
+11-13%, where exact batching pads 16% and 3% (``python benchmarks/buckets.py`` prints the tables).
+
+With ``pack_pairs`` (the default with buckets), the training batches are packed: a row holds as
+many pairs as fit, each kept apart by the model (:mod:`src.models.packing`, the batch's
+``src_segments``, ``tgt_segments``, ``src_positions`` and ``tgt_positions``), in at most K square
+cells doubling in length (:func:`~src.datamodules.length_buckets.packing_cells`). That pads 7% on
+the demo corpus (4 shapes) and 2% on the IWSLT-like one (3 shapes). A pair's loss and gradients are
+the ones it has alone in a row; what changes is the batches' make-up, which holds about as many
+real tokens as fairseq's exact batching at the same ``max_tokens``. Validation and test batches
+are not packed (a pair a row, in the same cells).
 
 With ``shape_buckets: 0``, fairseq's exact batching: sentences sorted by target then source length
 (shuffled first for training) are grouped greedily so that ``sentences * longest <= max_tokens``,
@@ -63,6 +72,8 @@ from src.datamodules.length_buckets import (
     bucket_batches,
     choose_cells,
     format_table,
+    packed_batches,
+    packing_cells,
     padding_table,
 )
 from src.datamodules.subword import (
@@ -206,6 +217,52 @@ def collate(
     }
 
 
+def collate_packed(
+    split: ParallelSplit, rows: Sequence[Sequence[int]], shape: tuple[int, int, int]
+) -> dict:
+    """A batch of packed rows: row b holds the pairs ``rows[b]`` side by side (module docstring).
+
+    Rows beyond ``rows`` are all pad (segment 0, which attends everywhere and is never scored).
+
+    Shape:
+        src_tokens, src_segments, src_positions (B, S); prev_output_tokens, target, tgt_segments,
+        tgt_positions (B, T) int64 (segments count a row's pairs from 1, 0 on pads; positions are
+        fairseq's, from ``PAD_ID + 1`` at each pair's start, ``PAD_ID`` on pads); id (B, P) the
+        pairs of each row, -1 past them, P the most pairs of a row; references one string per pair
+    """
+    count, source_len, target_len = shape
+    if len(rows) > count:
+        raise ValueError(f"{len(rows)} rows do not fit the batch shape {shape}")
+    sides = {
+        name: torch.full((count, length), PAD_ID, dtype=torch.long)
+        for name, length in (("src_tokens", source_len), ("prev_output_tokens", target_len),
+                             ("target", target_len), ("src_positions", source_len),
+                             ("tgt_positions", target_len))
+    }  # fmt: skip
+    sides["src_segments"] = torch.zeros((count, source_len), dtype=torch.long)
+    sides["tgt_segments"] = torch.zeros((count, target_len), dtype=torch.long)
+    width = max(map(len, rows), default=1)
+    ids = torch.full((count, width), -1, dtype=torch.long)
+    for b, pairs in enumerate(rows):
+        s = t = 0
+        for k, i in enumerate(pairs):
+            source, target = split.source[i], split.target[i]
+            n, m = len(source), len(target)
+            if s + n > source_len or t + m > target_len:
+                raise ValueError(f"the pairs {list(pairs)} do not fit a row of the batch shape {shape}")
+            sides["src_tokens"][b, s : s + n] = source
+            sides["target"][b, t : t + m] = target
+            sides["prev_output_tokens"][b, t] = EOS_ID
+            sides["prev_output_tokens"][b, t + 1 : t + m] = target[:-1]
+            sides["src_segments"][b, s : s + n] = k + 1
+            sides["tgt_segments"][b, t : t + m] = k + 1
+            sides["src_positions"][b, s : s + n] = torch.arange(PAD_ID + 1, PAD_ID + 1 + n)
+            sides["tgt_positions"][b, t : t + m] = torch.arange(PAD_ID + 1, PAD_ID + 1 + m)
+            ids[b, k] = i
+            s, t = s + n, t + m
+    return {**sides, "id": ids, "references": [split.references[i] for r in rows for i in r]}
+
+
 def batch_by_tokens(lengths: Sequence[int], order: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Consecutive runs of ``order`` with ``len(run) * max(lengths[run]) <= max_tokens``
     (fairseq's ``batch_by_size``); a pair longer than ``max_tokens`` gets a batch of its own."""
@@ -238,6 +295,7 @@ class TokenBatches(IterableDataset):
             a common count, evaluation batches are dealt without cutting.
         cells: the length buckets every batch is padded to
             (:mod:`src.datamodules.length_buckets`); None: fairseq's exact batching.
+        pack: pack the pairs into rows of the cells (:func:`collate_packed`).
     """
 
     def __init__(
@@ -251,8 +309,12 @@ class TokenBatches(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         cells: Sequence[Cell] | None = None,
+        pack: bool = False,
     ) -> None:
         super().__init__()
+        if pack and cells is None:
+            raise ValueError("packed rows need length buckets (cells)")
+        self.pack = pack
         self.split = split
         self.max_tokens = max_tokens
         self.shuffle = shuffle
@@ -265,11 +327,16 @@ class TokenBatches(IterableDataset):
         self.target_lengths = [len(t) for t in split.target]
         self.lengths = [max(s, t) for s, t in zip(self.source_lengths, self.target_lengths)]
 
-    def shaped_batches(self, epoch: int) -> list[tuple[tuple[int, int, int] | None, list[int]]]:
+    def shaped_batches(self, epoch: int) -> list[tuple[tuple[int, int, int] | None, list]]:
         """This process's batches for ``epoch``: (B, S, T) to pad to, None with exact batching,
-        and the pair indices."""
+        and the pair indices (packed: the pairs of each row)."""
         generator = random.Random(self.seed + epoch)
-        if self.cells is not None:
+        if self.pack:
+            batches = packed_batches(
+                self.cells, self.source_lengths, self.target_lengths, self.max_tokens,
+                generator if self.shuffle else None,
+            )  # fmt: skip
+        elif self.cells is not None:
             shuffle = generator if self.shuffle else None
             batches = bucket_batches(
                 self.cells, self.source_lengths, self.target_lengths, self.max_tokens, shuffle
@@ -297,6 +364,8 @@ class TokenBatches(IterableDataset):
 
     def batches(self, epoch: int) -> list[list[int]]:
         """This process's batches (lists of pair indices) for ``epoch``."""
+        if self.pack:
+            return [[i for row in rows for i in row] for _, rows in self.shaped_batches(epoch)]
         return [indices for _, indices in self.shaped_batches(epoch)]
 
     def __len__(self) -> int:
@@ -304,7 +373,9 @@ class TokenBatches(IterableDataset):
 
     def __iter__(self):
         for shape, indices in self.shaped_batches(self.epoch()):
-            yield collate(self.split, indices, shape)
+            yield collate_packed(self.split, indices, shape) if self.pack else collate(
+                self.split, indices, shape
+            )
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -326,6 +397,8 @@ class TranslationDataModule(L.LightningDataModule):
         eval_max_tokens: validation/test batch size in tokens; ``max_tokens`` when None.
         shape_buckets: the most batch shapes (length buckets, fitted to the training pairs and
             shared by every split); 0: fairseq's exact batching, a shape per batch.
+        pack_pairs: with buckets, pack the training pairs several to a row (module docstring);
+            the buckets are then :func:`~src.datamodules.length_buckets.packing_cells`.
         max_source_positions: the longest source in tokens, eos included.
         max_target_positions: the longest target in tokens, eos included.
         padding_idx: the pad id (fairseq's 1); the models are built with it.
@@ -351,6 +424,7 @@ class TranslationDataModule(L.LightningDataModule):
         max_tokens: int = 4096,
         eval_max_tokens: int | None = None,
         shape_buckets: int = 8,
+        pack_pairs: bool = True,
         max_source_positions: int = 1024,
         max_target_positions: int = 1024,
         padding_idx: int = PAD_ID,
@@ -378,6 +452,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_tokens = max_tokens
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.shape_buckets = shape_buckets
+        self.pack_pairs = pack_pairs and shape_buckets > 0
         self.cells: tuple[Cell, ...] | None = None
         self.max_positions = {"source": max_source_positions, "target": max_target_positions}
         self.padding_idx = padding_idx
@@ -507,15 +582,22 @@ class TranslationDataModule(L.LightningDataModule):
             for split, data in self.splits.items()
         }
         cover = (max(max(s) for s, _ in lengths.values()), max(max(t) for _, t in lengths.values()))
-        cells = choose_cells(*lengths["train"], self.shape_buckets, cover=cover)
+        fit = packing_cells if self.pack_pairs else choose_cells
+        cells = fit(*lengths["train"], self.shape_buckets, cover=cover)
         for split, (source, target) in lengths.items():
             max_tokens = self.max_tokens if split == "train" else self.eval_max_tokens
             generator = random.Random(self.seed) if split == "train" else None
-            batches = bucket_batches(cells, source, target, max_tokens, generator)
+            packed = split == "train" and self.pack_pairs
+            if packed:
+                rows = packed_batches(cells, source, target, max_tokens, generator)
+                batches = [(shape, [i for row in pairs for i in row]) for shape, pairs in rows]
+            else:
+                batches = bucket_batches(cells, source, target, max_tokens, generator)
             table = padding_table(batches, source, target)
             log.info(
-                "%s: %d batch shapes (B, S, T), %.1f%% padding\n%s",
-                split, len(table) - 1, 100 * table[-1]["padding"], format_table(table),
+                "%s: %d batch shapes (B, S, T)%s, %.1f%% padding\n%s",
+                split, len(table) - 1, " of packed rows" if packed else "",
+                100 * table[-1]["padding"], format_table(table),
             )
         return cells
 
@@ -584,6 +666,7 @@ class TranslationDataModule(L.LightningDataModule):
             rank=rank,
             world_size=world,
             cells=self.cells,
+            pack=self.pack_pairs and split == "train",
         )
         # the dataset yields whole collated batches
         return DataLoader(batches, batch_size=None, num_workers=0)

@@ -35,6 +35,7 @@ from torchmetrics import MeanMetric
 
 from src.decoding.beam_search import beam_search, greedy_search
 from src.evaluation.bleu import sacre_bleu, tokenized_bleu
+from src.models.packing import PackedRows
 from src.optim.clipping import FusedOptimizerClipping
 from src.optim.schedules import per_update
 from src.tasks.finetune import InitFromCheckpoint
@@ -117,7 +118,9 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         """Token-mean smoothed loss and NLL of the batch, and its number of target tokens (a
         tensor: counting on the host would wait for the device every step)."""
         self.begin_step()
-        logits = self.net(batch["src_tokens"], None, batch["prev_output_tokens"])  # (B, T, V)
+        inputs = (batch["src_tokens"], None, batch["prev_output_tokens"])
+        packing = PackedRows.of(batch)  # several pairs a row (src.models.packing) or None
+        logits = self.net(*inputs) if packing is None else self.net(*inputs, packing)  # (B, T, V)
         logits = logits.flatten(0, 1).float()  # the softmax in fp32 under autocast
         target = batch["target"].flatten()
         loss = F.cross_entropy(logits, target, ignore_index=self.padding_idx, label_smoothing=self.label_smoothing)
