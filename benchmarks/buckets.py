@@ -1,10 +1,15 @@
 """Length buckets of the translation batches: their shapes and padding, on two length distributions.
 
-``data.shape_buckets`` pads every translation batch to one of K shapes (B, S, T) fitted to the
-training lengths (:mod:`src.datamodules.length_buckets`), so that a training step replayed as a
-CUDA graph is recorded K times. This prints, for K buckets and for fairseq's exact batching
-(``shape_buckets: 0``, a shape per batch), the shapes, batches per shape and padding: pad tokens /
-all tokens of the padded source and target, rows without a pair included. Measured on:
+``data.shape_buckets`` pads every translation batch to one of K shapes (B, S, T)
+(:mod:`src.datamodules.length_buckets`), so that a training step replayed as a CUDA graph is
+recorded K times. This prints, side by side on the same pairs, the shapes, batches per shape and
+padding (pad tokens / all tokens of the padded source and target, rows without a pair included)
+of the training batches as ``data.pack_pairs`` packs them (several pairs a row, in the ladder of
+square cells), of a pair a row in K cells fitted to the lengths (``pack_pairs: false``), and of
+fairseq's exact batching (``shape_buckets: 0``, a shape per batch). Packing lengthens the rows a
+pair attends within, so it also prints the attention's work against exact batching's: the sum
+over rows of S^2 + T^2 + S T (encoder, decoder and encoder-decoder scores) over the same sum for
+the exact batches (the packed pairs' masked scores are computed and thrown away). Measured on:
 
 - ``demo``: the training split of the gettext de-en corpus of ``experiment=delight_mt/demo``
   (built offline under ``--data``, SentencePiece pieces, eos included), with its ``max_tokens``
@@ -18,8 +23,8 @@ all tokens of the padded source and target, rows without a pair included. Measur
   length ratio above 1.5 or a side above 250 tokens removed (the script's ``clean-corpus-n.perl``
   1.5 / 175 words, BPE adding tokens). ``max_tokens`` 4096, IWSLT's.
 
-The table also lists the padding at 4, 8, 12 and 16 buckets and, for ``iwslt``, how it moves with
-the assumed spreads. Nothing runs on a GPU.
+The tables also list the padding of a pair a row at 4, 8, 12 and 16 buckets and, for ``iwslt``,
+how both paddings move with the assumed spreads. Nothing runs on a GPU.
 
     python benchmarks/buckets.py [--buckets 8] [--data DIR] [--eval] [--json OUT]
 """
@@ -40,6 +45,8 @@ from src.datamodules.length_buckets import (  # noqa: E402
     bucket_batches,
     choose_cells,
     format_table,
+    packed_batches,
+    packing_cells,
     padding_table,
 )
 from src.datamodules.translation import GettextTranslationDataModule, batch_by_tokens  # noqa: E402
@@ -76,14 +83,30 @@ def iwslt_lengths(
     return source[keep].tolist(), target[keep].tolist()
 
 
+def attention_work(shapes: list[tuple[int, int, int]]) -> int:
+    """Scores the attention computes over batches of these (B, S, T): B (S^2 + T^2 + S T)."""
+    return sum(b * (s * s + t * t + s * t) for b, s, t in shapes)
+
+
 def exact_padding(source: list[int], target: list[int], max_tokens: int) -> dict:
-    """Padding and distinct shapes of fairseq's exact batching (TokenBatches without cells)."""
+    """Padding, distinct shapes and attention work of fairseq's exact batching (TokenBatches
+    without cells)."""
     order = sorted(range(len(source)), key=lambda i: (target[i], source[i]))
     batches = batch_by_tokens([max(s, t) for s, t in zip(source, target)], order, max_tokens)
-    shapes = {(len(b), max(source[i] for i in b), max(target[i] for i in b)) for b in batches}
-    padded = sum(len(b) * (max(source[i] for i in b) + max(target[i] for i in b)) for b in batches)
+    shapes = [(len(b), max(source[i] for i in b), max(target[i] for i in b)) for b in batches]
+    padded = sum(b * (s + t) for b, s, t in shapes)
     padding = 1 - (sum(source) + sum(target)) / padded
-    return {"batches": len(batches), "shapes": len(shapes), "padding": padding}
+    return {"batches": len(batches), "shapes": len(set(shapes)), "padding": padding,
+            "attention": attention_work(shapes)}  # fmt: skip
+
+
+def packed(source: list[int], target: list[int], count: int, max_tokens: int) -> tuple[list, int]:
+    """:func:`padding_table` of one shuffled pass of packed rows in at most ``count`` cells, and
+    its attention work."""
+    cells = packing_cells(source, target, count)
+    batches = packed_batches(cells, source, target, max_tokens, random.Random(0))
+    flat = [(shape, [i for row in rows for i in row]) for shape, rows in batches]
+    return padding_table(flat, source, target), attention_work([shape for shape, _ in batches])
 
 
 def bucketed(source: list[int], target: list[int], count: int, max_tokens: int) -> list[dict]:
@@ -93,20 +116,31 @@ def bucketed(source: list[int], target: list[int], count: int, max_tokens: int) 
     return padding_table(batches, source, target)
 
 
+def as_json(table: list[dict]) -> list[dict]:
+    return [{**row, "shape": row["shape"] if row["shape"] == "all" else list(row["shape"])}
+            for row in table]  # fmt: skip
+
+
 def report(name: str, source: list[int], target: list[int], count: int, max_tokens: int) -> dict:
+    packed_table, packed_attention = packed(source, target, count, max_tokens)
     table = bucketed(source, target, count, max_tokens)
     curve = {k: bucketed(source, target, k, max_tokens)[-1]["padding"] for k in (4, 8, 12, 16)}
     exact = exact_padding(source, target, max_tokens)
+    attention = packed_attention / exact["attention"]
     means = f"mean lengths {np.mean(source):.2f} / {np.mean(target):.2f}"
     print(f"\n{name}: {len(source):,} pairs, {means}, max_tokens {max_tokens}, {count} buckets")
+    print("packed rows (data.pack_pairs: true, the training batches):")
+    print(format_table(packed_table))
+    print(f"attention work {attention:.2f}x exact batching's")
+    print("a pair a row (pack_pairs: false):")
     print(format_table(table))
     print("padding by buckets: " + ", ".join(f"{k}: {100 * p:.1f}%" for k, p in curve.items()))
     print(f"exact batching: {exact['batches']} batches, {exact['shapes']} shapes, "
           f"{100 * exact['padding']:.1f}% padding")
-    rows = [{**row, "shape": row["shape"] if row["shape"] == "all" else list(row["shape"])}
-            for row in table]
-    return {"pairs": len(source), "max_tokens": max_tokens, "buckets": count, "table": rows,
-            "padding_by_buckets": curve, "exact": exact}
+    return {"pairs": len(source), "max_tokens": max_tokens, "buckets": count,
+            "packed": {"table": as_json(packed_table), "shapes": len(packed_table) - 1,
+                       "padding": packed_table[-1]["padding"], "attention_vs_exact": attention},
+            "table": as_json(table), "padding_by_buckets": curve, "exact": exact}  # fmt: skip
 
 
 def main() -> None:
@@ -135,9 +169,13 @@ def main() -> None:
     spreads = {}
     for cv, ratio_sd in ((0.5, 0.15), (0.8, 0.15), (0.65, 0.1), (0.65, 0.2)):
         source, target = iwslt_lengths(cv, ratio_sd)
-        table = bucketed(source, target, args.buckets, 4096)
-        spreads[f"cv {cv}, ratio sd {ratio_sd}"] = table[-1]["padding"]
-    listed = ", ".join(f"{k}: {100 * p:.1f}%" for k, p in spreads.items())
+        single = bucketed(source, target, args.buckets, 4096)[-1]["padding"]
+        spreads[f"cv {cv}, ratio sd {ratio_sd}"] = {
+            "packed": packed(source, target, args.buckets, 4096)[0][-1]["padding"],
+            "pair_a_row": single,
+        }
+    listed = ", ".join(f"{k}: {100 * p['packed']:.1f}% packed, {100 * p['pair_a_row']:.1f}% a "
+                       "pair a row" for k, p in spreads.items())  # fmt: skip
     print(f"\niwslt padding at other assumed spreads: {listed}")
     results["iwslt_spreads"] = spreads
     text = json.dumps(results, indent=1)

@@ -270,7 +270,7 @@ def packing_cells(
     while length < min(top) and len(ladder) < 64:
         ladder.append(length)
         length *= 2
-    ladder = ladder[len(ladder) - (count - 1) :] if count > 1 else []
+    ladder = ladder[max(0, len(ladder) - (count - 1)) :] if count > 1 else []
     return tuple(Cell(n, n) for n in ladder) + (Cell(int(top[0]), int(top[1])),)
 
 

@@ -1,6 +1,8 @@
 """Length buckets of translation batches: the best split by dynamic programming, cells that hold
 every pair, batches within the token budget that cover every pair once in at most K shapes, rows
-without a pair that no loss scores, and the datamodule's buckets shared by every split."""
+without a pair that no loss scores, and the datamodule's buckets shared by every split. Packed
+rows: every pair once within its row, at most 10% padding in at most 8 shapes, and a packed
+batch's loss and gradients those of its pairs alone."""
 
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ from src.datamodules.length_buckets import (
     assign,
     bucket_batches,
     choose_cells,
+    pack_rows,
+    packed_batches,
+    packing_cells,
     padding_table,
 )
-from src.datamodules.translation import ParallelSplit, TokenBatches, collate
+from src.datamodules.translation import ParallelSplit, TokenBatches, collate, collate_packed
 from src.models.delight_mt import DeLighTEncoderDecoder
 from src.models.transformer_mt import TransformerEncoderDecoder
 from src.tasks.translation import TranslationTask
@@ -210,3 +215,110 @@ def test_cell_rows_split_a_cell_evenly_within_the_budget() -> None:
     assert cell.budget_rows(120) == 10 and cell.budget_rows(5) == 1
     assert cell.rows(25, 120) == 9  # 3 batches of 9, 9, 7 rather than 10, 10, 5
     assert cell.rows(10, 120) == 10 and cell.rows(3, 120) == 3
+
+
+# -- packed rows ---------------------------------------------------------------------------------
+
+
+def test_packing_cells_double_from_twice_the_median_to_the_cover() -> None:
+    source, target = random_lengths(2000, seed=4)
+    median = int(np.median(np.maximum(source, target)))
+    cells = packing_cells(source, target, 8, cover=(200, 190))
+    lengths = [c.source for c in cells[:-1]]
+    assert cells[-1] == Cell(200, 190)
+    assert all(c.source == c.target for c in cells[:-1])
+    assert lengths[0] >= 2 * median > lengths[0] // 2 and lengths[0] % 8 == 0
+    assert all(b == 2 * a for a, b in zip(lengths, lengths[1:])) and lengths[-1] < 190
+    # fewer cells keep the longest rungs
+    assert packing_cells(source, target, 2, cover=(200, 190)) == (Cell(128, 128), Cell(200, 190))
+    assert packing_cells(source, target, 1) == (Cell(max(source), max(target)),)
+
+
+def test_pack_rows_places_every_pair_once_within_its_row() -> None:
+    source, target = random_lengths(3000, seed=5)
+    cells = packing_cells(source, target, 8)
+    rows = pack_rows(cells, source, target, random.Random(0))
+    placed = sorted(i for _, pairs in rows for i in pairs)
+    assert placed == list(range(3000))
+    for k, pairs in rows:
+        assert sum(source[i] for i in pairs) <= cells[k].source
+        assert sum(target[i] for i in pairs) <= cells[k].target
+    # short pairs share rows: far fewer rows than pairs
+    assert len(rows) < 3000 / 2.5
+    assert rows != pack_rows(cells, source, target, random.Random(1))  # shuffled ties differ
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_packed_batches_pad_at_most_a_tenth_in_at_most_8_shapes(seed: int) -> None:
+    source, target = random_lengths(20_000, seed=seed)
+    cells = packing_cells(source, target, 8)
+    packed = packed_batches(cells, source, target, 1024, random.Random(seed))
+    flat = [(shape, [i for row in rows for i in row]) for shape, rows in packed]
+    table = padding_table(flat, source, target)
+    assert len(table) - 1 <= 8
+    assert table[-1]["padding"] <= 0.10
+    assert sorted(i for _, pairs in flat for i in pairs) == list(range(20_000))
+    for (b, s, t), rows in packed:
+        assert len(rows) <= b <= max(1, 1024 // max(s, t))
+    # a pair a row in the fitted cells pads about twice as much
+    single = padding_table(bucket_batches(choose_cells(source, target, 8), source, target, 1024,
+                                          random.Random(seed)), source, target)  # fmt: skip
+    assert single[-1]["padding"] > 1.5 * table[-1]["padding"]
+
+
+def test_collate_packed_lays_pairs_side_by_side() -> None:
+    split = pairs_split([(3, 2), (2, 4), (1, 1)])  # lengths with eos
+    batch = collate_packed(split, [[0, 1], [2]], (3, 8, 9))
+    assert batch["src_tokens"][0].tolist() == [4, 5, EOS_ID, 4, EOS_ID, PAD_ID, PAD_ID, PAD_ID]
+    assert batch["src_segments"][0].tolist() == [1, 1, 1, 2, 2, 0, 0, 0]
+    assert batch["src_positions"][0].tolist() == [2, 3, 4, 2, 3, PAD_ID, PAD_ID, PAD_ID]
+    assert batch["target"][0].tolist() == [5, EOS_ID, 5, 6, 7, EOS_ID] + [PAD_ID] * 3
+    # teacher forcing: each pair's target shifted behind its own eos
+    assert batch["prev_output_tokens"][0].tolist() == [EOS_ID, 5, EOS_ID, 5, 6, 7] + [PAD_ID] * 3
+    assert batch["tgt_segments"][0].tolist() == [1, 1, 2, 2, 2, 2, 0, 0, 0]
+    assert batch["tgt_positions"][0].tolist() == [2, 3, 2, 3, 4, 5] + [PAD_ID] * 3
+    assert batch["src_segments"][1].tolist() == [1] + [0] * 7
+    # the row without a pair: all pad, segment 0
+    assert batch["src_tokens"][2].eq(PAD_ID).all() and batch["tgt_segments"][2].eq(0).all()
+    assert batch["id"].tolist() == [[0, 1], [2, -1], [-1, -1]]
+    assert batch["references"] == ["ref 0", "ref 1", "ref 2"]
+    with pytest.raises(ValueError, match="do not fit a row"):
+        collate_packed(split, [[0, 1, 2]], (1, 5, 9))
+
+
+def test_token_batches_pack_the_training_pairs() -> None:
+    lengths = list(zip(*random_lengths(300, seed=6)))
+    split = pairs_split([(s - 1, t - 1) for s, t in lengths])
+    source, target = [len(s) for s in split.source], [len(t) for t in split.target]
+    cells = packing_cells(source, target, 4)
+    batches = list(TokenBatches(split, 256, shuffle=True, cells=cells, pack=True))
+    ids = [i for b in batches for i in b["id"].flatten().tolist() if i >= 0]
+    assert sorted(ids) == list(range(300))
+    real = sum(int(b["target"].ne(PAD_ID).sum()) for b in batches)
+    assert real == sum(target)
+    assert all(b["tgt_segments"].ne(0).eq(b["target"].ne(PAD_ID)).all() for b in batches)
+    assert len({tuple(b["src_tokens"].shape) for b in batches}) <= 4
+    with pytest.raises(ValueError, match="need length buckets"):
+        TokenBatches(split, 256, shuffle=True, pack=True)
+
+
+@pytest.mark.parametrize("make_net", [delight, transformer], ids=["delight", "transformer"])
+def test_a_packed_batch_has_the_loss_and_gradients_of_its_pairs_alone(make_net) -> None:
+    split = pairs_split([(5, 3), (2, 6), (4, 4), (6, 2)])
+    results = []
+    for batch in (collate(split, [0, 1, 2, 3]), collate_packed(split, [[0, 1], [2, 3], []],
+                                                               (3, 13, 12))):  # fmt: skip
+        torch.manual_seed(0)
+        task = TranslationTask(make_net().double(), partial(torch.optim.Adam), label_smoothing=0.1)
+        loss, nll, ntokens = task._losses(batch)
+        loss.backward()
+        grads = [p.grad.clone() for p in task.net.parameters() if p.grad is not None]
+        assert all(g.isfinite().all() for g in grads)
+        results.append((loss.item(), nll.item(), int(ntokens), grads))
+    (loss, nll, ntokens, grads), (packed_loss, packed_nll, packed_ntokens, packed_grads) = results
+    assert ntokens == packed_ntokens == 3 + 6 + 4 + 2  # eos included
+    assert packed_loss == pytest.approx(loss, rel=1e-10)
+    assert packed_nll == pytest.approx(nll, rel=1e-10)
+    assert len(grads) == len(packed_grads)
+    for g, h in zip(grads, packed_grads):
+        torch.testing.assert_close(h, g, rtol=1e-9, atol=1e-12)
