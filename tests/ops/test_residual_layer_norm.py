@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.models.delight_block import DeLighTDecoderBlock
 from src.ops.residual_layer_norm import auto_path, residual_layer_norm
@@ -59,6 +60,41 @@ def test_kernel_matches_the_pytorch_ops(kernel_device: torch.device, shape: tupl
     r = torch.randn(shape, device=kernel_device) * 2 + 0.5
     x = torch.randn(shape, device=kernel_device)
     _assert_close(_run(residual_layer_norm_triton, r, x), _run(_reference, r, x))
+
+
+class _Copies(TorchDispatchMode):
+    """Counts the copies into new tensors (``clone``: ``contiguous``, ``reshape`` of a strided
+    tensor); Triton's interpreter writes results back by ``copy_``, not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self.count += func.overloadpacket is torch.ops.aten.clone
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_branch_of_transposed_layout_read_in_place(kernel_device: torch.device, p: float) -> None:
+    """A (T, B, D) branch lying as (B, T, D) (an attention's output, transposed) is read in place
+    and its gradient written in the same layout: no copy either way, and the same output,
+    gradients and dropout mask as from a contiguous copy of it."""
+    torch.manual_seed(0)
+    r = torch.randn(7, 3, 96, device=kernel_device) * 2 + 0.5
+    x = torch.randn(3, 7, 96, device=kernel_device).transpose(0, 1)  # (T, B, D) as (B, T, D)
+
+    def fused(r: Tensor, x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
+        torch.manual_seed(1)
+        return residual_layer_norm_triton(r, x, w, b, eps, p)
+
+    with _Copies() as copies:
+        got = _run(fused, r, x)
+    assert copies.count == 0
+    assert got[2].stride() == x.stride()  # the branch's gradient, in its layout
+    _assert_close(got, _run(fused, r, x.contiguous()))
+    if p == 0:
+        _assert_close(got, _run(_reference, r, x))
 
 
 def test_float32_residual_and_16_bit_branch(kernel_device: torch.device) -> None:

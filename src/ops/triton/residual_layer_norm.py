@@ -57,9 +57,18 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _branch_rows(rows, R, n0):
+    """The branch's rows holding the residual's ``rows``: row i n1 + j of (n0, n1) is row
+    j n0 + i when the branch lies as (n1, n0), the same row for n0 = 1."""
+    rows = rows.to(tl.int64)
+    n1 = R // n0
+    return (rows % n1) * n0 + rows // n1
+
+
+@triton.jit
 def _residual_norm_fwd_kernel(
     r_ptr, x_ptr, w_ptr, b_ptr, y_ptr, s_ptr, mean_ptr, rstd_ptr,
-    R, D, eps, seed_ptr, site, p,
+    R, D, eps, seed_ptr, site, p, n0,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -68,7 +77,8 @@ def _residual_norm_fwd_kernel(
     col_ok = cols < D
     m = row_ok[:, None] & col_ok[None, :]
     offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    x_offsets = _branch_rows(rows, R, n0)[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + x_offsets, mask=m, other=0.0).to(tl.float32)
     if DROPOUT:
         x = tl.where(kept(seed_ptr, site, offsets, p), x / (1.0 - p), 0.0)
     s = tl.load(r_ptr + offsets, mask=m, other=0.0).to(tl.float32) + x
@@ -115,7 +125,7 @@ def _residual_norm_affine_grads(
 
 @triton.jit
 def _residual_norm_input_grads(
-    s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, R, D, seed_ptr, site, p, program,
+    s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, R, D, seed_ptr, site, p, n0, program,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     rows = program * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -138,13 +148,14 @@ def _residual_norm_input_grads(
     dx = ds
     if DROPOUT:  # the forward's mask, drawn again
         dx = tl.where(kept(seed_ptr, site, offsets, p), ds / (1.0 - p), 0.0)
-    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    x_offsets = _branch_rows(rows, R, n0)[:, None] * D + cols[None, :]
+    tl.store(dx_ptr + x_offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _residual_norm_bwd_kernel(
     s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, dw_ptr, db_ptr,
-    R, D, seed_ptr, site, p, COLUMN_PROGRAMS,
+    R, D, seed_ptr, site, p, n0, COLUMN_PROGRAMS,
     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     COLUMN_ROWS: tl.constexpr, COLUMN_BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -156,7 +167,7 @@ def _residual_norm_bwd_kernel(
         )
     else:
         _residual_norm_input_grads(
-            s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, R, D, seed_ptr, site, p,
+            s_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dr_ptr, dx_ptr, R, D, seed_ptr, site, p, n0,
             pid - COLUMN_PROGRAMS, DROPOUT, BLOCK_R, BLOCK_N,
         )  # fmt: skip
 
@@ -186,46 +197,48 @@ def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
 )
 def residual_layer_norm_backward(
     grad_y: Tensor, total: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor,
-    branch_dtype: torch.dtype, seed: Tensor | None, site: int, p: float,
+    branch_dtype: torch.dtype, seed: Tensor | None, site: int, p: float, n0: int,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The residual's and the branch's gradients, and the weight and bias gradients stacked. One
     launch: row programs give the first two, column programs the last.
 
     Shape:
         grad_y and total (R, D) contiguous, weight (D,), mean and rstd (R,), seed (1,) int64 or
-        None -> ((R, D), (R, D) in branch_dtype, (2, D) in weight's dtype)
+        None -> ((R, D), (R, D) in branch_dtype and the branch's row order, (2, D) in weight's
+        dtype)
     """
     rows, width = total.shape
     on_gpu = gpu_launch(total)
     (row_programs,), meta = _launch(rows, width, on_gpu)
     column_programs, column_meta = _column_launch(rows, width, on_gpu)
     grad_r, grad_x, grad_affine = contract.backward_fake(
-        grad_y, total, weight, mean, rstd, branch_dtype, seed, site, p
+        grad_y, total, weight, mean, rstd, branch_dtype, seed, site, p, n0
     )
     # the column programs first: on a GPU they start with the first wave, beside the row programs
     _residual_norm_bwd_kernel[(column_programs + row_programs,)](
         total, grad_y, weight, mean, rstd, grad_r, grad_x, grad_affine[0], grad_affine[1], rows,
-        width, mean if seed is None else seed, site, p, column_programs, DROPOUT=p > 0, **meta,
-        **column_meta,
+        width, mean if seed is None else seed, site, p, n0, column_programs, DROPOUT=p > 0,
+        **meta, **column_meta,
     )  # fmt: skip
     return grad_r, grad_x, grad_affine  # (2, D): weight, then bias
 
 
 def _keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
-    _, branch, weight, _, _, seed, site, p = inputs
+    _, branch, weight, _, _, seed, site, p, n0 = inputs
     _, total, mean, rstd = output
     ctx.mark_non_differentiable(total, mean, rstd)
     ctx.save_for_backward(total, weight, mean, rstd, seed)
-    ctx.branch_dtype, ctx.site, ctx.p = branch.dtype, site, p
+    ctx.branch_dtype, ctx.site, ctx.p, ctx.n0 = branch.dtype, site, p, n0
 
 
 def _residual_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
     total, weight, mean, rstd, seed = ctx.saved_tensors
     with autocast_off(total.device.type):
         grad_r, grad_x, grad_affine = residual_layer_norm_backward(
-            grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, seed, ctx.site, ctx.p
-        )
-    return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None, None, None
+            grad_y.contiguous(), total, weight, mean, rstd, ctx.branch_dtype, seed, ctx.site,
+            ctx.p, ctx.n0,
+        )  # fmt: skip
+    return grad_r, grad_x, grad_affine[0], grad_affine[1], None, None, None, None, None
 
 
 @autograd_op(
@@ -237,23 +250,24 @@ def _residual_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor 
 )
 def residual_layer_norm_forward(
     residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
-    seed: Tensor | None, site: int, p: float,
+    seed: Tensor | None, site: int, p: float, n0: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The normalised rows, the sum they normalise, and each row's mean and 1 / std (the last
     three kept for the backward, not differentiable). One launch.
 
     Shape:
-        residual and branch (R, D) contiguous, weight and bias (D,), seed (1,) int64 (None for
-        p = 0) -> ((R, D), (R, D), (R,), (R,))
+        residual and branch (R, D) contiguous, the branch's rows in the order ``n0`` gives
+        (:mod:`src.ops.contracts.residual_layer_norm`), weight and bias (D,), seed (1,) int64
+        (None for p = 0) -> ((R, D), (R, D), (R,), (R,))
     """
     rows, width = residual.shape
     grid, meta = _launch(rows, width, gpu_launch(residual))
     y, total, mean, rstd = contract.forward_fake(
-        residual, branch, weight, bias, eps, seed, site, p
+        residual, branch, weight, bias, eps, seed, site, p, n0
     )
     _residual_norm_fwd_kernel[grid](
         residual, branch, weight, bias, y, total, mean, rstd, rows, width, eps,
-        mean if seed is None else seed, site, p, DROPOUT=p > 0, **meta,
+        mean if seed is None else seed, site, p, n0, DROPOUT=p > 0, **meta,
     )  # fmt: skip
     return y, total, mean, rstd
 
@@ -284,10 +298,16 @@ def residual_layer_norm_triton(
         )
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    n0 = 1
+    if branch.dim() == 3 and not branch.is_contiguous() and branch.transpose(0, 1).is_contiguous():
+        # (n0, n1, D) lying as (n1, n0, D), as an attention's output of (B, T, D) seen as
+        # (T, B, D): read and its gradient written in place, without a copy either way
+        n0 = branch.shape[0]
+        branch = branch.transpose(0, 1)
     rows = [t.reshape(-1, width).contiguous() for t in (residual, branch)]  # (..., D) -> (R, D)
     seed, site = site_seed(seeds, residual.device) if p > 0 else (None, 0)
     with autocast_off(residual.device.type):
         y = residual_layer_norm_forward(
-            *rows, weight.contiguous(), bias.contiguous(), float(eps), seed, site, float(p)
+            *rows, weight.contiguous(), bias.contiguous(), float(eps), seed, site, float(p), n0
         )[0]
     return y.view(*residual.shape[:-1], width)
