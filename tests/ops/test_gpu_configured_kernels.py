@@ -37,6 +37,7 @@ from src.ops.triton.cross_compile import H100
 from src.ops.triton.dim_conv import _weight_grid
 from src.ops.triton.group_linear import split_k_splits
 from src.ops.triton.launch import launches_for
+from src.ops.triton.per_group_layer_norm import _column_launch as _norm_column_launch
 from src.ops.triton.per_group_layer_norm import _launch as _norm_launch
 from src.ops.triton.residual_layer_norm import _column_launch as _residual_column_launch
 from src.ops.triton.shared_group_layer_norm import _column_launch as _group_column_launch
@@ -165,10 +166,14 @@ def test_fused_eesp_pyramid_over_tiles(stride: int) -> None:
 
 
 def test_per_group_norm_over_row_programs() -> None:
-    # 300 rows of 4 groups of 64: 64 rows per 4,096-element program, 5 programs whose weight and
-    # bias gradient rows are summed
+    # 300 rows of 4 groups of 64: 64 rows per 4,096-element program, 5 programs a group; the
+    # weight and bias gradients from 8 column programs of 32 features, each summing all 300 rows
+    # in blocks of 128
     x = torch.randn(300, 256).mul_(2).add_(0.5)
     assert _norm_launch(300, 64, 4, on_gpu=True)[0] == (5, 4)
+    assert _norm_column_launch(300, 256, on_gpu=True) == (
+        8, {"COLUMN_ROWS": 128, "COLUMN_BLOCK": 32}
+    )  # fmt: skip
     _assert_paths_agree(
         lambda impl: randomise_affine(PerGroupLayerNorm(256, 4, impl=impl)), x, True
     )

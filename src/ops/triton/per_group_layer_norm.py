@@ -1,4 +1,4 @@
-"""Fused per-group layer norm: Group-Transformer's norm in one launch forward and one backward.
+"""Fused per-group layer norm: Group-Transformer's norm in one launch each way.
 
 :class:`src.ops.per_group_layer_norm.PerGroupLayerNorm` as written in PyTorch is six element-wise
 passes forward (mean, centre, std, add eps, divide, affine) and about twice that backward; the
@@ -12,8 +12,9 @@ gradient of one group row is
     dx = r (g - mean(g)) - r^2 sum(g c) c / ((n - 1) s)
 
 (the second term is zero where s = 0, a constant row; the PyTorch path's autograd gives NaN there).
-The weight and bias gradients (sums of ``dy x_hat`` and ``dy`` over the rows) are written as one
-partial row per program and summed by PyTorch, so they do not depend on the run.
+The weight and bias gradients (sums of ``dy x_hat`` and ``dy`` over the rows) come from column
+programs of the same launch, each summing a slice of the features over every row in a fixed order:
+no reduction launches after the kernel, and no atomics, so they do not depend on the run.
 
 Statistics and arithmetic are float32 for every input dtype; the output is float32 for 16-bit
 inputs (as the PyTorch path's, which normalises ``x.float()``) and x's dtype otherwise. The
@@ -38,6 +39,10 @@ ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile
 # A100 or H100 (occupancy 0.19-0.25); with 8, 64-80 (0.38-0.50; docs/gpu.md). Speed: to be measured.
 WARPS_GPU = 8
 ELEMENTS_INTERPRETER = 1 << 16
+# features of one backward program that sums the weight and bias gradients over every row: D / 32
+# such programs beside the row programs, instead of two reductions after them. Speed: to be
+# measured
+COLUMN_BLOCK_GPU = 32
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -69,13 +74,39 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _norm_bwd_kernel(
-    x_ptr, dy_ptr, w_ptr, mean_ptr, std_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
-    R, D, G, n, eps,
+def _norm_affine_grads(
+    x_ptr, dy_ptr, mean_ptr, std_ptr, dw_ptr, db_ptr, R, D, G, n, eps, program,
+    COLUMN_ROWS: tl.constexpr, COLUMN_BLOCK: tl.constexpr,
+):  # fmt: skip
+    # the weight and bias gradients of COLUMN_BLOCK features: sums of dy x_hat and dy over every
+    # row, in one fixed order (no atomics: the same bits on every run)
+    features = program * COLUMN_BLOCK + tl.arange(0, COLUMN_BLOCK)
+    f_ok = features < D
+    group = features // n
+    acc_w = tl.zeros((COLUMN_ROWS, COLUMN_BLOCK), dtype=tl.float32)
+    acc_b = tl.zeros((COLUMN_ROWS, COLUMN_BLOCK), dtype=tl.float32)
+    for r0 in range(0, R, COLUMN_ROWS):
+        rows = r0 + tl.arange(0, COLUMN_ROWS)
+        m = (rows < R)[:, None] & f_ok[None, :]
+        offsets = rows.to(tl.int64)[:, None] * D + features[None, :]
+        x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+        stats = rows[:, None] * G + group[None, :]
+        mean = tl.load(mean_ptr + stats, mask=m, other=0.0)
+        std = tl.load(std_ptr + stats, mask=m, other=1.0)
+        acc_w += dy * tl.where(m, x - mean, 0.0) * (1.0 / (std + eps))
+        acc_b += dy
+    tl.store(dw_ptr + features, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=f_ok)
+    tl.store(db_ptr + features, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=f_ok)
+
+
+@triton.jit
+def _norm_input_grads(
+    x_ptr, dy_ptr, w_ptr, mean_ptr, std_ptr, dx_ptr, R, D, G, n, eps, program,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    group = tl.program_id(1)
+    rows = (program // G) * BLOCK_R + tl.arange(0, BLOCK_R)
+    group = program % G
     cols = tl.arange(0, BLOCK_N)
     feature = group * n + cols
     row_ok = rows < R
@@ -96,9 +127,28 @@ def _norm_bwd_kernel(
     coef = tl.where(positive, rden * rden * tl.sum(g * c, axis=1) / ((n - 1) * safe_std), 0.0)
     dx = rden[:, None] * (g - (tl.sum(g, axis=1) / n)[:, None]) - coef[:, None] * c
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=m)
-    part = tl.program_id(0).to(tl.int64) * D + feature
-    tl.store(dw_part_ptr + part, tl.sum(dy * c * rden[:, None], axis=0), mask=col_ok)
-    tl.store(db_part_ptr + part, tl.sum(dy, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    x_ptr, dy_ptr, w_ptr, mean_ptr, std_ptr, dx_ptr, dw_ptr, db_ptr,
+    R, D, G, n, eps, COLUMN_PROGRAMS,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, COLUMN_ROWS: tl.constexpr,
+    COLUMN_BLOCK: tl.constexpr,
+):  # fmt: skip
+    # programs below COLUMN_PROGRAMS each own a slice of the features, the rest a (row block,
+    # group) tile
+    pid = tl.program_id(0)
+    if pid < COLUMN_PROGRAMS:
+        _norm_affine_grads(
+            x_ptr, dy_ptr, mean_ptr, std_ptr, dw_ptr, db_ptr, R, D, G, n, eps, pid, COLUMN_ROWS,
+            COLUMN_BLOCK,
+        )  # fmt: skip
+    else:
+        _norm_input_grads(
+            x_ptr, dy_ptr, w_ptr, mean_ptr, std_ptr, dx_ptr, R, D, G, n, eps,
+            pid - COLUMN_PROGRAMS, BLOCK_R, BLOCK_N,
+        )  # fmt: skip
 
 
 def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int, int], dict]:
@@ -111,13 +161,24 @@ def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int
     return (triton.cdiv(rows, block_r), groups), meta
 
 
+def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
+    """The backward's column programs over the ``width`` features: how many, and their tile."""
+    block_c = triton.next_power_of_2(width)
+    if on_gpu:
+        block_c = min(block_c, COLUMN_BLOCK_GPU)
+    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
+    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_c))
+    return triton.cdiv(width, block_c), {"COLUMN_ROWS": block_r, "COLUMN_BLOCK": block_c}
+
+
 @opaque_op(
     "lightnets::per_group_layer_norm_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
 )
 def per_group_layer_norm_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, std: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Input, weight and bias gradients. One launch and a sum over the programs' partial rows.
+    """Input, weight and bias gradients. One launch: (row block, group) programs give the first,
+    column programs the other two.
 
     Shape:
         grad_y and x (R, D) contiguous, weight (D,), mean and std (R, G)
@@ -125,16 +186,16 @@ def per_group_layer_norm_backward(
     """
     rows, width = x.shape
     groups = mean.shape[1]
-    grid, meta = _launch(rows, width // groups, groups, gpu_launch(x))
-    grad_x = torch.empty_like(x)
-    w_part, b_part = (
-        torch.empty((grid[0], width), dtype=torch.float32, device=x.device) for _ in range(2)
-    )
-    _norm_bwd_kernel[grid](
-        x, grad_y, weight, mean, std, grad_x, w_part, b_part,
-        rows, width, groups, width // groups, eps, **meta,
+    on_gpu = gpu_launch(x)
+    (row_blocks, _), meta = _launch(rows, width // groups, groups, on_gpu)
+    column_programs, column_meta = _column_launch(rows, width, on_gpu)
+    grad_x, grad_w, grad_b = contract.backward_fake(grad_y, x, weight, mean, std, eps)
+    # the column programs first: on a GPU they start with the first wave, beside the row programs
+    _norm_bwd_kernel[(column_programs + row_blocks * groups,)](
+        x, grad_y, weight, mean, std, grad_x, grad_w, grad_b,
+        rows, width, groups, width // groups, eps, column_programs, **meta, **column_meta,
     )  # fmt: skip
-    return grad_x, w_part.sum(0).to(weight.dtype), b_part.sum(0).to(weight.dtype)
+    return grad_x, grad_w, grad_b
 
 
 def _per_group_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
