@@ -38,6 +38,7 @@ from src.tasks.awd_lm import AWDLMTask
 from src.tasks.char_lm import CharLMTask
 from src.tasks.classification import ClassificationTask
 from src.tasks.detection import DetectionTask
+from src.tasks.graphed import own_gradients
 from src.tasks.multilabel import MultiLabelTask
 from src.tasks.segmentation import SegmentationTask
 from src.tasks.text_classification import TextClassificationTask
@@ -205,6 +206,8 @@ def compile_network(
     ``forward``) has that compiled too. Networks with an ``nn.LSTM`` turn on Dynamo's RNN tracing
     (the time loop unrolled). The task learns whether graphs replay
     (``task.replays_cuda_graphs``: it then copies carried state out of the graphs' outputs).
+    Accumulating gradients over micro-batches under replayed graphs, the parameters copy their
+    gradients out of the graphs' buffers (:func:`src.tasks.graphed.own_gradients`).
 
     With ``fullgraph``, Dynamo's recompile limit is raised to ``batch_shapes`` (the batch shapes
     the data may give, :func:`declared_batch_shapes`) times the graphs a shape may take
@@ -230,6 +233,13 @@ def compile_network(
         net.loss = MethodType(torch.compile(type(net).loss, **plan.options), net)
     task.replays_cuda_graphs = plan.replays_cuda_graphs
     log.info("%s path: torch.compile(%s)", plan.path, plan.options)
+    accumulated = int(trainer.get("accumulate_grad_batches", 1) or 1)
+    if plan.path == "graphed" and accumulated > 1:
+        hooked = own_gradients(net)
+        log.info(
+            "gradients of %d micro-batches summed under replayed graphs: %d parameters copy their "
+            "gradient out of the graph's buffers", accumulated, hooked,
+        )  # fmt: skip
     return plan
 
 

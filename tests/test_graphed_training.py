@@ -50,6 +50,7 @@ from torch._inductor.utils import (
 )
 
 from src.build import CompilePlan, compile_network, compile_plan
+from src.tasks.graphed import own_gradients
 from src.datamodules.translation import ParallelSplit, collate_packed
 from src.utils.config_checks import ConfigError
 from tests.conftest import ROOT, compose_config
@@ -433,3 +434,52 @@ def test_the_recompile_limit_covers_the_shapes_and_beyond_it_a_fullgraph_compile
         task.net(torch.ones(n))
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
         task.net(torch.ones(21))
+
+
+class GraphBuffer(torch.autograd.Function):
+    """Identity whose backward writes the gradient into one fixed buffer and returns it, as a
+    replayed CUDA graph's backward returns its own output buffers."""
+
+    buffer = torch.zeros(3)
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        GraphBuffer.buffer.copy_(grad)
+        # a new tensor on the buffer's memory, held by no one else (autograd may then keep it)
+        return grad.new_empty(0).set_(GraphBuffer.buffer.untyped_storage(), 0, grad.shape)
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_accumulated_gradients_survive_the_next_replay_when_copied_out(hooked: bool) -> None:
+    weight = torch.nn.Parameter(torch.zeros(3))
+    net = torch.nn.Module()
+    net.weight = weight
+    if hooked:
+        assert own_gradients(net) == 1
+    for scale in (1.0, 2.0):  # two micro-batches, the second's backward rewrites the buffer
+        (GraphBuffer.apply(weight) * torch.tensor([1.0, 2.0, 3.0]) * scale).sum().backward()
+    if hooked:
+        assert weight.grad.tolist() == [3.0, 6.0, 9.0]
+        assert weight.grad.data_ptr() != GraphBuffer.buffer.data_ptr()
+    else:  # what autograd does by itself: the first gradient is the buffer, summed into itself
+        assert weight.grad.data_ptr() == GraphBuffer.buffer.data_ptr()
+        assert weight.grad.tolist() != [3.0, 6.0, 9.0]
+
+
+@pytest.mark.parametrize("accumulate", [1, 4])
+def test_the_graphed_path_copies_gradients_out_only_when_accumulating(
+    accumulate: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("src.build.runs_on_cuda", lambda trainer: True)
+    task = torch.nn.Module()
+    task.net = torch.nn.Linear(2, 2)
+    trainer = {"accelerator": "gpu", "devices": 1, "accumulate_grad_batches": accumulate}
+    options = {"enabled": True, "backend": "cudagraphs", "fullgraph": True, "dynamic": False}
+    plan = compile_network(task, options, trainer)
+    assert plan.path == "graphed"
+    hooks = [len(p._backward_hooks or {}) for p in task.net.parameters()]
+    assert hooks == ([1, 1] if accumulate > 1 else [0, 0])

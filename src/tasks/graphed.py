@@ -61,3 +61,22 @@ class GraphedStep:
         """What the task keeps of a step's outputs past the step: the state it hands to the next
         step, a value it logs (:func:`kept`; copied while graphs replay)."""
         return kept(state, copy=self.replays_cuda_graphs)
+
+
+def own_gradients(net: torch.nn.Module) -> int:
+    """Have every parameter keep a copy of its gradient, not the replayed backward's buffer.
+
+    Autograd keeps a parameter's first gradient of a step by taking the tensor the backward
+    produced as ``.grad``. Replayed as a CUDA graph, that tensor is a buffer of the graph, which the
+    next replay overwrites: with gradient accumulation (``trainer.accumulate_grad_batches`` > 1)
+    the next micro-batch would overwrite the gradient summed so far (CUDA-graph trees then fail,
+    or the sum is silently wrong). A hook copies each gradient into fresh memory first: one copy
+    per parameter and micro-batch, paid only when accumulating under replayed graphs.
+
+    Returns:
+        the number of parameters hooked
+    """
+    hooked = [p for p in net.parameters() if p.requires_grad]
+    for p in hooked:
+        p.register_hook(torch.clone)
+    return len(hooked)
