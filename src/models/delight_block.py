@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels.dispatch import check_impl
+from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.linear import linear
@@ -194,33 +195,44 @@ class _DeLighTBlock(nn.Module):
             f"activation_dropout={self.activation_dropout}, ffn_dropout={self.ffn_dropout}"
         )
 
-    def _residual(self, residual: Tensor, branch: Tensor, norm: nn.LayerNorm, p: float) -> Tensor:
+    def _residual(
+        self,
+        residual: Tensor,
+        branch: Tensor,
+        norm: nn.LayerNorm,
+        p: float,
+        seeds: DropoutSeeds | None,
+    ) -> Tensor:
         if self.normalize_before:
             return residual + dropout(branch, p, self.training)
         # dropout, sum and LayerNorm: one launch each way on CUDA where the kernel times faster
         # (src/ops/residual_layer_norm.py)
         p = p if self.training else 0.0
         return residual_layer_norm(
-            residual, branch, norm.weight, norm.bias, norm.eps, p=p, impl=self.impl
+            residual, branch, norm.weight, norm.bias, norm.eps, p=p, seeds=seeds, impl=self.impl
         )
 
     def _pre(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         return norm(x) if self.normalize_before else x
 
     def _self_attention(
-        self, x: Tensor, key_padding_mask: Tensor | None, attn_mask: Tensor | None
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None,
+        attn_mask: Tensor | None,
+        seeds: DropoutSeeds | None,
     ) -> Tensor:
-        h = self.dextra(self._pre(x, self.self_attn_norm))  # (T, B, d_o)
+        h = self.dextra(self._pre(x, self.self_attn_norm), seeds)  # (T, B, d_o)
         h, _ = self.self_attn(h, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-        return self._residual(x, h, self.self_attn_norm, self.dropout)
+        return self._residual(x, h, self.self_attn_norm, self.dropout, seeds)
 
-    def _feed_forward(self, x: Tensor) -> Tensor:
+    def _feed_forward(self, x: Tensor, seeds: DropoutSeeds | None) -> Tensor:
         # fc1 and fc2 on the GLT kernel where it times faster (src/ops/linear.py)
         h = F.silu(
             linear((self._pre(x, self.final_norm),), self.fc1, impl=self.impl)
         )  # (T, B, d_m / r)
         h = linear((dropout(h, self.activation_dropout, self.training),), self.fc2, impl=self.impl)
-        return self._residual(x, h, self.final_norm, self.ffn_dropout)
+        return self._residual(x, h, self.final_norm, self.ffn_dropout, seeds)
 
 
 class DeLighTEncoderBlock(_DeLighTBlock):
@@ -254,7 +266,9 @@ class DeLighTEncoderBlock(_DeLighTBlock):
     Shape:
         x (T, B, d_m); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
         True) entries blocked; attn_bias (B, T, T) float added to the scores as it is (the pairs
-        of packed rows: :mod:`src.models.packing`) -> (T, B, d_m)
+        of packed rows: :mod:`src.models.packing`); seeds: the dropout seed the network's forward
+        shares among its blocks (:class:`~src.ops.contracts.dropout.DropoutSeeds`), None for a
+        seed per dropout -> (T, B, d_m)
     """
 
     def forward(
@@ -264,6 +278,7 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         attn_mask: Tensor | None = None,
         *,
         attn_bias: Tensor | None = None,
+        seeds: DropoutSeeds | None = None,
     ) -> Tensor:
         if attn_bias is not None:
             if attn_mask is not None:
@@ -275,8 +290,8 @@ class DeLighTEncoderBlock(_DeLighTBlock):
             attn_mask = torch.zeros(blocked.shape, dtype=x.dtype, device=x.device).masked_fill(
                 blocked, -1e8
             )
-        x = self._self_attention(x, padding_mask, attn_mask)
-        return self._feed_forward(x)
+        x = self._self_attention(x, padding_mask, attn_mask, seeds)
+        return self._feed_forward(x, seeds)
 
 
 class DeLighTDecoderBlock(_DeLighTBlock):
@@ -310,8 +325,8 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         x (T, B, d_m); encoder_out (S, B, d_m); encoder_padding_mask (B, S) bool, True = pad;
         self_attn_mask (T, T) or (B, T, T) additive float, the causal mask when None;
         self_attn_padding_mask (B, T) bool; encoder_attn_mask (B, T, S) additive float (the pairs
-        of packed rows: :mod:`src.models.packing`) -> x (T, B, d_m) and, with ``need_weights``,
-        the encoder-attention probabilities (T, B, S), else None
+        of packed rows: :mod:`src.models.packing`); seeds as the encoder block's -> x (T, B, d_m)
+        and, with ``need_weights``, the encoder-attention probabilities (T, B, S), else None
     """
 
     def __init__(self, d_m: int, *, cross_attention: bool = True, **block_args: Any) -> None:
@@ -335,6 +350,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         self_attn_padding_mask: Tensor | None = None,
         encoder_attn_mask: Tensor | None = None,
         need_weights: bool = False,
+        seeds: DropoutSeeds | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         if (encoder_out is not None) != self.cross_attention:
             raise ValueError(
@@ -343,7 +359,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
             )
         if self_attn_mask is None:
             self_attn_mask = causal_attention_mask(x.shape[0], device=x.device, dtype=x.dtype)
-        x = self._self_attention(x, self_attn_padding_mask, self_attn_mask)
+        x = self._self_attention(x, self_attn_padding_mask, self_attn_mask, seeds)
         weights = None
         if self.cross_attention:
             h, weights = self.encoder_attn(
@@ -353,8 +369,8 @@ class DeLighTDecoderBlock(_DeLighTBlock):
                 attn_mask=encoder_attn_mask,
                 need_weights=need_weights,
             )
-            x = self._residual(x, h, self.encoder_attn_norm, self.dropout)
-        return self._feed_forward(x), weights
+            x = self._residual(x, h, self.encoder_attn_norm, self.dropout, seeds)
+        return self._feed_forward(x, seeds), weights
 
     def forward_step(
         self,
@@ -383,7 +399,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         h, self_cache = self.self_attn.forward_step(
             h, None if cache is None else cache.self_attn, attn_mask=mask
         )
-        x = self._residual(x, h, self.self_attn_norm, self.dropout)
+        x = self._residual(x, h, self.self_attn_norm, self.dropout, None)
         encoder_cache = None
         if self.cross_attention:
             encoder_cache = None if cache is None else cache.encoder_attn
@@ -393,5 +409,5 @@ class DeLighTDecoderBlock(_DeLighTBlock):
                 encoder_out if encoder_cache is None else None,
                 key_padding_mask=encoder_padding_mask,
             )
-            x = self._residual(x, h, self.encoder_attn_norm, self.dropout)
-        return self._feed_forward(x), DecoderBlockCache(self_cache, encoder_cache)
+            x = self._residual(x, h, self.encoder_attn_norm, self.dropout, None)
+        return self._feed_forward(x, None), DecoderBlockCache(self_cache, encoder_cache)

@@ -45,6 +45,7 @@ from src.models.delight_block import (
 )
 from src.models.fairseq_init import PADDING_IDX, init_official
 from src.models.packing import PackedRows, cross_segment_mask, per_segment, segment_mask
+from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from src.ops.single_head_attention import attention_dtype, causal_attention_mask, padding_bias
@@ -98,7 +99,8 @@ class DeLighTEmbedding(nn.Module):
         tokens (B, T) int64; padding_mask (B, T) bool, True = pad, from ``padding_idx`` when None;
         ``offset`` unpadded tokens precede ``tokens`` (incremental decoding); segments and
         positions (B, T) int64 of a packed batch (:class:`~src.models.packing.PackedRows`) or
-        None -> (B, T, d_model)
+        None; seeds: the dropout seed shared with the network's blocks
+        (:class:`~src.ops.contracts.dropout.DropoutSeeds`) -> (B, T, d_model)
     """
 
     def __init__(
@@ -150,12 +152,13 @@ class DeLighTEmbedding(nn.Module):
         offset: int = 0,
         segments: Tensor | None = None,
         positions: Tensor | None = None,
+        seeds: DropoutSeeds | None = None,
     ) -> Tensor:
         if padding_mask is None:
             padding_mask = tokens.eq(self.padding_idx)
         x = self.lookup(tokens) * self.embed_scale  # (B, T, 128)
         x = recurrent_dropout(x, self.embedding_dropout, self.training, segments)
-        x = self.dextra(x)  # (B, T, d_m)
+        x = self.dextra(x, seeds)  # (B, T, d_m)
         vectors = sinusoidal_positions(
             padding_mask, self.d_model, self.padding_idx, offset=offset, positions=positions
         )  # (B, T, d_m)
@@ -380,19 +383,20 @@ class DeLighTEncoderDecoder(nn.Module):
         segments, positions = (
             (None, None) if packing is None else (packing.source_segments, packing.source_positions)
         )
+        seeds = DropoutSeeds()  # one seed drawn for the encoder's dropouts
         x = self.encoder_embedding(
-            src_tokens, src_padding_mask, segments=segments, positions=positions
+            src_tokens, src_padding_mask, segments=segments, positions=positions, seeds=seeds
         ).transpose(0, 1)  # (S, B, d_m)
         # the masks as the additive ones the attention adds, built once for all blocks
         dtype = self._attention_dtype()
         if packing is None:
             bias = padding_bias(src_padding_mask, dtype)  # (B, S)
             for block in self.encoder_blocks:
-                x = block(x, bias)
+                x = block(x, bias, seeds=seeds)
             return x
         within = segment_mask(packing.source_segments, dtype)  # (B, S, S)
         for block in self.encoder_blocks:
-            x = block(x, attn_bias=within)
+            x = block(x, attn_bias=within, seeds=seeds)
         return x
 
     def _attention_dtype(self) -> torch.dtype:
@@ -413,10 +417,11 @@ class DeLighTEncoderDecoder(nn.Module):
             or None -> (B, T, V_tgt)
         """
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        seeds = DropoutSeeds()  # one seed drawn for the decoder's dropouts
         if packing is not None:
             x = self.decoder_embedding(
                 prev_output_tokens, tgt_padding_mask,
-                segments=packing.target_segments, positions=packing.target_positions,
+                segments=packing.target_segments, positions=packing.target_positions, seeds=seeds,
             ).transpose(0, 1)  # fmt: skip
             dtype = self._attention_dtype()
             within = segment_mask(packing.target_segments, dtype, causal=True)  # (B, T, T)
@@ -424,9 +429,12 @@ class DeLighTEncoderDecoder(nn.Module):
                 packing.target_segments, packing.source_segments, dtype
             )  # (B, T, S)
             for block in self.decoder_blocks:
-                x, _ = block(x, encoder_out, self_attn_mask=within, encoder_attn_mask=across)
+                x, _ = block(
+                    x, encoder_out, self_attn_mask=within, encoder_attn_mask=across, seeds=seeds
+                )
             return self._output(x)
-        x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask).transpose(0, 1)
+        x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask, seeds=seeds)
+        x = x.transpose(0, 1)  # (T, B, d_m)
         # as the official decoder, only the causal mask: with right padding a real position never
         # sees a pad, and pad positions are outside the loss (fairseq's own decoder masks them too).
         # Both masks are built once for all blocks, in the attention's dtype.
@@ -434,7 +442,7 @@ class DeLighTEncoderDecoder(nn.Module):
         causal = causal_attention_mask(x.shape[0], device=x.device, dtype=dtype)  # (T, T)
         bias = None if src_padding_mask is None else padding_bias(src_padding_mask, dtype)
         for block in self.decoder_blocks:
-            x, _ = block(x, encoder_out, bias, self_attn_mask=causal)  # (T, B, d_m)
+            x, _ = block(x, encoder_out, bias, self_attn_mask=causal, seeds=seeds)  # (T, B, d_m)
         return self._output(x)
 
     def decode_step(

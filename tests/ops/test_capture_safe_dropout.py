@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.ops.contracts.dropout import DropoutSeeds
+from src.models.delight_mt import DeLighTEncoderDecoder
 from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.residual_layer_norm import residual_layer_norm
@@ -315,3 +316,21 @@ def test_dextra_draws_one_seed_a_call() -> None:
     with _Draws() as draws:
         unit(x).sum().backward()
     assert draws.count == 1
+
+
+def test_a_delight_translation_step_draws_one_seed_per_side() -> None:
+    """DeLighT MT on the kernels: the encoder's dropouts (its embedding's DExTra and every
+    block's) share one seed, the decoder's another: two draws a training step, not one a site."""
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    net = DeLighTEncoderDecoder(40, 40, d_model=32, n_min=2, n_max=3, width_multiplier=1.0,
+                                dextra_dropout=0.1).to(KERNEL_DEVICE)  # fmt: skip
+    for module in net.modules():
+        if hasattr(module, "impl"):
+            module.impl = "triton"
+    net.train()
+    src = torch.randint(4, 40, (2, 5), device=KERNEL_DEVICE)
+    prev = torch.randint(4, 40, (2, 6), device=KERNEL_DEVICE)
+    with _Draws() as draws:
+        net(src, None, prev).float().sum().backward()
+    assert draws.count == 2
