@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from src.ops.dropout import dropout
 from src.ops.group_linear import GroupLinear
+from src.ops.linear import linear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.relative_position import causal_memory_mask, relative_attention
 
@@ -120,11 +121,11 @@ class GroupAttention(nn.Module):
         a = self.q_norm(h)
         q = self.q_net(a)
         if self.inter_q_net is not None:
-            q = self._add_inter(q, self.inter_q_net(a))
+            q = self._add_inter(q, linear((a,), self.inter_q_net, impl=self.impl))
         q = q.unflatten(-1, heads).transpose(1, 2)  # (B, T, D) -> (B, H, T, d_head)
 
         context = h if memory is None else torch.cat([memory, h], dim=1)  # (B, K, D)
-        kv = self.kv_net(self.kv_norm(context))  # (B, K, 2D)
+        kv = linear((self.kv_norm(context),), self.kv_net, impl=self.impl)  # (B, K, 2D)
         # (B, K, 2D) -> (B, K, 2, H, d_head) -> (2, B, H, K, d_head)
         k, v = kv.view(batch, klen, 2, *heads).permute(2, 0, 3, 1, 4)
         rk = self.r_net(r).view(klen, *heads).transpose(0, 1)  # (K, D) -> (H, K, d_head)
@@ -139,7 +140,7 @@ class GroupAttention(nn.Module):
 
         o = self.o_net(ov)
         if self.inter_o_net is not None:
-            o = self._add_inter(o, self.inter_o_net(ov))
+            o = self._add_inter(o, linear((ov,), self.inter_o_net, impl=self.impl))
         return h + dropout(o, p=self.dropout, training=self.training)
 
     def extra_repr(self) -> str:
