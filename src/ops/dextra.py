@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from src.kernels.dispatch import check_impl
 from src.ops.contracts.dropout import DropoutSeeds
+from src.ops.fan_out import fan_out
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
@@ -230,17 +231,19 @@ class DExTra(nn.Module):
         x = x.reshape(-1, self.in_features)
         x0 = linear((x,), self.input_layer, impl=self.impl)
         x0 = self._norm_swish(x0, 1, self.input_norm, seeds)  # (N, p)
+        # x0 feeds every GLT and the output layer: its gradients summed in one launch
+        mixed = fan_out(x0, len(self.glts) + 1, impl=self.impl)
         y = None
-        for glt, norm in zip(self.glts, self.glt_norms, strict=True):
+        for k, (glt, norm) in enumerate(zip(self.glts, self.glt_norms, strict=True)):
             # the input mixer as two parts: [x0_1, y_1, ..., x0_g, y_g] is never materialised
-            parts = (x0,) if y is None else (x0, y)
+            parts = (mixed[k],) if y is None else (mixed[k], y)
             y = interleaved_group_linear(
                 parts, glt.weight, glt.bias, shuffle=self.glt_shuffle, impl=self.impl
             )  # (N, out_l)
             y = self._norm_swish(y, norm.groups, norm, seeds)
         # output layer on concat(x0, y): (N, p + o) -> (N, o); on the GLT kernel it reads both in
         # place (src/ops/linear.py)
-        out = linear((x0, y), self.output_layer, impl=self.impl)
+        out = linear((mixed[-1], y), self.output_layer, impl=self.impl)
         out = self._norm_swish(out, 1, self.output_norm, seeds)
         return out.reshape(*lead, self.out_features)
 

@@ -46,6 +46,7 @@ from src.ops.triton.cross_compile import (
     toolchain_missing,
     train_and_infer,
 )
+from src.ops.triton.gradient_sum import gradient_sum_triton
 
 pytestmark = [
     pytest.mark.skipif(
@@ -194,7 +195,15 @@ def _pru_time_loop(dtype: torch.dtype) -> None:
             pru_recurrence(*operands, impl="triton")
 
 
+def _gradient_sum(dtype: torch.dtype) -> None:
+    # x0's gradients in a DExTra unit of DeLighT MT (p = 160, 4,096 tokens): N + 1 = 5 to 9 terms,
+    # and a run beyond the kernel's 8
+    for count in (5, 9, 12):
+        gradient_sum_triton([torch.randn(4096, 160).to(dtype) for _ in range(count)])
+
+
 WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
+    "gradient_sum": _gradient_sum,
     "group_linear": _glt,
     "dim_conv": _dim_conv,
     "dim_fuse": _dim_fuse,
