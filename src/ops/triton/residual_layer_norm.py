@@ -43,6 +43,7 @@ from src.ops.contracts import residual_layer_norm as contract
 from src.ops.contracts.dropout import DropoutSeeds, site_seed
 from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
+from src.ops.triton.norm_columns import column_launch
 
 # a program's (rows x features) tile and warps on a GPU: the per-group norm's (its builds:
 # tests/ops/test_kernel_builds.py); speed to be measured by benchmarks/gpu_tune.py
@@ -183,13 +184,9 @@ def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
-    """The backward's column programs: how many, and their (rows x features) tile."""
-    block_c = triton.next_power_of_2(width)
-    if on_gpu:
-        block_c = min(block_c, COLUMN_BLOCK_GPU)
+    """The backward's column programs (:func:`~src.ops.triton.norm_columns.column_launch`)."""
     budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_c))
-    return triton.cdiv(width, block_c), {"COLUMN_ROWS": block_r, "COLUMN_BLOCK": block_c}
+    return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
 
 
 @opaque_op(

@@ -47,6 +47,7 @@ from src.ops.contracts import shared_group_layer_norm as contract
 from src.ops.contracts.dropout import DropoutSeeds, site_seed
 from src.ops.triton.dropout_mask import kept
 from src.ops.triton.launch import gpu_launch
+from src.ops.triton.norm_columns import column_launch
 
 ELEMENTS_GPU = 2048  # elements of one program's (rows x group width) tile
 # 8 warps, 8 elements per thread: built for an A100 or H100 at DeLighT's widths
@@ -197,13 +198,9 @@ def _launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
-    """The backward's column programs: how many, and their (rows x group features) tile."""
-    block_c = triton.next_power_of_2(width)
-    if on_gpu:
-        block_c = min(block_c, COLUMN_BLOCK_GPU)
+    """The backward's column programs (:func:`~src.ops.triton.norm_columns.column_launch`)."""
     budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_c))
-    return triton.cdiv(width, block_c), {"COLUMN_ROWS": block_r, "COLUMN_BLOCK": block_c}
+    return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
 
 
 @opaque_op(
