@@ -327,10 +327,20 @@ class TokenBatches(IterableDataset):
         self.source_lengths = [len(s) for s in split.source]
         self.target_lengths = [len(t) for t in split.target]
         self.lengths = [max(s, t) for s, t in zip(self.source_lengths, self.target_lengths)]
+        self._last: tuple[int, list] | None = None
 
     def shaped_batches(self, epoch: int) -> list[tuple[tuple[int, int, int] | None, list]]:
         """This process's batches for ``epoch``: (B, S, T) to pad to, None with exact batching,
-        and the pair indices (packed: the pairs of each row)."""
+        and the pair indices (packed: the pairs of each row). The last epoch's are kept: the
+        loader's length is asked for several times a pass, and packing a large corpus takes
+        seconds."""
+        if self._last is not None and self._last[0] == epoch:
+            return self._last[1]
+        batches = self._batches(epoch)
+        self._last = (epoch, batches)
+        return batches
+
+    def _batches(self, epoch: int) -> list[tuple[tuple[int, int, int] | None, list]]:
         generator = random.Random(self.seed + epoch)
         if self.pack:
             batches = packed_batches(
@@ -370,7 +380,8 @@ class TokenBatches(IterableDataset):
         return [indices for _, indices in self.shaped_batches(epoch)]
 
     def __len__(self) -> int:
-        return len(self.shaped_batches(0))
+        # this epoch's count: packed rows, shuffled anew each epoch, may number a few more or less
+        return len(self.shaped_batches(self.epoch()))
 
     def __iter__(self):
         for shape, indices in self.shaped_batches(self.epoch()):
