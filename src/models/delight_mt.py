@@ -387,16 +387,13 @@ class DeLighTEncoderDecoder(nn.Module):
         x = self.encoder_embedding(
             src_tokens, src_padding_mask, segments=segments, positions=positions, seeds=seeds
         ).transpose(0, 1)  # (S, B, d_m)
-        # the masks as the additive ones the attention adds, built once for all blocks
+        # the masks as the additive ones the attention adds, built once for all blocks: the
+        # padding (B, S), or each pair of a packed row within itself (B, S, S)
         dtype = self._attention_dtype()
-        if packing is None:
-            bias = padding_bias(src_padding_mask, dtype)  # (B, S)
-            for block in self.encoder_blocks:
-                x = block(x, bias, seeds=seeds)
-            return x
-        within = segment_mask(packing.source_segments, dtype)  # (B, S, S)
+        bias = padding_bias(src_padding_mask, dtype) if packing is None else None
+        within = None if packing is None else segment_mask(packing.source_segments, dtype)
         for block in self.encoder_blocks:
-            x = block(x, attn_bias=within, seeds=seeds)
+            x = block(x, bias, attn_bias=within, seeds=seeds)
         return x
 
     def _attention_dtype(self) -> torch.dtype:
@@ -417,32 +414,31 @@ class DeLighTEncoderDecoder(nn.Module):
             or None -> (B, T, V_tgt)
         """
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        segments, positions = (
+            (None, None) if packing is None else (packing.target_segments, packing.target_positions)
+        )
         seeds = DropoutSeeds()  # one seed drawn for the decoder's dropouts
-        if packing is not None:
-            x = self.decoder_embedding(
-                prev_output_tokens, tgt_padding_mask,
-                segments=packing.target_segments, positions=packing.target_positions, seeds=seeds,
-            ).transpose(0, 1)  # fmt: skip
-            dtype = self._attention_dtype()
-            within = segment_mask(packing.target_segments, dtype, causal=True)  # (B, T, T)
-            across = cross_segment_mask(
-                packing.target_segments, packing.source_segments, dtype
-            )  # (B, T, S)
-            for block in self.decoder_blocks:
-                x, _ = block(
-                    x, encoder_out, self_attn_mask=within, encoder_attn_mask=across, seeds=seeds
-                )
-            return self._output(x)
-        x = self.decoder_embedding(prev_output_tokens, tgt_padding_mask, seeds=seeds)
-        x = x.transpose(0, 1)  # (T, B, d_m)
-        # as the official decoder, only the causal mask: with right padding a real position never
-        # sees a pad, and pad positions are outside the loss (fairseq's own decoder masks them too).
-        # Both masks are built once for all blocks, in the attention's dtype.
+        x = self.decoder_embedding(
+            prev_output_tokens, tgt_padding_mask, segments=segments, positions=positions,
+            seeds=seeds,
+        ).transpose(0, 1)  # fmt: skip
+        # Masks built once for all blocks, in the attention's dtype. As the official decoder, only
+        # the causal mask and the source padding: with right padding a real position never sees a
+        # pad, and pad positions are outside the loss (fairseq's own decoder masks them too).
+        # Packed rows: each pair within itself, causally (B, T, T), and to its own source (B, T, S).
         dtype = self._attention_dtype()
-        causal = causal_attention_mask(x.shape[0], device=x.device, dtype=dtype)  # (T, T)
-        bias = None if src_padding_mask is None else padding_bias(src_padding_mask, dtype)
+        if packing is None:
+            causal = causal_attention_mask(x.shape[0], device=x.device, dtype=dtype)  # (T, T)
+            bias = None if src_padding_mask is None else padding_bias(src_padding_mask, dtype)
+            across = None
+        else:
+            causal = segment_mask(segments, dtype, causal=True)
+            across = cross_segment_mask(segments, packing.source_segments, dtype)
+            bias = None
         for block in self.decoder_blocks:
-            x, _ = block(x, encoder_out, bias, self_attn_mask=causal, seeds=seeds)  # (T, B, d_m)
+            x, _ = block(
+                x, encoder_out, bias, self_attn_mask=causal, encoder_attn_mask=across, seeds=seeds
+            )  # (T, B, d_m)
         return self._output(x)
 
     def decode_step(

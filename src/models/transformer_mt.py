@@ -444,18 +444,16 @@ class TransformerEncoderDecoder(nn.Module):
         """
         if src_padding_mask is None:
             src_padding_mask = src_tokens.eq(self.padding_idx)
+        positions = None if packing is None else packing.source_positions
+        x = self._embed(
+            self.encoder_embedding, src_tokens, src_padding_mask, positions=positions
+        )  # (S, B, d)
+        # the padding, or each pair of a packed row within itself (B * H, S, S)
+        pad, within = src_padding_mask, None
         if packing is not None:
-            x = self._embed(
-                self.encoder_embedding, src_tokens, src_padding_mask,
-                positions=packing.source_positions,
-            )  # fmt: skip
-            within = self._per_head(segment_mask(packing.source_segments, x.dtype))
-            for layer in self.encoder_layers:
-                x = layer(x, src_mask=within)
-        else:
-            x = self._embed(self.encoder_embedding, src_tokens, src_padding_mask)  # (S, B, d)
-            for layer in self.encoder_layers:
-                x = layer(x, src_key_padding_mask=src_padding_mask)
+            pad, within = None, self._per_head(segment_mask(packing.source_segments, x.dtype))
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask=within, src_key_padding_mask=pad)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return x
@@ -475,30 +473,29 @@ class TransformerEncoderDecoder(nn.Module):
             or None (no padding) -> (B, T, V_tgt)
         """
         tgt_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        if packing is not None:
-            x = self._embed(
-                self.decoder_embedding, prev_output_tokens, tgt_padding_mask,
-                positions=packing.target_positions,
-            )  # fmt: skip
-            within = segment_mask(packing.target_segments, x.dtype, causal=True)
-            across = cross_segment_mask(packing.target_segments, packing.source_segments, x.dtype)
-            within, across = self._per_head(within), self._per_head(across)
-            for layer in self.decoder_layers:
-                x = layer(x, encoder_out, tgt_mask=within, memory_mask=across)
-            if self.decoder_norm is not None:
-                x = self.decoder_norm(x)
-            return self._output(x)
-        x = self._embed(self.decoder_embedding, prev_output_tokens, tgt_padding_mask)  # (T, B, d)
-        length = prev_output_tokens.shape[1]
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
-        self_padding_mask = keys_to_mask(tgt_padding_mask)  # fairseq's rule (src.models.padding)
+        positions = None if packing is None else packing.target_positions
+        x = self._embed(
+            self.decoder_embedding, prev_output_tokens, tgt_padding_mask, positions=positions
+        )  # (T, B, d)
+        if packing is None:
+            length = prev_output_tokens.shape[1]
+            causal = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+            self_padding_mask = keys_to_mask(tgt_padding_mask)  # fairseq's rule (models/padding)
+            memory_padding_mask, across = src_padding_mask, None
+        else:
+            # each pair of a packed row within itself, causally, and to its own source
+            segments = packing.target_segments
+            causal = self._per_head(segment_mask(segments, x.dtype, causal=True))
+            across = self._per_head(cross_segment_mask(segments, packing.source_segments, x.dtype))
+            self_padding_mask = memory_padding_mask = None
         for layer in self.decoder_layers:
             x = layer(
                 x,
                 encoder_out,
                 tgt_mask=causal,
+                memory_mask=across,
                 tgt_key_padding_mask=self_padding_mask,
-                memory_key_padding_mask=src_padding_mask,
+                memory_key_padding_mask=memory_padding_mask,
             )
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
