@@ -266,13 +266,22 @@ def autograd_node_names(y: Tensor) -> list[str]:
     return names
 
 
-class CastCounter(TorchDispatchMode):
-    """Counts the dtype casts (``_to_copy``) dispatched while it is active."""
+class OpCounter(TorchDispatchMode):
+    """Counts the calls of one ATen operator (by name, e.g. ``randint``) dispatched while it is
+    active."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
         super().__init__()
+        self.name = name
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        self.count += func.overloadpacket.__name__ == "_to_copy"
+        self.count += func.overloadpacket.__name__ == self.name
         return func(*args, **(kwargs or {}))
+
+
+class CastCounter(OpCounter):
+    """Counts the dtype casts (``_to_copy``) dispatched while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__("_to_copy")

@@ -24,7 +24,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from src.ops.contracts.dropout import DropoutSeeds
 from src.models.delight_mt import DeLighTEncoderDecoder
@@ -32,7 +31,7 @@ from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm, shared_group_layer_norm_swish
-from tests.helpers import recording_backend, require_cpu_kernels
+from tests.helpers import OpCounter, recording_backend, require_cpu_kernels
 
 P = 0.4
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -248,18 +247,6 @@ def _sites_and_masks(
     return found
 
 
-class _Draws(TorchDispatchMode):
-    """Counts the ``aten.randint`` calls."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        self.count += func.overloadpacket is torch.ops.aten.randint
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("name", list(SITES))
 def test_sites_sharing_a_seed_draw_it_once_and_their_own_masks(name: str) -> None:
     """Two sites handed one :class:`DropoutSeeds` draw one seed between them (one launch, not
@@ -269,7 +256,7 @@ def test_sites_sharing_a_seed_draw_it_once_and_their_own_masks(name: str) -> Non
     pytest.importorskip("triton")
     case, run, x = CASES[name], _two_sites(name), _input(CASES[name])
     torch.manual_seed(0)
-    with _Draws() as draws:
+    with OpCounter("randint") as draws:
         sites = _sites_and_masks(case, run, x)
     assert draws.count == 1
     (_, _, kept0), (_, _, kept1) = sites
@@ -313,7 +300,7 @@ def test_dextra_draws_one_seed_a_call() -> None:
     unit = DExTra(32, 16, 16, width_multiplier=2.0, depth=4, max_groups=4, dropout=0.3,
                   impl="triton").to(KERNEL_DEVICE)  # fmt: skip
     x = torch.randn(6, 32, device=KERNEL_DEVICE)
-    with _Draws() as draws:
+    with OpCounter("randint") as draws:
         unit(x).sum().backward()
     assert draws.count == 1
 
@@ -331,6 +318,6 @@ def test_a_delight_translation_step_draws_one_seed_per_side() -> None:
     net.train()
     src = torch.randint(4, 40, (2, 5), device=KERNEL_DEVICE)
     prev = torch.randint(4, 40, (2, 6), device=KERNEL_DEVICE)
-    with _Draws() as draws:
+    with OpCounter("randint") as draws:
         net(src, None, prev).float().sum().backward()
     assert draws.count == 2
