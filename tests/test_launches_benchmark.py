@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from benchmarks.launches import main  # noqa: E402
+from benchmarks.launches import main, pair_rows  # noqa: E402
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter")
@@ -75,3 +75,16 @@ def test_cudnn_lstm_counts_as_its_kernels_and_pairs_meet_targets(
     assert pair["launches"] == pru["launches"] and pair["baseline_launches"] == lstm["launches"]
     assert pair["ratio"] == round(pru["launches"] / lstm["launches"], 3) and pair["target"] == 1.0
     assert pair["met"] == (pair["ratio"] <= 1.0)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter")
+def test_text_systems_meet_their_launch_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    # a bfloat16 training step of each system on its kernels against its baseline's (TARGETS):
+    # DeLighT MT <= 1.2x the Transformer, Group-Transformer <= 1.0x Transformer-XL
+    rows = main(["--only", "delight_mt", "transformer_mt", "gt4", "txl", "--dtype", "bfloat16"])
+    pairs = pair_rows(rows)
+    assert {(p["entry"], p["baseline"]) for p in pairs} == {
+        ("delight_mt", "transformer_mt"), ("gt4", "txl")
+    }
+    for pair in pairs:
+        assert pair["met"], pair

@@ -322,9 +322,11 @@ class DeLighTDecoderBlock(_DeLighTBlock):
     ``encoder_attn_norm``.
 
     Shape:
-        x (T, B, d_m); encoder_out (S, B, d_m); encoder_padding_mask (B, S) bool, True = pad;
-        self_attn_mask (T, T) or (B, T, T) additive float, the causal mask when None;
-        self_attn_padding_mask (B, T) bool; encoder_attn_mask (B, T, S) additive float (the pairs
+        x (T, B, d_m); encoder_out (S, B, d_m), or its keys and values for this block already
+        projected (:func:`~src.ops.single_head_attention.encoder_keys_values`);
+        encoder_padding_mask (B, S) bool, True = pad; self_attn_mask (T, T) or (B, T, T)
+        additive float, the causal mask when None; self_attn_padding_mask (B, T) bool;
+        encoder_attn_mask (B, T, S) additive float (the pairs
         of packed rows: :mod:`src.models.packing`); seeds as the encoder block's -> x (T, B, d_m)
         and, with ``need_weights``, the encoder-attention probabilities (T, B, S), else None
     """
@@ -343,7 +345,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
     def forward(
         self,
         x: Tensor,
-        encoder_out: Tensor | None = None,
+        encoder_out: Tensor | KeyValueCache | None = None,
         encoder_padding_mask: Tensor | None = None,
         *,
         self_attn_mask: Tensor | None = None,
@@ -375,7 +377,7 @@ class DeLighTDecoderBlock(_DeLighTBlock):
     def forward_step(
         self,
         x: Tensor,
-        encoder_out: Tensor | None,
+        encoder_out: Tensor | KeyValueCache | None,
         encoder_padding_mask: Tensor | None,
         cache: DecoderBlockCache | None,
     ) -> tuple[Tensor, DecoderBlockCache]:

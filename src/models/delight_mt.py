@@ -48,7 +48,13 @@ from src.models.packing import PackedRows, cross_segment_mask, per_segment, segm
 from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
-from src.ops.single_head_attention import attention_dtype, causal_attention_mask, padding_bias
+from src.ops.single_head_attention import (
+    KeyValueCache,
+    attention_dtype,
+    causal_attention_mask,
+    encoder_keys_values,
+    padding_bias,
+)
 from src.ops.sinusoidal_positions import sinusoidal_positions
 
 EMBEDDING_DIM = 128  # the official ``delight_emb_map_dim`` of every MT and LM architecture
@@ -435,11 +441,20 @@ class DeLighTEncoderDecoder(nn.Module):
             causal = segment_mask(segments, dtype, causal=True)
             across = cross_segment_mask(segments, packing.source_segments, dtype)
             bias = None
-        for block in self.decoder_blocks:
+        encoder = self._encoder_keys_values(encoder_out)
+        for block, keys_values in zip(self.decoder_blocks, encoder, strict=True):
             x, _ = block(
-                x, encoder_out, bias, self_attn_mask=causal, encoder_attn_mask=across, seeds=seeds
+                x, keys_values, bias, self_attn_mask=causal, encoder_attn_mask=across, seeds=seeds
             )  # (T, B, d_m)
         return self._output(x)
+
+    def _encoder_keys_values(self, encoder_out: Tensor) -> list[KeyValueCache]:
+        """Every decoder block's encoder-attention keys and values, from one product.
+
+        Shape:
+            (S, B, d_model) -> one cache of key, value (S, B, d_m / 2) per block
+        """
+        return encoder_keys_values([b.encoder_attn for b in self.decoder_blocks], encoder_out)
 
     def decode_step(
         self,
@@ -469,11 +484,13 @@ class DeLighTEncoderDecoder(nn.Module):
             prev_output_tokens.shape, dtype=torch.bool, device=prev_output_tokens.device
         )
         x = self.decoder_embedding(prev_output_tokens, no_pad, offset=past).transpose(0, 1)
+        # the first step projects the encoder output for every block at once
+        encoder = self._encoder_keys_values(encoder_out) if state is None else None
         caches = []
         for b, block in enumerate(self.decoder_blocks):
             x, cache = block.forward_step(  # (T, B, d_m)
                 x,
-                encoder_out,
+                encoder_out if encoder is None else encoder[b],
                 src_padding_mask,
                 None if state is None else state.blocks[b],
             )

@@ -95,7 +95,7 @@ class GroupFeedForward(nn.Module):
             per_group = (self.groups, self.d_group)
             # (..., G, D_g) and (..., G, D_g) -> (..., G, 2 D_g) -> (..., 2D)
             z = torch.cat([x.unflatten(-1, per_group), t.unflatten(-1, per_group)], -1).flatten(-2)
-        y = torch.relu_(self.intra_linear_1(self.input_norm(z)))  # (..., d_inner)
+        y = torch.relu(self.intra_linear_1(self.input_norm(z)))  # (..., d_inner)
         y = self.intra_linear_2(self.hidden_norm(y))  # (..., D)
         return x + dropout(y, p=self.dropout, training=self.training)
 

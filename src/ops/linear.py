@@ -51,15 +51,34 @@ def linear(parts: Sequence[Tensor], layer: nn.Linear, *, impl: str = "auto") -> 
         parts (..., d_j), one or two with the same leading dimensions, sum_j d_j =
         layer.in_features -> (..., layer.out_features)
     """
-    x = parts[0]
-    kernel = (
-        len(parts) <= 2
-        and use_triton(impl, x)
-        and (impl == "triton" or linear_path(parts, layer) == "triton")
-    )
-    if not kernel:
-        return layer(x if len(parts) == 1 else torch.cat(tuple(parts), dim=-1))
+    if not _kernel_wanted(parts, layer.weight, layer.bias, impl):
+        return layer(parts[0] if len(parts) == 1 else torch.cat(tuple(parts), dim=-1))
     return _on_kernel(parts, layer.weight, layer.bias)
+
+
+def linear_weights(
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, *, impl: str = "auto"
+) -> Tensor:
+    """:func:`linear` with a weight and bias that belong to no one layer (e.g. several layers'
+    stacked): ``F.linear`` where :func:`linear` runs the layer.
+
+    Shape:
+        parts (..., d_j), weight (n, sum_j d_j), bias (n,) or None -> (..., n)
+    """
+    if not _kernel_wanted(parts, weight, bias, impl):
+        x = parts[0] if len(parts) == 1 else torch.cat(tuple(parts), dim=-1)
+        return F.linear(x, weight, bias)
+    return _on_kernel(parts, weight, bias)
+
+
+def _kernel_wanted(
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, impl: str
+) -> bool:
+    return (
+        len(parts) <= 2
+        and use_triton(impl, parts[0])
+        and (impl == "triton" or linear_path(parts, weight, bias) == "triton")
+    )
 
 
 def _on_kernel(parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -79,17 +98,23 @@ def _on_kernel(parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None) -> 
 CHOICE = declare("linear", ("triton", "reference"))
 
 
-def linear_path(parts: Sequence[Tensor], layer: nn.Linear, timer: Timer | None = None) -> str:
+def linear_path(
+    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, timer: Timer | None = None
+) -> str:
     """``impl="auto"`` on CUDA: "triton" or "reference", whichever call (a training step when
     autograd wants the backward) ran faster on the first call with these shapes (rows by
     :func:`~src.kernels.size_bucket`), dtypes and mode (:func:`~src.kernels.choose`). Both are
-    timed as they would run, under the caller's autocast: ``nn.Linear`` with its casts."""
+    timed as they would run, under the caller's autocast: ``F.linear`` with its casts.
+
+    Shape:
+        parts (..., d_j), weight (n, sum_j d_j), bias (n,) or None
+    """
     device = parts[0].device
     rows = parts[0].numel() // max(parts[0].shape[-1], 1)
     key = (
-        size_bucket(rows), tuple(p.shape[-1] for p in parts), layer.out_features,
-        layer.bias is not None, parts[0].dtype, autocast_dtype(device.type), str(device),
-        needs_backward(layer.weight, layer.bias, *parts),
+        size_bucket(rows), tuple(p.shape[-1] for p in parts), weight.shape[0],
+        bias is not None, parts[0].dtype, autocast_dtype(device.type), str(device),
+        needs_backward(weight, bias, *parts),
     )  # fmt: skip
 
     def run(path: str, weight: Tensor, bias: Tensor | None, *xs: Tensor) -> Tensor:
@@ -100,7 +125,7 @@ def linear_path(parts: Sequence[Tensor], layer: nn.Linear, timer: Timer | None =
 
     def candidates() -> dict:
         names = ("triton", "reference")
-        return candidate_steps(run, names, layer.weight, layer.bias, *parts)
+        return candidate_steps(run, names, weight, bias, *parts)
 
     # both sum in a fixed order; the kernel takes fewer launches
     return choose(CHOICE, key, candidates, default="triton", timer=timer)

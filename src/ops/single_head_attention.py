@@ -23,12 +23,16 @@ to 16 bits before its float32 softmax; the fused kernels do not).
 For incremental decoding, :meth:`SingleHeadAttention.forward_step` takes a
 :class:`KeyValueCache` of the keys and values already projected (the earlier target positions for
 self-attention, the encoder output for encoder-decoder attention) and projects only what is new.
+Every decoder layer reads the same encoder output, so :func:`encoder_keys_values` projects it for
+all of them with one product (the layers' ``kv_proj`` weights stacked); the cross-attentions then
+take their :class:`KeyValueCache` in place of the encoder output.
 
 Layout is time-major, (T, B, C), as in the official code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +41,7 @@ from torch import Tensor, nn
 
 from src.kernels.dispatch import autocast_known, check_impl
 from src.ops.dropout import dropout
-from src.ops.linear import linear
+from src.ops.linear import linear, linear_weights
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -106,7 +110,8 @@ class SingleHeadAttention(nn.Module):
     Linear(d_o -> out_features). All with bias.
 
     Shape:
-        query (T, B, query_features); key_value (S, B, kv_features) for cross-attention, None for
+        query (T, B, query_features); key_value (S, B, kv_features) for cross-attention (or its
+        keys and values already projected, a :class:`KeyValueCache` of (S, B, d_o)), None for
         self-attention (S = T); key_padding_mask (B, S) bool, True = padded key, or the same as an
         additive float mask (:func:`padding_bias`, built once for all layers); attn_mask (T, S)
         or (B, T, S) float, added to the scores (e.g. the pairs of packed rows:
@@ -162,10 +167,25 @@ class SingleHeadAttention(nn.Module):
         # weight and bias (src/ops/linear.py)
         return linear((x,), layer, impl=self.impl)
 
+    def _keys_values(self, key_value: Tensor | KeyValueCache) -> KeyValueCache:
+        """Cross-attention's keys and values: the encoder output projected, or as given.
+
+        Shape:
+            (S, B, kv_features) or a cache of (S, B, d_o) -> key, value (S, B, d_o)
+        """
+        if isinstance(key_value, KeyValueCache):
+            if key_value.key.shape[-1] != self.d_o or key_value.value.shape[-1] != self.d_o:
+                raise ValueError(
+                    f"projected keys and values must be (S, B, d_o={self.d_o}), got "
+                    f"{tuple(key_value.key.shape)} and {tuple(key_value.value.shape)}"
+                )
+            return key_value
+        return KeyValueCache(*self._project(key_value, self.kv_proj).chunk(2, dim=-1))
+
     def forward(
         self,
         query: Tensor,
-        key_value: Tensor | None = None,
+        key_value: Tensor | KeyValueCache | None = None,
         *,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
@@ -175,7 +195,8 @@ class SingleHeadAttention(nn.Module):
             if key_value is None:
                 raise ValueError("cross-attention needs key_value (the encoder output)")
             q = self._project(query, self.q_proj)  # (T, B, d_o)
-            k, v = self._project(key_value, self.kv_proj).chunk(2, dim=-1)  # (S, B, d_o) each
+            projected = self._keys_values(key_value)
+            k, v = projected.key, projected.value  # (S, B, d_o) each
         else:
             if key_value is not None:
                 raise ValueError("self-attention takes no key_value; it attends over its query")
@@ -186,7 +207,7 @@ class SingleHeadAttention(nn.Module):
         self,
         query: Tensor,
         cache: KeyValueCache | None,
-        key_value: Tensor | None = None,
+        key_value: Tensor | KeyValueCache | None = None,
         *,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
@@ -212,7 +233,7 @@ class SingleHeadAttention(nn.Module):
                 )
             q = self._project(query, self.q_proj)  # (T, B, d_o)
             if cache is None:
-                cache = KeyValueCache(*self._project(key_value, self.kv_proj).chunk(2, dim=-1))
+                cache = self._keys_values(key_value)
         else:
             if key_value is not None:
                 raise ValueError("self-attention takes no key_value; it attends over its query")
@@ -345,3 +366,30 @@ def attention_dtype(weight: Tensor) -> torch.dtype:
     if autocast_known(device) and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return weight.dtype
+
+
+def encoder_keys_values(
+    attentions: Sequence[SingleHeadAttention], encoder_out: Tensor
+) -> list[KeyValueCache]:
+    """Each cross-attention's keys and values of one encoder output, from one product.
+
+    Every decoder layer projects the same encoder output with its own ``kv_proj``. With the
+    layers' weights stacked, that is one product forward and one each for the input and weight
+    gradients back, where L layers take L and 2L, and the L gradients of ``encoder_out`` come out
+    of the product already summed (autograd adds them one launch at a time otherwise); one split
+    of the gradient where there were L. The weights are concatenated at each call (one launch,
+    and their gradients come back as views); each key and value equals its layer's own
+    projection up to float rounding.
+
+    Shape:
+        encoder_out (S, B, kv_features) -> L caches of key, value (S, B, d_o)
+    """
+    first = attentions[0]
+    if any(not a.cross_attention for a in attentions):
+        raise ValueError("encoder keys and values are for cross-attention layers")
+    weight = torch.cat([a.kv_proj.weight for a in attentions])  # (L * 2 d_o, kv_features)
+    bias = torch.cat([a.kv_proj.bias for a in attentions])  # (L * 2 d_o,)
+    kv = linear_weights((encoder_out,), weight, bias, impl=first.impl)  # (S, B, L * 2 d_o)
+    # one split (one concatenation of gradients back): key then value of each layer in turn
+    pieces = kv.split([a.d_o for a in attentions for _ in ("key", "value")], dim=-1)
+    return [KeyValueCache(k, v) for k, v in zip(pieces[0::2], pieces[1::2], strict=True)]

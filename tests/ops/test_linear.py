@@ -91,11 +91,12 @@ def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torc
     timer = path_timer(times, outputs)
     layer = _layer(12, 5, True, kernel_device)
     x = torch.randn(40, 12, device=kernel_device)
-    assert module.linear_path((x,), layer, timer) == "triton"
+    assert module.linear_path((x,), layer.weight, layer.bias, timer) == "triton"
     torch.testing.assert_close(outputs["triton"], outputs["reference"], rtol=1e-5, atol=1e-5)
     times["triton"] = 3.0
-    assert module.linear_path((x,), layer, timer) == "triton"  # kept
-    assert module.linear_path((x[:20],), layer, timer) == "reference"  # another row bucket
+    assert module.linear_path((x,), layer.weight, layer.bias, timer) == "triton"  # kept
+    # another row bucket
+    assert module.linear_path((x[:20],), layer.weight, layer.bias, timer) == "reference"
     assert len(chosen(module.CHOICE)) == 2
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.ops.single_head_attention import SingleHeadAttention, causal_attention_mask
+from src.ops.single_head_attention import (
+    KeyValueCache,
+    SingleHeadAttention,
+    causal_attention_mask,
+    encoder_keys_values,
+)
 from tests.amp import OP_TOLERANCE, autocast_errors
 
 T, S, B, D_O, D_M = 5, 6, 3, 16, 32
@@ -196,3 +201,33 @@ def test_padding_bias_is_the_bool_mask_built_once(need_weights: bool) -> None:
         assert torch.equal(probs, expected_probs) and (probs[:, 0, -2:] == 0).all()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert attention_dtype(attention.q_proj.weight.float()) == torch.bfloat16
+
+
+def test_encoder_keys_values_equal_each_layers_own_projection() -> None:
+    torch.manual_seed(0)
+    layers = [SingleHeadAttention(D_M, D_O, D_M, cross_attention=True).double() for _ in range(3)]
+    memory = torch.randn(S, B, D_M, dtype=torch.float64, requires_grad=True)
+    query = torch.randn(T, B, D_M, dtype=torch.float64)
+    caches = encoder_keys_values(layers, memory)
+    assert len(caches) == 3 and all(c.key.shape == c.value.shape == (S, B, D_O) for c in caches)
+    for layer, cache in zip(layers, caches, strict=True):
+        k, v = layer.kv_proj(memory).chunk(2, dim=-1)  # keys then values
+        torch.testing.assert_close(cache.key, k, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(cache.value, v, rtol=1e-12, atol=1e-12)
+    # the layers' outputs and every gradient, through the one product and through each its own
+    stacked = sum(layer(query, cache)[0].square().sum() for layer, cache in zip(layers, caches))
+    own = sum(layer(query, memory)[0].square().sum() for layer in layers)
+    torch.testing.assert_close(stacked, own, rtol=1e-12, atol=0)
+    wanted = [memory, *(p for layer in layers for p in layer.kv_proj.parameters())]
+    for a, b in zip(torch.autograd.grad(stacked, wanted), torch.autograd.grad(own, wanted)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_projected_keys_values_are_checked() -> None:
+    attention = _cross()
+    query = torch.randn(T, B, D_M, dtype=torch.float64)
+    wrong = KeyValueCache(torch.zeros(S, B, D_O + 1), torch.zeros(S, B, D_O + 1))
+    with pytest.raises(ValueError, match="d_o=16"):
+        attention(query, wrong)
+    with pytest.raises(ValueError, match="cross-attention layers"):
+        encoder_keys_values([attention, _self()], torch.zeros(S, B, D_M, dtype=torch.float64))
