@@ -18,8 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from src.commands import study
-from src.commands.study import Claim, ModelSpec, RunKey, Study
+from src.commands.study.claims import Claim, ModelSpec, load_claim, load_claims
+from src.commands.study.report import claim_section, collect, cost_line, fmt
+from src.commands.study.runner import (
+    RunKey,
+    RunResult,
+    Study,
+    claim_runs,
+    compute_minutes,
+    due_runs,
+    multirun_commands,
+    read_run,
+    subprocess_runner,
+)
+from src.commands.study.stats import mean_curve, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,25 +155,25 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     toy = claim()
     experiment = Study(tmp_path / "runs", runner)
     experiment.run_claim(toy)
-    sides = study.collect(experiment, toy)
+    sides = collect(experiment, toy)
     assert sides is not None
     a, b = sides
     assert (a.lr, b.lr) == (8e-3, 2e-3)
     assert [r.metrics["test/score"] for r in a.runs] == pytest.approx([12.2, 12.3, 12.4])
     assert b.equal_length == 20 and len(b.equal_time) == 3
-    section, row = study.claim_section(toy, sides, None)
+    section, row = claim_section(toy, sides, None)
     # A - B = 2.0 with a std of 0.1 each: far beyond two standard errors (0.16)
     assert "**Verdict: holds.** A − B = +2.00 test/score, higher is better (two standard errors: 0.16)" in section
     assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
     # small metrics (bpc, accuracy) keep a third decimal: their differences are hundredths
-    assert study.fmt(1.6789, 0.0123) == "1.679 ± 0.012" and study.fmt(87.704, 1.13) == "87.70 ± 1.13"
+    assert fmt(1.6789, 0.0123) == "1.679 ± 0.012" and fmt(87.704, 1.13) == "87.70 ± 1.13"
     # B at equal time scores 0.1 more (10 more epochs x 0.01): A - B = +1.90
     assert "A − B = +1.90 (two standard errors 0.16): holds." in section
     assert "| 0.008 |" in section and "| 0.002 |" in section  # both inside their grids
     assert "grid edge" not in section
     assert "| 2000 |" in section and "| 1000 |" in section  # ms per update: A 2 s, B 1 s in the fake
     assert row.startswith("| A vs B |") and "| holds |" in row
-    noted, _ = study.claim_section(dataclasses.replace(toy, notes="**Checked.** Parity."), sides, None)
+    noted, _ = claim_section(dataclasses.replace(toy, notes="**Checked.** Parity."), sides, None)
     assert "**Checked.** Parity." in noted
     assert "**Checked.** Parity." not in section
 
@@ -179,7 +191,7 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     ],
 )
 def test_verdict(kind: str, higher: bool, a: list[float], b: list[float], expected: str) -> None:
-    found, diff, noise = study.verdict(claim(kind, higher), a, b)
+    found, diff, noise = verdict(claim(kind, higher), a, b)
     assert found == expected
     sign = 1 if higher else -1
     assert diff == pytest.approx(sign * (sum(a) - sum(b)) / 3)
@@ -187,7 +199,7 @@ def test_verdict(kind: str, higher: bool, a: list[float], b: list[float], expect
 
 
 def test_every_claim_config_loads_and_names_two_models_with_three_rates() -> None:
-    claims = study.load_claims()
+    claims = load_claims()
     assert claims, "conf/study/ has no claims"
     for found in claims:
         assert found.seeds == (1, 2, 3)
@@ -202,9 +214,9 @@ def test_a_bad_claim_is_named(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\nkind: maybe\nmodels: []\n")
     with pytest.raises(ValueError, match="kind must be better, not_worse or report"):
-        study.load_claim(path)
+        load_claim(path)
     with pytest.raises(SystemExit, match="unknown claim"):
-        study.load_claims(["no_such_claim"])
+        load_claims(["no_such_claim"])
 
 
 def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
@@ -214,9 +226,9 @@ def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
     key = RunKey(model, 2e-3, 1, 8)
     run_dir = key.run_dir(tmp_path)
     env_threads = os.environ.get("OMP_NUM_THREADS")
-    study.subprocess_runner(1)(toy, key, run_dir, ())
+    subprocess_runner(1)(toy, key, run_dir, ())
     assert os.environ.get("OMP_NUM_THREADS") == env_threads
-    result = study.read_run(run_dir)
+    result = read_run(run_dir)
     assert result is not None
     assert result.updates == 8
     assert 0 < result.fit_time_s
@@ -252,7 +264,7 @@ def test_claims_that_compare_the_same_model_share_its_runs(tmp_path: Path) -> No
     # A's grid and seeds ran once; only C's runs (and C's equal-time runs) are new
     assert [c for c in runner.calls if c[0] == "A"] == a_runs
     assert {c[0] for c in runner.calls[first:]} == {"C"}
-    assert study.collect(experiment, other) is not None
+    assert collect(experiment, other) is not None
 
 
 def test_every_claims_models_compose_with_the_keys_the_study_sets() -> None:
@@ -260,7 +272,7 @@ def test_every_claims_models_compose_with_the_keys_the_study_sets() -> None:
 
     from tests.conftest import compose_config
 
-    for found in study.load_claims():
+    for found in load_claims():
         for model in found.models:
             cfg = compose_config("train", model.overrides)
             assert OmegaConf.select(cfg, found.lr_key) in model.lrs or OmegaConf.select(cfg, found.lr_key) > 0
@@ -274,7 +286,7 @@ def test_a_rate_still_at_the_grids_edge_is_flagged(tmp_path: Path) -> None:
     toy = claim()
     experiment = Study(tmp_path, runner, extend=1)  # A's grid stops at 8e-3, its best
     experiment.run_claim(toy)
-    section, _ = study.claim_section(toy, study.collect(experiment, toy), None)
+    section, _ = claim_section(toy, collect(experiment, toy), None)
     assert "| 0.008 (grid edge) |" in section
     assert "| 0.002 |" in section
 
@@ -282,21 +294,21 @@ def test_a_rate_still_at_the_grids_edge_is_flagged(tmp_path: Path) -> None:
 def test_the_cost_from_scratch_replays_the_claims_decisions(tmp_path: Path) -> None:
     runner = FakeRunner()
     toy = claim()
-    study.Study(tmp_path, runner).run_claim(toy)
+    Study(tmp_path, runner).run_claim(toy)
     # a run outside the claim's decisions (an earlier, wider grid) is not counted
     write_run(RunKey(toy.b, 6.4e-2, 1, 10).run_dir(tmp_path), 9.0, 0.0, 1000.0, 100)
-    keys = study.claim_runs(tmp_path, toy)
+    keys = claim_runs(tmp_path, toy)
     assert keys is not None
     ran = {(n, lr, seed, length) for n, lr, seed, length in runner.calls}
     assert {(k.model.name, k.lr, k.seed, k.length) for k in keys} == ran
-    runs, minutes = study.compute_minutes(tmp_path, keys)
+    runs, minutes = compute_minutes(tmp_path, keys)
     # A: 5 grid rates + 2 seeds, 200 s + 5 each; B: 3 rates + 2 seeds at 100 s, 3 at equal time 200 s
     assert runs == len(ran) == 7 + 5 + 3
     assert minutes == pytest.approx((7 * 205 + 5 * 105 + 3 * 205) / 60)
-    assert "15 runs" in study.cost_line(runs, minutes, 2)
+    assert "15 runs" in cost_line(runs, minutes, 2)
     # a missing run: no cost yet, and nothing is run to find it
     (RunKey(toy.a, 8e-3, 2, 10).run_dir(tmp_path) / "metrics.json").unlink()
-    assert study.claim_runs(tmp_path, toy) is None
+    assert claim_runs(tmp_path, toy) is None
     assert len(runner.calls) == len(ran)
 
 
@@ -346,10 +358,10 @@ def test_one_chains_failure_lets_the_other_chain_finish(tmp_path: Path) -> None:
 def test_seeds_curves_average_by_validation_index() -> None:
     """Seeds with different update counts (AWD's variable windows) still give one curve."""
     runs = [
-        study.RunResult({}, 1, 1.0, 100, curve={50: 3.0, 100: 2.0}),
-        study.RunResult({}, 1, 1.0, 104, curve={52: 3.2, 104: 2.2, 150: 1.0}),
+        RunResult({}, 1, 1.0, 100, curve={50: 3.0, 100: 2.0}),
+        RunResult({}, 1, 1.0, 104, curve={52: 3.2, 104: 2.2, 150: 1.0}),
     ]
-    steps, stats = study.mean_curve(runs)
+    steps, stats = mean_curve(runs)
     assert steps == [51, 102]
     assert [m for m, _ in stats] == pytest.approx([3.1, 2.1])
     assert stats[0][1] == pytest.approx(0.1414, abs=1e-4)
@@ -360,11 +372,11 @@ def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp
     model = tiny_charlm()
     other = dataclasses.replace(model, name="other", overrides=(*model.overrides, "model.n_head=2"))
     toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, other), (1, 2, 3), "task.optimizer.lr")
-    due = study.due_runs(tmp_path, toy)
+    due = due_runs(tmp_path, toy)
     assert sorted((k.model.name, k.lr, k.seed) for k in due) == sorted(
         (m, lr, 1) for m in ("charlm", "other") for lr in (1e-3, 2e-3, 4e-3)
     )
-    commands = study.multirun_commands(tmp_path, toy, due)
+    commands = multirun_commands(tmp_path, toy, due)
     # two data preparations, then one sweep over the three rates per model
     assert len(commands) == 4 and all("fast_dev_run=true" in c for c in commands[:2])
     sweep = commands[2]
@@ -375,7 +387,7 @@ def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=env, check=True, capture_output=True)
     for lr in (1e-3, 2e-3):
-        result = study.read_run(RunKey(model, lr, 1, 8).run_dir(tmp_path))
+        result = read_run(RunKey(model, lr, 1, 8).run_dir(tmp_path))
         assert result is not None and result.updates == 8
-    left = study.due_runs(tmp_path, toy)
+    left = due_runs(tmp_path, toy)
     assert sorted((k.model.name, k.lr) for k in left) == [("charlm", 4e-3)] + [("other", lr) for lr in (1e-3, 2e-3, 4e-3)]
