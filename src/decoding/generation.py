@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import string
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 Memories = list[Tensor] | None
+State = TypeVar("State")  # what a sampler carries between network calls
 
 
 def _check_recurrent(net: nn.Module) -> None:
@@ -95,6 +97,54 @@ def draw(
     return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
 
 
+def _draw_continuation(
+    logits: Tensor,
+    state: State,
+    step: Callable[[Tensor, State], tuple[Tensor, State]],
+    num_tokens: int,
+    *,
+    stop: Tensor | int | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    allowed: Tensor | None,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """The loop of :func:`sample`, :func:`sample_recurrent` and :func:`sample_windowed`, which
+    differ only in how the network reads each new id: draw one id per row (:func:`draw`), feed it
+    back through ``step``, and repeat until ``num_tokens`` ids or every row has stopped.
+
+    Args:
+        logits: the next-token logits after the prompt.
+        state: what ``step`` carries from call to call (memories, recurrent state, the text).
+        step: (the ids just drawn (B,), state) -> (the next logits (B, V), the new state); not
+            called after the last id.
+        num_tokens: >= 1.
+        stop: the ids after which a row adds nothing, as a (V,) bool mask or one id; a stopped
+            row repeats the id it stopped on. None: never stop.
+
+    Shape:
+        logits (B, V) -> (B, n) int64, n = num_tokens unless every row stopped earlier
+    """
+    if isinstance(stop, Tensor):
+        stop = stop.to(logits.device)
+    chosen: list[Tensor] = []
+    stopped = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)  # (B,)
+    while True:
+        choice = draw(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed,
+            generator=generator,
+        )  # fmt: skip
+        if stop is not None:
+            if chosen:
+                choice = torch.where(stopped, chosen[-1], choice)  # a stopped row repeats its end
+            stopped |= stop[choice] if isinstance(stop, Tensor) else choice == stop
+        chosen.append(choice)
+        if len(chosen) == num_tokens or (stop is not None and bool(stopped.all())):
+            return torch.stack(chosen, dim=1)
+        logits, state = step(choice, state)
+
+
 def sample(
     net: nn.Module,
     prompt: Tensor,
@@ -136,26 +186,18 @@ def sample(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0: no top-k), got {top_k}")
-    out = prompt.new_empty(prompt.shape[0], num_symbols)
     if num_symbols == 0:
-        return out
+        return prompt.new_empty(prompt.shape[0], 0)
+
+    def step(choice: Tensor, memories: Memories) -> tuple[Tensor, Memories]:
+        logits, memories = net(choice[:, None], memories)  # (B, 1, V): one new position
+        return logits[:, -1], memories
+
     logits, memories = read_context(net, prompt, segment_len)
-    if stop is not None:
-        stop = stop.to(logits.device)
-    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
-    for i in range(num_symbols):
-        choice = draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed, generator=generator)
-        if stop is not None:
-            if i > 0:
-                choice = torch.where(stopped, out[:, i - 1], choice)  # a stopped row repeats its end
-            stopped |= stop[choice]
-        out[:, i] = choice
-        if stop is not None and bool(stopped.all()):
-            return out[:, : i + 1]
-        if i + 1 < num_symbols:
-            logits, memories = net(out[:, i : i + 1], memories)  # (B, 1, V): one new position
-            logits = logits[:, -1]
-    return out
+    return _draw_continuation(
+        logits, memories, step, num_symbols, stop=stop, temperature=temperature, top_k=top_k,
+        top_p=top_p, allowed=allowed, generator=generator,
+    )  # fmt: skip
 
 
 def complete_words(
@@ -387,21 +429,16 @@ def sample_recurrent(
         )
     if num_tokens == 0:
         return prompt.new_empty(prompt.shape[0], 0)
-    chosen: list[Tensor] = []
-    out = net(prompt, None)
-    logits, hidden = out.logits[:, -1], out.hidden  # (B, V)
-    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
-    for _ in range(num_tokens):
-        choice = draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed, generator=generator)  # (B,)
-        if stop is not None:
-            choice = choice.masked_fill(stopped, stop)
-            stopped |= choice == stop
-        chosen.append(choice)
-        if len(chosen) == num_tokens or (stop is not None and bool(stopped.all())):
-            break
+
+    def step(choice: Tensor, hidden: Any) -> tuple[Tensor, Any]:
         out = net(choice[:, None], hidden)  # (B, 1) -> logits (B, 1, V): one new position
-        logits, hidden = out.logits[:, -1], out.hidden
-    return torch.stack(chosen, dim=1)
+        return out.logits[:, -1], out.hidden
+
+    out = net(prompt, None)
+    return _draw_continuation(
+        out.logits[:, -1], out.hidden, step, num_tokens, stop=stop, temperature=temperature,
+        top_k=top_k, top_p=top_p, allowed=allowed, generator=generator,
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -447,16 +484,15 @@ def sample_windowed(
             f"need num_tokens >= 0, context >= 1, temperature > 0, top_k >= 0; got {num_tokens}, "
             f"{context}, {temperature}, {top_k}"
         )
-    allowed = None if banned is None else ~banned
-    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
-    tokens = prompt
-    for _ in range(num_tokens):
-        if stop is not None and bool(stopped.all()):
-            break
-        scores = net.log_prob(tokens[:, -context:])[:, -1]  # (B, V)
-        choice = draw(scores, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed, generator=generator)  # (B,)
-        if stop is not None:
-            choice = choice.masked_fill(stopped, stop)
-            stopped |= choice == stop
-        tokens = torch.cat([tokens, choice[:, None]], dim=1)
-    return tokens[:, prompt.shape[1] :]
+    if num_tokens == 0:
+        return prompt.new_empty(prompt.shape[0], 0)
+
+    def step(choice: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        tokens = torch.cat([tokens, choice[:, None]], dim=1)  # (B, T + 1)
+        return net.log_prob(tokens[:, -context:])[:, -1], tokens  # (B, V)
+
+    return _draw_continuation(
+        net.log_prob(prompt[:, -context:])[:, -1], prompt, step, num_tokens, stop=stop,
+        temperature=temperature, top_k=top_k, top_p=top_p,
+        allowed=None if banned is None else ~banned, generator=generator,
+    )  # fmt: skip
