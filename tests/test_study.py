@@ -391,3 +391,24 @@ def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp
         assert result is not None and result.updates == 8
     left = due_runs(tmp_path, toy)
     assert sorted((k.model.name, k.lr) for k in left) == [("charlm", 4e-3)] + [("other", lr) for lr in (1e-3, 2e-3, 4e-3)]
+
+
+def test_the_runs_due_come_in_the_claims_order_whichever_chain_records_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay's chains run in threads; the runs due (and so --multirun's commands) do not
+    depend on which thread records first."""
+    import time
+
+    run = Study._run
+
+    def late_a(self: Study, claim: Claim, key: RunKey) -> None:
+        if key.model.name == "A":
+            time.sleep(0.05)
+        run(self, claim, key)
+
+    monkeypatch.setattr(Study, "_run", late_a)
+    due = due_runs(tmp_path, claim())
+    assert [(k.model.name, k.lr, k.seed) for k in due] == [
+        (name, lr, 1) for name in ("A", "B") for lr in (1e-3, 2e-3, 4e-3)
+    ]

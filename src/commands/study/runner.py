@@ -275,7 +275,12 @@ def replay(out: Path, claim: Claim, extend: int = 2) -> tuple[list[RunKey], list
         study.run_claim(claim, prepare=False)
     except _Missing:
         pass
-    return study.used.get(claim.name, []), list(dict.fromkeys(due))
+    # the models' chains, and the runs of one decision, record at once: order them as the claim
+    # does (model, length, rate, seed), not as the threads happened to
+    due = sorted(
+        dict.fromkeys(due), key=lambda k: (claim.models.index(k.model), k.length, k.lr, k.seed)
+    )
+    return study.used.get(claim.name, []), due
 
 
 def claim_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey] | None:
