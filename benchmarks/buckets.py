@@ -34,14 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.datamodules.length_buckets import (  # noqa: E402
+from src.datamodules.length_buckets import (
     bucket_batches,
     choose_cells,
     format_table,
@@ -49,7 +47,7 @@ from src.datamodules.length_buckets import (  # noqa: E402
     packing_cells,
     padding_table,
 )
-from src.datamodules.translation import GettextTranslationDataModule, batch_by_tokens  # noqa: E402
+from src.datamodules.translation import GettextTranslationDataModule, batch_by_tokens
 
 IWSLT_PAIRS = 160_239
 IWSLT_MEANS = (4_035_591 / IWSLT_PAIRS, 3_949_114 / IWSLT_PAIRS)  # de, en tokens per sentence

@@ -14,19 +14,16 @@ ratios, then one JSON line per model.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.models.group_transformer import GroupTransformer  # noqa: E402
-from src.models.transformer_xl import TransformerXL  # noqa: E402
-from src.utils.complexity import measure  # noqa: E402
+from benchmarks.common import print_json_lines
+from src.models.group_transformer import GroupTransformer
+from src.models.transformer_xl import TransformerXL
+from src.utils.complexity import measure
 
 SEGMENT = 512
 VOCAB = 204  # enwik8
@@ -113,8 +110,7 @@ def main() -> None:
         print(f"{r['model']:<26}{r['params']:>11,}{r['paper_gflops']:>10.2f}{r['macs_per_segment'] / 1e9:>8.2f}"
               f"{r['train_tokens_per_s']:>13.1f}{r['infer_ms_per_segment']:>10.2f}{r['train_speedup_vs_txl']:>9.2f}"
               f"{r['infer_speedup_vs_txl']:>9.2f}{r['mac_ratio_txl_over_model']:>8.2f}{r['paper_flop_ratio_txl_over_model']:>9.2f}")
-    for r in rows:
-        print(json.dumps(r))
+    print_json_lines(rows)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from src.kernels.choices import COMMITTED  # noqa: E402
-from src.utils.files import write_json  # noqa: E402
+from src.kernels.choices import COMMITTED
+from src.utils.files import write_json
 
 
 def gpu_sections(store: dict, gpu: str | None) -> dict[str, dict]:

@@ -21,22 +21,19 @@ ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/cpu_paths.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.kernels.choices import cpu_signature  # noqa: E402
-from src.kernels.environment import use_cpu_paths  # noqa: E402
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.utils.memory_format import channels_last_network  # noqa: E402
+from benchmarks.common import print_json_lines, print_text_table
+from src.kernels.choices import cpu_signature
+from src.kernels.environment import use_cpu_paths
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+from src.utils.memory_format import channels_last_network
 
 MODES = ("auto", "1", "0")
 NETWORKS = {"dicenet": DiCENet, "espnetv2": ESPNetv2}
@@ -100,15 +97,12 @@ def main() -> None:
 
     print(f"# {cpu_signature()} | {args.threads} threads")
     header = f"{'network':<10}{'auto ms':>10}{'1 ms':>10}{'0 (ATen) ms':>13}{'auto/ATen':>11}{'1/ATen':>9}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['network']:<10}{row['ms_auto']:>10.1f}{row['ms_1']:>10.1f}{row['ms_0']:>13.1f}"
-            f"{row['auto_vs_aten']:>10.2f}x{row['kernels_vs_aten']:>8.2f}x"
-        )
-    for row in rows:
-        print(json.dumps(row))
+    print_text_table(header, (
+        f"{row['network']:<10}{row['ms_auto']:>10.1f}{row['ms_1']:>10.1f}{row['ms_0']:>13.1f}"
+        f"{row['auto_vs_aten']:>10.2f}x{row['kernels_vs_aten']:>8.2f}x"
+        for row in rows
+    ))  # fmt: skip
+    print_json_lines(rows)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,7 +41,6 @@ import torch
 import torchvision
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from src.export.onnx import custom_translations
 from src.export.quantize import dense_nodes
 from src.export.rewrites import prelu_as_max

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.datamodules.digits import DigitsDataModule  # noqa: E402
-from src.models.hub import timm_model  # noqa: E402
+from src.datamodules.digits import DigitsDataModule
+from src.models.hub import timm_model
 
 
 def epoch_seconds(workers: int, train_step: bool, epochs: int) -> float:

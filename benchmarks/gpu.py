@@ -56,7 +56,6 @@ about a minute (one thread, so that OpenMP does not spin against other jobs; ``-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import datetime
 import functools
@@ -64,44 +63,62 @@ import json
 import math
 import multiprocessing
 import os
-import platform
 import signal
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.op_cases.delight import dextra_macs_per_token  # noqa: E402
-from benchmarks.ops import synchronize  # noqa: E402
-from src.kernels.dispatch import triton_available, use_triton  # noqa: E402
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.models.group_transformer import GroupTransformer  # noqa: E402
-from src.models.transformer_xl import TransformerXL  # noqa: E402
-from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
-from src.ops.dice import DiCE  # noqa: E402
-from src.ops.group_linear import GroupLinear  # noqa: E402
+from benchmarks.common import (
+    D_M,
+    IMAGE_SIZE,
+    LM_BATCH,
+    LM_LEN,
+    SEQ,
+    VISION_BATCH,
+    VOCAB,
+    autocast,
+    cell,
+    cpu_name,
+    describe,
+    dextra_input_shape,
+    dextra_unit,
+    dicenet_dice_shapes,
+    enwik8_lm,
+    enwik8_loss,
+    enwik8_memories,
+    fmt_ratio,
+    forward_backward,
+    glt_weight_shapes,
+    has_impl,
+    progress,
+    ratio,
+    release,
+    rounded,
+    run_once,
+    synchronize,
+    training_step,
+    vision_network,
+    with_impl,
+)
+from benchmarks.op_cases.delight import dextra_macs_per_token
+from src.kernels.dispatch import triton_available, use_triton
+from src.models.dicenet import DiCENet
+from src.ops.dice import DiCE
 
 PARTS = ("dextra", "charlm", "vision", "dice", "wgrad", "amp")
 PRECISIONS = ("fp32", "bf16")
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-D_M = 512  # the DeLighT LM's block width; the unit maps 512 -> 256
-SEQ = 512  # DExTra inputs are (tokens / SEQ, SEQ, D_M)
-VOCAB = 204  # enwik8
-LM_LAYERS, LM_WIDTH = 9, 256
 TXL = "transformer_xl(9,256,8)"
-LM_NAMES = (TXL, "group_transformer(G=2)", "group_transformer(G=4)")
+# an LM entry -> its groups (None: Transformer-XL)
+LM_GROUPS = {TXL: None, "group_transformer(G=2)": 2, "group_transformer(G=4)": 4}
+LM_NAMES = tuple(LM_GROUPS)
 SHORT = dict(zip(LM_NAMES, ("TXL", "G=2", "G=4"), strict=True))
 PLAIN = "_plain"  # an LM entry with its kernels and fused attention switched off
 OURS_CNN = ("dicenet", "espnetv2")
@@ -113,8 +130,9 @@ BASELINE_CNN = "shufflenet_v2_x1_0"
 # fp32, and one thread keeps it quick where other jobs share the cores; None: torch's default)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {
-        "repeats": 21, "warmup": 3, "tokens": [4096, 16384], "lm_batch": 22, "lm_len": 512,
-        "vision_batch": 256, "image_size": 224, "vision_precision": "bf16", "threads": None,
+        "repeats": 21, "warmup": 3, "tokens": [4096, 16384], "lm_batch": LM_BATCH,
+        "lm_len": LM_LEN, "vision_batch": VISION_BATCH, "image_size": IMAGE_SIZE,
+        "vision_precision": "bf16", "threads": None,
     },
     "cpu": {
         "repeats": 3, "warmup": 1, "tokens": [512], "lm_batch": 2, "lm_len": 32,
@@ -156,33 +174,6 @@ class Timing:
     error: str | None = None
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """No autocast for "fp32", else ``torch.autocast`` to bf16 or fp16."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
-
-
-def describe(error: BaseException) -> str:
-    """``Type: first line of the message``, short enough for a table."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def release(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def run_once(step: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call, the device synchronised before and after."""
-    synchronize(device)
-    start = time.perf_counter()
-    step()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
 def time_interleaved(steps: dict[str, Callable[[], object]], s: Settings) -> dict[str, Timing]:
     """Median milliseconds of each step, the steps run round-robin.
 
@@ -220,53 +211,7 @@ def time_interleaved(steps: dict[str, Callable[[], object]], s: Settings) -> dic
     return timings
 
 
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator == 0:
-        return None
-    return round(numerator / denominator, 3)
-
-
-def rounded(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def with_impl(net: nn.Module, impl: str) -> nn.Module:
-    """``net`` with every op's kernel switch (``impl``, see ``src/ops/triton``) set to ``impl``."""
-    for module in net.modules():
-        if isinstance(getattr(module, "impl", None), str):
-            module.impl = impl
-    return net
-
-
-def has_impl(net: nn.Module) -> bool:
-    return any(isinstance(getattr(module, "impl", None), str) for module in net.modules())
-
-
 # --- dextra -------------------------------------------------------------------------------------
-
-
-def dextra_unit() -> DExTra:
-    return DExTra(
-        D_M, D_M // 2, D_M // 2, width_multiplier=2.0, depth=8, max_groups=dextra_max_groups(D_M)
-    )
-
-
-def dextra_input_shape(tokens: int) -> tuple[int, int, int]:
-    seq = min(tokens, SEQ)
-    return tokens // seq, seq, D_M
-
-
-def forward_backward(
-    fn: Callable[[], Tensor], device: torch.device, precision: str
-) -> Callable[[], None]:
-    """A step running ``fn`` under the precision's autocast, then backward from a ones gradient."""
-
-    def step() -> None:
-        with autocast(device, precision):
-            out = fn()
-        out.backward(torch.ones_like(out))
-
-    return step
 
 
 def dextra_part(s: Settings) -> list[dict]:
@@ -331,16 +276,6 @@ def dextra_part(s: Settings) -> list[dict]:
 # --- wgrad --------------------------------------------------------------------------------------
 
 
-def glt_weight_shapes() -> list[tuple[int, int, int]]:
-    """The distinct (g, k, n) GLT weights of the DExTra unit, in layer order (a layer with the
-    input mixer is timed as one part of width g k)."""
-    shapes: list[tuple[int, int, int]] = []
-    for module in dextra_unit().modules():
-        if isinstance(module, GroupLinear) and tuple(module.weight.shape) not in shapes:
-            shapes.append(tuple(module.weight.shape))
-    return shapes
-
-
 def wgrad_part(s: Settings) -> list[dict]:
     kernels = s.device.type == "cuda" and triton_available()
     if kernels:
@@ -389,17 +324,8 @@ def wgrad_part(s: Settings) -> list[dict]:
 
 
 def lm_model(name: str, length: int) -> nn.Module:
-    """Table 2's enwik8 models (9 layers, d_model 256, 8 heads, d_inner 1024), dropout off."""
-    size: dict[str, Any] = {
-        "n_token": VOCAB, "n_layer": LM_LAYERS, "d_model": LM_WIDTH, "n_head": 8, "d_inner": 1024,
-        "mem_len": length, "dropout": 0.0,
-    }
-    base = name.removesuffix(PLAIN)
-    if base == TXL:
-        net: nn.Module = TransformerXL(**size, pre_norm=True, tie_weight=False)
-    else:
-        groups = {"group_transformer(G=2)": 2, "group_transformer(G=4)": 4}[base]
-        net = GroupTransformer(**size, n_group=groups, tgt_len=length)
+    """Table 2's enwik8 model of the entry ``name``, dropout off."""
+    net = enwik8_lm(LM_GROUPS[name.removesuffix(PLAIN)], length)
     if name.endswith(PLAIN):  # every kernel switch on PyTorch, attention on the eager ops
         with_impl(net, "reference")
         for module in net.modules():
@@ -418,16 +344,9 @@ def lm_train_step(
 ) -> Callable[[], None]:
     """Forward over ``tokens[:, :-1]`` with full memories, next-character loss, backward, Adam."""
     optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, fused=True)
-
-    def step() -> None:
-        with autocast(device, precision):
-            logits, _ = forward(tokens[:, :-1], memories)  # (B, T, VOCAB)
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return training_step(
+        lambda: enwik8_loss(forward, tokens, memories), optimizer, device, precision
+    )
 
 
 def charlm_part(s: Settings) -> list[dict]:
@@ -435,10 +354,7 @@ def charlm_part(s: Settings) -> list[dict]:
     modes = ("eager", "compiled") if s.compile else ("eager",)
     torch.manual_seed(0)
     tokens = torch.randint(VOCAB, (s.lm_batch, s.lm_len + 1), device=s.device)
-    # n_layer + 1 memories (B, M, d_model), as after one full segment
-    memories = [
-        torch.zeros(s.lm_batch, s.lm_len, LM_WIDTH, device=s.device) for _ in range(LM_LAYERS + 1)
-    ]
+    memories = enwik8_memories(s.lm_batch, s.lm_len, s.device)
     for precision in PRECISIONS:
         for mode in modes:
             progress(f"charlm: {precision}, {mode}")
@@ -481,13 +397,7 @@ def charlm_part(s: Settings) -> list[dict]:
 
 def vision_net(name: str, s: Settings) -> nn.Module:
     """One network by name: ours (``*_reference``: kernel switches off) or a torchvision one."""
-    base = name.removesuffix("_reference")
-    if base == "dicenet":
-        net: nn.Module = DiCENet(scale=1.0, input_size=s.image_size)
-    elif base == "espnetv2":
-        net = ESPNetv2(scale=1.0)
-    else:
-        net = torchvision.models.get_model(base)
+    net = vision_network(name.removesuffix("_reference"), s.image_size)
     if name.endswith("_reference"):
         with_impl(net, "reference")
     return net.to(s.device, memory_format=torch.channels_last)
@@ -508,15 +418,9 @@ def vision_train_step(
     optimizer = torch.optim.SGD(
         net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5, fused=True
     )
-
-    def step() -> None:
-        with autocast(s.device, s.vision_precision):
-            loss = F.cross_entropy(forward(x), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step
+    return training_step(
+        lambda: F.cross_entropy(forward(x), labels), optimizer, s.device, s.vision_precision
+    )
 
 
 def vision_infer_step(net: nn.Module, x: Tensor, s: Settings) -> Callable[[], None]:
@@ -580,17 +484,6 @@ def vision_part(s: Settings) -> list[dict]:
 
 
 # --- dice ---------------------------------------------------------------------------------------
-
-
-def dice_shapes(s: Settings) -> list[tuple[int, int, int]]:
-    """The distinct (C, H_b, W_b) of DiCENet s=1.0's DiCE units at the run's image size."""
-    shapes: list[tuple[int, int, int]] = []
-    for module in DiCENet(scale=1.0, input_size=s.image_size).modules():
-        if isinstance(module, DiCE):
-            conv = module.dim_conv
-            if (conv.channels, conv.height, conv.width) not in shapes:
-                shapes.append((conv.channels, conv.height, conv.width))
-    return shapes
 
 
 def dice_variant(unit: DiCE, name: str) -> DiCE:
@@ -669,7 +562,7 @@ def dice_part(s: Settings) -> list[dict]:
     rows = dicenet_saved_rows(names, s)
     if s.device.type != "cuda":  # the interpreter's speed means nothing
         names = [name for name in names if name not in ("fused", "kernel")]
-    for channels, height, width in dice_shapes(s):
+    for channels, height, width in dicenet_dice_shapes(s.image_size):
         torch.manual_seed(0)
         unit = DiCE(channels, channels, height, width).to(s.device)
         units = {name: dice_variant(unit, name) for name in names}
@@ -786,7 +679,7 @@ def amp_cases(s: Settings) -> dict[str, AmpCase]:
     """name -> (build the module, run it: (output, scalar loss)) for every module above, small."""
     x = torch.randn(1, min(s.tokens[0], SEQ), D_M, device=s.device)
     tokens = torch.randint(VOCAB, (2, s.lm_len + 1), device=s.device)
-    memories = [torch.zeros(2, s.lm_len, LM_WIDTH, device=s.device) for _ in range(LM_LAYERS + 1)]
+    memories = enwik8_memories(2, s.lm_len, s.device)
     images, labels = vision_inputs(s, 2)
 
     def dextra(net: nn.Module) -> tuple[Tensor, Tensor]:
@@ -889,14 +782,6 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
-def cell(value: Any, spec: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and spec:
-        return format(value, spec)
-    return str(value)
-
-
 def print_table(part: str, rows: list[dict]) -> None:
     """Text columns left-aligned, numbers right-aligned, empty columns left out; a row's error
     ends its line."""
@@ -924,10 +809,6 @@ def print_table(part: str, rows: list[dict]) -> None:
     for row, values in zip(rows, cells, strict=True):
         error = row.get("error")
         print(line(values) + (f"  {row.get('status', 'error')}: {error}" if error else ""))
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def fmt_seconds(row: dict) -> str:
@@ -1040,16 +921,6 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo where there is one."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def environment(s: Settings) -> dict:
     cuda = s.device.type == "cuda"
     triton_version = None
@@ -1070,10 +941,6 @@ def environment(s: Settings) -> dict:
         "threads": torch.get_num_threads(),
         "settings": {k: str(v) if k == "device" else v for k, v in asdict(s).items()},
     }
-
-
-def progress(message: str) -> None:
-    print(f"... {message}", file=sys.stderr, flush=True)
 
 
 def by_device(flag: str) -> str:

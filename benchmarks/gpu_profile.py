@@ -52,12 +52,10 @@ runs anywhere in seconds and cannot rot between GPU visits.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -66,18 +64,26 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.gpu import describe  # noqa: E402
-from benchmarks.gpu import run_once as timed  # noqa: E402
-from benchmarks.ops import synchronize  # noqa: E402
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.models.group_transformer import GroupTransformer  # noqa: E402
-from src.models.transformer_xl import TransformerXL  # noqa: E402
+from benchmarks.common import (
+    IMAGE_SIZE,
+    LM_BATCH,
+    LM_LEN,
+    VISION_BATCH,
+    VOCAB,
+    autocast,
+    describe,
+    enwik8_lm,
+    enwik8_loss,
+    enwik8_memories,
+    from_config,
+    parameter_count,
+    run_once,
+    synchronize,
+    training_step,
+    vision_network,
+)
 
 # entry -> the baseline it is compared with in ``pairs``, in the order they run (what no other
 # benchmark measures first: a window on the GPU may end before the last)
@@ -108,11 +114,11 @@ class Sizes:
     awd_batch: int
     awd_bptt: int
     ssd_images: int
-    precision: torch.dtype | None  # autocast dtype, None for fp32
+    precision: str  # autocast to "bf16", or "fp32" for none
 
 
-FULL = Sizes(256, 224, 22, 512, 4096, 20, 70, 32, torch.bfloat16)
-DRY = Sizes(2, 64, 2, 16, 64, 2, 8, 1, None)
+FULL = Sizes(VISION_BATCH, IMAGE_SIZE, LM_BATCH, LM_LEN, 4096, 20, 70, 32, "bf16")
+DRY = Sizes(2, 64, 2, 16, 64, 2, 8, 1, "fp32")
 
 
 @dataclass
@@ -127,34 +133,18 @@ class Entry:
     net: nn.Module
     forward_input: Tensor | None = None
 
-
-def count(net: nn.Module) -> int:
-    return sum(p.numel() for p in net.parameters())
-
-
-def compose(overrides: list[str]):
-    """The project's Hydra config for ``overrides`` (only composed: no data is read)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides)
+    def inference_seconds(self, calls: int, device: torch.device, precision: str) -> list[float]:
+        """Seconds of each of ``calls`` inference forwards of ``forward_input`` (the network in
+        eval mode for them)."""
+        self.net.eval()
+        with torch.inference_mode(), autocast(device, precision):
+            seconds = [run_once(lambda: self.net(self.forward_input), device) for _ in range(calls)]
+        self.net.train()
+        return seconds
 
 
-def from_config(*overrides: str) -> nn.Module:
-    from hydra.utils import instantiate
-
-    return instantiate(compose(list(overrides)).model)
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
-
-
+# the image entries that are torchvision's networks, by torchvision's names
+TORCHVISION_NAMES = {"shufflenet": "shufflenet_v2_x1_0"}
 # the graphed path of the text systems (src/build.py compiles them the same way under trainer=gpu)
 GRAPHED = "cudagraphs"
 TEXT = ("gt4", "gt2", "txl", "delight_mt", "transformer_mt", "awd_pru", "awd_lstm")
@@ -170,37 +160,8 @@ def compiled(net: nn.Module, backend: str | None) -> Callable[..., object]:
     return torch.compile(net, backend=backend)
 
 
-def training_step(
-    net: nn.Module,
-    forward: Callable[[], Tensor],
-    device: torch.device,
-    dtype: torch.dtype | None,
-    optimizer: torch.optim.Optimizer,
-    graphed: bool = False,
-) -> Callable[[], None]:
-    """One step: ``forward()`` (the scalar loss) under autocast, backward, optimiser step. When
-    ``graphed``, each step first tells the CUDA-graph trees that a new iteration begins, so the
-    replay may reuse the last one's outputs (nothing of them is kept between steps)."""
-
-    def step() -> None:
-        if graphed:
-            torch.compiler.cudagraph_mark_step_begin()
-        with autocast(device, dtype):
-            loss = forward()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
 def vision_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
-    if name == "dicenet":
-        net: nn.Module = DiCENet(scale=1.0, input_size=sz.image_size)
-    elif name == "espnetv2":
-        net = ESPNetv2(scale=1.0)
-    else:
-        net = torchvision.models.shufflenet_v2_x1_0()
+    net = vision_network(TORCHVISION_NAMES.get(name, name), sz.image_size)
     net = net.to(device, memory_format=torch.channels_last).train()
     forward = compiled(net, backend)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -210,33 +171,21 @@ def vision_entry(name: str, sz: Sizes, device: torch.device, backend: str | None
     optimizer = torch.optim.SGD(
         net.parameters(), lr=0.01, momentum=0.9, weight_decay=4e-5, fused=True
     )
-    step = training_step(net, lambda: F.cross_entropy(forward(x), labels), device, sz.precision,
-                         optimizer, backend == GRAPHED)  # fmt: skip
-    return Entry(step, sz.images, "images", count(net), net, x)
+    step = training_step(lambda: F.cross_entropy(forward(x), labels), optimizer, device,
+                         sz.precision, graphed=backend == GRAPHED)  # fmt: skip
+    return Entry(step, sz.images, "images", parameter_count(net), net, x)
 
 
 def charlm_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
-    vocab, layers, width = 204, 9, 256  # enwik8, Table 2's models
-    size = {"n_token": vocab, "n_layer": layers, "d_model": width, "n_head": 8, "d_inner": 1024,
-            "mem_len": sz.lm_len, "dropout": 0.0}  # fmt: skip
-    if name == "txl":
-        net: nn.Module = TransformerXL(**size, pre_norm=True, tie_weight=False)
-    else:
-        net = GroupTransformer(**size, n_group=int(name[2:]), tgt_len=sz.lm_len)
-    net = net.to(device).train()
+    net = enwik8_lm(None if name == "txl" else int(name[2:]), sz.lm_len).to(device).train()
     forward = compiled(net, backend)
     generator = torch.Generator(device="cpu").manual_seed(0)
-    tokens = torch.randint(vocab, (sz.lm_batch, sz.lm_len + 1), generator=generator).to(device)
-    memories = [torch.zeros(sz.lm_batch, sz.lm_len, width, device=device)
-                for _ in range(layers + 1)]  # fmt: skip
-
-    def loss() -> Tensor:
-        logits, _ = forward(tokens[:, :-1], memories)  # (B, T, V)
-        return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-
+    tokens = torch.randint(VOCAB, (sz.lm_batch, sz.lm_len + 1), generator=generator).to(device)
+    memories = enwik8_memories(sz.lm_batch, sz.lm_len, device)
     optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
-    return Entry(step, sz.lm_batch * sz.lm_len, "tokens", count(net), net)
+    step = training_step(lambda: enwik8_loss(forward, tokens, memories), optimizer, device,
+                         sz.precision, graphed=backend == GRAPHED)  # fmt: skip
+    return Entry(step, sz.lm_batch * sz.lm_len, "tokens", parameter_count(net), net)
 
 
 def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
@@ -259,8 +208,8 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) ->
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt[:, 1:].reshape(-1))
 
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
-    return Entry(step, sentences * length, "target tokens", count(net), net)
+    step = training_step(loss, optimizer, device, sz.precision, graphed=backend == GRAPHED)
+    return Entry(step, sentences * length, "target tokens", parameter_count(net), net)
 
 
 def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
@@ -276,8 +225,8 @@ def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -
         return F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
 
     optimizer = torch.optim.SGD(net.parameters(), lr=30.0, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
-    return Entry(step, sz.awd_batch * sz.awd_bptt, "tokens", count(net), net)
+    step = training_step(loss, optimizer, device, sz.precision, graphed=backend == GRAPHED)
+    return Entry(step, sz.awd_batch * sz.awd_bptt, "tokens", parameter_count(net), net)
 
 
 def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
@@ -293,8 +242,8 @@ def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -
         return boxes.float().square().mean() + scores.float().logsumexp(-1).mean()
 
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, fused=True)
-    step = training_step(net, loss, device, sz.precision, optimizer, backend == GRAPHED)
-    return Entry(step, sz.ssd_images, "images", count(net), net, x)
+    step = training_step(loss, optimizer, device, sz.precision, graphed=backend == GRAPHED)
+    return Entry(step, sz.ssd_images, "images", parameter_count(net), net, x)
 
 
 BUILDERS: dict[str, Callable[[str, Sizes, torch.device, bool], Entry]] = {
@@ -334,7 +283,7 @@ class Profiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         synchronize(self.device)
         with profile(activities=activities, record_shapes=True) as prof:
-            seconds = timed(entry.step, self.device)
+            seconds = run_once(entry.step, self.device)
         # the ops (with their input shapes) by the time of the kernels they launched themselves on
         # CUDA, by their own CPU time on the CPU; on CUDA also the kernels by name
         if cuda:
@@ -424,7 +373,7 @@ def pairs(
         samples: dict[str, list[float]] = {label: [] for label in entries}
         for _ in range(repeats):
             for label, entry in entries.items():
-                samples[label].append(timed(entry.step, device))
+                samples[label].append(run_once(entry.step, device))
         ms = {label: 1e3 * statistics.median(s) for label, s in samples.items()}
         base = BASELINES[group[0]]
         for label, entry in entries.items():
@@ -470,7 +419,7 @@ def _built(
     started = time.perf_counter()
     entry = entries[label] = build(name, sz, device, backend)
     before_timing = timings()
-    first = timed(entry.step, device)
+    first = run_once(entry.step, device)
     # how many of impl="auto"'s choices the first step measured: none where the committed table
     # and the machine's store hold them
     timed_choices = timings() - before_timing
@@ -484,10 +433,7 @@ def _built(
     if device.type == "cuda":
         facts["peak_mib"] = round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
     if entry.forward_input is not None:
-        entry.net.eval()
-        with torch.inference_mode(), autocast(device, sz.precision):
-            infer = [timed(lambda: entry.net(entry.forward_input), device) for _ in range(7)]
-        entry.net.train()
+        infer = entry.inference_seconds(7, device, sz.precision)
         facts["infer_per_s"] = round(entry.units / statistics.median(infer[2:]), 1)
     return facts
 
@@ -502,12 +448,12 @@ def compile_probe(
     started = time.perf_counter()
     try:
         entry = build(name, sz, device, backend)
-        first = timed(entry.step, device)
+        first = run_once(entry.step, device)
         graphs = int(counters["stats"]["unique_graphs"])
         breaks = {str(reason)[:200]: n for reason, n in counters["graph_break"].items()}
         for _ in range(3):
             entry.step()
-        ms = 1e3 * statistics.median(timed(entry.step, device) for _ in range(repeats))
+        ms = 1e3 * statistics.median(run_once(entry.step, device) for _ in range(repeats))
     except Exception as error:
         emit({"part": "compile", "name": name, "error": describe(error),
               "seconds_before_error": round(time.perf_counter() - started, 1)}, rows)
@@ -526,12 +472,10 @@ def warm(names: list[str], sz: Sizes, device: torch.device, rows: list[dict]) ->
     for name in names:
         try:
             entry = build(name, sz, device)
-            train = [timed(entry.step, device) for _ in range(2)]
+            train = [run_once(entry.step, device) for _ in range(2)]
             infer = []
             if entry.forward_input is not None:
-                entry.net.eval()
-                with torch.inference_mode(), autocast(device, sz.precision):
-                    infer = [timed(lambda: entry.net(entry.forward_input), device) for _ in range(2)]
+                infer = entry.inference_seconds(2, device, sz.precision)
         except Exception as error:
             emit({"part": "warm", "name": name, "error": describe(error)}, rows)
             continue

@@ -97,9 +97,29 @@ if __name__ == "__main__" and "--dry" in sys.argv[1:]:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import gpu  # noqa: E402
-from benchmarks.ops import synchronize  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    D_M,
+    IMAGE_SIZE,
+    LM_BATCH,
+    LM_LEN,
+    LM_WIDTH,
+    SEQ,
+    VISION_BATCH,
+    cell,
+    cpu_name,
+    describe,
+    dextra_unit,
+    dicenet_dice_shapes,
+    fmt_ratio,
+    forward_backward,
+    glt_weight_shapes,
+    progress,
+    ratio,
+    release,
+    run_once,
+    synchronize,
+    with_impl,
+)
 from src.models.espnetv2 import ESPNetv2Backbone  # noqa: E402
 from src.ops.batch_norm_prelu import batch_norm_prelu  # noqa: E402
 from src.ops.dextra import DExTra  # noqa: E402
@@ -131,9 +151,8 @@ NORM_GROUPS = (2, 4)  # the Group-Transformers of gpu.py's charlm part
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {
         "repeats": 10, "warmup": 2, "tokens": 16384,
-        "vision_batch": gpu.DEFAULTS["cuda"]["vision_batch"],
-        "image_size": gpu.DEFAULTS["cuda"]["image_size"],
-        "lm_batch": gpu.DEFAULTS["cuda"]["lm_batch"], "lm_len": gpu.DEFAULTS["cuda"]["lm_len"],
+        "vision_batch": VISION_BATCH, "image_size": IMAGE_SIZE, "lm_batch": LM_BATCH,
+        "lm_len": LM_LEN,
         "compile_jobs": min(8, max(1, (os.cpu_count() or 2) - 1)),
     },
     # the interpreter's cost grows with the programs of a launch: one tile, a few, at most
@@ -264,7 +283,7 @@ class Case:
 
 def training_step(fn: Callable[[], torch.Tensor], s: Settings, precision: str) -> Run:
     """``fn()`` under the precision's autocast, then backward from a ones gradient."""
-    step = gpu.forward_backward(fn, s.device, precision)
+    step = forward_backward(fn, s.device, precision)
     return lambda config: step()
 
 
@@ -275,25 +294,25 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
 # --- glt, glt_wgrad -----------------------------------------------------------------------------
 
 
-def dextra_unit(s: Settings) -> DExTra:
+def glt_unit(s: Settings) -> DExTra:
     """gpu.py's DExTra unit; under --dry one of width 64, depth 4 and g_max 4."""
     if s.dry:
         return DExTra(64, 32, 32, width_multiplier=2.0, depth=4, max_groups=4)
-    return gpu.dextra_unit()
+    return dextra_unit()
 
 
 def glt_shapes(s: Settings) -> list[Shape]:
     def build(precision: str) -> Run:
         torch.manual_seed(0)
-        unit = gpu.with_impl(dextra_unit(s), "triton").to(s.device)
-        seq = min(s.tokens, gpu.SEQ)
+        unit = with_impl(glt_unit(s), "triton").to(s.device)
+        seq = min(s.tokens, SEQ)
         # (tokens / seq, seq, d_m)
         x = torch.randn(
             s.tokens // seq, seq, unit.in_features, device=s.device, requires_grad=True
         )
         return training_step(lambda: unit(x), s, precision)
 
-    return [Shape(f"dextra(d_m={dextra_unit(s).in_features}) x {s.tokens} tokens", build)]
+    return [Shape(f"dextra(d_m={glt_unit(s).in_features}) x {s.tokens} tokens", build)]
 
 
 def wgrad_shapes(s: Settings) -> list[Shape]:
@@ -309,7 +328,7 @@ def wgrad_shapes(s: Settings) -> list[Shape]:
 
         return Shape(f"{groups}x{k}x{n} x {s.tokens} tokens", build)
 
-    shapes = gpu.glt_weight_shapes()
+    shapes = glt_weight_shapes()
     return [shape(*weight) for weight in (shapes[:1] if s.dry else shapes)]
 
 
@@ -332,9 +351,7 @@ def dice_shapes(s: Settings) -> list[Shape]:
 
         return Shape(f"{channels}x{height}x{width} b{s.vision_batch}", build)
 
-    # only the image size of gpu.py's settings is read
-    vision = gpu.parse_settings(["--device", "cpu", "--image-size", str(s.image_size)])[0]
-    shapes = gpu.dice_shapes(vision)
+    shapes = dicenet_dice_shapes(s.image_size)
     return [shape(*dims) for dims in (shapes[:1] if s.dry else shapes)]
 
 
@@ -394,13 +411,13 @@ def grouped_norm_shapes(s: Settings) -> list[Shape]:
     def shape(groups: int) -> Shape:
         def build(precision: str) -> Run:
             torch.manual_seed(0)
-            norm = PerGroupLayerNorm(gpu.LM_WIDTH, groups, impl="triton").to(s.device)
+            norm = PerGroupLayerNorm(LM_WIDTH, groups, impl="triton").to(s.device)
             x = torch.randn(
-                rows, gpu.LM_WIDTH, device=s.device, dtype=DTYPES[precision], requires_grad=True
+                rows, LM_WIDTH, device=s.device, dtype=DTYPES[precision], requires_grad=True
             )
             return training_step(lambda: norm(x), s, precision)
 
-        return Shape(f"{rows}x{gpu.LM_WIDTH} g{groups}", build)
+        return Shape(f"{rows}x{LM_WIDTH} g{groups}", build)
 
     return [shape(groups) for groups in (NORM_GROUPS[:1] if s.dry else NORM_GROUPS)]
 
@@ -409,7 +426,7 @@ def relative_softmax_shapes(s: Settings) -> list[Shape]:
     # queries of one segment against a memory of one segment
     heads = 1 if s.dry else LM_HEADS
     shape = (s.lm_batch, heads, s.lm_len, 2 * s.lm_len)  # (B, H, T, K)
-    scale = (gpu.LM_WIDTH // LM_HEADS) ** -0.5
+    scale = (LM_WIDTH // LM_HEADS) ** -0.5
 
     def build(precision: str) -> Run:
         torch.manual_seed(0)
@@ -476,7 +493,7 @@ def residual_norm_shapes(s: Settings) -> list[Shape]:
 
 CASES: dict[str, Case] = {
     "glt": Case(
-        f"DExTra(d_m={gpu.D_M}, w_m=2, N=8) forward+backward, every GLT on the Triton kernel",
+        f"DExTra(d_m={D_M}, w_m=2, N=8) forward+backward, every GLT on the Triton kernel",
         (BLOCK_R, BLOCK_T, BLOCK_C, GLT_WARPS, GLT_STAGES),
         (grid(BLOCK_R, BLOCK_T, BLOCK_C, GLT_WARPS), grid(GLT_STAGES)),
         glt_shapes,
@@ -573,14 +590,14 @@ def measure(run: Run, config: Config, knobs: Sequence[Knob], s: Settings) -> dic
     call = functools.partial(run, config)
     try:
         with applied(knobs, config):
-            result["first_s"] = round(gpu.run_once(call, s.device), 3)
+            result["first_s"] = round(run_once(call, s.device), 3)
             for _ in range(s.warmup - 1):
-                gpu.run_once(call, s.device)
-            samples = [gpu.run_once(call, s.device) for _ in range(s.repeats)]
+                run_once(call, s.device)
+            samples = [run_once(call, s.device) for _ in range(s.repeats)]
         result["ms"] = round(1e3 * statistics.median(samples), 4)
     except Exception as error:  # reported in the row (a build the GPU rejects); the sweep goes on
-        result["error"] = gpu.describe(error)
-        gpu.release(s.device)
+        result["error"] = describe(error)
+        release(s.device)
     return result
 
 
@@ -594,7 +611,7 @@ def compile_in_worker(name: str, index: int, precision: str, config: Config, s: 
     key = (name, index, precision)
     if key not in _worker_run:
         _worker_run.clear()
-        gpu.release(s.device)
+        release(s.device)
         _worker_run[key] = CASES[name].shapes(s)[index].build(precision)
     with contextlib.suppress(Exception), launch_targets(s), applied(CASES[name].knobs, config):
         _worker_run[key](config)
@@ -627,7 +644,7 @@ class Compiler:
                 for config in configs
             ]
         except concurrent.futures.BrokenExecutor as error:
-            gpu.progress(f"compile workers stopped ({gpu.describe(error)}); compiling in turn")
+            progress(f"compile workers stopped ({describe(error)}); compiling in turn")
             self.close()
             return
         _, pending = concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
@@ -659,15 +676,15 @@ def time_configs(
     and whether the deadline stopped them."""
     if not configs:
         return [], False
-    gpu.progress(f"{name}: {shape.label}, {precision}, stage {stage}")
+    progress(f"{name}: {shape.label}, {precision}, stage {stage}")
     row_of = {"case": name, "shape": shape.label, "precision": precision, "stage": stage}
     run: Run | None = None
     failed = {"ms": None, "first_s": None, "error": None}
     try:
         run = shape.build(precision)
     except Exception as error:  # the inputs do not fit, say; reported for each configuration
-        gpu.release(s.device)
-        failed["error"] = gpu.describe(error)
+        release(s.device)
+        failed["error"] = describe(error)
     rows = []
     for config in configs:
         if time.monotonic() >= deadline:
@@ -676,7 +693,7 @@ def time_configs(
         rows.append({**row_of, "config": config, "default": config == default, **result})
         print(json.dumps(rows[-1]), flush=True)
     del run
-    gpu.release(s.device)
+    release(s.device)
     return rows, False
 
 
@@ -731,8 +748,8 @@ def summarise(rows: list[dict], cut: dict[str, str]) -> list[dict]:
                 "case": name, "shape": shape, "precision": precision, "default_ms": default,
                 "best_config": best["config"] if best else None, "best_ms": best_ms,
                 "best_is_default": bool(best and best["default"]),
-                "speedup": gpu.ratio(default, best_ms),
-                "best_over_default": gpu.ratio(best_ms, default),
+                "speedup": ratio(default, best_ms),
+                "best_over_default": ratio(best_ms, default),
                 "configs": len(group), "errors": sum(row["error"] is not None for row in group),
                 "complete": cut.get(name) != f"{shape}/{precision}",
             }
@@ -767,10 +784,10 @@ def markdown(summary: list[dict], s: Settings, cut: dict[str, str], skipped: lis
             best = config_text(row["best_config"]) if row["best_config"] else "none ran"
             if row["best_is_default"]:
                 best += " (default)"
-            speedup = gpu.fmt_ratio(row["speedup"])
+            speedup = fmt_ratio(row["speedup"])
             lines.append(
-                f"| {row['shape']} | {row['precision']} | {gpu.cell(row['default_ms'], '.4f')} "
-                f"| {best} | {gpu.cell(row['best_ms'], '.4f')} | {speedup} "
+                f"| {row['shape']} | {row['precision']} | {cell(row['default_ms'], '.4f')} "
+                f"| {best} | {cell(row['best_ms'], '.4f')} | {speedup} "
                 f"| {row['configs']} ({row['errors']}){'' if row['complete'] else ', cut'} |"
             )
         lines.append("")
@@ -788,7 +805,7 @@ def environment(s: Settings) -> dict:
 
     cuda = s.device.type == "cuda"
     return {
-        "device": torch.cuda.get_device_name(s.device) if cuda else gpu.cpu_name(),
+        "device": torch.cuda.get_device_name(s.device) if cuda else cpu_name(),
         "launches": "interpreter, as for an H100" if s.dry else "gpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -894,8 +911,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, str | N
     )
     if settings.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {settings.repeats}")
-    if settings.tokens < 1 or settings.tokens % min(settings.tokens, gpu.SEQ):
-        parser.error(f"--tokens must be below {gpu.SEQ} or a multiple of it, got {settings.tokens}")
+    if settings.tokens < 1 or settings.tokens % min(settings.tokens, SEQ):
+        parser.error(f"--tokens must be below {SEQ} or a multiple of it, got {settings.tokens}")
     if settings.compile_jobs < 0:
         parser.error(f"--compile-jobs must be >= 0, got {settings.compile_jobs}")
     return settings, args.json, args.md

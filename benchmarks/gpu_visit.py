@@ -67,8 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from src.utils.files import write_json  # noqa: E402
+from src.utils.files import write_json
 
 PYTHON = sys.executable
 

@@ -37,10 +37,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.gpu import VOCAB, dextra_input_shape, dextra_unit, lm_model, with_impl  # noqa: E402
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    VOCAB,
+    dextra_input_shape,
+    dextra_unit,
+    enwik8_lm,
+    vision_network,
+    with_impl,
+)
 from src.ops.triton.cross_compile import (  # noqa: E402
     GPUS,
     Build,
@@ -63,7 +67,7 @@ def _dextra() -> None:
 
 def _group_transformer(groups: int) -> Callable[[], None]:
     def run() -> None:
-        net = with_impl(lm_model(f"group_transformer(G={groups})", LM_LEN), "triton")
+        net = with_impl(enwik8_lm(groups, LM_LEN), "triton")
         tokens = torch.randint(VOCAB, (LM_BATCH, LM_LEN))
         memories = [torch.zeros(LM_BATCH, LM_LEN, net.d_model) for _ in range(net.n_layer + 1)]
 
@@ -89,8 +93,8 @@ MODELS: dict[str, Callable[[], None]] = {
     "dextra": _dextra,
     "gt2": _group_transformer(2),
     "gt4": _group_transformer(4),
-    "dicenet": _vision(lambda: DiCENet(scale=1.0, input_size=IMAGE_SIZE)),
-    "espnetv2": _vision(lambda: ESPNetv2(scale=1.0)),
+    "dicenet": _vision(lambda: vision_network("dicenet", IMAGE_SIZE)),
+    "espnetv2": _vision(lambda: vision_network("espnetv2", IMAGE_SIZE)),
 }
 
 

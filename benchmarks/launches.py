@@ -49,7 +49,6 @@ import argparse
 import collections
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from unittest import mock
@@ -60,12 +59,15 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_profile import from_config  # noqa: E402
-from src.models.group_transformer import GroupTransformer  # noqa: E402
-from src.models.transformer_xl import TransformerXL  # noqa: E402
-from src.ops.dextra import DExTra, dextra_max_groups  # noqa: E402
+from benchmarks.common import (
+    LM_LAYERS,
+    LM_WIDTH,
+    VOCAB,
+    enwik8_lm,
+    enwik8_loss,
+    from_config,
+)
+from src.ops.dextra import DExTra, dextra_max_groups
 
 NAMES = ("dextra", "delight_mt", "transformer_mt", "gt4", "gt2", "txl", "awd_pru", "awd_lstm")
 # system -> (baseline, the most launches it may take per baseline launch, on its kernels)
@@ -270,21 +272,11 @@ def _charlm_entry(
     name: str, generator: torch.Generator
 ) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
     # Table 2's size (enwik8, 9 layers of 256, 8 heads); the count does not depend on the length
-    vocab, layers, width, length = 204, 9, 256, 16
-    size = {"n_token": vocab, "n_layer": layers, "d_model": width, "n_head": 8, "d_inner": 1024,
-            "mem_len": length, "dropout": 0.1}  # fmt: skip
-    if name == "txl":
-        net: nn.Module = TransformerXL(**size, pre_norm=True, tie_weight=False)
-    else:
-        net = GroupTransformer(**size, n_group=int(name[2:]), tgt_len=length)
-    tokens = torch.randint(vocab, (2, length + 1), generator=generator)
-    memories = [torch.randn(2, length, width, generator=generator) for _ in range(layers + 1)]
-
-    def loss(net: nn.Module) -> Tensor:
-        logits, _ = net(tokens[:, :-1], memories)  # (B, T, V)
-        return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-
-    return net, loss
+    length = 16
+    net = enwik8_lm(None if name == "txl" else int(name[2:]), length, dropout=0.1)
+    tokens = torch.randint(VOCAB, (2, length + 1), generator=generator)
+    memories = [torch.randn(2, length, LM_WIDTH, generator=generator) for _ in range(LM_LAYERS + 1)]
+    return net, lambda net: enwik8_loss(net, tokens, memories)
 
 
 def _awd_entry(

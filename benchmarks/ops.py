@@ -21,28 +21,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import math
 import pkgutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import op_cases  # noqa: E402
-from benchmarks.op_cases import OpCase  # noqa: E402
-from src.kernels.choices import cpu_signature  # noqa: E402
-from src.kernels.environment import cpu_path_mode  # noqa: E402
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
+from benchmarks import op_cases
+from benchmarks.common import print_json_lines, print_text_table, synchronize
+from benchmarks.op_cases import OpCase
+from src.kernels.choices import cpu_signature
+from src.kernels.environment import cpu_path_mode
 
 # A sample is at least this long: the forward of a small op takes ~20 us, where the timer's and
 # the scheduler's jitter alone moved a row of two identical paths to 0.95x
@@ -150,23 +141,23 @@ def main() -> None:
     header = f"{'op':<34}{'pass':<9}{'shape':<40}{'ours ms':>10}{'base ms':>10}{'speedup':>9}{'of dense':>10}"
     if args.control:
         header += f"{'A/A':>7}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
+
+    def line(row: dict) -> str:
         dense = f"{row['fraction_of_dense']:.2f}" if "fraction_of_dense" in row else ""
-        print(
+        return (
             f"{row['op']:<34}{row['pass']:<9}{row['shape']:<40}{row['ours_ms']:>10.3f}"
             f"{row['baseline_ms']:>10.3f}{row['speedup']:>9.2f}{dense:>10}"
             + (f"{row['control']:>7.2f}" if args.control else "")
         )
+
+    print_text_table(header, map(line, rows))
     if args.control and rows:
         spread = [abs(row["control"] - 1) for row in rows]
         print(
             f"# A/A: two identical paths differed by up to {max(spread):.1%} "
             f"(median {statistics.median(spread):.1%}) in this run"
         )
-    for row in rows:
-        print(json.dumps(row))
+    print_json_lines(rows)
 
 
 if __name__ == "__main__":

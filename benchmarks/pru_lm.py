@@ -20,43 +20,22 @@ matrix product and the cell's element-wise update per step. ``--compile`` also t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.ops.pru import PRU  # noqa: E402
+from benchmarks.common import (
+    lstm_hidden_for,
+    parameter_count,
+    print_json_lines,
+    print_text_table,
+    run_once,
+)
+from src.ops.pru import PRU
 
 INPUT, HIDDEN, GROUPS, LEVELS = 400, 1400, 4, 2  # thesis Table 4.1 row 20, layer 0
-
-
-def count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def lstm_hidden_for(params: int, input_size: int) -> int:
-    """The hidden size M' whose one-layer ``nn.LSTM`` (input_size -> M') has the parameter count
-    nearest to ``params``: 4 M' (input_size + M') weights and 8 M' biases."""
-    return min(range(1, 4 * HIDDEN), key=lambda m: abs(4 * m * (input_size + m) + 8 * m - params))
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], None], device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -73,7 +52,7 @@ def main() -> None:
     device = torch.device(args.device)
 
     pru = PRU(INPUT, HIDDEN, groups=GROUPS, levels=LEVELS)
-    equal = lstm_hidden_for(count(pru), INPUT)
+    equal = lstm_hidden_for(parameter_count(pru), INPUT)
     layers: dict[str, nn.Module] = {
         f"PRU(g={GROUPS}, K={LEVELS}, M={HIDDEN})": pru,
         f"nn.LSTM(M={equal}, equal params)": nn.LSTM(INPUT, equal),
@@ -107,15 +86,15 @@ def main() -> None:
         infer(layer)()
     for _ in range(args.repeats):
         for name, layer in layers.items():
-            times[name]["train"].append(timed(train(layer), device))
-            times[name]["infer"].append(timed(infer(layer), device))
+            times[name]["train"].append(run_once(train(layer), device))
+            times[name]["infer"].append(run_once(infer(layer), device))
 
     reference = f"nn.LSTM(M={equal}, equal params)"
     rows = []
     for name, layer in layers.items():
         train_tps = tokens / statistics.median(times[name]["train"])
         infer_tps = tokens / statistics.median(times[name]["infer"])
-        rows.append({"layer": name, "params": count(layer), "train_tokens_s": round(train_tps),
+        rows.append({"layer": name, "params": parameter_count(layer), "train_tokens_s": round(train_tps),
                      "infer_tokens_s": round(infer_tps)})  # fmt: skip
     base = next(row for row in rows if row["layer"] == reference)
     for row in rows:
@@ -125,16 +104,13 @@ def main() -> None:
 
     print(f"one recurrent layer, {INPUT} -> M, (T, B) = ({args.bptt}, {args.batch}), {device}")
     header = f"{'layer':<40} {'params':>10} {'train tok/s':>12} {'x':>6} {'infer tok/s':>12} {'x':>6}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['layer']:<40} {row['params']:>10,} {row['train_tokens_s']:>12,} "
-            f"{row['train_vs_equal_lstm']:>6.2f} {row['infer_tokens_s']:>12,} "
-            f"{row['infer_vs_equal_lstm']:>6.2f}"
-        )
-    for row in rows:
-        print(json.dumps(row))
+    print_text_table(header, (
+        f"{row['layer']:<40} {row['params']:>10,} {row['train_tokens_s']:>12,} "
+        f"{row['train_vs_equal_lstm']:>6.2f} {row['infer_tokens_s']:>12,} "
+        f"{row['infer_vs_equal_lstm']:>6.2f}"
+        for row in rows
+    ))  # fmt: skip
+    print_json_lines(rows)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -84,11 +83,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.gpu import cpu_name, run_once
-from benchmarks.gpu_profile import compose
-from benchmarks.pru_lm import lstm_hidden_for
+from benchmarks.common import (
+    ROOT,
+    compose,
+    cpu_name,
+    lstm_hidden_for,
+    parameter_count,
+    run_once,
+)
 from src.build import build_task
 from src.decoding.beam_search import beam_search
 from src.evaluation.dynamic_eval import dynamic_evaluate
@@ -141,10 +143,6 @@ class Settings:
     dyn_segments: int
 
 
-def count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def build(*overrides: str) -> tuple[DictConfig, Any, Any]:
     """The config, datamodule and task of ``overrides`` as ``train.py`` builds them (no data is
     read unless the datamodule must count a vocabulary)."""
@@ -187,7 +185,7 @@ def pru_layer(s: Settings, data: str) -> Group:
     cfg, _, task = build(*overrides)
     pru = task.net.rnns[0].to(s.device)  # E -> M, batch-first
     n_in = cfg.model.embedding_dim
-    lstm = nn.LSTM(n_in, lstm_hidden_for(count(pru), n_in), batch_first=True).to(s.device)
+    lstm = nn.LSTM(n_in, lstm_hidden_for(parameter_count(pru), n_in), batch_first=True).to(s.device)
     batch, bptt = cfg.data.batch_size, cfg.data.bptt
     x = torch.randn(batch, bptt, n_in, device=s.device)  # (B, T, E)
 
@@ -207,8 +205,8 @@ def pru_layer(s: Settings, data: str) -> Group:
     setting = f"(B, T) = ({batch}, {bptt})"
     metrics = [Metric("train", "tok/s", batch * bptt, setting),
                Metric("infer", "tok/s", batch * bptt, setting)]  # fmt: skip
-    a = Candidate(f"PRU {n_in}->{m} (g={g}, K={k})", count(pru), calls(pru))
-    b = Candidate(f"nn.LSTM {n_in}->{lstm.hidden_size} (equal params)", count(lstm), calls(lstm))
+    a = Candidate(f"PRU {n_in}->{m} (g={g}, K={k})", parameter_count(pru), calls(pru))
+    b = Candidate(f"nn.LSTM {n_in}->{lstm.hidden_size} (equal params)", parameter_count(lstm), calls(lstm))
     group = Group(f"pru_{'ptb' if data == 'ptb' else 'wt2'}", metrics, [a, b])
     if data == "ptb":
         group.targets = {(a.name, "train"): ">= 1.0", (a.name, "infer"): ">= 1.2"}
@@ -241,7 +239,7 @@ def awd(s: Settings) -> Group:
         calls = {"train": training_step(cfg, task, [(words[:, :-1], words[:, 1:])]),
                  "dynamic_eval": dynamic}  # fmt: skip
         m = cfg.model.hidden_size
-        candidates.append(Candidate(f"{name} ({cfg.model.num_layers} x {m})", count(task.net),
+        candidates.append(Candidate(f"{name} ({cfg.model.num_layers} x {m})", parameter_count(task.net),
                                     calls))  # fmt: skip
         metrics = [Metric("train", "tok/s", batch * bptt, f"(B, T) = ({batch}, {bptt})"),
                    Metric("dynamic_eval", "tok/s", segments * options.bptt,
@@ -303,7 +301,7 @@ def mt_iwslt(s: Settings) -> Group:
 
         beam_name = f"beam{task.search['beam_size']}"
         calls = {"train": training_step(cfg, task, [batch]), beam_name: beam}
-        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", count(task.net), calls))
+        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls))
         metrics = [
             Metric("train", "tok/s", sentences * length,
                    f"{sentences} pairs of {length} + {length} tokens"),
@@ -330,7 +328,7 @@ def mt_demo(s: Settings) -> Group:
             batches = [{k: b[k].to(s.device) for k in keys} for b in datamodule.train_dataloader()]
             batches = batches[:2] if s.quick else batches
         calls = {"train": training_step(cfg, task, batches)}
-        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", count(task.net), calls))
+        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls))
         tokens = cfg.data.max_tokens
     metric = Metric("train", "ms/step", len(batches),
                     f"{len(batches)} batches of <= {tokens} tokens")  # fmt: skip
@@ -350,7 +348,7 @@ def lm_pydoc(s: Settings) -> Group:
             tokens, targets = tokens[:2, :16], targets[:2, :16]
         batch = (tokens.to(s.device), targets.to(s.device))
         calls = {"train": training_step(cfg, task, [batch])}
-        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", count(task.net), calls))
+        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls))
     b, t = tokens.shape
     return Group("lm_pydoc", [Metric("train", "tok/s", b * t, f"(B, T) = ({b}, {t})")],
                  candidates)  # fmt: skip
@@ -382,7 +380,7 @@ def charlm(s: Settings) -> Group:
 
         calls = {"train": training_step(cfg, task, [(text[:, :-1], text[:, 1:])]), "infer": infer}
         m = cfg.model
-        candidates.append(Candidate(f"{name} ({m.n_layer} x {m.d_model})", count(net), calls, tag))
+        candidates.append(Candidate(f"{name} ({m.n_layer} x {m.d_model})", parameter_count(net), calls, tag))
     g2, g4 = candidates[0].name, candidates[1].name
     targets = {(g2, "train"): ">= 1.0", (g4, "train"): ">= 1.2"}
     metrics = [Metric("train", "tok/s", streams * segment,

@@ -14,23 +14,20 @@ a table, then one JSON line per measurement: ``{"model", "scale", "batch", "ms",
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torchvision
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.ops.cpu import cpu_kernels  # noqa: E402
-from src.ops.dice import DiCE  # noqa: E402
-from src.ops.eesp import EESP  # noqa: E402
-from src.utils.complexity import measure  # noqa: E402
+from benchmarks.common import print_json_lines
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+from src.ops.cpu import cpu_kernels
+from src.ops.dice import DiCE
+from src.ops.eesp import EESP
+from src.utils.complexity import measure
 
 
 BASELINE = "shufflenet_v2_x1_0"
@@ -102,8 +99,7 @@ def main() -> None:
             f"{row['model']:<22}{scale:>7}{row['batch']:>7}{row['ms']:>10.2f}"
             f"{row['macs'] / 1e6:>10.1f}{ratio:>26.2f}"
         )
-    for row in rows:
-        print(json.dumps(row))
+    print_json_lines(rows)
 
 
 if __name__ == "__main__":

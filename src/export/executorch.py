@@ -117,8 +117,3 @@ def load_program(path: str | Path) -> Callable[[Sequence[Tensor]], list[Tensor]]
 
     program = _load_for_executorch(str(path))
     return lambda inputs: list(program.forward(list(inputs)))
-
-
-def run_executorch(path: str | Path, inputs: Sequence[Tensor]) -> list[Tensor]:
-    """The outputs of the ExecuTorch program at ``path`` for ``inputs``, by the Python runtime."""
-    return load_program(path)(inputs)

@@ -38,12 +38,6 @@ def wikitext103_dropout(d_model: int) -> float:
     return round(0.1 * d_model / 1024, 2)
 
 
-def wikitext103_lr(d_model: int) -> float:
-    """The official WT-103 peak learning rate ``min(round(1024 / d_m * 0.002, 3), 0.01)``
-    (d_m 128 -> 0.01, 256 -> 0.008, 384 -> 0.005, 512 -> 0.004, 1024 -> 0.002)."""
-    return min(round(1024 / d_model * 0.002, 3), 0.01)
-
-
 def tied_lookup(
     vocab_size: int,
     embedding_dim: int,

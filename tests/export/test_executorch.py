@@ -13,7 +13,7 @@ pytest.importorskip("executorch")
 # lowering a network of DiCE units takes minutes on 2 cores: run with -m heavy
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
-from src.export.executorch import export_executorch, load_program, run_executorch
+from src.export.executorch import export_executorch, load_program
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,12 @@ def test_fp32_program_matches_eager(network: DiCENet, tmp_path) -> None:
     path = export_executorch(
         ExportSpec("network", network, (x,), ["image"], ["logits"]), tmp_path / "dicenet.pte"
     )
+    program = load_program(path)
     for seed in (1, 2):
         image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
             expected = network(image)
-        (out,) = run_executorch(path, [image])
+        (out,) = program([image])
         assert out.shape == (1, 10)
         assert (out - expected).abs().max() <= 1e-4
 
@@ -51,10 +52,11 @@ def test_int8_program_stays_close(network: DiCENet, tmp_path, record_property) -
     images = torch.randn(6, 1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = torch.cat([network(image) for image in images])
-    got = torch.cat([run_executorch(path, [image])[0] for image in images])
+    program = load_program(path)
+    got = torch.cat([program([image])[0] for image in images])
     cosine = torch.nn.functional.cosine_similarity(got, expected, dim=1)
     fp32_size = export_executorch(spec, tmp_path / "fp32.pte").stat().st_size
-    program = load_program(path)  # loaded once, called again: the same outputs
+    # loaded once, called again: the same outputs
     assert torch.equal(program([images[0]])[0], program([images[0]])[0])
     record_property("cosine_min", cosine.min().item())
     record_property("bytes_int8_fp32", (path.stat().st_size, fp32_size))

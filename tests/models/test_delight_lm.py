@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from src.models.delight_lm import DeLighTLanguageModel, wikitext103_dropout, wikitext103_lr
+from src.models.delight_lm import DeLighTLanguageModel, wikitext103_dropout
 from src.ops.adaptive_io import AdaptiveInputSoftmax
 from tests.amp import NETWORK_TOLERANCE, autocast_errors
 from tests.parity.reference import reference_dir
@@ -136,9 +136,8 @@ def test_bf16_autocast_forward_and_backward() -> None:
     assert max(errors.values()) < NETWORK_TOLERANCE, errors
 
 
-def test_wikitext103_rules() -> None:
+def test_wikitext103_dropout_rule() -> None:
     assert [wikitext103_dropout(d) for d in (256, 384, 512, 1024)] == [0.03, 0.04, 0.05, 0.1]
-    assert [wikitext103_lr(d) for d in (128, 256, 384, 512, 1024)] == [0.01, 0.008, 0.005, 0.004, 0.002]
 
 
 def test_dropout_follows_the_wikitext103_rule_unless_given() -> None:

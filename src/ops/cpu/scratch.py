@@ -37,11 +37,6 @@ def scratch(role: str, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     return buffer[:nbytes].view(dtype).view(shape)
 
 
-def scratch_bytes() -> int:
-    """Bytes this thread's scratch buffers hold."""
-    return sum(b.numel() for b in _local.__dict__.get("buffers", {}).values())
-
-
 def release_scratch() -> None:
     """Free this thread's scratch buffers (the next :func:`scratch` allocates afresh)."""
     _local.__dict__.pop("buffers", None)
