@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.kernels.choices import cpu_signature  # noqa: E402
-from src.kernels.environment import use_cpu_paths  # noqa: E402
-from src.models.dicenet import DiCENet  # noqa: E402
-from src.models.espnetv2 import ESPNetv2  # noqa: E402
-from src.utils.memory_format import channels_last_network  # noqa: E402
+from src.kernels.choices import cpu_signature
+from src.kernels.environment import use_cpu_paths
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+from src.utils.memory_format import channels_last_network
 
 MODES = ("auto", "1", "0")
 NETWORKS = {"dicenet": DiCENet, "espnetv2": ESPNetv2}

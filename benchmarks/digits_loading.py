@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.datamodules.digits import DigitsDataModule  # noqa: E402
-from src.models.hub import timm_model  # noqa: E402
+from src.datamodules.digits import DigitsDataModule
+from src.models.hub import timm_model
 
 
 def epoch_seconds(workers: int, train_step: bool, epochs: int) -> float:
@@ -63,7 +63,9 @@ def main() -> None:
             )
     print(f"{'what':<22}{'workers':>8}{'epoch s':>10}{'vs 0':>8}")
     for row in rows:
-        print(f"{row['what']:<22}{row['workers']:>8}{row['epoch_s']:>10.3f}{row['ratio_to_0_workers']:>8.3f}")
+        print(
+            f"{row['what']:<22}{row['workers']:>8}{row['epoch_s']:>10.3f}{row['ratio_to_0_workers']:>8.3f}"
+        )
     print(json.dumps({"threads": args.threads, "results": rows}))
 
 

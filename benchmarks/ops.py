@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import op_cases  # noqa: E402
-from benchmarks.op_cases import OpCase  # noqa: E402
-from src.kernels.choices import cpu_signature  # noqa: E402
-from src.kernels.environment import cpu_path_mode  # noqa: E402
+from benchmarks import op_cases
+from benchmarks.op_cases import OpCase
+from src.kernels.choices import cpu_signature
+from src.kernels.environment import cpu_path_mode
 
 
 def synchronize(device: torch.device) -> None:
@@ -83,9 +83,7 @@ def time_interleaved(
         # every other round reversed: none always runs first (or right after another's call)
         for name, fn in order if round_ % 2 == 0 else order[::-1]:
             samples[name].append(one_run(fn, backward, device, calls))
-    return {
-        name: (min(values), statistics.median(values)) for name, values in samples.items()
-    }
+    return {name: (min(values), statistics.median(values)) for name, values in samples.items()}
 
 
 def load_cases(device: torch.device, only: list[str] | None) -> list[OpCase]:

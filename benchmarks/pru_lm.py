@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.ops.pru import PRU  # noqa: E402
+from src.ops.pru import PRU
 
 INPUT, HIDDEN, GROUPS, LEVELS = 400, 1400, 4, 2  # thesis Table 4.1 row 20, layer 0
 
@@ -124,7 +124,9 @@ def main() -> None:
         row.update(device=str(device), threads=args.threads, bptt=args.bptt, batch=args.batch)
 
     print(f"one recurrent layer, {INPUT} -> M, (T, B) = ({args.bptt}, {args.batch}), {device}")
-    header = f"{'layer':<40} {'params':>10} {'train tok/s':>12} {'x':>6} {'infer tok/s':>12} {'x':>6}"
+    header = (
+        f"{'layer':<40} {'params':>10} {'train tok/s':>12} {'x':>6} {'infer tok/s':>12} {'x':>6}"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:

@@ -538,5 +538,6 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise SystemExit(f"no finite positive ratio for {bad}")
 
+
 if __name__ == "__main__":
     main()

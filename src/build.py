@@ -28,8 +28,8 @@ import torch._dynamo.config as dynamo_config
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from lightning.pytorch.accelerators import MPSAccelerator
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from torch import nn
 

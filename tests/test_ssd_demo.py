@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from src.commands.predict import predict
-from tests.conftest import compose_config
 from src.commands.train import train
+from tests.conftest import compose_config
 
 
 @pytest.mark.slow

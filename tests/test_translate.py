@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import compose_config
-from tests.tasks.test_translation_task import reversal_corpus
 from src.commands.translate import split_lines, translate
 from src.datamodules.dictionary import UNK_ID
 from src.datamodules.subword import train_sentencepiece
+from tests.conftest import compose_config
+from tests.tasks.test_translation_task import reversal_corpus
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,9 @@ def test_a_long_line_is_translated_in_pieces_on_its_own_line(punctuated, tmp_pat
     ]
 
 
-def test_tokens_outside_the_vocabulary_are_named_and_read_as_unk(punctuated, tmp_path, caplog) -> None:
+def test_tokens_outside_the_vocabulary_are_named_and_read_as_unk(
+    punctuated, tmp_path, caplog
+) -> None:
     with caplog.at_level(logging.INFO, logger="translate"):
         got = translate_here(punctuated, tmp_path, ["w1 zz ö w2 .", "w3 ."])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

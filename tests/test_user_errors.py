@@ -75,10 +75,16 @@ def test_the_debug_switch_keeps_hydras_own_error(monkeypatch) -> None:
 
 def test_the_process_exits_with_status_2_and_one_line() -> None:
     done = subprocess.run(
-        [sys.executable, "train.py", "model=dicnet"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "train.py", "model=dicnet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2
-    assert done.stderr.startswith("error: model=dicnet: no such option (did you mean model=dicenet?)")
+    assert done.stderr.startswith(
+        "error: model=dicnet: no such option (did you mean model=dicenet?)"
+    )
     assert done.stderr.count("\n") == 1, done.stderr
 
 
@@ -96,11 +102,17 @@ def test_the_messages_rank_options_and_keys_by_likeness() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU: trainer=gpu works")
 def test_a_gpu_trainer_without_a_gpu_names_the_cpu_trainer() -> None:
-    with pytest.raises(ConfigError, match=r"trainer.accelerator=gpu \(trainer=ddp\): this machine has no GPU"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.accelerator=gpu \(trainer=ddp\): this machine has no GPU"
+    ):
         check_accelerator({"accelerator": "gpu"}, "ddp")
     check_accelerator({"accelerator": "cpu"}, "cpu")
     done = subprocess.run(
-        [sys.executable, "train.py", "trainer=gpu"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "train.py", "trainer=gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == (
@@ -122,7 +134,9 @@ def translation_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = compose_config("train", [*TRANSLATION, f"data.root={corpus}"], tmp / "run")
     _, task = build_task(cfg)
     path = tmp / "model.ckpt"
-    torch.save({"state_dict": task.state_dict(), RECORD_KEY: make_record(cfg, hydra_choices())}, path)
+    torch.save(
+        {"state_dict": task.state_dict(), RECORD_KEY: make_record(cfg, hydra_choices())}, path
+    )
     return path
 
 
@@ -134,10 +148,14 @@ def served_by_translate(path: Path, tool: str) -> str:
     )
 
 
-def test_predict_names_the_tool_of_a_translation_checkpoint(translation_checkpoint: Path, tmp_path: Path) -> None:
+def test_predict_names_the_tool_of_a_translation_checkpoint(
+    translation_checkpoint: Path, tmp_path: Path
+) -> None:
     image = tmp_path / "digit.png"
     Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(image)
-    cfg = compose_config("predict", [f"image={image}", f"ckpt_path={translation_checkpoint}"], tmp_path / "run")
+    cfg = compose_config(
+        "predict", [f"image={image}", f"ckpt_path={translation_checkpoint}"], tmp_path / "run"
+    )
     with pytest.raises(WrongRunError) as error:
         predict(cfg)
     assert str(error.value) == served_by_translate(translation_checkpoint, "predict.py")
@@ -147,14 +165,18 @@ def test_predict_names_the_tool_of_a_translation_checkpoint(translation_checkpoi
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1] == "error: " + served_by_translate(translation_checkpoint, "predict.py")
+    assert done.stderr.splitlines()[-1] == "error: " + served_by_translate(
+        translation_checkpoint, "predict.py"
+    )
     assert "Traceback" not in done.stderr
 
 
 def test_generate_and_eval_name_what_serves_a_translation_checkpoint(
     translation_checkpoint: Path, tmp_path: Path
 ) -> None:
-    cfg = compose_config("generate", ["prompt=abc", f"ckpt_path={translation_checkpoint}"], tmp_path / "g")
+    cfg = compose_config(
+        "generate", ["prompt=abc", f"ckpt_path={translation_checkpoint}"], tmp_path / "g"
+    )
     with pytest.raises(WrongRunError) as error:
         generate(cfg)
     assert str(error.value) == served_by_translate(translation_checkpoint, "generate.py")
@@ -162,7 +184,9 @@ def test_generate_and_eval_name_what_serves_a_translation_checkpoint(
         "eval", [f"ckpt_path={translation_checkpoint}", "dynamic_eval=true", "trainer.accelerator=cpu"],
         tmp_path / "e",
     )  # fmt: skip
-    with pytest.raises(WrongRunError, match="dynamic_eval needs a task=awd_lm checkpoint, got TranslationTask"):
+    with pytest.raises(
+        WrongRunError, match="dynamic_eval needs a task=awd_lm checkpoint, got TranslationTask"
+    ):
         evaluate(cfg)
 
 

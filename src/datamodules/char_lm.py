@@ -89,8 +89,10 @@ class OrderedSegments(IterableDataset):
     ) -> None:
         super().__init__()
         if batch_size < 1 or tgt_len < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need batch_size, tgt_len >= 1 and 0 <= rank < world_size, got "
-                             f"{batch_size}, {tgt_len}, {rank}, {world_size}")
+            raise ValueError(
+                f"need batch_size, tgt_len >= 1 and 0 <= rank < world_size, got "
+                f"{batch_size}, {tgt_len}, {rank}, {world_size}"
+            )
         per_rank = len(tokens) // world_size
         n_step = per_rank // batch_size
         needed = tgt_len + 1 if drop_last else 2
@@ -164,7 +166,13 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
         eval_batch_size: int,
     ) -> None:
         super().__init__()
-        if vocab_size < 2 or tgt_len < 1 or batch_size < 1 or eval_tgt_len < 1 or eval_batch_size < 1:
+        if (
+            vocab_size < 2
+            or tgt_len < 1
+            or batch_size < 1
+            or eval_tgt_len < 1
+            or eval_batch_size < 1
+        ):
             raise ValueError(
                 f"need vocab_size >= 2 and positive lengths/batch sizes, got vocab_size={vocab_size}, "
                 f"tgt_len={tgt_len}, batch_size={batch_size}, eval_tgt_len={eval_tgt_len}, "
@@ -209,7 +217,9 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
             n_symbols = len(vocab["symbols"])
         except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError is a ValueError
             return f"{vocab_path} does not hold the cache's vocabulary ({type(error).__name__}: {error})"
-        lengths = vocab.get("lengths") or {}  # absent from caches of older versions: rebuilt as stale
+        lengths = (
+            vocab.get("lengths") or {}
+        )  # absent from caches of older versions: rebuilt as stale
         for split in SPLITS:
             path = self.cache_path(split)
             if not path.is_file():
@@ -220,7 +230,9 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
                 return f"{path} does not load ({type(error).__name__}: {error})"
             expected = lengths.get(split, len(ids))
             if ids.dtype not in CACHE_DTYPES or ids.shape != (expected,):
-                return f"{path} holds {ids.dtype} {ids.shape}, expected uint8 or uint16 ({expected},)"
+                return (
+                    f"{path} holds {ids.dtype} {ids.shape}, expected uint8 or uint16 ({expected},)"
+                )
             if len(ids) and int(ids.max()) >= n_symbols:
                 return f"{path} holds id {int(ids.max())}, outside its vocabulary of {n_symbols} symbols"
         return None
@@ -267,7 +279,9 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
             _atomic_save(self.cache_path(split), ids)
         lengths = {s: len(codes[s]) for s in SPLITS}
         vocab = {"source": self.source_signature(), "symbols": symbols.tolist(), "lengths": lengths}
-        atomic_write_text(self._vocab_path(), json.dumps(vocab))  # last: it marks the cache complete
+        atomic_write_text(
+            self._vocab_path(), json.dumps(vocab)
+        )  # last: it marks the cache complete
         log.info("%s: cached %s under %s", self.name, lengths, self.root)
 
     def setup(self, stage: str | None = None) -> None:
@@ -309,7 +323,11 @@ def _last_splits(codes: np.ndarray, valid_size: int, test_size: int) -> dict[str
             f"the corpus ({len(codes)} symbols)"
         )
     held_out = valid_size + test_size
-    return {"train": codes[:-held_out], "val": codes[-held_out:-test_size], "test": codes[-test_size:]}
+    return {
+        "train": codes[:-held_out],
+        "val": codes[-held_out:-test_size],
+        "test": codes[-test_size:],
+    }
 
 
 class _WikipediaDataModule(CharLMDataModule):
@@ -461,10 +479,19 @@ class PydocCharsDataModule(CharLMDataModule):
         if vocab_size is None:
             vocab_size = len(np.unique(_code_points(pydoc_corpus())))
         super().__init__(
-            root, vocab_size, tgt_len, batch_size, eval_tgt_len=eval_tgt_len, eval_batch_size=eval_batch_size
+            root,
+            vocab_size,
+            tgt_len,
+            batch_size,
+            eval_tgt_len=eval_tgt_len,
+            eval_batch_size=eval_batch_size,
         )
-        if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ValueError(f"fractions must be in (0, 1) and sum below 1, got {val_fraction}, {test_fraction}")
+        if not (
+            0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1
+        ):
+            raise ValueError(
+                f"fractions must be in (0, 1) and sum below 1, got {val_fraction}, {test_fraction}"
+            )
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
 

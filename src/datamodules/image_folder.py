@@ -164,11 +164,15 @@ class ImageFolderDataModule(L.LightningDataModule):
         splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(
             stage or "", ["train", "val"] + (["test"] if self.has_test else [])
         )
-        folders = {split: check_split_dir(self.root, split) for split in splits if split not in self.splits}
+        folders = {
+            split: check_split_dir(self.root, split) for split in splits if split not in self.splits
+        }
         datasets = {}
         for split, folder in folders.items():
             try:
-                dataset = ImageFolder(str(folder), self._transform(split == "train"), loader=load_rgb)
+                dataset = ImageFolder(
+                    str(folder), self._transform(split == "train"), loader=load_rgb
+                )
             except FileNotFoundError as error:  # class folders without images
                 raise DatasetLayoutError(f"{error}\n{LAYOUT.format(root=self.root)}") from error
             if self.num_classes is not None and len(dataset.classes) != self.num_classes:
@@ -193,7 +197,9 @@ class ImageFolderDataModule(L.LightningDataModule):
             self.splits[split] = dataset
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
+        return resumable_loader(
+            self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -49,7 +49,9 @@ def require_files(paths: Sequence[Path], layout: str, what: str) -> None:
     missing = [p for p in paths if not p.is_file()]
     if missing:
         first = "\n    ".join(str(p) for p in missing[:5])
-        raise DatasetLayoutError(f"{len(missing)} of {len(paths)} {what} are missing, e.g.\n    {first}\n{layout}")
+        raise DatasetLayoutError(
+            f"{len(missing)} of {len(paths)} {what} are missing, e.g.\n    {first}\n{layout}"
+        )
 
 
 def check_crop_size(crop_size: Sequence[int]) -> tuple[int, int]:
@@ -68,7 +70,9 @@ def read_rgb(path: Path) -> tv_tensors.Image:
 def mask_values(mask: Image.Image, source: object) -> np.ndarray:
     """The stored values of an opened single-channel mask (palette indices or label ids)."""
     if mask.mode not in ("P", "L", "I", "I;16"):
-        raise DatasetLayoutError(f"mask {source} has PIL mode {mask.mode}; expected one channel of class ids")
+        raise DatasetLayoutError(
+            f"mask {source} has PIL mode {mask.mode}; expected one channel of class ids"
+        )
     return np.array(mask)
 
 
@@ -127,7 +131,9 @@ class SegmentationFiles(Dataset):
         an item is ((3, H, W) float32, (H, W) int64).
     """
 
-    def __init__(self, samples: Sequence[tuple[Path, Path]], read_mask: MaskReader, transform: v2.Transform) -> None:
+    def __init__(
+        self, samples: Sequence[tuple[Path, Path]], read_mask: MaskReader, transform: v2.Transform
+    ) -> None:
         self.samples = list(samples)
         self.read_mask = read_mask
         self.transform = transform
@@ -185,7 +191,9 @@ class SegmentationDataModule(L.LightningDataModule):
         self.check_max_seconds = check_max_seconds
         self.splits: dict[str, Dataset] = {}
 
-    def usable_pairs(self, samples: dict[str, Pairs], root: Path, read: Reader = decode_image) -> dict[str, Pairs]:
+    def usable_pairs(
+        self, samples: dict[str, Pairs], root: Path, read: Reader = decode_image
+    ) -> dict[str, Pairs]:
         """``samples`` (split -> pairs) without the pairs that hold a bad file, after one check of
         every image and mask with ``read``; with ``on_bad_file="error"`` a bad file raises."""
         files = [path for pairs in samples.values() for pair in pairs for path in pair]
@@ -193,7 +201,10 @@ class SegmentationDataModule(L.LightningDataModule):
             files, root, on_bad_file=self.on_bad_file, read=read, max_seconds=self.check_max_seconds,
             workers=max(1, self.num_workers),
         )  # fmt: skip
-        usable = {split: [pair for pair in pairs if bad.isdisjoint(pair)] for split, pairs in samples.items()}
+        usable = {
+            split: [pair for pair in pairs if bad.isdisjoint(pair)]
+            for split, pairs in samples.items()
+        }
         for split, pairs in usable.items():
             if not pairs:
                 raise DatasetLayoutError(
@@ -206,7 +217,9 @@ class SegmentationDataModule(L.LightningDataModule):
         return torch.zeros(batch_size, self.in_chans, *self.crop_size)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
+        return resumable_loader(
+            self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

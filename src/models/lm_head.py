@@ -75,7 +75,9 @@ class AdaptiveHead:
             return self.embedding.log_prob(h), memories  # (B, T, V) float32
         return self.output(h), memories  # (B, T, V)
 
-    def loss(self, tokens: Tensor, targets: Tensor, memories: Memories = None) -> tuple[Tensor, Memories]:
+    def loss(
+        self, tokens: Tensor, targets: Tensor, memories: Memories = None
+    ) -> tuple[Tensor, Memories]:
         """Negative log-likelihood of each target given its segment and the memories."""
         h, memories = self.hidden_states(tokens, memories)  # (B, T, D)
         if self.adaptive:

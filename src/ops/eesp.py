@@ -402,9 +402,7 @@ def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("fused", "eager")}
 
-    return choose(
-        PYRAMID_CHOICE, key, candidates, default="eager", reference="eager", timer=timer
-    )
+    return choose(PYRAMID_CHOICE, key, candidates, default="eager", reference="eager", timer=timer)
 
 
 class EESPDownsampler(nn.Module):

@@ -86,7 +86,9 @@ class RelativeMultiHeadAttention(nn.Module):
         klen = context.shape[1]
         mlen = klen - qlen
         if r.shape != (klen, d_model):
-            raise ValueError(f"r must be (mlen + qlen, d_model) = ({klen}, {d_model}), got {tuple(r.shape)}")
+            raise ValueError(
+                f"r must be (mlen + qlen, d_model) = ({klen}, {d_model}), got {tuple(r.shape)}"
+            )
         if self.pre_norm:
             context = self.norm(context)
         heads = (self.n_head, self.d_head)
@@ -98,9 +100,16 @@ class RelativeMultiHeadAttention(nn.Module):
         k, v = kv.view(batch, klen, 2, *heads).permute(2, 0, 3, 1, 4)
         rk = self.r_net(r).view(klen, *heads).transpose(0, 1)  # (K, D) -> (H, K, d_head)
         attended = relative_attention(
-            q, k, v, rk, r_w_bias, r_r_bias,
+            q,
+            k,
+            v,
+            rk,
+            r_w_bias,
+            r_r_bias,
             mask=causal_memory_mask(qlen, mlen, device=h.device),
-            dropatt=self.dropatt, training=self.training, path=self.attention,
+            dropatt=self.dropatt,
+            training=self.training,
+            path=self.attention,
             impl=self.impl,
         )  # (B, H, T, d_head)
         o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)

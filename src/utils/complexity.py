@@ -65,7 +65,10 @@ def measure(module: nn.Module, example_input: Tensor | tuple) -> Complexity:
                 module(example_input)
     finally:
         module.train(was_training)
-    by_op = {str(op).split(".")[-1]: int(flops) // 2 for op, flops in counter.get_flop_counts()["Global"].items()}
+    by_op = {
+        str(op).split(".")[-1]: int(flops) // 2
+        for op, flops in counter.get_flop_counts()["Global"].items()
+    }
     conv = sum(macs for op, macs in by_op.items() if "convolution" in op)
     return Complexity(
         params=count_params(module),

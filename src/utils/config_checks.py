@@ -181,8 +181,10 @@ def check_config_values(cfg: DictConfig) -> None:
     if isinstance(trainer, DictConfig):
         for key, lowest in (("max_epochs", -1), ("max_steps", -1)):
             value = _value(trainer, key)
-            if isinstance(value, int) and not isinstance(value, bool) and (
-                value < lowest or value == 0
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and (value < lowest or value == 0)
             ):
                 raise ConfigError(
                     f"trainer.{key}={value}: must be a positive integer, or -1 for no limit"

@@ -25,7 +25,9 @@ def test_first_validation_follows_lightnings_rule() -> None:
     # every 3rd epoch: after two whole epochs and 25 batches of the third
     assert first_validation_batch(schedule(val_check_batch=25, check_val_every_n_epoch=3)) == 225
     # check_val_every_n_epoch=None counts batches across epochs
-    assert first_validation_batch(schedule(val_check_batch=250, check_val_every_n_epoch=None)) == 250
+    assert (
+        first_validation_batch(schedule(val_check_batch=250, check_val_every_n_epoch=None)) == 250
+    )
     # by wall time, or epochs of unknown length: not known in advance
     assert first_validation_batch(schedule(val_check_batch=None)) is None
     assert first_validation_batch(schedule(num_training_batches=float("inf"))) is None
@@ -34,7 +36,10 @@ def test_first_validation_follows_lightnings_rule() -> None:
 def test_the_tightest_limit_bounds_the_training_batches() -> None:
     assert training_batches(schedule()) == (300, "trainer.max_epochs=3 of 100 batches")
     assert training_batches(schedule(max_steps=50)) == (50, "trainer.max_steps=50")
-    assert training_batches(schedule(max_steps=50, accumulate_grad_batches=4)) == (200, "trainer.max_steps=50")
+    assert training_batches(schedule(max_steps=50, accumulate_grad_batches=4)) == (
+        200,
+        "trainer.max_steps=50",
+    )
     assert training_batches(schedule(max_epochs=-1, num_training_batches=float("inf"))) is None
 
 
@@ -46,9 +51,13 @@ def test_a_run_that_never_validates_says_so(make_cfg, caplog, val_check_interval
                    "trainer.num_sanity_val_steps=0", "data.batch_size=8", "test=false")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="src.callbacks.validation_schedule"):
         summary = train(cfg)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "src.callbacks.validation_schedule"]
-    fix = ("validate sooner (++trainer.val_check_interval=<batches>, trainer.check_val_every_n_epoch) "
-           "or train longer (trainer.max_steps, trainer.max_epochs)")
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "src.callbacks.validation_schedule"
+    ]
+    fix = (
+        "validate sooner (++trainer.val_check_interval=<batches>, trainer.check_val_every_n_epoch) "
+        "or train longer (trainer.max_steps, trainer.max_epochs)"
+    )
     if val_check_interval == 2:
         assert warnings == [] and summary["best_checkpoint"] is not None
         return

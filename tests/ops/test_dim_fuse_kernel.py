@@ -22,8 +22,8 @@ from src.ops.dim_fuse import local_fusion_reference
 
 pytest.importorskip("triton")
 
-from src.ops.triton.dim_fuse import local_fusion_triton  # noqa: E402
-from tests.helpers import own_running_statistics, randomise_norms, saved_bytes  # noqa: E402
+from src.ops.triton.dim_fuse import local_fusion_triton
+from tests.helpers import own_running_statistics, randomise_norms, saved_bytes
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -237,8 +237,6 @@ def test_fused_dice_compiles_in_one_graph() -> None:
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(unit.dim_fuse.norm.running_var, ref.dim_fuse.norm.running_var)
     torch._dynamo.reset()
-
-
 
 
 def test_fused_training_keeps_nine_fewer_channel_planes(kernel_device: torch.device) -> None:

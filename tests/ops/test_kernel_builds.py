@@ -31,12 +31,12 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
-from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
 from src.ops.pru_recurrence import pru_recurrence
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
+from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.triton.cross_compile import (
     H100,

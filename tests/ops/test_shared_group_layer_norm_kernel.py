@@ -28,7 +28,7 @@ from src.ops.shared_group_layer_norm import (
 
 pytest.importorskip("triton")
 
-from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton  # noqa: E402
+from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -106,7 +106,9 @@ def test_constant_group_is_finite_and_gives_the_bias(kernel_device: torch.device
 
 def test_bad_affine_is_refused(kernel_device: torch.device) -> None:
     x = torch.randn(4, 32, device=kernel_device)
-    with pytest.raises(ValueError, match=r"32 features in 4 groups with a shared affine of \(16,\)"):
+    with pytest.raises(
+        ValueError, match=r"32 features in 4 groups with a shared affine of \(16,\)"
+    ):
         shared_group_layer_norm_triton(x, 4, torch.ones(16), torch.zeros(16), 1e-5, True)
     with pytest.raises(TypeError, match="weight torch.float64"):
         shared_group_layer_norm_triton(x, 4, torch.ones(8).double(), torch.zeros(8), 1e-5, True)

@@ -36,6 +36,7 @@ OFFICIAL_CLASSES = {
     "espnetv2": "model.segmentation.espnetv2.ESPNetv2Segmentation",
 }
 
+
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
     """oneDNN builds a primitive per new convolution shape; with the hundreds of small grouped

@@ -46,7 +46,9 @@ def weights_only(task: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("task_name", list(EMBEDDED))
-def test_init_checkpoint_loads_the_network_when_fitting_starts(task_name: str, tmp_path: Path) -> None:
+def test_init_checkpoint_loads_the_network_when_fitting_starts(
+    task_name: str, tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     overrides = [f"data={EMBEDDED[task_name]}"]
     _, donor = build_task(compose_config("train", overrides, tmp_path / "a"))
