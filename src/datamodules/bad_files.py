@@ -48,8 +48,8 @@ def check_on_bad_file(value: str) -> str:
     """``value`` if it is one of ``ON_BAD_FILE``, else ``ValueError`` naming the choices."""
     if value not in ON_BAD_FILE:
         raise ValueError(
-            f"on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them out), "
-            f"got {value!r}"
+            "on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them "
+            f"out), got {value!r}"
         )
     return value
 
@@ -180,7 +180,8 @@ def bad_files_message(report: FileCheck, root: Path, listing: Path) -> str:
         lines.append(f"    ... and {len(report.bad) - SHOWN} more")
     lines.append(f"All {len(report.bad)} are listed in {listing}.")
     lines.append(
-        "Remove or replace these files, or set data.on_bad_file=skip to leave them out of the dataset."
+        "Remove or replace these files, or set data.on_bad_file=skip to leave them out of the "
+        "dataset."
     )
     if not report.complete:
         lines.append(f"Note: {report.stopped}.")
@@ -198,7 +199,8 @@ def screen_files(
 ) -> frozenset[Path]:
     """Check ``paths`` (files of the dataset at ``root``) and act on the bad ones: raise
     :class:`BadFilesError` naming them all (``on_bad_file="error"``) or return them, to be left
-    out of the dataset (``"skip"``). The list is written to a file either way (:func:`write_bad_list`).
+    out of the dataset (``"skip"``). The list is written to a file either way
+    (:func:`write_bad_list`).
     """
     check_on_bad_file(on_bad_file)
     report = check_files(list(paths), read, max_seconds=max_seconds, workers=workers)

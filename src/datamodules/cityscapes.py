@@ -1,4 +1,4 @@
-"""Cityscapes semantic segmentation (fine annotations), read with ``torchvision.datasets.Cityscapes``.
+"""Cityscapes semantic segmentation (fine annotations), read by ``torchvision.datasets.Cityscapes``.
 
 The ``gtFine/*_labelIds.png`` masks hold the 34 Cityscapes label ids; they are mapped to the 19
 train ids of the benchmark (road 0 ... bicycle 18, torchvision's ``Cityscapes.classes`` table).
@@ -137,7 +137,8 @@ class CityscapesDataModule(SegmentationDataModule):
         if (num_classes, ignore_index) != expected:
             raise ValueError(
                 f"background_class={background_class} needs num_classes={expected[0]} and "
-                f"ignore_index={expected[1]}, got num_classes={num_classes}, ignore_index={ignore_index}"
+                f"ignore_index={expected[1]}, got num_classes={num_classes}, "
+                f"ignore_index={ignore_index}"
             )
         self.root = Path(root)
         self.num_classes = num_classes
@@ -166,7 +167,8 @@ class CityscapesDataModule(SegmentationDataModule):
         layout = LAYOUT.format(root=self.root)
         if not self.root.is_dir():
             raise DatasetLayoutError(
-                f"dataset root {self.root} does not exist; set data.root=/path/to/cityscapes\n{layout}"
+                f"dataset root {self.root} does not exist; set "
+                f"data.root=/path/to/cityscapes\n{layout}"
             )
         table = train_id_table(self.background_class)
         usable = self.usable_pairs(

@@ -183,7 +183,8 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         category_ids = sorted(coco.getCatIds())
         if len(category_ids) != self.num_classes:
             raise DatasetLayoutError(
-                f"{annotations} lists {len(category_ids)} categories but data.num_classes={self.num_classes}\n{layout}"
+                f"{annotations} lists {len(category_ids)} categories but "
+                f"data.num_classes={self.num_classes}\n{layout}"
             )
         if self.category_ids and category_ids != self.category_ids:
             raise DatasetLayoutError(

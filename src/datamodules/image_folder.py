@@ -1,7 +1,7 @@
 """Class-folder image datasets (ImageNet and anything laid out like it).
 
-``setup()`` decodes the images first (:mod:`src.datamodules.bad_files`): bad files stop the run with one
-message naming them all (``on_bad_file="error"``) or are left out (``"skip"``).
+``setup()`` decodes the images first (:mod:`src.datamodules.bad_files`): bad files stop the run with
+one message naming them all (``on_bad_file="error"``) or are left out (``"skip"``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def load_rgb(path: str | Path) -> Image.Image:
 
 
 def drop_samples(dataset: ImageFolder, files: Set[Path]) -> None:
-    """Leave ``files`` out of ``dataset`` (its ``samples``, ``imgs`` and ``targets`` agree after)."""
+    """Leave ``files`` out of ``dataset`` (its ``samples``, ``imgs`` and ``targets`` agree
+    after)."""
     dataset.samples = [(path, label) for path, label in dataset.samples if Path(path) not in files]
     dataset.imgs = dataset.samples
     dataset.targets = [label for _, label in dataset.samples]
@@ -157,7 +158,8 @@ class ImageFolderDataModule(L.LightningDataModule):
 
     @property
     def has_test(self) -> bool:
-        """Whether a labelled ``test/`` split exists (ImageNet has none: its val is the benchmark)."""
+        """Whether a labelled ``test/`` split exists (ImageNet has none: its val is the
+        benchmark)."""
         return (self.root / "test").is_dir()
 
     def setup(self, stage: str | None = None) -> None:
@@ -192,7 +194,8 @@ class ImageFolderDataModule(L.LightningDataModule):
                 drop_samples(dataset, bad)
             if not dataset.samples:
                 raise DatasetLayoutError(
-                    f"{folders[split]} has no usable images: data.on_bad_file=skip left out every one"
+                    f"{folders[split]} has no usable images: data.on_bad_file=skip left out every "
+                    "one"
                 )
             self.splits[split] = dataset
 

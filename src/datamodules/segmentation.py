@@ -4,8 +4,8 @@ a dataset of (image, mask) files and the loaders.
 Images and masks travel together through torchvision's v2 transforms as ``tv_tensors.Image`` and
 ``tv_tensors.Mask``, so every random crop and flip is applied to both and masks are always resampled
 with nearest-neighbour interpolation (class ids are never blended). ``setup()`` decodes every image
-and mask first (:mod:`src.datamodules.bad_files`); a pair with a bad file stops the run or is left out
-(``on_bad_file``).
+and mask first (:mod:`src.datamodules.bad_files`); a pair with a bad file stops the run or is left
+out (``on_bad_file``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def require_file(path: Path, layout: str, what: str = "file") -> Path:
 
 
 def require_files(paths: Sequence[Path], layout: str, what: str) -> None:
-    """Raise ``DatasetLayoutError`` with the count and the first few of ``paths`` that are missing."""
+    """Raise ``DatasetLayoutError`` with the count and the first few of ``paths`` that are
+    missing."""
     missing = [p for p in paths if not p.is_file()]
     if missing:
         first = "\n    ".join(str(p) for p in missing[:5])
@@ -147,7 +148,8 @@ class SegmentationFiles(Dataset):
         mask = tv_tensors.Mask(torch.from_numpy(self.read_mask(mask_path).astype(np.int64)))
         if image.shape[-2:] != mask.shape[-2:]:
             raise DatasetLayoutError(
-                f"image {image_path} is {tuple(image.shape[-2:])} but its mask {mask_path} is {tuple(mask.shape)}"
+                f"image {image_path} is {tuple(image.shape[-2:])} but its mask {mask_path} is "
+                f"{tuple(mask.shape)}"
             )
         image, mask = self.transform(image, mask)
         return image.as_subclass(Tensor), mask.as_subclass(Tensor)
@@ -198,8 +200,8 @@ class SegmentationDataModule(L.LightningDataModule):
         every image and mask with ``read``; with ``on_bad_file="error"`` a bad file raises."""
         files = [path for pairs in samples.values() for pair in pairs for path in pair]
         bad = screen_files(
-            files, root, on_bad_file=self.on_bad_file, read=read, max_seconds=self.check_max_seconds,
-            workers=max(1, self.num_workers),
+            files, root, on_bad_file=self.on_bad_file, read=read,
+            max_seconds=self.check_max_seconds, workers=max(1, self.num_workers),
         )  # fmt: skip
         usable = {
             split: [pair for pair in pairs if bad.isdisjoint(pair)]
@@ -208,7 +210,8 @@ class SegmentationDataModule(L.LightningDataModule):
         for split, pairs in usable.items():
             if not pairs:
                 raise DatasetLayoutError(
-                    f"no usable {split} pairs under {root}: data.on_bad_file=skip left out every one"
+                    f"no usable {split} pairs under {root}: data.on_bad_file=skip left out every "
+                    "one"
                 )
         return usable
 

@@ -39,10 +39,10 @@ many pairs as fit, each kept apart by the model (:mod:`src.models.packing`, the 
 ``src_segments``, ``tgt_segments``, ``src_positions`` and ``tgt_positions``), in at most K square
 cells doubling in length (:func:`~src.datamodules.length_buckets.packing_cells`). That pads 6% on
 the demo corpus (5 shapes) and 2% on the IWSLT-like one (3 shapes), for 1.5x and 2.0x the
-attention scores of exact batching (a pair's masked scores against its row's other pairs). A pair's loss and gradients are
-the ones it has alone in a row; what changes is the batches' make-up, which holds about as many
-real tokens as fairseq's exact batching at the same ``max_tokens``. Validation and test batches
-are not packed (a pair a row, in the same cells).
+attention scores of exact batching (a pair's masked scores against its row's other pairs). A
+pair's loss and gradients are the ones it has alone in a row; what changes is the batches'
+make-up, which holds about as many real tokens as fairseq's exact batching at the same
+``max_tokens``. Validation and test batches are not packed (a pair a row, in the same cells).
 
 With ``shape_buckets: 0``, fairseq's exact batching: sentences sorted by target then source length
 (shuffled first for training) are grouped greedily so that ``sentences * longest <= max_tokens``,
@@ -113,8 +113,8 @@ def check_aligned(source: Path, source_lines: int, target: Path, target_lines: i
     if source_lines != target_lines:
         raise CorpusError(
             f"{source} has {source_lines} lines but {target} has {target_lines}: parallel files "
-            "must be aligned line by line (line i of one translates line i of the other). Re-run the "
-            "preparation script or remove the unmatched lines from both files."
+            "must be aligned line by line (line i of one translates line i of the other). Re-run "
+            "the preparation script or remove the unmatched lines from both files."
         )
 
 
@@ -367,7 +367,8 @@ class TokenBatches(IterableDataset):
             per_rank = len(batches) // self.world_size
             if per_rank == 0:
                 raise CorpusError(
-                    f"{len(batches)} batches cannot feed {self.world_size} processes; lower max_tokens"
+                    f"{len(batches)} batches cannot feed {self.world_size} processes; lower "
+                    "max_tokens"
                 )
             batches = batches[: per_rank * self.world_size]
         return batches[self.rank :: self.world_size]
@@ -526,7 +527,8 @@ class TranslationDataModule(L.LightningDataModule):
         if not self.root.is_dir():
             raise CorpusError(
                 f"translation data not found: {self.root} does not exist. Expected "
-                f"{layout(self.root, self.source_lang, self.target_lang)}; set data.root to that folder."
+                f"{layout(self.root, self.source_lang, self.target_lang)}; set data.root to that "
+                "folder."
             )
         missing = [
             self.path(s, lang) for s in SPLITS for lang in (self.source_lang, self.target_lang)
@@ -539,8 +541,8 @@ class TranslationDataModule(L.LightningDataModule):
         if found and not {self.source_lang, self.target_lang} <= set(found):
             raise CorpusError(
                 f"{self.root} has no {pair} corpus: its training files are for the languages "
-                f"{', '.join(found)}. Set data.source_lang/data.target_lang to two of them, or data.root "
-                f"to a {pair} corpus."
+                f"{', '.join(found)}. Set data.source_lang/data.target_lang to two of them, or "
+                f"data.root to a {pair} corpus."
             )
         raise CorpusError(
             f"missing {', '.join(str(p) for p in missing)}. Expected "
@@ -568,8 +570,8 @@ class TranslationDataModule(L.LightningDataModule):
                 key = "src_vocab_size" if side == "source" else "tgt_vocab_size"
                 raise CorpusError(
                     f"data.{key} is {configured} but the {side} vocabulary of {self.root} has "
-                    f"{codec.vocab_size} entries; set data.{key}={codec.vocab_size} (or null to take "
-                    "the data's count). A checkpoint only fits data with its vocabulary."
+                    f"{codec.vocab_size} entries; set data.{key}={codec.vocab_size} (or null to "
+                    "take the data's count). A checkpoint only fits data with its vocabulary."
                 )
         self.codecs = codecs
         return codecs
@@ -662,9 +664,10 @@ class TranslationDataModule(L.LightningDataModule):
             ):
                 if split != "train":
                     raise CorpusError(
-                        f"{source_path}:{number}: a pair of {len(source)} source / {len(target)} target "
-                        f"tokens exceeds the model's maximum of {self.max_positions['source']} / "
-                        f"{self.max_positions['target']}; {split} sentences are never dropped. Raise "
+                        f"{source_path}:{number}: a pair of {len(source)} source / "
+                        f"{len(target)} target tokens exceeds the model's maximum of "
+                        f"{self.max_positions['source']} / {self.max_positions['target']}; "
+                        f"{split} sentences are never dropped. Raise "
                         "data.max_source_positions / data.max_target_positions."
                     )
                 too_long.append(number)
@@ -676,7 +679,8 @@ class TranslationDataModule(L.LightningDataModule):
             encoded.line_numbers.append(number)
         if too_long:
             log.warning(
-                "%s: dropped %d of %d training pairs longer than %d source / %d target tokens (lines %s%s)",
+                "%s: dropped %d of %d training pairs longer than %d source / %d target tokens "
+                "(lines %s%s)",
                 source_path,
                 len(too_long),
                 len(src_lines),
@@ -772,7 +776,8 @@ class GettextTranslationDataModule(TranslationDataModule):
             raise ValueError(f"direction must be 'to_english' or 'from_english', got {direction!r}")
         if not (0 < valid_percent and 0 < test_percent and valid_percent + test_percent < 100):
             raise ValueError(
-                f"need 0 < valid_percent, test_percent and a sum < 100, got {valid_percent}, {test_percent}"
+                "need 0 < valid_percent, test_percent and a sum < 100, got "
+                f"{valid_percent}, {test_percent}"
             )
         source_lang, target_lang = (
             (language, "en") if direction == "to_english" else ("en", language)
@@ -811,8 +816,8 @@ class GettextTranslationDataModule(TranslationDataModule):
         if count == 0:
             raise CorpusError(
                 f"no gettext catalogue for language {self.language!r} among the installed packages "
-                f"(locale*/{self.language}/LC_MESSAGES/*.mo); install Django and pycountry (pip install "
-                "django pycountry) or choose a language they ship."
+                f"(locale*/{self.language}/LC_MESSAGES/*.mo); install Django and pycountry "
+                "(pip install django pycountry) or choose a language they ship."
             )
         self.root.mkdir(parents=True, exist_ok=True)
         for (split, lang), text in lines.items():

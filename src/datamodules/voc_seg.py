@@ -29,15 +29,16 @@ from src.datamodules.segmentation import (
 )
 
 VOC_CLASSES = (
-    "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+    "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair",
+    "cow", "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa",
+    "train", "tvmonitor",
 )  # fmt: skip
 
 LAYOUT = """expected layout:
     {root}/VOCdevkit/VOC2012/
         JPEGImages/<id>.jpg
         SegmentationClass/<id>.png                 (palette PNG: class index per pixel, 255 = ignore)
-        ImageSets/Segmentation/train.txt, val.txt  (one <id> a line)"""
+        ImageSets/Segmentation/train.txt, val.txt  (one <id> a line)"""  # noqa: E501 (a layout table row cannot wrap)
 
 SBD_LAYOUT = """expected SBD layout (data.sbd_root):
     {root}/dataset/
@@ -60,7 +61,8 @@ def read_mask(path: Path) -> np.ndarray:
 
 
 def decode_voc_file(path: Path) -> None:
-    """Decode an image or mask in full (an SBD .mat through :func:`read_sbd_mask`): the file check."""
+    """Decode an image or mask in full (an SBD .mat through :func:`read_sbd_mask`): the file
+    check."""
     if path.suffix == ".mat":
         read_sbd_mask(path)
     else:
@@ -183,8 +185,9 @@ class VOCSegmentationDataModule(SegmentationDataModule):
             require_dir(voc / folder, layout)
         val_ids = read_ids(voc / "ImageSets" / "Segmentation" / "val.txt", layout)
         samples: dict[str, Pairs] = {
-            "train": self._train_samples(voc, layout), "val": self._voc_samples(val_ids, voc, layout, "val")
-        }  # fmt: skip
+            "train": self._train_samples(voc, layout),
+            "val": self._voc_samples(val_ids, voc, layout, "val"),
+        }
         for split, pairs in self.usable_pairs(samples, self.root, decode_voc_file).items():
             transform = segmentation_transform(
                 split == "train", self.crop_size, crop_scale=self.crop_scale

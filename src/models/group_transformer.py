@@ -233,8 +233,8 @@ class GroupTransformer(AdaptiveHead, nn.Module):
         if self.pos_table is not None:
             if mlen + qlen > self.pos_table.max_len:
                 raise ValueError(
-                    f"memory + segment ({mlen} + {qlen}) exceed the position table ({self.pos_table.max_len} "
-                    "= tgt_len + mem_len)"
+                    f"memory + segment ({mlen} + {qlen}) exceed the position table "
+                    f"({self.pos_table.max_len} = tgt_len + mem_len)"
                 )
             # the rows for distances K-1 ... 0, copied: a view of a parameter passed between modules
             # under no_grad breaks torch's module tracker (used by FlopCounterMode), so the table's

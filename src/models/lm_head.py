@@ -57,7 +57,8 @@ class AdaptiveHead:
         """The adaptive input and softmax of a ``d_model``-wide network over ``n_token`` words."""
         if not tie_weight:
             raise ValueError(
-                "the adaptive input and softmax share their band tables: cutoffs need tie_weight=true"
+                "the adaptive input and softmax share their band tables: cutoffs need "
+                "tie_weight=true"
             )
         return AdaptiveInputSoftmax(
             n_token,

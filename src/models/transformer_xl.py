@@ -2,10 +2,11 @@
 
 The original code's ``MemTransformerLM`` with ``attn_type=0``: a scaled token embedding
 (``E[token] * sqrt(D)``, no projection), ``L`` decoder layers of relative multi-head attention
-(Sec. 3.3, the biases ``u = r_w_bias`` and ``v = r_r_bias`` shared by all layers) and a position-wise
-feed-forward network, each either post-norm (the official default) or pre-norm, then dropout and the
-output layer (optionally tied to the embedding). Segment-level recurrence (Sec. 3.2): layer i reads,
-as its memory, the last ``mem_len`` inputs it saw in earlier segments; they are detached.
+(Sec. 3.3, the biases ``u = r_w_bias`` and ``v = r_r_bias`` shared by all layers) and a
+position-wise feed-forward network, each either post-norm (the official default) or pre-norm, then
+dropout and the output layer (optionally tied to the embedding). Segment-level recurrence
+(Sec. 3.2): layer i reads, as its memory, the last ``mem_len`` inputs it saw in earlier segments;
+they are detached.
 
 Memories are a list of ``n_layer + 1`` batch-first tensors: slot 0 holds the embedding output
 (after dropout), slot i the output of layer i; layer i reads slot i.
@@ -34,8 +35,8 @@ class RelativeDecoderLayer(nn.Module):
     """One decoder layer: a relative-attention sublayer, then a feed-forward sublayer.
 
     Both sublayers hold their own residual connection and norm; any attention with the signature
-    of :class:`RelativeMultiHeadAttention` (e.g. ``GroupAttention``) and any ``(..., D) -> (..., D)``
-    feed-forward (e.g. ``GroupFeedForward``) fit.
+    of :class:`RelativeMultiHeadAttention` (e.g. ``GroupAttention``) and any
+    ``(..., D) -> (..., D)`` feed-forward (e.g. ``GroupFeedForward``) fit.
 
     Shape:
         h (B, T, D), r (M + T, D), biases (H, d_head), memory (B, M, D) or None -> (B, T, D)
@@ -62,7 +63,8 @@ def check_memories(memories: list[Tensor] | None, n_slots: int, batch: int) -> i
     for memory in memories:
         if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[1] != mlen:
             raise ValueError(
-                f"memories must all be (B={batch}, M={mlen}, D), got {[tuple(m.shape) for m in memories]}"
+                f"memories must all be (B={batch}, M={mlen}, D), got "
+                f"{[tuple(m.shape) for m in memories]}"
             )
     return mlen
 
@@ -144,7 +146,8 @@ class TransformerXL(AdaptiveHead, nn.Module):
             raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
         if n_token < 1 or n_layer < 1 or mem_len < 0:
             raise ValueError(
-                f"need n_token >= 1, n_layer >= 1, mem_len >= 0, got {n_token}, {n_layer}, {mem_len}"
+                "need n_token >= 1, n_layer >= 1, mem_len >= 0, got "
+                f"{n_token}, {n_layer}, {mem_len}"
             )
         if n_head < 1 or d_model % n_head:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")

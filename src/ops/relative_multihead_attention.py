@@ -15,13 +15,15 @@ from src.ops.relative_position import causal_memory_mask, relative_attention
 
 
 class RelativeMultiHeadAttention(nn.Module):
-    """Transformer-XL relative multi-head attention sublayer (kimiyoung's ``RelPartialLearnable...``).
+    """Transformer-XL relative multi-head attention sublayer (kimiyoung's
+    ``RelPartialLearnable...``).
 
-    With ``c = cat(memory, h)`` (normalised first when ``pre_norm``): ``q = c_cur Wq``, ``k = c Wk``,
-    ``v = c Wv``, distance keys ``rk = r Wr``; scores ``(q + u) k^T + shift((q + v) rk^T)`` scaled by
-    ``1/sqrt(d_head)`` under a causal mask; ``o = attn Wo``. Post-norm: ``norm(h + dropout(o))``;
-    pre-norm: ``h + dropout(o)``. Queries are computed for the current positions only (the official
-    code also projects the memory rows and discards them; the result is the same).
+    With ``c = cat(memory, h)`` (normalised first when ``pre_norm``): ``q = c_cur Wq``,
+    ``k = c Wk``, ``v = c Wv``, distance keys ``rk = r Wr``; scores
+    ``(q + u) k^T + shift((q + v) rk^T)`` scaled by ``1/sqrt(d_head)`` under a causal mask;
+    ``o = attn Wo``. Post-norm: ``norm(h + dropout(o))``; pre-norm: ``h + dropout(o)``. Queries
+    are computed for the current positions only (the official code also projects the memory rows
+    and discards them; the result is the same).
 
     Args:
         d_model: D, divisible by ``n_head``; ``d_head = D / n_head``.

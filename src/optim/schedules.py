@@ -113,8 +113,8 @@ def cyclic_warm_restarts(
     """
     if epochs < 1 or cycle < 1 or not 0 < eta_min * (cycle - 1) < eta_max:
         raise ValueError(
-            f"need epochs >= 1, cycle >= 1 and 0 < eta_min * (cycle - 1) < eta_max, got epochs={epochs}, "
-            f"cycle={cycle}, eta_min={eta_min}, eta_max={eta_max}"
+            "need epochs >= 1, cycle >= 1 and 0 < eta_min * (cycle - 1) < eta_max, got "
+            f"epochs={epochs}, cycle={cycle}, eta_min={eta_min}, eta_max={eta_max}"
         )
     for group in optimizer.param_groups:
         if abs(group["lr"] - eta_max) > 1e-12:

@@ -1,4 +1,4 @@
-"""Character-level language modelling with segment-level recurrence: cross-entropy, bits per character.
+"""Character-level language modelling, segment-level recurrence: cross-entropy, bits per character.
 
 The network maps ``(tokens, memories)`` to ``(logits, new_memories)`` (Transformer-XL,
 Group-Transformer). Batches arrive in stream order (see ``src.datamodules.char_lm``), so the

@@ -150,7 +150,8 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
         logits = self(images)
         if logits.ndim != 4 or logits.shape[1] != self.num_classes:
             raise ValueError(
-                f"segmentation needs logits (B, {self.num_classes}, H', W'); the network returned {tuple(logits.shape)}"
+                f"segmentation needs logits (B, {self.num_classes}, H', W'); the network returned "
+                f"{tuple(logits.shape)}"
             )
         if logits.shape[-2:] != masks.shape[-2:]:
             logits = F.interpolate(
@@ -180,7 +181,8 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
         self._shared_step(batch, "test", self.test_metrics)
 
     def parameter_groups(self) -> list[dict]:
-        """The trainable parameters: one group, or [others, ``head_prefix*`` with ``lr_multiplier``]."""
+        """The trainable parameters: one group, or [others, ``head_prefix*`` with
+        ``lr_multiplier``]."""
         named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
         if self.head_lr_multiplier == 1.0:
             return [{"params": [p for _, p in named]}]
@@ -189,7 +191,8 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
             roots = sorted({name.split(".")[0] for name, _ in named})
             raise ValueError(
                 f"head_lr_multiplier={self.head_lr_multiplier} but no trainable parameter of "
-                f"{type(self.net).__name__} starts with head_prefix={self.head_prefix!r}; its top-level names: {roots}"
+                f"{type(self.net).__name__} starts with head_prefix={self.head_prefix!r}; its "
+                f"top-level names: {roots}"
             )
         rest = [p for name, p in named if not name.startswith(self.head_prefix)]
         return [{"params": rest}, {"params": head, "lr_multiplier": self.head_lr_multiplier}]

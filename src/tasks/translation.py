@@ -96,7 +96,8 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
             raise ValueError(f"val_decoding must be one of {DECODINGS}, got {val_decoding!r}")
         if not 0.0 <= label_smoothing < 1.0 or beam_size < 1:
             raise ValueError(
-                f"need 0 <= label_smoothing < 1 and beam_size >= 1, got {label_smoothing}, {beam_size}"
+                "need 0 <= label_smoothing < 1 and beam_size >= 1, got "
+                f"{label_smoothing}, {beam_size}"
             )
         self.net = net
         self.init_checkpoint = init_checkpoint

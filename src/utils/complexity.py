@@ -41,7 +41,8 @@ class Complexity:
 
 def count_params(module: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of distinct parameters (shared tensors count once)."""
-    # module.parameters() yields a tied Parameter once; by identity, so meta-device modules count too
+    # module.parameters() yields a tied Parameter once; by identity, so meta-device modules count
+    # too
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 

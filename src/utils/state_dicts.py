@@ -31,7 +31,8 @@ def mismatch_summary(expected: Mapping[str, Tensor], state: Mapping[str, Tensor]
         )
     if unexpected:
         lines.append(
-            f"{len(unexpected)} of the file's tensors are not in the network (first: {unexpected[0]})"
+            f"{len(unexpected)} of the file's tensors are not in the network "
+            f"(first: {unexpected[0]})"
         )
     return "; ".join(lines) if lines else None
 
