@@ -1,6 +1,6 @@
-"""``complexity.py`` on the PRU language model's configs: every PTB and WikiText-2 row of the official
-parameter counts (``pru/params.json``, the official RNNModel instantiated) from the Table 4.1
-experiments and the data configs alone, no corpus on disk."""
+"""``complexity.py`` on the PRU language model's configs: every PTB and WikiText-2 row of the
+official parameter counts (``pru/params.json``, the official RNNModel instantiated) from the
+Table 4.1 experiments and the data configs alone, no corpus on disk."""
 
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ def test_complexity_py_reproduces_official_params(row: dict[str, Any], tmp_path)
 
 
 def test_iwslt_recipe_is_the_14m_model(tmp_path) -> None:
-    """The issue's command: ``complexity.py model=delight_mt data=iwslt14_de_en model.d_model=320``."""
+    """The issue's command:
+    ``complexity.py model=delight_mt data=iwslt14_de_en model.d_model=320``."""
     cfg = compose_config(
         "complexity", ["model=delight_mt", "data=iwslt14_de_en", "model.d_model=320"], tmp_path
     )

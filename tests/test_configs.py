@@ -19,7 +19,8 @@ from tests.conftest import CONF, compose_config
 
 @pytest.fixture(autouse=True)
 def no_onednn(monkeypatch) -> None:
-    """oneDNN spends seconds building kernels for each new small grouped-conv shape (DiCE layers)."""
+    """oneDNN spends seconds building kernels for each new small grouped-conv shape (DiCE
+    layers)."""
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
 
 
@@ -33,7 +34,8 @@ def options(group: str) -> list[str]:
 
 # overrides a data option needs to instantiate without a dataset on disk
 DATA_NEEDS = {"image_folder": ["data.root=/nonexistent", "data.num_classes=5"]}
-# overrides an experiment needs without files on disk (weights-only inits are read when fitting starts)
+# overrides an experiment needs without files on disk (weights-only inits are read when fitting
+# starts)
 EXPERIMENT_NEEDS = {
     name: ["task.init_checkpoint=/nonexistent.ckpt"]
     for name in [
@@ -300,7 +302,8 @@ def test_entry_point_configs_compose(config_name: str, tmp_path) -> None:
 
 
 def data_model(data: str) -> str:
-    """The model a data option picks (``override /model@_global_.model: <model>`` in its defaults)."""
+    """The model a data option picks (``override /model@_global_.model: <model>`` in its
+    defaults)."""
     for entry in OmegaConf.load(CONF / "data" / f"{data}.yaml").get("defaults", []):
         for key, value in dict(entry).items():
             if key.endswith("/model@_global_.model"):

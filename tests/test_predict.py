@@ -177,7 +177,8 @@ def test_detection_draws_tagged_boxes(tmp_path: Path, caplog: pytest.LogCaptureF
     assert result["task"] == "detection" and result["output"] == str(output)
     assert result["detections"], "an untrained two-class SSD scores many priors near 0.5"
     assert all(name == "coin" and score >= 0.45 for name, score, _ in result["detections"])
-    # boxes in pixels of the 384 x 303 photograph, clipped to it (priors at the border reach past it)
+    # boxes in pixels of the 384 x 303 photograph, clipped to it (priors at the border reach past
+    # it)
     height, width = data.coins().shape
     assert all(
         0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height

@@ -233,15 +233,18 @@ def test_unknown_top_level_key_is_refused() -> None:
 @pytest.mark.parametrize(
     ("data", "model"),
     [("digits", "dicenet"), ("imagenet", "dicenet"), ("enwik8", "group_transformer"),
-     ("text8", "group_transformer"), ("pydoc_chars", "group_transformer"), ("voc_seg", "espnetv2_seg"),
-     ("cityscapes", "espnetv2_seg"), ("coco_multilabel", "dicenet"), ("image_folder", "dicenet"),
+     ("text8", "group_transformer"), ("pydoc_chars", "group_transformer"),
+     ("voc_seg", "espnetv2_seg"), ("cityscapes", "espnetv2_seg"),
+     ("coco_multilabel", "dicenet"), ("image_folder", "dicenet"),
      ("wikitext103", "delight_lm"), ("pydoc_words", "delight_lm"), ("gettext_de_en", "delight_mt"),
      ("iwslt14_de_en", "delight_mt"), ("wmt16_en_ro", "delight_mt"), ("wmt14_en_de", "delight_mt"),
      ("wmt14_en_fr", "delight_mt"),
-     ("sentiment_tweets", "delight_classifier"), ("imdb", "delight_classifier"), ("sst2", "delight_classifier"),
+     ("sentiment_tweets", "delight_classifier"), ("imdb", "delight_classifier"),
+     ("sst2", "delight_classifier"),
      ("ptb", "awd_lm"), ("wikitext2", "awd_lm"), ("pydoc_ptb", "awd_lm"),
      ("voc_det", "ssd"), ("coco_det", "ssd"), ("coins_det", "ssd"),
-     ("wikitext103_segments", "group_transformer_lm"), ("pydoc_words_segments", "group_transformer_lm")],
+     ("wikitext103_segments", "group_transformer_lm"),
+     ("pydoc_words_segments", "group_transformer_lm")],
 )  # fmt: skip
 def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
     needs = (
@@ -259,11 +262,13 @@ def test_each_data_picks_a_model_that_fits(data: str, model: str) -> None:
 
 def test_every_data_config_is_covered() -> None:
     covered = {p.stem for p in (CONF / "data").glob("*.yaml")}
-    assert covered == {"digits", "imagenet", "enwik8", "text8", "pydoc_chars", "voc_seg", "cityscapes",
-                       "coco_multilabel", "image_folder", "wikitext103", "pydoc_words", "gettext_de_en",
+    assert covered == {"digits", "imagenet", "enwik8", "text8", "pydoc_chars", "voc_seg",
+                       "cityscapes", "coco_multilabel", "image_folder", "wikitext103",
+                       "pydoc_words", "gettext_de_en",
                        "iwslt14_de_en", "wmt16_en_ro", "wmt14_en_de", "wmt14_en_fr",
                        "sentiment_tweets", "imdb", "sst2", "ptb", "wikitext2", "pydoc_ptb",
-                       "voc_det", "coco_det", "coins_det", "wikitext103_segments", "pydoc_words_segments"}  # fmt: skip
+                       "voc_det", "coco_det", "coins_det", "wikitext103_segments",
+                       "pydoc_words_segments"}  # fmt: skip
 
 
 def test_an_explicit_model_still_wins() -> None:
@@ -368,17 +373,21 @@ def test_data_alone_trains_its_default_model(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [(["+model.d_modle=64"], "model.d_modle: DiCENet (src.models.dicenet.DiCENet) takes no such argument"),
+    [(["+model.d_modle=64"],
+      "model.d_modle: DiCENet (src.models.dicenet.DiCENet) takes no such argument"),
      (["experiment=delight_mt/demo", "+model.d_modle=64"],
       "model.d_modle (did you mean model.d_model?): DeLighTEncoderDecoder"),
      (["+data.batchsize=4"], "data.batchsize (did you mean data.batch_size?): DigitsDataModule"),
-     (["experiment=delight_mt/demo", "+task.optimizer.betas2=0.9"], "task.optimizer.betas2 (did you mean "
-      "task.optimizer.betas?)"),
+     (["experiment=delight_mt/demo", "+task.optimizer.betas2=0.9"],
+      "task.optimizer.betas2 (did you mean task.optimizer.betas?)"),
      (["data.batch_size=0"], "data.batch_size=0: must be a positive integer"),
-     (["experiment=detection/ssd_demo", "data.batch_size=-2"], "data.batch_size=-2: must be a positive integer"),
-     (["experiment=delight_mt/demo", "data.max_tokens=0"], "data.max_tokens=0: must be a positive integer"),
+     (["experiment=detection/ssd_demo", "data.batch_size=-2"],
+      "data.batch_size=-2: must be a positive integer"),
+     (["experiment=delight_mt/demo", "data.max_tokens=0"],
+      "data.max_tokens=0: must be a positive integer"),
      (["task.optimizer.lr=0"], "task.optimizer.lr=0: must be a positive number"),
-     (["trainer.max_epochs=0"], "trainer.max_epochs=0: must be a positive integer, or -1 for no limit")],
+     (["trainer.max_epochs=0"],
+      "trainer.max_epochs=0: must be a positive integer, or -1 for no limit")],
 )  # fmt: skip
 def test_keys_and_sizes_are_checked_before_anything_is_built(
     overrides: list[str], message: str

@@ -35,7 +35,8 @@ def overrides(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def translate_here(
     overrides: list[str], tmp_path: Path, sentences: list[str], *extra: str
 ) -> list[str]:
-    """``translate(...)`` with the network initialised from one seed, so every call has its weights."""
+    """``translate(...)`` with the network initialised from one seed, so every call has its
+    weights."""
     cfg = compose_config("translate", [*overrides, *extra], tmp_path / "run")
     torch.manual_seed(0)
     return translate(cfg, sentences)
@@ -95,8 +96,8 @@ def punctuated(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [
         "data=iwslt14_de_en", f"data.root={corpus}", "data.source_lang=xx", "data.target_lang=yy",
         "data.src_vocab_size=null", "data.tgt_vocab_size=null", "data.max_source_positions=6",
-        "model.d_model=32", "model.n_min=2", "model.n_max=3", "task.max_len_a=0", "task.max_len_b=6",
-        "allow_random=true", "decoding=greedy", "batch_size=2",
+        "model.d_model=32", "model.n_min=2", "model.n_max=3", "task.max_len_a=0",
+        "task.max_len_b=6", "allow_random=true", "decoding=greedy", "batch_size=2",
     ]  # fmt: skip
 
 

@@ -48,14 +48,15 @@ def run_script(
       "data.batchsize (did you mean data.batch_size?): no such key; data has data.augment, "
       "data.batch_size, data.image_size, "),
      ("train.py", ["experiment=char_lm/demoo"],
-      "experiment=char_lm/demoo: no such option (did you mean experiment=char_lm/demo?). The options "
-      "of experiment, closest first: char_lm/demo, "),
-     ("train.py", ["modle=dicenet"], "modle (did you mean model?): no such key or config group; the "
-      "config has callbacks, ckpt_path, "),
+      "experiment=char_lm/demoo: no such option (did you mean experiment=char_lm/demo?). The "
+      "options of experiment, closest first: char_lm/demo, "),
+     ("train.py", ["modle=dicenet"],
+      "modle (did you mean model?): no such key or config group; the config has callbacks, "
+      "ckpt_path, "),
      ("eval.py", ["data=enwik9"], "data=enwik9: no such option (did you mean data=enwik8?)"),
      ("translate.py", ["ckpt_pat=x.ckpt", "Ein Satz."], "ckpt_pat (did you mean ckpt_path?)"),
-     ("complexity.py", ["--cfg", "job", "model=espnet"], "model=espnet: no such option (did you mean "
-      "model=espnetv2?)")],
+     ("complexity.py", ["--cfg", "job", "model=espnet"],
+      "model=espnet: no such option (did you mean model=espnetv2?)")],
 )  # fmt: skip
 def test_a_composition_error_is_one_line_with_the_closest_choice(
     script: str, args: list[str], message: str, monkeypatch, capsys
@@ -116,14 +117,15 @@ def test_a_gpu_trainer_without_a_gpu_names_the_cpu_trainer() -> None:
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == (
-        "error: trainer.accelerator=gpu (trainer=gpu): this machine has no GPU that PyTorch can use; "
-        "train on the CPU with trainer=cpu (trainer=ddp_cpu for data-parallel CPU processes)"
+        "error: trainer.accelerator=gpu (trainer=gpu): this machine has no GPU that PyTorch can "
+        "use; train on the CPU with trainer=cpu (trainer=ddp_cpu for data-parallel CPU processes)"
     )
     assert "Traceback" not in done.stderr
 
 
-TRANSLATION = ["data=iwslt14_de_en", "data.source_lang=xx", "data.target_lang=yy", "data.src_vocab_size=null",
-               "data.tgt_vocab_size=null", "model.d_model=32", "model.n_min=2", "model.n_max=3"]  # fmt: skip
+TRANSLATION = ["data=iwslt14_de_en", "data.source_lang=xx", "data.target_lang=yy",
+               "data.src_vocab_size=null", "data.tgt_vocab_size=null", "model.d_model=32",
+               "model.n_min=2", "model.n_max=3"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +183,8 @@ def test_generate_and_eval_name_what_serves_a_translation_checkpoint(
         generate(cfg)
     assert str(error.value) == served_by_translate(translation_checkpoint, "generate.py")
     cfg = compose_config(
-        "eval", [f"ckpt_path={translation_checkpoint}", "dynamic_eval=true", "trainer.accelerator=cpu"],
+        "eval",
+        [f"ckpt_path={translation_checkpoint}", "dynamic_eval=true", "trainer.accelerator=cpu"],
         tmp_path / "e",
     )  # fmt: skip
     with pytest.raises(
@@ -192,8 +195,9 @@ def test_generate_and_eval_name_what_serves_a_translation_checkpoint(
 
 def test_export_refuses_a_network_it_has_no_graph_for(tmp_path: Path) -> None:
     corpus = reversal_corpus(tmp_path / "corpus", n_train=50)
-    overrides = [*TRANSLATION[:5], f"data.root={corpus}", "model=transformer_mt", "model.d_model=16",
-                 "model.ffn_dim=32", "model.num_heads=2", "model.num_layers=1"]  # fmt: skip
+    overrides = [*TRANSLATION[:5], f"data.root={corpus}", "model=transformer_mt",
+                 "model.d_model=16", "model.ffn_dim=32", "model.num_heads=2",
+                 "model.num_layers=1"]  # fmt: skip
     cfg = compose_config("train", overrides, tmp_path / "run")
     datamodule, task = build_task(cfg)
     check_served("translate.py", cfg, datamodule, task)

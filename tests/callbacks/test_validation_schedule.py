@@ -45,10 +45,12 @@ def test_the_tightest_limit_bounds_the_training_batches() -> None:
 
 @pytest.mark.parametrize("val_check_interval", [3, 2])
 def test_a_run_that_never_validates_says_so(make_cfg, caplog, val_check_interval: int) -> None:
-    """2 steps of a 5-batch epoch, validated every val_check_interval batches: none at 3, one at 2."""
+    """2 steps of a 5-batch epoch, validated every val_check_interval batches: none at 3, one at
+    2."""
     cfg = make_cfg("trainer.max_steps=2", "trainer.max_epochs=1", "trainer.limit_train_batches=5",
-                   f"++trainer.val_check_interval={val_check_interval}", "trainer.limit_val_batches=1",
-                   "trainer.num_sanity_val_steps=0", "data.batch_size=8", "test=false")  # fmt: skip
+                   f"++trainer.val_check_interval={val_check_interval}",
+                   "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0",
+                   "data.batch_size=8", "test=false")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="src.callbacks.validation_schedule"):
         summary = train(cfg)
     warnings = [
@@ -63,8 +65,10 @@ def test_a_run_that_never_validates_says_so(make_cfg, caplog, val_check_interval
         return
     assert summary["best_checkpoint"] is None
     assert warnings == [
-        "validation will never run: trainer.max_steps=2 ends training after 2 batch(es), before the "
-        "first validation after batch 3 (val_check_interval=3, check_val_every_n_epoch=1, 5 batches "
-        f"an epoch), so no checkpoint is ranked and best_checkpoint will be null; {fix}",
-        f"validation never ran in 2 step(s): no checkpoint was ranked, so best_checkpoint is null; {fix}",
+        "validation will never run: trainer.max_steps=2 ends training after 2 batch(es), "
+        "before the first validation after batch 3 (val_check_interval=3, "
+        "check_val_every_n_epoch=1, 5 batches an epoch), so no checkpoint is ranked and "
+        f"best_checkpoint will be null; {fix}",
+        "validation never ran in 2 step(s): no checkpoint was ranked, so best_checkpoint is "
+        f"null; {fix}",
     ]

@@ -61,7 +61,8 @@ def make_image_folder(root: Path) -> Path:
 
 @pytest.fixture
 def bad_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """The 10 good images plus train/dark/corrupt.jpg (random bytes) and val/light/empty.jpg (0 bytes)."""
+    """The 10 good images plus train/dark/corrupt.jpg (random bytes) and val/light/empty.jpg
+    (0 bytes)."""
     root = make_image_folder(tmp_path / "images")
     corrupt, empty = root / "train/dark/corrupt.jpg", root / "val/light/empty.jpg"
     corrupt.write_bytes(np.random.default_rng(1).integers(0, 255, 300, dtype=np.uint8).tobytes())
@@ -121,7 +122,8 @@ def test_skip_leaves_the_bad_files_out_and_lists_them(bad_tree, caplog) -> None:
         str(empty),
     ]
     assert caplog.messages == [
-        f"{root}: leaving out 2 bad files of the 12 files (data.on_bad_file=skip); they are listed in {listing}"
+        f"{root}: leaving out 2 bad files of the 12 files (data.on_bad_file=skip); they are "
+        f"listed in {listing}"
     ]
     images, labels = next(iter(dm.val_dataloader()))
     assert images.shape == (2, 3, 8, 8) and labels.tolist() == [0, 0]
@@ -131,7 +133,8 @@ def test_on_bad_file_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as error:
         image_folder(tmp_path, on_bad_file="ignore")
     assert str(error.value) == (
-        "on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them out), got 'ignore'"
+        "on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them out), "
+        "got 'ignore'"
     )
 
 
@@ -177,8 +180,8 @@ def test_a_capped_check_says_how_many_files_it_decoded(tmp_path: Path, monkeypat
         f"1 of the first 32 of 40 files under {tmp_path} cannot be used:\n"
         f"    {files[0]}: does not decode (ValueError: bad header)\n"
         f"All 1 are listed in {tmp_path / 'bad_files.txt'}.\n{FIX}\n"
-        "Note: the check stopped at its 0.2 s limit (data.check_max_seconds): 8 files were not decoded; "
-        "python -m src.datamodules.check <the same data overrides> decodes them all."
+        "Note: the check stopped at its 0.2 s limit (data.check_max_seconds): 8 files were not "
+        "decoded; python -m src.datamodules.check <the same data overrides> decodes them all."
     )
 
 
@@ -191,7 +194,9 @@ def test_more_than_twenty_bad_files_are_counted_not_all_listed(tmp_path: Path) -
     lines = str(error.value).splitlines()
     assert lines[0] == f"25 of the 25 files under {tmp_path} cannot be used:"
     assert lines[20:23] == [
-        f"    {files[19]}: empty (0 bytes)", "    ... and 5 more", f"All 25 are listed in {tmp_path / 'bad_files.txt'}."
+        f"    {files[19]}: empty (0 bytes)",
+        "    ... and 5 more",
+        f"All 25 are listed in {tmp_path / 'bad_files.txt'}.",
     ]  # fmt: skip
     assert len((tmp_path / "bad_files.txt").read_text().splitlines()) == 25
 
@@ -288,9 +293,9 @@ def test_truncated_zip_names_the_file_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(zipfile.BadZipFile) as error:
         Enwik8DataModule(str(tmp_path), valid_size=300, test_size=200, **SMALL).prepare_data()
     assert str(error.value) == (
-        f"{packed} is not a readable zip archive (File is not a zip file); an interrupted download leaves "
-        "it truncated. Delete it and download it again from http://mattmahoney.net/dc/enwik8.zip, or put "
-        f"the unpacked 'enwik8' file in {tmp_path}"
+        f"{packed} is not a readable zip archive (File is not a zip file); an interrupted download "
+        "leaves it truncated. Delete it and download it again from "
+        f"http://mattmahoney.net/dc/enwik8.zip, or put the unpacked 'enwik8' file in {tmp_path}"
     )
 
 
@@ -362,5 +367,6 @@ def test_damaged_cache_without_its_source_names_the_cache_and_the_fix(tmp_path: 
         f"{said}, and the cache cannot be rebuilt: enwik8 not found: expected the raw file "
         f"{tmp_path / 'enwik8'} or the zip {tmp_path / 'enwik8.zip'} holding 'enwik8' (download "
         "http://mattmahoney.net/dc/enwik8.zip); set data.root to its folder\n"
-        f"Provide the source so that the cache is rebuilt from it, or delete the damaged cache files: {caches}"
+        "Provide the source so that the cache is rebuilt from it, or delete the damaged cache "
+        f"files: {caches}"
     )

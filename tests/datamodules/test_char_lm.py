@@ -1,4 +1,5 @@
-"""Character-level corpora: real file formats (raw bytes, zip), splits, vocabulary, cache, ordering."""
+"""Character-level corpora: real file formats (raw bytes, zip), splits, vocabulary, cache,
+ordering."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ H, W = 32, 64
 
 
 def scene() -> tuple[np.ndarray, np.ndarray]:
-    """Grey road on the left half, a red car in the right quarter, void (0) and ego vehicle (1) rows."""
+    """Grey road on the left half, a red car in the right quarter, void (0) and ego vehicle (1)
+    rows."""
     image = np.zeros((H, W, 3), np.uint8)
     label_ids = np.full((H, W), UNLABELED, np.uint8)
     image[4:, : W // 2] = GREY

@@ -39,8 +39,9 @@ def make_coco(root: Path, year: int = 2014) -> Path:
             entries.append({"id": image_id, "file_name": name, "height": 30, "width": 40})
             for category in categories:
                 annotations.append(
-                    {"id": len(annotations) + 100 * image_id, "image_id": image_id, "category_id": category,
-                     "bbox": [1, 1, 10, 10], "area": 100, "iscrowd": 0, "segmentation": []}
+                    {"id": len(annotations) + 100 * image_id, "image_id": image_id,
+                     "category_id": category, "bbox": [1, 1, 10, 10], "area": 100, "iscrowd": 0,
+                     "segmentation": []}
                 )  # fmt: skip
         document = {
             "images": entries,

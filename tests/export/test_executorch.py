@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from src.export.executorch import export_executorch, load_program, run_executorch
 from src.export.spec import ExportSpec
 from src.models.dicenet import DiCENet
 
 pytest.importorskip("executorch")
 # lowering a network of DiCE units takes minutes on 2 cores: run with -m heavy
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
-
-from src.export.executorch import export_executorch, load_program, run_executorch
 
 
 @pytest.fixture(scope="module")

@@ -293,7 +293,8 @@ def test_deploy_script_names_the_classes_predict_names(espnet: dict, tmp_path: P
 
 
 def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
-    """``nms=true``: decoding and NMS in the graph give ``predict.py`` the checkpoint's detections."""
+    """``nms=true``: decoding and NMS in the graph give ``predict.py`` the checkpoint's
+    detections."""
     overrides = [
         "experiment=detection/ssd_demo", f"data.root={tmp_path / 'coins'}", "data.num_train=8",
         "data.num_test=4",
@@ -316,7 +317,10 @@ def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
     eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
     got = predict(compose_config("predict", [f"onnx={stem}.onnx", *common], tmp_path))
     assert len(eager["detections"]) > 0
-    by_score = lambda found: sorted(found, key=lambda d: (-d[1], d[2]))
+
+    def by_score(found: list) -> list:
+        return sorted(found, key=lambda d: (-d[1], d[2]))
+
     assert by_score(got["detections"]) == by_score(eager["detections"])
 
 

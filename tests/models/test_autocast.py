@@ -96,7 +96,8 @@ class Logits(nn.Module):
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0}
 AWD_SMALL = {
     "embedding_dim": 16, "hidden_size": 32, "num_layers": 2,
-    **{p: 0.0 for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding", "weight_drop")},
+    **{p: 0.0 for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding",
+                        "weight_drop")},
 }  # fmt: skip
 
 

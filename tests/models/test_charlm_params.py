@@ -1,4 +1,5 @@
-"""Parameter counts of Transformer-XL and Group-Transformer equal the official models' (params.json).
+"""Parameter counts of Transformer-XL and Group-Transformer equal the official models'
+(params.json).
 
 ``params.json`` (reference data) lists, for every row of the paper's Tables 2 and 3, the count of
 the official models in several settings. Models are built on the meta device (no memory, no init).

@@ -29,7 +29,8 @@ def parameters_of(experiment: str, tmp_path) -> int:
     [("table6_g4", 23e6), ("table6_g2", 25e6), ("table6_txl_base", 151e6)],
 )
 def test_table6_rows_match_the_paper_parameters(experiment: str, paper: float, tmp_path) -> None:
-    """Appendix D, Table 6 (WikiText-103): 4 groups 23 M, 2 groups 25 M, Transformer-XL Base 151 M."""
+    """Appendix D, Table 6 (WikiText-103): 4 groups 23 M, 2 groups 25 M,
+    Transformer-XL Base 151 M."""
     count = parameters_of(f"group_transformer_lm/{experiment}", tmp_path)
     assert abs(count / paper - 1) <= 0.03, (
         f"{experiment}: {count:,} parameters against {paper:,.0f}"
@@ -90,7 +91,7 @@ def test_word_segments_continue_row_by_row_and_a_short_run_learns(tmp_path) -> N
     datamodule.prepare_data()
     datamodule.setup("fit")
     first, second = list(zip(range(2), datamodule.train_dataloader()))
-    (x1, y1), (x2, y2) = first[1], second[1]
+    (x1, y1), (x2, _) = first[1], second[1]
     assert x1.shape == (8, 32) and torch.equal(x1[:, 1:], y1[:, :-1])
     assert torch.equal(x2[:, 0], y1[:, -1])  # the next segment starts where the row left off
     assert int((datamodule.splits["train"] == EOS_ID).sum()) > 1000  # one </s> per line

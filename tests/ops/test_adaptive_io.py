@@ -128,8 +128,8 @@ def test_bf16_autocast_forward_and_backward() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"cutoffs": (30, 10)}, "increase"), ({"cutoffs": (10, 50)}, "increase"), ({"padding_idx": 12}, "band 0"),
-     ({"output_dim": 8}, "output_dim must equal")],
+    [({"cutoffs": (30, 10)}, "increase"), ({"cutoffs": (10, 50)}, "increase"),
+     ({"padding_idx": 12}, "band 0"), ({"output_dim": 8}, "output_dim must equal")],
 )  # fmt: skip
 def test_bad_arguments_are_named(kwargs: dict, match: str) -> None:
     args = {"vocab_size": V, "cutoffs": CUTOFFS, "initial_dim": DIM, "output_dim": DIM, **kwargs}

@@ -9,7 +9,7 @@ from tests.helpers import path_timer
 
 triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
 
-from src.ops.triton import stencil
+from src.ops.triton import stencil  # noqa: E402
 
 
 def _weights(

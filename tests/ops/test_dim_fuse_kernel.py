@@ -128,7 +128,7 @@ def test_dice_training_steps_match_the_unfused_unit(
     for unit in (fused, ref):
         unit.dim_fuse.norm.momentum = momentum
     ref.load_state_dict(fused.state_dict())
-    for step in range(2):
+    for _ in range(2):
         x = torch.randn(3, 6, 5, 7, device=kernel_device)
         outs = [unit(x) for unit in (fused, ref)]
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)

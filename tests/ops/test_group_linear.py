@@ -263,7 +263,8 @@ def test_weight_gradient_methods_match_reference(
     method: str, dtype: torch.dtype, kernel_device: torch.device, monkeypatch
 ) -> None:
     """Both weight-gradient methods, chosen by LIGHTNETS_GLT_WGRAD, through the GLT with the input
-    mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32 sums)."""
+    mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32
+    sums)."""
     from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
     from src.ops.triton.group_linear import split_k_splits
 

@@ -21,9 +21,6 @@ from collections.abc import Callable
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-import triton.language as tl
-
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.dice import DiCE
@@ -46,7 +43,11 @@ from src.ops.triton.cross_compile import (
     toolchain_missing,
     train_and_infer,
 )
-from src.ops.triton.gradient_sum import gradient_sum_triton
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from src.ops.triton.gradient_sum import gradient_sum_triton  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(

@@ -3,11 +3,12 @@
 Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5 (of the largest value, for the parameter gradients, which sum over every row
-and group): the two differ in summation order only. A 16-bit input gives a 16-bit
-output (the PyTorch ops give float32 under autocast): the kernel normalises the same rounded input
-in float32 and rounds once at the end, so its output is within one rounding (2^-8 relative for bfloat16 on a
-GPU; twice that in Triton's interpreter, which truncates) of the PyTorch ops' float32 output (and float32 rounding), and the parameter gradients, summed in float32 from the same
-16-bit output gradient, agree to float32 rounding.
+and group): the two differ in summation order only. A 16-bit input gives a 16-bit output (the
+PyTorch ops give float32 under autocast): the kernel normalises the same rounded input in float32
+and rounds once at the end, so its output is within one rounding (2^-8 relative for bfloat16 on a
+GPU; twice that in Triton's interpreter, which truncates) of the PyTorch ops' float32 output (and
+float32 rounding), and the parameter gradients, summed in float32 from the same 16-bit output
+gradient, agree to float32 rounding.
 """
 
 from __future__ import annotations

@@ -131,7 +131,8 @@ def _clipping_experiments() -> list[str]:
 def test_clipping_experiments_compose_with_a_task_that_clips_fused_optimisers(
     experiment: str, tmp_path
 ) -> None:
-    """Every experiment that clips, in bf16-mixed: its fused optimiser meets a task that clips it."""
+    """Every experiment that clips, in bf16-mixed: its fused optimiser meets a task that clips
+    it."""
     from hydra.utils import get_class
 
     from tests.conftest import compose_config

@@ -54,7 +54,8 @@ def test_model_matches_official_over_segments(path: Path) -> None:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_memory_matters(path: Path) -> None:
-    """Without the carried memory the later segments' logits differ (the recurrence is exercised)."""
+    """Without the carried memory the later segments' logits differ (the recurrence is
+    exercised)."""
     fx = load(path)
     model = from_official(fx["state_dict"], fx["config"]).eval()
     segment = fx["segments"][1]

@@ -157,9 +157,9 @@ def assert_cocoeval_numbers(metric: MeanAveragePrecision, seed: int) -> None:
 
 
 # torchmetrics' default recall thresholds are float32 ``torch.linspace`` values (recall 0.2 is
-# 0.20000000298...), pycocotools' float64 ``np.linspace``: a recall that lands exactly on a threshold
-# (1 of 5 boxes found) falls on the other side of it, and AP moved by up to ~3e-3 (16 of 40 random
-# sets, seed 1 among them) until coco_metric() took COCOeval's thresholds.
+# 0.20000000298...), pycocotools' float64 ``np.linspace``: a recall that lands exactly on a
+# threshold (1 of 5 boxes found) falls on the other side of it, and AP moved by up to ~3e-3 (16 of
+# 40 random sets, seed 1 among them) until coco_metric() took COCOeval's thresholds.
 @pytest.mark.parametrize("seed", range(6))
 def test_coco_metric_agrees_with_cocoeval_on_random_sets(seed: int) -> None:
     assert_cocoeval_numbers(coco_metric(), seed)

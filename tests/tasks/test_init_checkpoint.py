@@ -145,7 +145,8 @@ def test_a_file_that_does_not_fit_is_one_line_naming_it(tmp_path: Path) -> None:
             official,
             (
                 f"init_checkpoint={official} is neither a checkpoint of this project for DiCENet "
-                "nor official EdgeNets weights for it: official state dict does not match: missing ["
+                "nor official EdgeNets weights for it: official state dict does not match: "
+                "missing ["
             ),
         ),
         (

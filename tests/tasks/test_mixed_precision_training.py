@@ -210,8 +210,9 @@ def test_task_trains_in_mixed_precision(
 def test_clipping_recipes_train_in_mixed_precision(
     make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
 ) -> None:
-    """The recipes that clip gradients (char_lm/demo, pru_lm/demo: 0.25) with their fused optimisers:
-    Lightning's mixed-precision plugin alone refuses to clip for those at the first step."""
+    """The recipes that clip gradients (char_lm/demo, pru_lm/demo: 0.25) with their fused
+    optimisers: Lightning's mixed-precision plugin alone refuses to clip for those at the first
+    step."""
     epochs = 6
     cfg = make_cfg(
         *tasks(tmp_path)[task],

@@ -29,7 +29,8 @@ def one_hot_logits(classes: list[list[int]], num_classes: int = 3) -> Tensor:
 
 
 def validate(task: L.LightningModule, logits: Tensor, masks: Tensor) -> dict[str, float]:
-    """Run Lightning's validation loop on one batch of given logits (the network is the identity)."""
+    """Run Lightning's validation loop on one batch of given logits (the network is the
+    identity)."""
     trainer = L.Trainer(
         accelerator="cpu",
         logger=False,

@@ -24,8 +24,8 @@ from tests.conftest import compose_config
 VOCAB = 40
 NO_DROPOUT = {
     name: 0.0
-    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout", "embedding_dropout",
-                 "position_dropout", "adaptive_softmax_dropout")
+    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout",
+                 "embedding_dropout", "position_dropout", "adaptive_softmax_dropout")
 }  # fmt: skip
 
 
@@ -145,10 +145,12 @@ def test_full_split_through_the_trainer_matches(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_trains_below_the_unigram_perplexity(tmp_path: Path) -> None:
-    """A short ``experiment=delight_lm/demo`` run: test perplexity below the corpus's unigram one (~81)."""
+    """A short ``experiment=delight_lm/demo`` run: test perplexity below the corpus's unigram one
+    (~81)."""
     overrides = [
         "experiment=delight_lm/demo", "trainer.max_steps=60", "trainer.val_check_interval=60",
-        "trainer.limit_val_batches=4", "callbacks.progress_bar=null", f"data.root={tmp_path / 'data'}",
+        "trainer.limit_val_batches=4", "callbacks.progress_bar=null",
+        f"data.root={tmp_path / 'data'}",
     ]  # fmt: skip
     summary = train(compose_config("train", overrides, tmp_path / "run"))
     assert summary["status"] == "finished"
