@@ -56,8 +56,12 @@ IWSLT_MEANS = (4_035_591 / IWSLT_PAIRS, 3_949_114 / IWSLT_PAIRS)  # de, en token
 def demo_lengths(root: Path) -> tuple[list[int], list[int]]:
     """Source and target lengths of the demo corpus's training pairs (data=gettext_de_en)."""
     dm = GettextTranslationDataModule(
-        str(root), sentencepiece_vocab_size=2000, src_vocab_size=2000, tgt_vocab_size=2000,
-        max_source_positions=256, max_target_positions=256,
+        str(root),
+        sentencepiece_vocab_size=2000,
+        src_vocab_size=2000,
+        tgt_vocab_size=2000,
+        max_source_positions=256,
+        max_target_positions=256,
     )
     dm.setup()
     train = dm.splits["train"]
@@ -133,8 +137,10 @@ def report(name: str, source: list[int], target: list[int], count: int, max_toke
     print("a pair a row (pack_pairs: false):")
     print(format_table(table))
     print("padding by buckets: " + ", ".join(f"{k}: {100 * p:.1f}%" for k, p in curve.items()))
-    print(f"exact batching: {exact['batches']} batches, {exact['shapes']} shapes, "
-          f"{100 * exact['padding']:.1f}% padding")
+    print(
+        f"exact batching: {exact['batches']} batches, {exact['shapes']} shapes, "
+        f"{100 * exact['padding']:.1f}% padding"
+    )
     return {"pairs": len(source), "max_tokens": max_tokens, "buckets": count,
             "packed": {"table": as_json(packed_table), "shapes": len(packed_table) - 1,
                        "padding": packed_table[-1]["padding"], "attention_vs_exact": attention},
@@ -144,8 +150,12 @@ def report(name: str, source: list[int], target: list[int], count: int, max_toke
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--buckets", type=int, default=8)
-    parser.add_argument("--data", type=Path, default=None,
-                        help="where the demo corpus is built (default: a temporary folder)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="where the demo corpus is built (default: a temporary folder)",
+    )
     parser.add_argument("--eval", action="store_true", help="the demo's evaluation budget too")
     parser.add_argument("--cv", type=float, default=0.65)
     parser.add_argument("--ratio-sd", type=float, default=0.15)
@@ -154,15 +164,20 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         source, target = demo_lengths(args.data or Path(scratch) / "gettext_de_en")
-    results["demo"] = report("demo (gettext de-en, training split)", source, target, args.buckets,
-                             1024)
+    results["demo"] = report(
+        "demo (gettext de-en, training split)", source, target, args.buckets, 1024
+    )
     if args.eval:
-        results["demo_eval_budget"] = report("demo, evaluation budget", source, target,
-                                             args.buckets, 4096)
+        results["demo_eval_budget"] = report(
+            "demo, evaluation budget", source, target, args.buckets, 4096
+        )
     source, target = iwslt_lengths(args.cv, args.ratio_sd)
     results["iwslt"] = report(
         f"iwslt (IWSLT'14 de-en-like: published means, cv {args.cv}, ratio sd {args.ratio_sd})",
-        source, target, args.buckets, 4096,
+        source,
+        target,
+        args.buckets,
+        4096,
     )
     spreads = {}
     for cv, ratio_sd in ((0.5, 0.15), (0.8, 0.15), (0.65, 0.1), (0.65, 0.2)):

@@ -30,7 +30,14 @@ VOCAB = 204  # enwik8
 
 
 def models() -> dict[str, nn.Module]:
-    size = {"n_token": VOCAB, "n_layer": 9, "d_model": 256, "n_head": 8, "d_inner": 1024, "mem_len": SEGMENT}
+    size = {
+        "n_token": VOCAB,
+        "n_layer": 9,
+        "d_model": 256,
+        "n_head": 8,
+        "d_inner": 1024,
+        "mem_len": SEGMENT,
+    }
     return {
         "transformer_xl(9,256,8)": TransformerXL(**size, dropout=0.0),
         "group_transformer(G=2)": GroupTransformer(**size, n_group=2, tgt_len=SEGMENT, dropout=0.0),
@@ -93,23 +100,37 @@ def main() -> None:
                 "params": sum(p.numel() for p in net.parameters()),
                 "paper_gflops": round(net.paper_flops(SEGMENT) / 1e9, 2),
                 "macs_per_segment": macs,
-                "train_tokens_per_s": round(args.batch * SEGMENT / statistics.median(samples[name]["train"]), 1),
+                "train_tokens_per_s": round(
+                    args.batch * SEGMENT / statistics.median(samples[name]["train"]), 1
+                ),
                 "infer_ms_per_segment": round(1e3 * statistics.median(samples[name]["infer"]), 2),
             }
         )
     base = rows[0]
     for row in rows:
-        row["train_speedup_vs_txl"] = round(row["train_tokens_per_s"] / base["train_tokens_per_s"], 3)
-        row["infer_speedup_vs_txl"] = round(base["infer_ms_per_segment"] / row["infer_ms_per_segment"], 3)
-        row["mac_ratio_txl_over_model"] = round(base["macs_per_segment"] / row["macs_per_segment"], 3)
-        row["paper_flop_ratio_txl_over_model"] = round(base["paper_gflops"] / row["paper_gflops"], 3)
+        row["train_speedup_vs_txl"] = round(
+            row["train_tokens_per_s"] / base["train_tokens_per_s"], 3
+        )
+        row["infer_speedup_vs_txl"] = round(
+            base["infer_ms_per_segment"] / row["infer_ms_per_segment"], 3
+        )
+        row["mac_ratio_txl_over_model"] = round(
+            base["macs_per_segment"] / row["macs_per_segment"], 3
+        )
+        row["paper_flop_ratio_txl_over_model"] = round(
+            base["paper_gflops"] / row["paper_gflops"], 3
+        )
 
-    print(f"{'model':<26}{'params':>11}{'paper GF':>10}{'GMACs':>8}{'train tok/s':>13}{'infer ms':>10}"
-          f"{'train x':>9}{'infer x':>9}{'MAC x':>8}{'paper x':>9}")
+    print(
+        f"{'model':<26}{'params':>11}{'paper GF':>10}{'GMACs':>8}{'train tok/s':>13}{'infer ms':>10}"
+        f"{'train x':>9}{'infer x':>9}{'MAC x':>8}{'paper x':>9}"
+    )
     for r in rows:
-        print(f"{r['model']:<26}{r['params']:>11,}{r['paper_gflops']:>10.2f}{r['macs_per_segment'] / 1e9:>8.2f}"
-              f"{r['train_tokens_per_s']:>13.1f}{r['infer_ms_per_segment']:>10.2f}{r['train_speedup_vs_txl']:>9.2f}"
-              f"{r['infer_speedup_vs_txl']:>9.2f}{r['mac_ratio_txl_over_model']:>8.2f}{r['paper_flop_ratio_txl_over_model']:>9.2f}")
+        print(
+            f"{r['model']:<26}{r['params']:>11,}{r['paper_gflops']:>10.2f}{r['macs_per_segment'] / 1e9:>8.2f}"
+            f"{r['train_tokens_per_s']:>13.1f}{r['infer_ms_per_segment']:>10.2f}{r['train_speedup_vs_txl']:>9.2f}"
+            f"{r['infer_speedup_vs_txl']:>9.2f}{r['mac_ratio_txl_over_model']:>8.2f}{r['paper_flop_ratio_txl_over_model']:>9.2f}"
+        )
     print_json_lines(rows)
 
 

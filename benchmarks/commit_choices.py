@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--arch", required=True, help="the table to merge into, e.g. sm_90")
     parser.add_argument("--visit", required=True, help="where the choices come from (docs/gpu.md)")
     parser.add_argument("--gpu", help="only GPUs whose name contains this (e.g. H200)")
-    parser.add_argument("--replace", action="store_true", help="measured choices win over committed")
+    parser.add_argument(
+        "--replace", action="store_true", help="measured choices win over committed"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     parser.add_argument("--table-dir", type=Path, default=COMMITTED, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

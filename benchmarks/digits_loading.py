@@ -60,7 +60,9 @@ def main() -> None:
             )
     print(f"{'what':<22}{'workers':>8}{'epoch s':>10}{'vs 0':>8}")
     for row in rows:
-        print(f"{row['what']:<22}{row['workers']:>8}{row['epoch_s']:>10.3f}{row['ratio_to_0_workers']:>8.3f}")
+        print(
+            f"{row['what']:<22}{row['workers']:>8}{row['epoch_s']:>10.3f}{row['ratio_to_0_workers']:>8.3f}"
+        )
     print(json.dumps({"threads": args.threads, "results": rows}))
 
 

@@ -130,13 +130,26 @@ BASELINE_CNN = "shufflenet_v2_x1_0"
 # fp32, and one thread keeps it quick where other jobs share the cores; None: torch's default)
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {
-        "repeats": 21, "warmup": 3, "tokens": [4096, 16384], "lm_batch": LM_BATCH,
-        "lm_len": LM_LEN, "vision_batch": VISION_BATCH, "image_size": IMAGE_SIZE,
-        "vision_precision": "bf16", "threads": None,
+        "repeats": 21,
+        "warmup": 3,
+        "tokens": [4096, 16384],
+        "lm_batch": LM_BATCH,
+        "lm_len": LM_LEN,
+        "vision_batch": VISION_BATCH,
+        "image_size": IMAGE_SIZE,
+        "vision_precision": "bf16",
+        "threads": None,
     },
     "cpu": {
-        "repeats": 3, "warmup": 1, "tokens": [512], "lm_batch": 2, "lm_len": 32,
-        "vision_batch": 4, "image_size": 128, "vision_precision": "fp32", "threads": 1,
+        "repeats": 3,
+        "warmup": 1,
+        "tokens": [512],
+        "lm_batch": 2,
+        "lm_len": 32,
+        "vision_batch": 4,
+        "image_size": 128,
+        "vision_precision": "fp32",
+        "threads": 1,
     },
 }
 
@@ -243,7 +256,9 @@ def dextra_part(s: Settings) -> list[dict]:
                 "dense_gemm": "gemm",
             }
             entry_flops = {
-                "dextra_auto": flops, "dextra_reference": flops, "dense_gemm": 2 * tokens * 1024 * n
+                "dextra_auto": flops,
+                "dextra_reference": flops,
+                "dense_gemm": 2 * tokens * 1024 * n,
             }
             if kernel is not None:
                 steps["dextra_triton"] = forward_backward(lambda: kernel(x), s.device, precision)
@@ -384,8 +399,11 @@ def charlm_part(s: Settings) -> list[dict]:
                     "speedup_vs_txl": ratio(timings[TXL].ms, t.ms),
                 }
                 if mode == "compiled":
-                    row |= {"compile_s": rounded(t.first_s, 2), "graphs": t.graphs,
-                            "graph_breaks": t.graph_breaks}
+                    row |= {
+                        "compile_s": rounded(t.first_s, 2),
+                        "graphs": t.graphs,
+                        "graph_breaks": t.graph_breaks,
+                    }
                 rows.append(row | {"error": t.error})
             del steps
             release(s.device)
@@ -740,8 +758,16 @@ def amp_part(s: Settings) -> list[dict]:
         progress(f"amp: {precision}")
         for name, (build, run) in amp_cases(s).items():
             status, dtype, detail = amp_check(build, run, precision, s.device)
-            rows.append({"part": "amp", "name": name, "precision": precision, "status": status,
-                         "output_dtype": dtype, "error": detail})
+            rows.append(
+                {
+                    "part": "amp",
+                    "name": name,
+                    "precision": precision,
+                    "status": status,
+                    "output_dtype": dtype,
+                    "error": detail,
+                }
+            )
     return rows
 
 
@@ -749,36 +775,83 @@ def amp_part(s: Settings) -> list[dict]:
 
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     # part -> (header, row key, format spec)
-    "dextra": [("name", "name", ""), ("path", "path", ""), ("tokens", "tokens", ","),
-               ("precision", "precision", ""), ("ms", "ms", ".3f"), ("TFLOP/s", "tflops", ".3g"),
-               ("x reference", "speedup_vs_reference", ".2f"),
-               ("of dense", "fraction_of_dense", ".2f")],
-    "charlm": [("model", "name", ""), ("precision", "precision", ""), ("mode", "mode", ""),
-               ("batch", "batch", ""), ("T", "segment", ""), ("ms", "ms", ".2f"),
-               ("tokens/s", "tokens_per_s", ",.1f"), ("x TXL", "speedup_vs_txl", ".2f"),
-               ("compile s", "compile_s", ".1f"), ("graphs", "graphs", ""),
-               ("breaks", "graph_breaks", "")],
-    "vision": [("model", "name", ""), ("pass", "pass", ""), ("precision", "precision", ""),
-               ("batch", "batch", ""), ("size", "image_size", ""), ("ms", "ms", ".2f"),
-               ("images/s", "images_per_s", ",.1f"),
-               ("x shufflenet", "speedup_vs_shufflenet", ".2f"),
-               ("x reference", "speedup_vs_reference", ".2f")],
-    "vision_compile": [("model", "name", ""), ("pass", "pass", ""), ("batch", "batch", ""),
-                       ("compile s", "compile_s", ".1f"), ("graphs", "graphs", ""),
-                       ("breaks", "graph_breaks", ""), ("compiled ms", "compiled_ms", ".2f"),
-                       ("images/s", "compiled_images_per_s", ",.1f")],
-    "dice": [("path", "name", ""), ("pass", "pass", ""), ("C x H x W", "shape", ""),
-             ("batch", "batch", ""), ("precision", "precision", ""), ("ms", "ms", ".3f"),
-             ("peak MiB", "peak_mib", ".1f"), ("x reference", "speedup_vs_reference", ".2f"),
-             ("x kernel", "speedup_vs_kernel", ".2f")],
-    "dice_memory": [("path", "name", ""), ("image", "shape", ""),
-                    ("saved MiB/image", "saved_mib_per_image", ".2f"),
-                    ("x kernel", "fraction_of_base", ".3f")],
-    "wgrad": [("method", "name", ""), ("tokens", "tokens", ","), ("precision", "precision", ""),
-              ("g x k x n", "shape", ""), ("ms", "ms", ".4f"), ("TFLOP/s", "tflops", ".3g"),
-              ("x bmm", "speedup_vs_bmm", ".2f"), ("fastest", "fastest", "")],
-    "amp": [("case", "name", ""), ("precision", "precision", ""), ("status", "status", ""),
-            ("output", "output_dtype", "")],
+    "dextra": [
+        ("name", "name", ""),
+        ("path", "path", ""),
+        ("tokens", "tokens", ","),
+        ("precision", "precision", ""),
+        ("ms", "ms", ".3f"),
+        ("TFLOP/s", "tflops", ".3g"),
+        ("x reference", "speedup_vs_reference", ".2f"),
+        ("of dense", "fraction_of_dense", ".2f"),
+    ],
+    "charlm": [
+        ("model", "name", ""),
+        ("precision", "precision", ""),
+        ("mode", "mode", ""),
+        ("batch", "batch", ""),
+        ("T", "segment", ""),
+        ("ms", "ms", ".2f"),
+        ("tokens/s", "tokens_per_s", ",.1f"),
+        ("x TXL", "speedup_vs_txl", ".2f"),
+        ("compile s", "compile_s", ".1f"),
+        ("graphs", "graphs", ""),
+        ("breaks", "graph_breaks", ""),
+    ],
+    "vision": [
+        ("model", "name", ""),
+        ("pass", "pass", ""),
+        ("precision", "precision", ""),
+        ("batch", "batch", ""),
+        ("size", "image_size", ""),
+        ("ms", "ms", ".2f"),
+        ("images/s", "images_per_s", ",.1f"),
+        ("x shufflenet", "speedup_vs_shufflenet", ".2f"),
+        ("x reference", "speedup_vs_reference", ".2f"),
+    ],
+    "vision_compile": [
+        ("model", "name", ""),
+        ("pass", "pass", ""),
+        ("batch", "batch", ""),
+        ("compile s", "compile_s", ".1f"),
+        ("graphs", "graphs", ""),
+        ("breaks", "graph_breaks", ""),
+        ("compiled ms", "compiled_ms", ".2f"),
+        ("images/s", "compiled_images_per_s", ",.1f"),
+    ],
+    "dice": [
+        ("path", "name", ""),
+        ("pass", "pass", ""),
+        ("C x H x W", "shape", ""),
+        ("batch", "batch", ""),
+        ("precision", "precision", ""),
+        ("ms", "ms", ".3f"),
+        ("peak MiB", "peak_mib", ".1f"),
+        ("x reference", "speedup_vs_reference", ".2f"),
+        ("x kernel", "speedup_vs_kernel", ".2f"),
+    ],
+    "dice_memory": [
+        ("path", "name", ""),
+        ("image", "shape", ""),
+        ("saved MiB/image", "saved_mib_per_image", ".2f"),
+        ("x kernel", "fraction_of_base", ".3f"),
+    ],
+    "wgrad": [
+        ("method", "name", ""),
+        ("tokens", "tokens", ","),
+        ("precision", "precision", ""),
+        ("g x k x n", "shape", ""),
+        ("ms", "ms", ".4f"),
+        ("TFLOP/s", "tflops", ".3g"),
+        ("x bmm", "speedup_vs_bmm", ".2f"),
+        ("fastest", "fastest", ""),
+    ],
+    "amp": [
+        ("case", "name", ""),
+        ("precision", "precision", ""),
+        ("status", "status", ""),
+        ("output", "output_dtype", ""),
+    ],
 }
 
 
@@ -828,7 +901,11 @@ def summary(rows: list[dict]) -> list[str]:
     for r in rows:
         if r["part"] == "dextra" and r["name"] == "dextra_auto":
             kernel = kernels.get((r["tokens"], r["precision"]))
-            forced = f"; triton / reference {fmt_ratio(kernel['speedup_vs_reference'])}" if kernel else ""
+            forced = (
+                f"; triton / reference {fmt_ratio(kernel['speedup_vs_reference'])}"
+                if kernel
+                else ""
+            )
             lines.append(
                 f"dextra  {r['tokens']:>6} tokens {r['precision']:<5} auto ({r['path']}) / "
                 f"reference {fmt_ratio(r['speedup_vs_reference'])}{forced}; auto runs at "
@@ -901,7 +978,9 @@ def summary(rows: list[dict]) -> list[str]:
                 f"{r['shape']} {fmt_ratio(r['speedup_vs_bmm'])}"
             )
     for (tokens, precision), shapes in wgrad.items():
-        lines.append(f"wgrad   {tokens:>6} tokens {precision:<5} split-K / bmm: {', '.join(shapes)}")
+        lines.append(
+            f"wgrad   {tokens:>6} tokens {precision:<5} split-K / bmm: {', '.join(shapes)}"
+        )
     for precision in ("bf16", "fp16"):
         amp = [r for r in rows if r["part"] == "amp" and r.get("precision") == precision]
         if amp:
@@ -955,10 +1034,14 @@ def by_device(flag: str) -> str:
 
 def parse_settings(argv: list[str] | None = None) -> tuple[Settings, str | None]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cuda (default where available) or cpu")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="parts to run (default: all)")
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda (default where available) or cpu",
+    )
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default: all)"
+    )
     for flag, kind, text in (
         ("--repeats", int, "timed runs per entry"),
         ("--warmup", int, "untimed calls per entry first, at least 1"),
@@ -968,20 +1051,37 @@ def parse_settings(argv: list[str] | None = None) -> tuple[Settings, str | None]
         ("--image-size", int, "image height and width"),
     ):
         parser.add_argument(flag, type=kind, help=f"{text} ({by_device(flag)})")
-    parser.add_argument("--tokens", type=int, nargs="+",
-                        help=f"DExTra tokens per call, below 512 or multiples of it "
-                        f"({by_device('--tokens')})")
-    parser.add_argument("--vision-precision", choices=("bf16", "fp16", "fp32"),
-                        help=f"vision autocast, fp32 for none ({by_device('--vision-precision')})")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="also time the LMs under torch.compile and compile DiCENet and "
-                        "ESPNetv2 (default: on with cuda)")
-    parser.add_argument("--compile-timeout", type=float, default=600.0,
-                        help="seconds a vision network may take to compile and run (default 600)")
-    parser.add_argument("--tf32", action="store_true",
-                        help="TF32 for fp32 matmuls, in torch and in the Triton kernels")
-    parser.add_argument("--threads", type=int,
-                        help="torch intra-op threads (cuda: torch's default, cpu 1)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        help=f"DExTra tokens per call, below 512 or multiples of it ({by_device('--tokens')})",
+    )
+    parser.add_argument(
+        "--vision-precision",
+        choices=("bf16", "fp16", "fp32"),
+        help=f"vision autocast, fp32 for none ({by_device('--vision-precision')})",
+    )
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="also time the LMs under torch.compile and compile DiCENet and "
+        "ESPNetv2 (default: on with cuda)",
+    )
+    parser.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a vision network may take to compile and run (default 600)",
+    )
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="TF32 for fp32 matmuls, in torch and in the Triton kernels",
+    )
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads (cuda: torch's default, cpu 1)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every row (JSON lines) to PATH")
     args = parser.parse_args(argv)
 

@@ -213,7 +213,10 @@ def mt_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) ->
 
 
 def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
-    experiment = {"awd_pru": "pru_lm/table4_1_awd_pru_g4_m1400", "awd_lstm": "pru_lm/table4_1_awd_lstm"}
+    experiment = {
+        "awd_pru": "pru_lm/table4_1_awd_pru_g4_m1400",
+        "awd_lstm": "pru_lm/table4_1_awd_lstm",
+    }
     net = from_config(f"experiment={experiment[name]}").to(device).train()
     forward = compiled(net, backend)
     vocab = 10000  # PTB
@@ -230,7 +233,9 @@ def awd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -
 
 
 def ssd_entry(name: str, sz: Sizes, device: torch.device, backend: str | None) -> Entry:
-    net = from_config("experiment=detection/ssd_espnetv2_300").to(device, memory_format=torch.channels_last)
+    net = from_config("experiment=detection/ssd_espnetv2_300").to(
+        device, memory_format=torch.channels_last
+    )
     net = net.train()
     forward = compiled(net, backend)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -287,11 +292,14 @@ class Profiler:
         # the ops (with their input shapes) by the time of the kernels they launched themselves on
         # CUDA, by their own CPU time on the CPU; on CUDA also the kernels by name
         if cuda:
+
             def time_of(e) -> float:
                 return e.self_device_time_total
         else:
+
             def time_of(e) -> float:
                 return e.self_cpu_time_total
+
         ops = [e for e in prof.key_averages(group_by_input_shape=True)
                if e.device_type.name == "CPU" and time_of(e) > 0]  # fmt: skip
         total = sum(time_of(e) for e in ops) or 1.0
@@ -317,18 +325,33 @@ class Profiler:
               "kernel_launches": sum(e.count for e in kernels), "top": top_ops,
               "top_kernels": top_kernels}, rows)  # fmt: skip
         where = "the CUDA time of its own kernels" if cuda else "its own CPU time"
-        table = [f"#### {name}: step {seconds * 1e3:.1f} ms under the profiler, "
-                 f"{sum(e.count for e in kernels)} kernel launches"
-                 + (f", {over:.2f}x its kernels' {kernel_total / 1e3:.1f} ms" if over else ""), "",
-                 f"Top ops by {where} ({total / 1e3:.1f} ms in all):", "",
-                 "| op | input shapes | calls | ms | share |", "|---|---|---|---|---|"]
-        table += [f"| `{r['op'][:60]}` | {r['shapes'][:90]} | {r['calls']} | "
-                  f"{r['us'] / 1e3:.2f} | {r['share']:.1%} |" for r in top_ops]
+        table = [
+            f"#### {name}: step {seconds * 1e3:.1f} ms under the profiler, "
+            f"{sum(e.count for e in kernels)} kernel launches"
+            + (f", {over:.2f}x its kernels' {kernel_total / 1e3:.1f} ms" if over else ""),
+            "",
+            f"Top ops by {where} ({total / 1e3:.1f} ms in all):",
+            "",
+            "| op | input shapes | calls | ms | share |",
+            "|---|---|---|---|---|",
+        ]
+        table += [
+            f"| `{r['op'][:60]}` | {r['shapes'][:90]} | {r['calls']} | "
+            f"{r['us'] / 1e3:.2f} | {r['share']:.1%} |"
+            for r in top_ops
+        ]
         if top_kernels:
-            table += ["", f"Top CUDA kernels ({kernel_total / 1e3:.1f} ms in all):", "",
-                      "| kernel | calls | ms | share |", "|---|---|---|---|"]
-            table += [f"| `{r['kernel'][:100]}` | {r['calls']} | {r['us'] / 1e3:.2f} | "
-                      f"{r['share']:.1%} |" for r in top_kernels]
+            table += [
+                "",
+                f"Top CUDA kernels ({kernel_total / 1e3:.1f} ms in all):",
+                "",
+                "| kernel | calls | ms | share |",
+                "|---|---|---|---|",
+            ]
+            table += [
+                f"| `{r['kernel'][:100]}` | {r['calls']} | {r['us'] / 1e3:.2f} | {r['share']:.1%} |"
+                for r in top_kernels
+            ]
         # appended as it comes: a run stopped at a deadline keeps the tables it made
         with open(self.md, "a") as file:
             file.write("\n".join(table) + "\n\n")
@@ -341,15 +364,23 @@ class Profiler:
         if self.trace is not None and self.slowest is not None:
             self.trace.parent.mkdir(parents=True, exist_ok=True)
             opener = gzip.open if self.trace.suffix == ".gz" else open
-            with open(self.scratch / "slowest.json", "rb") as source, opener(self.trace, "wb") as out:
+            with (
+                open(self.scratch / "slowest.json", "rb") as source,
+                opener(self.trace, "wb") as out,
+            ):
                 shutil.copyfileobj(source, out)
             emit({"part": "profile", "trace": str(self.trace), "trace_of": self.slowest[1]}, rows)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def pairs(
-    names: list[str], sz: Sizes, device: torch.device, repeats: int, rows: list[dict],
-    profiler: Profiler | None = None, graphed: bool = False,
+    names: list[str],
+    sz: Sizes,
+    device: torch.device,
+    repeats: int,
+    rows: list[dict],
+    profiler: Profiler | None = None,
+    graphed: bool = False,
 ) -> None:
     """Each system beside its baseline, interleaved, one row per entry; with ``graphed`` the text
     systems and their baselines also as CUDA graphs (rows named ``NAME+graphed``); then, with a
@@ -404,7 +435,11 @@ def pairs(
 
 
 def _built(
-    entries: dict[str, Entry], label: str, name: str, sz: Sizes, device: torch.device,
+    entries: dict[str, Entry],
+    label: str,
+    name: str,
+    sz: Sizes,
+    device: torch.device,
     backend: str | None,
 ) -> dict:
     """Build ``name``'s step into ``entries[label]`` and warm it up (autotuning, the kernels'
@@ -455,8 +490,15 @@ def compile_probe(
             entry.step()
         ms = 1e3 * statistics.median(run_once(entry.step, device) for _ in range(repeats))
     except Exception as error:
-        emit({"part": "compile", "name": name, "error": describe(error),
-              "seconds_before_error": round(time.perf_counter() - started, 1)}, rows)
+        emit(
+            {
+                "part": "compile",
+                "name": name,
+                "error": describe(error),
+                "seconds_before_error": round(time.perf_counter() - started, 1),
+            },
+            rows,
+        )
         return
     emit({"part": "compile", "name": name, "compile_s": round(first, 2), "graphs": graphs,
           "graph_breaks": sum(breaks.values()), "break_reasons": breaks,
@@ -495,11 +537,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry", action="store_true", help="CPU, tiny sizes, fp32")
     parser.add_argument("--only", nargs="+", choices=NAMES, help="these entries only")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--graphed", action="store_true",
-                        help="pairs: also the text systems and baselines as CUDA graphs")
+    parser.add_argument(
+        "--graphed",
+        action="store_true",
+        help="pairs: also the text systems and baselines as CUDA graphs",
+    )
     parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--profile", type=Path, metavar="MD",
-                        help="pairs: also profile one step of each entry; tables to this file")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="MD",
+        help="pairs: also profile one step of each entry; tables to this file",
+    )
     parser.add_argument("--trace", type=Path, help="Chrome trace of the slowest profiled step")
     parser.add_argument("--json", type=Path, help="also write the rows (JSON lines) here")
     parser.add_argument("--backend", default="inductor", help="compile: torch.compile's backend")

@@ -94,10 +94,10 @@ from typing import Any
 if __name__ == "__main__" and "--dry" in sys.argv[1:]:
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     D_M,
     IMAGE_SIZE,
     LM_BATCH,
@@ -120,25 +120,25 @@ from benchmarks.common import (  # noqa: E402
     synchronize,
     with_impl,
 )
-from src.models.espnetv2 import ESPNetv2Backbone  # noqa: E402
-from src.ops.batch_norm_prelu import batch_norm_prelu  # noqa: E402
-from src.ops.dextra import DExTra  # noqa: E402
-from src.ops.dice import DiCE  # noqa: E402
-from src.ops.eesp import EESP  # noqa: E402
-from src.ops.per_group_layer_norm import PerGroupLayerNorm  # noqa: E402
-from src.ops.relative_position import causal_memory_mask  # noqa: E402
-from src.ops.relative_softmax import relative_softmax  # noqa: E402
-from src.ops.triton import batch_norm_prelu as bn_prelu_kernels  # noqa: E402
-from src.ops.triton import stencil as dim_conv_kernels  # noqa: E402
-from src.ops.triton import group_linear as glt_kernels  # noqa: E402
-from src.ops.triton import per_group_layer_norm as grouped_norm_kernels  # noqa: E402
-from src.ops.triton.launch import launches_for  # noqa: E402
-from src.ops.triton import relative_softmax as softmax_kernels  # noqa: E402
-from src.ops.triton import shared_group_layer_norm as dextra_norm_kernels  # noqa: E402
-from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish  # noqa: E402
-from src.ops.triton import residual_layer_norm as residual_norm_kernels  # noqa: E402
-from src.ops.residual_layer_norm import residual_layer_norm  # noqa: E402
-from src.ops.triton.cross_compile import H100  # noqa: E402
+from src.models.espnetv2 import ESPNetv2Backbone
+from src.ops.batch_norm_prelu import batch_norm_prelu
+from src.ops.dextra import DExTra
+from src.ops.dice import DiCE
+from src.ops.eesp import EESP
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
+from src.ops.relative_position import causal_memory_mask
+from src.ops.relative_softmax import relative_softmax
+from src.ops.residual_layer_norm import residual_layer_norm
+from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
+from src.ops.triton import batch_norm_prelu as bn_prelu_kernels
+from src.ops.triton import group_linear as glt_kernels
+from src.ops.triton import per_group_layer_norm as grouped_norm_kernels
+from src.ops.triton import relative_softmax as softmax_kernels
+from src.ops.triton import residual_layer_norm as residual_norm_kernels
+from src.ops.triton import shared_group_layer_norm as dextra_norm_kernels
+from src.ops.triton import stencil as dim_conv_kernels
+from src.ops.triton.cross_compile import H100
+from src.ops.triton.launch import launches_for
 
 PRECISIONS = ("bf16", "fp32")  # bf16 first: the models train under bf16 autocast
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -207,9 +207,7 @@ NORM_WARPS = Knob("grouped_norm.WARPS_GPU", (4, 8, 16), (8,), grouped_norm_kerne
 DEXTRA_NORM_ELEMENTS = Knob(
     "shared_group_layer_norm.ELEMENTS_GPU", (1024, 2048, 4096), (1024, 2048), dextra_norm_kernels
 )
-DEXTRA_NORM_WARPS = Knob(
-    "shared_group_layer_norm.WARPS_GPU", (4, 8, 16), (8,), dextra_norm_kernels
-)
+DEXTRA_NORM_WARPS = Knob("shared_group_layer_norm.WARPS_GPU", (4, 8, 16), (8,), dextra_norm_kernels)
 RESIDUAL_NORM_ELEMENTS = Knob(
     "residual_layer_norm.ELEMENTS_GPU", (1024, 2048, 4096), (1024, 2048), residual_norm_kernels
 )
@@ -307,9 +305,7 @@ def glt_shapes(s: Settings) -> list[Shape]:
         unit = with_impl(glt_unit(s), "triton").to(s.device)
         seq = min(s.tokens, SEQ)
         # (tokens / seq, seq, d_m)
-        x = torch.randn(
-            s.tokens // seq, seq, unit.in_features, device=s.device, requires_grad=True
-        )
+        x = torch.randn(s.tokens // seq, seq, unit.in_features, device=s.device, requires_grad=True)
         return training_step(lambda: unit(x), s, precision)
 
     return [Shape(f"dextra(d_m={glt_unit(s).in_features}) x {s.tokens} tokens", build)]
@@ -659,7 +655,7 @@ class Compiler:
             return
         if self.running:
             # ProcessPoolExecutor offers no way to stop a running task before Python 3.14
-            for process in list(self.pool._processes.values()):  # noqa: SLF001
+            for process in list(self.pool._processes.values()):
                 process.terminate()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.pool = None
@@ -855,15 +851,31 @@ def sweep(s: Settings) -> dict:
 
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, str | None, str | None]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry", action="store_true",
-                        help="CPU, Triton's interpreter, tiny shapes: checks the plumbing")
-    parser.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES),
-                        help="cases to run, in this order (default: all)")
-    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS),
-                        help="bf16 autocast, and fp32 (default: both, in this order)")
-    parser.add_argument("--budget", type=float, default=120.0,
-                        help="seconds for the whole sweep; it stops between configurations "
-                        "(default 120)")
+    parser.add_argument(
+        "--dry",
+        action="store_true",
+        help="CPU, Triton's interpreter, tiny shapes: checks the plumbing",
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=tuple(CASES),
+        default=list(CASES),
+        help="cases to run, in this order (default: all)",
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=PRECISIONS,
+        default=list(PRECISIONS),
+        help="bf16 autocast, and fp32 (default: both, in this order)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=120.0,
+        help="seconds for the whole sweep; it stops between configurations (default 120)",
+    )
     for flag, text in (
         ("--repeats", "timed calls per configuration"),
         ("--warmup", "untimed calls per configuration, the first (compiling) one included"),

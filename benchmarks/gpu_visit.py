@@ -157,7 +157,9 @@ class Visit:
     sections: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def run(self, name: str, command: Sequence[str], deadline: float, env: dict | None = None) -> Run:
+    def run(
+        self, name: str, command: Sequence[str], deadline: float, env: dict | None = None
+    ) -> Run:
         """Run ``command`` from the project root until it exits or ``deadline`` (monotonic) passes:
         then SIGINT to its process group, and SIGKILL 20 s later."""
         run = Run(name, [str(c) for c in command])
@@ -184,8 +186,11 @@ class Visit:
         run.seconds = time.monotonic() - started
         run.returncode = child.returncode
         run.output = "".join(chunks)
-        print(f"[{time.monotonic() - self.started:6.0f} s] {name}: exit {run.returncode}"
-              f"{' (deadline)' if run.stopped else ''} after {run.seconds:.0f} s", flush=True)
+        print(
+            f"[{time.monotonic() - self.started:6.0f} s] {name}: exit {run.returncode}"
+            f"{' (deadline)' if run.stopped else ''} after {run.seconds:.0f} s",
+            flush=True,
+        )
         return self.keep(run)
 
     def keep(self, run: Run) -> Run:
@@ -360,10 +365,22 @@ def pytest_part(visit: Visit, deadline: float, workers: int) -> None:
     # progress dots: tests run before a stop, when pytest printed no summary
     done = sum(ln.count(".") + ln.count("F") + ln.count("s") + ln.count("E")
                for ln in lines if re.fullmatch(r"[.FsExX]+( *\[ *\d+%\])?", ln.strip()))  # fmt: skip
-    visit.add_rows("pytest", [{"summary": summary, "status": status(run), "tests_reported": done,
-                               "failed": [f"{node} ({when})" for node, when in failed]}])
-    text = [f"## pytest on {'the CPU (dry)' if visit.dry else 'CUDA'}", "",
-            f"{len(tests)} files, {status(run)}: **{summary}**"]
+    visit.add_rows(
+        "pytest",
+        [
+            {
+                "summary": summary,
+                "status": status(run),
+                "tests_reported": done,
+                "failed": [f"{node} ({when})" for node, when in failed],
+            }
+        ],
+    )
+    text = [
+        f"## pytest on {'the CPU (dry)' if visit.dry else 'CUDA'}",
+        "",
+        f"{len(tests)} files, {status(run)}: **{summary}**",
+    ]
     if failed:
         text += ["", f"Failures ({len(failed)}):", "",
                  *[f"- `{node}` ({when})" for node, when in failed[:80]],
@@ -396,10 +413,14 @@ def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
     extra = ["--dry", "--backend", "eager"] if visit.dry else []
 
     def probe(name: str) -> None:
-        run = visit.run(f"compile_{name}", [PYTHON, "benchmarks/gpu_profile.py", "compile",
-                                            name, "--repeats", "5", *extra], deadline)
-        rows = json_rows(run.output) or [{"part": "compile", "name": name,
-                                          "error": status(run) + ": " + tail(run.output, 1)}]
+        run = visit.run(
+            f"compile_{name}",
+            [PYTHON, "benchmarks/gpu_profile.py", "compile", name, "--repeats", "5", *extra],
+            deadline,
+        )
+        rows = json_rows(run.output) or [
+            {"part": "compile", "name": name, "error": status(run) + ": " + tail(run.output, 1)}
+        ]
         visit.add_rows("compile", rows)
 
     in_lanes(names, lanes, probe)
@@ -412,8 +433,12 @@ def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
     reasons = [f"- {r['name']}: {reason} (x{n})" for r in rows
                for reason, n in (r.get("break_reasons") or {}).items()]  # fmt: skip
     visit.sections["compile"] = "\n".join(
-        ["## torch.compile of a training step (phase 1: the CPU shared with pytest and the runs)",
-         "", table] + (["", "Graph breaks:", "", *reasons] if reasons else [])
+        [
+            "## torch.compile of a training step (phase 1: the CPU shared with pytest and the runs)",
+            "",
+            table,
+        ]
+        + (["", "Graph breaks:", "", *reasons] if reasons else [])
     )
 
 
@@ -446,17 +471,38 @@ def train_part(visit: Visit, deadline: float, lanes: int, steps: int) -> None:
         run = visit.run(f"train_{name}", command, min(deadline, time.monotonic() + per_run))
         logged, first, last = read_losses(run_dir)
         error = tail(run.output, 1)[:200] if run.returncode != 0 else None
-        visit.add_rows("train", [{"run": name, "status": status(run), "logged_steps": logged,
-                                  "loss_first": first, "loss_last": last, "error": error}])
+        visit.add_rows(
+            "train",
+            [
+                {
+                    "run": name,
+                    "status": status(run),
+                    "logged_steps": logged,
+                    "loss_first": first,
+                    "loss_last": last,
+                    "error": error,
+                }
+            ],
+        )
 
     in_lanes(queue, lanes, train)
     order = list(TRAIN_RUNS)
     rows = sorted(visit.rows.get("train", []), key=lambda r: order.index(r["run"]))
     visit.sections["train"] = (
-        f"## Short `{trainer}` runs, `trainer.max_steps={steps}`\n\n" + markdown_table(
+        f"## Short `{trainer}` runs, `trainer.max_steps={steps}`\n\n"
+        + markdown_table(
             ("run", "status", "logged steps", "loss first", "loss last", "error"),
-            [(r["run"], r["status"], r["logged_steps"], fmt(r["loss_first"]), fmt(r["loss_last"]),
-              r["error"]) for r in rows],
+            [
+                (
+                    r["run"],
+                    r["status"],
+                    r["logged_steps"],
+                    fmt(r["loss_first"]),
+                    fmt(r["loss_last"]),
+                    r["error"],
+                )
+                for r in rows
+            ],
         )  # fmt: skip
     )
 
@@ -476,11 +522,29 @@ def vision_part(visit: Visit, deadline: float) -> None:
     visit.sections["vision"] = (
         f"## Vision beside ShuffleNetV2 x1.0 ({status(run)})\n\n"
         + markdown_table(
-            ("model", "train img/s", "vs ShuffleNetV2", "inference img/s", "1st step s",
-             "choices timed in it", "peak MiB", "error"),
-            [(r.get("name"), r.get("per_s"), r.get("speedup"), r.get("infer_per_s"),
-              r.get("first_step_s"), r.get("timed_choices"), r.get("peak_mib"), r.get("error"))
-             for r in rows],
+            (
+                "model",
+                "train img/s",
+                "vs ShuffleNetV2",
+                "inference img/s",
+                "1st step s",
+                "choices timed in it",
+                "peak MiB",
+                "error",
+            ),
+            [
+                (
+                    r.get("name"),
+                    r.get("per_s"),
+                    r.get("speedup"),
+                    r.get("infer_per_s"),
+                    r.get("first_step_s"),
+                    r.get("timed_choices"),
+                    r.get("peak_mib"),
+                    r.get("error"),
+                )
+                for r in rows
+            ],
         )  # fmt: skip
     )
 
@@ -497,9 +561,17 @@ def warm_part(visit: Visit, deadline: float) -> None:
     visit.sections["warm"] = f"## First steps (compile and `auto` timing; {status(run)})\n\n" + (
         markdown_table(
             ("model", "1st train step s", "2nd", "1st inference s", "2nd", "error"),
-            [(r.get("name"), r.get("first_train_step_s"), r.get("second_train_step_s"),
-              r.get("first_inference_s"), r.get("second_inference_s"), r.get("error"))
-             for r in rows],
+            [
+                (
+                    r.get("name"),
+                    r.get("first_train_step_s"),
+                    r.get("second_train_step_s"),
+                    r.get("first_inference_s"),
+                    r.get("second_inference_s"),
+                    r.get("error"),
+                )
+                for r in rows
+            ],
         )  # fmt: skip
     )
 
@@ -525,13 +597,29 @@ def bench_part(visit: Visit, deadline: float, parts: Sequence[str] | None) -> No
     summary = run.output.split("== summary", 1)
     text = [f"## benchmarks/gpu.py ({status(run)})", ""]
     if len(summary) > 1:
-        text += ["```", "== summary" + "\n".join(
-            ln for ln in summary[1].splitlines() if not ln.startswith("{")), "```"]
-    text += ["", "Tables:", "", "```", "\n".join(
-        ln for ln in summary[0].splitlines() if not ln.startswith("{"))[-12000:], "```"]
+        text += [
+            "```",
+            "== summary"
+            + "\n".join(ln for ln in summary[1].splitlines() if not ln.startswith("{")),
+            "```",
+        ]
+    text += [
+        "",
+        "Tables:",
+        "",
+        "```",
+        "\n".join(ln for ln in summary[0].splitlines() if not ln.startswith("{"))[-12000:],
+        "```",
+    ]
     script = "pru_lm.py" if visit.dry else "text.py"
-    text += ["", f"### benchmarks/{script} ({status(pru_run)})", "", "```",
-             tail(pru_run.output, 30), "```"]
+    text += [
+        "",
+        f"### benchmarks/{script} ({status(pru_run)})",
+        "",
+        "```",
+        tail(pru_run.output, 30),
+        "```",
+    ]
     visit.sections["bench"] = "\n".join(text)
 
 
@@ -550,12 +638,35 @@ def pairs_part(visit: Visit, deadline: float) -> None:
     visit.add_rows("profile", [r for r in rows if r.get("part") == "profile"])
     visit.sections["pairs"] = f"## Training steps beside their baselines ({status(run)})\n\n" + (
         markdown_table(
-            ("model", "baseline", "ms", "per s", "unit", "params", "vs baseline eager",
-             "vs baseline graphed", "capture s", "peak MiB", "error"),
-            [(r.get("name"), r.get("baseline"), r.get("ms"), r.get("per_s"), r.get("unit"),
-              r.get("params"), r.get("speedup"), r.get("speedup_same_way"), r.get("capture_s"),
-              r.get("peak_mib"), r.get("error"))
-             for r in pairs],
+            (
+                "model",
+                "baseline",
+                "ms",
+                "per s",
+                "unit",
+                "params",
+                "vs baseline eager",
+                "vs baseline graphed",
+                "capture s",
+                "peak MiB",
+                "error",
+            ),
+            [
+                (
+                    r.get("name"),
+                    r.get("baseline"),
+                    r.get("ms"),
+                    r.get("per_s"),
+                    r.get("unit"),
+                    r.get("params"),
+                    r.get("speedup"),
+                    r.get("speedup_same_way"),
+                    r.get("capture_s"),
+                    r.get("peak_mib"),
+                    r.get("error"),
+                )
+                for r in pairs
+            ],
         )  # fmt: skip
     )
     tables = md.read_text() if md.exists() else "(none written)"
@@ -580,8 +691,21 @@ def tune_part(visit: Visit, deadline: float) -> None:
     budget = max(5, int(deadline - time.monotonic() - 15))
     # bf16 alone on the GPU: the models train under bf16 autocast, and the window is short
     extra = ["--dry"] if visit.dry else ["--precisions", "bf16"]
-    run = visit.run("tune", [PYTHON, "benchmarks/gpu_tune.py", "--budget", str(budget),
-                             "--md", md, "--json", js, *extra], deadline)
+    run = visit.run(
+        "tune",
+        [
+            PYTHON,
+            "benchmarks/gpu_tune.py",
+            "--budget",
+            str(budget),
+            "--md",
+            md,
+            "--json",
+            js,
+            *extra,
+        ],
+        deadline,
+    )
     if js.exists():
         visit.add_rows("tune", [json.loads(js.read_text())])
     else:
@@ -595,12 +719,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the results")
     parser.add_argument("--dry", action="store_true", help="every part on the CPU, toy sizes")
     parser.add_argument("--parts", nargs="+", choices=PARTS, help="default: every part")
-    parser.add_argument("--call", type=int, choices=sorted(CALLS),
-                        help="the parts of the window's first or second call, and its budget")
+    parser.add_argument(
+        "--call",
+        type=int,
+        choices=sorted(CALLS),
+        help="the parts of the window's first or second call, and its budget",
+    )
     parser.add_argument("--budget", type=float, help="seconds for the whole visit (default 480)")
     parser.add_argument("--side-by-side", type=Path, help="the official yardsticks' script")
-    parser.add_argument("--workers", type=int,
-                        help="pytest-xdist workers (default: cores / 2, dry 0: none)")
+    parser.add_argument(
+        "--workers", type=int, help="pytest-xdist workers (default: cores / 2, dry 0: none)"
+    )
     parser.add_argument("--train-steps", type=int, help="steps per short run (default 30, dry 3)")
     parser.add_argument("--bench-parts", nargs="+", help="benchmarks/gpu.py's parts (default all)")
     args = parser.parse_args(argv)
@@ -629,8 +758,11 @@ def main(argv: list[str] | None = None) -> int:
         scale = args.budget / planned
         budget = Budget(**{k: v * scale for k, v in vars(budget).items()})
     cores = os.cpu_count() or 2
-    workers = args.workers if args.workers is not None else (
-        0 if args.dry else max(1, min(12, cores // 2)))
+    workers = (
+        args.workers
+        if args.workers is not None
+        else (0 if args.dry else max(1, min(12, cores // 2)))
+    )
     steps = args.train_steps or (3 if args.dry else 30)
     env_part(visit)
     visit.write()

@@ -25,19 +25,19 @@ import os
 # kernels read this when they are defined: before anything imports them
 os.environ["TRITON_INTERPRET"] = "1"
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import contextlib
+import datetime
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
+import torch
+import torch.nn.functional as F
+import triton
 
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     VOCAB,
     dextra_input_shape,
     dextra_unit,
@@ -45,7 +45,7 @@ from benchmarks.common import (  # noqa: E402
     vision_network,
     with_impl,
 )
-from src.ops.triton.cross_compile import (  # noqa: E402
+from src.ops.triton.cross_compile import (
     GPUS,
     Build,
     cross_compile,

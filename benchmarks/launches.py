@@ -239,7 +239,9 @@ def _cudnn_lstm(counter: LaunchCounter) -> object:
     return VF()
 
 
-def entry(name: str, tokens: int, bptt: int = 70) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
+def entry(
+    name: str, tokens: int, bptt: int = 70
+) -> tuple[nn.Module, Callable[[nn.Module], Tensor]]:
     """The network and its loss (a scalar) for one forward."""
     generator = torch.Generator().manual_seed(0)
     if name == "dextra":
@@ -365,9 +367,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"\n{'system':16s} {'baseline':16s} {'launches':>9s} {'baseline':>9s} {'ratio':>6s} "
               f"{'target':>7s}")  # fmt: skip
         for pair in pairs:
-            print(f"{pair['entry']:16s} {pair['baseline']:16s} {pair['launches']:9d} "
-                  f"{pair['baseline_launches']:9d} {pair['ratio']:6.3f} "
-                  f"{'<= ' + str(pair['target']):>7s} {'met' if pair['met'] else 'NOT MET'}")
+            print(
+                f"{pair['entry']:16s} {pair['baseline']:16s} {pair['launches']:9d} "
+                f"{pair['baseline_launches']:9d} {pair['ratio']:6.3f} "
+                f"{'<= ' + str(pair['target']):>7s} {'met' if pair['met'] else 'NOT MET'}"
+            )
     for row in rows + pairs:
         print(json.dumps(row))
     if args.json:

@@ -74,9 +74,7 @@ def time_interleaved(
         # every other round reversed: none always runs first (or right after another's call)
         for name, fn in order if round_ % 2 == 0 else order[::-1]:
             samples[name].append(one_run(fn, backward, device, calls))
-    return {
-        name: (min(values), statistics.median(values)) for name, values in samples.items()
-    }
+    return {name: (min(values), statistics.median(values)) for name, values in samples.items()}
 
 
 def load_cases(device: torch.device, only: list[str] | None) -> list[OpCase]:

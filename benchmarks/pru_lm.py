@@ -103,7 +103,9 @@ def main() -> None:
         row.update(device=str(device), threads=args.threads, bptt=args.bptt, batch=args.batch)
 
     print(f"one recurrent layer, {INPUT} -> M, (T, B) = ({args.bptt}, {args.batch}), {device}")
-    header = f"{'layer':<40} {'params':>10} {'train tok/s':>12} {'x':>6} {'infer tok/s':>12} {'x':>6}"
+    header = (
+        f"{'layer':<40} {'params':>10} {'train tok/s':>12} {'x':>6} {'infer tok/s':>12} {'x':>6}"
+    )
     print_text_table(header, (
         f"{row['layer']:<40} {row['params']:>10,} {row['train_tokens_s']:>12,} "
         f"{row['train_vs_equal_lstm']:>6.2f} {row['infer_tokens_s']:>12,} "

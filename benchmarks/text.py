@@ -206,7 +206,9 @@ def pru_layer(s: Settings, data: str) -> Group:
     metrics = [Metric("train", "tok/s", batch * bptt, setting),
                Metric("infer", "tok/s", batch * bptt, setting)]  # fmt: skip
     a = Candidate(f"PRU {n_in}->{m} (g={g}, K={k})", parameter_count(pru), calls(pru))
-    b = Candidate(f"nn.LSTM {n_in}->{lstm.hidden_size} (equal params)", parameter_count(lstm), calls(lstm))
+    b = Candidate(
+        f"nn.LSTM {n_in}->{lstm.hidden_size} (equal params)", parameter_count(lstm), calls(lstm)
+    )
     group = Group(f"pru_{'ptb' if data == 'ptb' else 'wt2'}", metrics, [a, b])
     if data == "ptb":
         group.targets = {(a.name, "train"): ">= 1.0", (a.name, "infer"): ">= 1.2"}
@@ -301,7 +303,9 @@ def mt_iwslt(s: Settings) -> Group:
 
         beam_name = f"beam{task.search['beam_size']}"
         calls = {"train": training_step(cfg, task, [batch]), beam_name: beam}
-        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls))
+        candidates.append(
+            Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls)
+        )
         metrics = [
             Metric("train", "tok/s", sentences * length,
                    f"{sentences} pairs of {length} + {length} tokens"),
@@ -328,7 +332,9 @@ def mt_demo(s: Settings) -> Group:
             batches = [{k: b[k].to(s.device) for k in keys} for b in datamodule.train_dataloader()]
             batches = batches[:2] if s.quick else batches
         calls = {"train": training_step(cfg, task, batches)}
-        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls))
+        candidates.append(
+            Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls)
+        )
         tokens = cfg.data.max_tokens
     metric = Metric("train", "ms/step", len(batches),
                     f"{len(batches)} batches of <= {tokens} tokens")  # fmt: skip
@@ -348,7 +354,9 @@ def lm_pydoc(s: Settings) -> Group:
             tokens, targets = tokens[:2, :16], targets[:2, :16]
         batch = (tokens.to(s.device), targets.to(s.device))
         calls = {"train": training_step(cfg, task, [batch])}
-        candidates.append(Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls))
+        candidates.append(
+            Candidate(f"{name} (d {cfg.model.d_model})", parameter_count(task.net), calls)
+        )
     b, t = tokens.shape
     return Group("lm_pydoc", [Metric("train", "tok/s", b * t, f"(B, T) = ({b}, {t})")],
                  candidates)  # fmt: skip
@@ -380,7 +388,9 @@ def charlm(s: Settings) -> Group:
 
         calls = {"train": training_step(cfg, task, [(text[:, :-1], text[:, 1:])]), "infer": infer}
         m = cfg.model
-        candidates.append(Candidate(f"{name} ({m.n_layer} x {m.d_model})", parameter_count(net), calls, tag))
+        candidates.append(
+            Candidate(f"{name} ({m.n_layer} x {m.d_model})", parameter_count(net), calls, tag)
+        )
     g2, g4 = candidates[0].name, candidates[1].name
     targets = {(g2, "train"): ">= 1.0", (g4, "train"): ">= 1.2"}
     metrics = [Metric("train", "tok/s", streams * segment,
@@ -535,6 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     bad = [r["pair"] for r in rows if not math.isfinite(r["ratio"]) or r["ratio"] <= 0]
     if bad:
         raise SystemExit(f"no finite positive ratio for {bad}")
+
 
 if __name__ == "__main__":
     main()

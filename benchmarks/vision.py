@@ -29,7 +29,6 @@ from src.ops.dice import DiCE
 from src.ops.eesp import EESP
 from src.utils.complexity import measure
 
-
 BASELINE = "shufflenet_v2_x1_0"
 
 
@@ -48,7 +47,10 @@ def networks() -> list[tuple[str, float | None, nn.Module]]:
         nets += [(name, s, build(scale=s)) for s in (0.5, 1.0, 1.5)]
         if cpu_kernels():
             nets.append((f"{name}_eager_folded", 1.0, without_cpu_kernel(build(scale=1.0))))
-    nets += [(name, None, torchvision.models.get_model(name)) for name in ("shufflenet_v2_x1_0", "mobilenet_v2")]
+    nets += [
+        (name, None, torchvision.models.get_model(name))
+        for name in ("shufflenet_v2_x1_0", "mobilenet_v2")
+    ]
     return nets
 
 
@@ -84,12 +86,19 @@ def main() -> None:
                     samples[(name, scale)].append(milliseconds(net, x))
             for (name, scale), values in samples.items():
                 rows.append(
-                    {"model": name, "scale": scale, "batch": batch, "ms": round(statistics.median(values), 3),
-                     "macs": macs[(name, scale)]}
+                    {
+                        "model": name,
+                        "scale": scale,
+                        "batch": batch,
+                        "ms": round(statistics.median(values), 3),
+                        "macs": macs[(name, scale)],
+                    }
                 )
 
     path = "the fused C++ kernels" if cpu_kernels() else "eager folded calls (kernels not built)"
-    print(f"DiCE and EESP in CPU inference: {path}; {args.threads} threads, median of {args.repeats}")
+    print(
+        f"DiCE and EESP in CPU inference: {path}; {args.threads} threads, median of {args.repeats}"
+    )
     baseline = {row["batch"]: row["ms"] for row in rows if row["model"] == BASELINE}
     print(f"{'model':<22}{'scale':>7}{'batch':>7}{'ms':>10}{'MMACs':>10}{'x ' + BASELINE:>26}")
     for row in rows:

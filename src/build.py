@@ -28,8 +28,8 @@ import torch._dynamo.config as dynamo_config
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from lightning.pytorch.accelerators import MPSAccelerator
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from torch import nn
 
@@ -298,8 +298,9 @@ def hydra_main(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Call
     option, the config search path too) and exits with status 1. While the app runs, each call of
     that reporter first turns an unknown config-group option (``model=dicnet``) or key
     (``data.batchsize=64``) into a :class:`ConfigError` naming the closest ones
-    (:func:`composition_error`), which :func:`reported_in_one_line` prints with exit status 2. Any other error reaches Hydra's
-    reporter as before; with ``HYDRA_FULL_ERROR=1`` Hydra's own error is raised with its traceback.
+    (:func:`composition_error`), which :func:`reported_in_one_line` prints with exit status 2.
+    Any other error reaches Hydra's reporter as before; with ``HYDRA_FULL_ERROR=1`` Hydra's own
+    error is raised with its traceback.
     ``-m`` (multirun), ``--cfg`` and ``--help`` run through Hydra unchanged.
     """
 

@@ -90,9 +90,7 @@ def run(
     probe = torch.randn(out.shape, generator=generator, device=out.device)
     (out.float() * probe).sum().backward()
     grads_in = [x.grad for x in inputs if x.requires_grad]
-    param_grads = {
-        name: p.grad for name, p in module.named_parameters() if p.grad is not None
-    }
+    param_grads = {name: p.grad for name, p in module.named_parameters() if p.grad is not None}
     return out.detach(), grads_in, param_grads
 
 
@@ -121,7 +119,9 @@ def autocast_errors(
     assert set(grads_params) == set(ref_params), "autocast changed which parameters get gradients"
     errors = {"output": relative_error(out, ref_out)}
     for i, (g, r) in enumerate(zip(grads_in, ref_in, strict=True)):
-        assert g is not None and torch.isfinite(g).all(), f"input {i} gradient missing or non-finite"
+        assert g is not None and torch.isfinite(g).all(), (
+            f"input {i} gradient missing or non-finite"
+        )
         errors[f"input{i}.grad"] = relative_error(g, r)
     params = dict(low.named_parameters())
     for name, g in grads_params.items():

@@ -46,7 +46,8 @@ def compose_config(
     *,
     keep_hydra: bool = False,
 ) -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` with ``overrides``, runtime paths under ``output_dir``."""
+    """Compose ``conf/<config_name>.yaml`` with ``overrides``, runtime paths under
+    ``output_dir``."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name, overrides=list(overrides), return_hydra_config=True)

@@ -1,6 +1,6 @@
-"""``complexity.py`` on the PRU language model's configs: every PTB and WikiText-2 row of the official
-parameter counts (``pru/params.json``, the official RNNModel instantiated) from the Table 4.1
-experiments and the data configs alone, no corpus on disk."""
+"""``complexity.py`` on the PRU language model's configs: every PTB and WikiText-2 row of the
+official parameter counts (``pru/params.json``, the official RNNModel instantiated) from the
+Table 4.1 experiments and the data configs alone, no corpus on disk."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from src.commands.complexity import report
 from src.build import build_task
+from src.commands.complexity import report
 from src.utils.complexity import count_params
 from tests.conftest import compose_config
 from tests.parity.reference import reference_dir
@@ -26,7 +26,9 @@ def official_rows() -> list:
         return [pytest.param(None, id="params-absent", marks=pytest.mark.skip(reason=reason))]
     rows = json.loads(path.read_text())["rows"]
     return [
-        pytest.param(row, id=f"{row['dataset']}-{row['model'].split()[0]}-g{row['g']}-M{row['M(hidden)']}")
+        pytest.param(
+            row, id=f"{row['dataset']}-{row['model'].split()[0]}-g{row['g']}-M{row['M(hidden)']}"
+        )
         for row in rows
     ]
 

@@ -9,14 +9,19 @@ from typing import Any
 import pytest
 import torch
 
-from src.commands.complexity import report
 from src.build import build_task
+from src.commands.complexity import report
 from src.utils.complexity import count_params
 from tests.conftest import compose_config
 from tests.models.test_delight_translation import _reference
 
 # params.json's corpus labels -> data configs
-DATA = {"IWSLT14 De-En": "iwslt14_de_en", "WMT16 En-Ro": "wmt16_en_ro", "WMT14 En-De": "wmt14_en_de", "WMT14 En-Fr": "wmt14_en_fr"}
+DATA = {
+    "IWSLT14 De-En": "iwslt14_de_en",
+    "WMT16 En-Ro": "wmt16_en_ro",
+    "WMT14 En-De": "wmt14_en_de",
+    "WMT14 En-Fr": "wmt14_en_fr",
+}
 
 
 @pytest.mark.parametrize("row", _reference("mt"))
@@ -30,7 +35,10 @@ def test_complexity_py_reproduces_official_params(row: dict[str, Any], tmp_path)
         f"model.width_multiplier={row['w_m']}",
     ]
     cfg = compose_config("complexity", overrides, tmp_path)
-    assert (cfg.data.src_vocab_size, cfg.data.tgt_vocab_size) == (row["vocab_src"], row["vocab_tgt"])
+    assert (cfg.data.src_vocab_size, cfg.data.tgt_vocab_size) == (
+        row["vocab_src"],
+        row["vocab_tgt"],
+    )
     assert cfg.model.share_all_embeddings == row["share_all_embeddings"]
     with torch.device("meta"):  # complexity.py's build and count, without filling 50 M weights
         _, task = build_task(cfg)
@@ -38,8 +46,11 @@ def test_complexity_py_reproduces_official_params(row: dict[str, Any], tmp_path)
 
 
 def test_iwslt_recipe_is_the_14m_model(tmp_path) -> None:
-    """The issue's command: ``complexity.py model=delight_mt data=iwslt14_de_en model.d_model=320``."""
-    cfg = compose_config("complexity", ["model=delight_mt", "data=iwslt14_de_en", "model.d_model=320"], tmp_path)
+    """The issue's command:
+    ``complexity.py model=delight_mt data=iwslt14_de_en model.d_model=320``."""
+    cfg = compose_config(
+        "complexity", ["model=delight_mt", "data=iwslt14_de_en", "model.d_model=320"], tmp_path
+    )
     assert report(cfg)["params"] == 14_022_600
 
 

@@ -19,18 +19,23 @@ from tests.conftest import CONF, compose_config
 
 @pytest.fixture(autouse=True)
 def no_onednn(monkeypatch) -> None:
-    """oneDNN spends seconds building kernels for each new small grouped-conv shape (DiCE layers)."""
+    """oneDNN spends seconds building kernels for each new small grouped-conv shape (DiCE
+    layers)."""
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
 
 
 def options(group: str) -> list[str]:
     """The options of a config group, those in sub-folders as ``<folder>/<name>`` (experiments)."""
-    return sorted(p.relative_to(CONF / group).with_suffix("").as_posix() for p in (CONF / group).rglob("*.yaml"))
+    return sorted(
+        p.relative_to(CONF / group).with_suffix("").as_posix()
+        for p in (CONF / group).rglob("*.yaml")
+    )
 
 
 # overrides a data option needs to instantiate without a dataset on disk
 DATA_NEEDS = {"image_folder": ["data.root=/nonexistent", "data.num_classes=5"]}
-# overrides an experiment needs without files on disk (weights-only inits are read when fitting starts)
+# overrides an experiment needs without files on disk (weights-only inits are read when fitting
+# starts)
 EXPERIMENT_NEEDS = {
     name: ["task.init_checkpoint=/nonexistent.ckpt"]
     for name in [
@@ -109,7 +114,9 @@ def test_groups_have_options() -> None:
 @pytest.mark.parametrize(("data", "model"), same_kind_pairs())
 def test_data_model_pairs_build(data: str, model: str, tmp_path) -> None:
     """Every data option instantiates with every model option of its modality."""
-    cfg = compose_config("train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path)
+    cfg = compose_config(
+        "train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path
+    )
     datamodule, task = build_task(cfg)
     assert isinstance(datamodule, L.LightningDataModule) and isinstance(task, L.LightningModule)
     assert sum(p.numel() for p in task.parameters()) > 0
@@ -124,7 +131,9 @@ def home_data(model: str) -> str:
 def test_models_forward_backward(model: str, tmp_path) -> None:
     """Each network runs forward+backward through its task on a small input of its data."""
     data = home_data(model)
-    cfg = compose_config("train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path)
+    cfg = compose_config(
+        "train", [f"data={data}", f"model={model}", *DATA_NEEDS.get(data, [])], tmp_path
+    )
     datamodule, task = build_task(cfg)
     x = small_input(datamodule)
     output = run_task(task, x)
@@ -143,7 +152,9 @@ def test_trainers_instantiate(trainer: str, tmp_path) -> None:
 
 
 def test_distributed_trainers_compose(tmp_path) -> None:
-    cfg = compose_config("train", ["trainer=ddp", "trainer.devices=8", "trainer.num_nodes=4"], tmp_path)
+    cfg = compose_config(
+        "train", ["trainer=ddp", "trainer.devices=8", "trainer.num_nodes=4"], tmp_path
+    )
     assert (cfg.trainer.strategy, cfg.trainer.devices, cfg.trainer.num_nodes) == ("ddp", 8, 4)
     cfg = compose_config("train", ["trainer=fsdp"], tmp_path)
     assert isinstance(instantiate(cfg.trainer.strategy), L.pytorch.strategies.FSDPStrategy)
@@ -176,7 +187,9 @@ def test_callbacks_instantiate(callbacks: str, tmp_path) -> None:
 
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_experiments_build(experiment: str, tmp_path) -> None:
-    cfg = compose_config("train", [f"experiment={experiment}", *EXPERIMENT_NEEDS.get(experiment, [])], tmp_path)
+    cfg = compose_config(
+        "train", [f"experiment={experiment}", *EXPERIMENT_NEEDS.get(experiment, [])], tmp_path
+    )
     datamodule, task = build_task(cfg)
     build_trainer(cfg)
     x = small_input(datamodule)
@@ -198,9 +211,15 @@ def test_recipe_applies_to_its_pair(recipe: str, tmp_path) -> None:
     assert data and model in options("model"), f"recipe {recipe} names no data/model pair"
     applied = compose_config("train", [f"data={data}", f"model={model}"], tmp_path)
     values = OmegaConf.load(CONF / "recipe" / f"{recipe}.yaml")
-    leaves = {k: v for k, v in leaf_items(OmegaConf.to_container(values)) if not k.startswith("defaults")}
-    if not leaves:  # a statement that no recipe applies (test_every_default_pair_has_a_recipe_or_says_none)
-        assert "# recipe: none." in (CONF / "recipe" / f"{recipe}.yaml").read_text(), f"recipe {recipe} sets nothing"
+    leaves = {
+        k: v for k, v in leaf_items(OmegaConf.to_container(values)) if not k.startswith("defaults")
+    }
+    if (
+        not leaves
+    ):  # a statement that no recipe applies (test_every_default_pair_has_a_recipe_or_says_none)
+        assert "# recipe: none." in (CONF / "recipe" / f"{recipe}.yaml").read_text(), (
+            f"recipe {recipe} sets nothing"
+        )
         return
     raw = OmegaConf.to_container(applied, resolve=False)  # interpolations compared as written
     for key, value in leaves.items():
@@ -223,7 +242,9 @@ def leaf_items(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
 @pytest.mark.parametrize("data", options("data"))
 def test_monitor_follows_the_task(data: str, tmp_path) -> None:
     """Checkpoints keep the best value of the data's task metric (conf/monitor/<task>.yaml)."""
-    cfg = compose_config("train", [f"data={data}", *DATA_NEEDS.get(data, [])], tmp_path, keep_hydra=True)
+    cfg = compose_config(
+        "train", [f"data={data}", *DATA_NEEDS.get(data, [])], tmp_path, keep_hydra=True
+    )
     task = cfg.hydra.runtime.choices.task
     expected = OmegaConf.load(CONF / "monitor" / f"{task}.yaml").callbacks.model_checkpoint
     assert cfg.callbacks.model_checkpoint.monitor == expected.monitor
@@ -233,7 +254,10 @@ def test_monitor_follows_the_task(data: str, tmp_path) -> None:
 def test_recipe_then_command_line(tmp_path) -> None:
     timm = compose_config("train", ["model=timm"], tmp_path)
     assert timm.trainer.max_epochs == 30  # recipe/digits_timm.yaml over trainer/default.yaml's 10
-    assert compose_config("train", ["model=timm", "trainer.max_epochs=3"], tmp_path).trainer.max_epochs == 3
+    assert (
+        compose_config("train", ["model=timm", "trainer.max_epochs=3"], tmp_path).trainer.max_epochs
+        == 3
+    )
 
 
 def test_data_selects_task(tmp_path) -> None:
@@ -262,7 +286,9 @@ def test_slurm_launcher_composes(tmp_path) -> None:
         keep_hydra=True,
     )
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (
+        launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    )
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
     plain = compose_config("train", ["hydra/launcher=submitit_slurm"], tmp_path, keep_hydra=True)
     assert plain.hydra.launcher._target_.endswith("SlurmLauncher")
@@ -276,7 +302,8 @@ def test_entry_point_configs_compose(config_name: str, tmp_path) -> None:
 
 
 def data_model(data: str) -> str:
-    """The model a data option picks (``override /model@_global_.model: <model>`` in its defaults)."""
+    """The model a data option picks (``override /model@_global_.model: <model>`` in its
+    defaults)."""
     for entry in OmegaConf.load(CONF / "data" / f"{data}.yaml").get("defaults", []):
         for key, value in dict(entry).items():
             if key.endswith("/model@_global_.model"):
@@ -290,10 +317,16 @@ def test_every_default_pair_has_a_recipe_or_says_none(data: str) -> None:
     recipe file says in one line why none applies and where the settings are."""
     pair = f"{data}_{data_model(data)}"
     path = CONF / "recipe" / f"{pair}.yaml"
-    assert path.is_file(), f"conf/recipe/{pair}.yaml is missing: write the paper's recipe, or '# recipe: none. <why>'"
+    assert path.is_file(), (
+        f"conf/recipe/{pair}.yaml is missing: write the paper's recipe, or '# recipe: none. <why>'"
+    )
     settings = OmegaConf.load(path)
-    statement = [line for line in path.read_text().splitlines() if line.startswith("# recipe: none.")]
+    statement = [
+        line for line in path.read_text().splitlines() if line.startswith("# recipe: none.")
+    ]
     if len(settings) == 0:
-        assert statement and len(statement[0]) > len("# recipe: none. ") + 20, f"{path} is empty without a reason"
+        assert statement and len(statement[0]) > len("# recipe: none. ") + 20, (
+            f"{path} is empty without a reason"
+        )
     else:
         assert not statement, f"{path} sets values yet says no recipe applies"

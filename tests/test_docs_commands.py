@@ -560,8 +560,8 @@ def run_command(command: Command) -> str | None:
     bad = [w for w in words if w in REDIRECTIONS]
     if bad:
         raise CommandError(
-            f"{command.where}: {command.text!r} has {bad[0]!r}, which the shell takes for a redirection; "
-            "write a placeholder as $NAME or /path/to/..."
+            f"{command.where}: {command.text!r} has {bad[0]!r}, which the shell takes for a "
+            "redirection; write a placeholder as $NAME or /path/to/..."
         )
     while words and ASSIGNMENT.match(words[0]):  # environment settings for the command
         words.pop(0)
@@ -698,7 +698,8 @@ def test_documented_paths_exist(page: Path) -> None:
 
 
 def test_readme_layout_lists_the_tree() -> None:
-    """The README's layout names every root script, every ``src/`` package and every config group."""
+    """The README's layout names every root script, every ``src/`` package and every config
+    group."""
     text = (ROOT / "README.md").read_text()
     layout = text[text.index("## Layout") :]
     expected = [p.name for p in ROOT.glob("*.py")]

@@ -63,7 +63,9 @@ class MarkovNet(nn.Module):
         self.mem_len = mem_len
         self.calls: list[tuple[int, int]] = []
 
-    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, tokens: Tensor, memories: list[Tensor] | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
         self.calls.append((tokens.shape[1], 0 if memories is None else memories[0].shape[1]))
         h = tokens.float().unsqueeze(-1)  # (B, T, 1)
         new = h if memories is None else torch.cat([memories[0], h], 1)
@@ -80,7 +82,9 @@ def constant_table(preferred: int, vocab: int = 4) -> Tensor:
 # -- the algorithms ---------------------------------------------------------------------------
 def test_read_context_feeds_segments_and_carries_memories() -> None:
     net = MarkovNet(TOY_TRANSITIONS, mem_len=4)
-    logits, memories = read_context(net, torch.tensor([[1, 2, 0, 1, 2, 0, 3, 0, 1, 2]]), segment_len=4)
+    logits, memories = read_context(
+        net, torch.tensor([[1, 2, 0, 1, 2, 0, 3, 0, 1, 2]]), segment_len=4
+    )
     assert net.calls == [(4, 0), (4, 4), (2, 4)]
     assert torch.equal(logits, TOY_TRANSITIONS[2].log()[None])  # after the last id, 2
     assert memories[0].flatten().tolist() == [3.0, 0.0, 1.0, 2.0]  # the last mem_len ids
@@ -97,16 +101,31 @@ def test_sample_top1_follows_the_preferred_symbol_one_position_per_call() -> Non
 def test_sample_respects_allowed_and_top_k() -> None:
     net = MarkovNet(torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(4, 4))
     allowed = torch.tensor([True, True, True, False])
-    out = sample(net, torch.tensor([[0]]), 50, segment_len=4, top_k=2, allowed=allowed,
-                 generator=torch.Generator().manual_seed(0))
+    out = sample(
+        net,
+        torch.tensor([[0]]),
+        50,
+        segment_len=4,
+        top_k=2,
+        allowed=allowed,
+        generator=torch.Generator().manual_seed(0),
+    )
     # 3 is not allowed; of the rest, top-2 keeps 2 and 1
     assert set(out.flatten().tolist()) == {1, 2}
 
 
 def test_sample_is_reproducible_and_zero_length() -> None:
     prompt = torch.tensor([[1, 2]])
-    draws = [sample(MarkovNet(TOY_TRANSITIONS), prompt, 30, segment_len=4, generator=torch.Generator().manual_seed(7))
-             for _ in range(2)]
+    draws = [
+        sample(
+            MarkovNet(TOY_TRANSITIONS),
+            prompt,
+            30,
+            segment_len=4,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for _ in range(2)
+    ]
     assert torch.equal(draws[0], draws[1])
     # every draw is a transition the chain allows
     ids = [2, *draws[0][0].tolist()]
@@ -116,12 +135,22 @@ def test_sample_is_reproducible_and_zero_length() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"temperature": 0.0}, "temperature"), ({"top_k": -1}, "top_k"), ({"num_symbols": -1}, "num_symbols")],
+    [
+        ({"temperature": 0.0}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"num_symbols": -1}, "num_symbols"),
+    ],
 )
 def test_sample_rejects_bad_settings(kwargs: dict, message: str) -> None:
     args = {"num_symbols": 3, **kwargs}
     with pytest.raises(ValueError, match=message):
-        sample(MarkovNet(TOY_TRANSITIONS), torch.tensor([[0]]), args.pop("num_symbols"), segment_len=4, **args)
+        sample(
+            MarkovNet(TOY_TRANSITIONS),
+            torch.tensor([[0]]),
+            args.pop("num_symbols"),
+            segment_len=4,
+            **args,
+        )
 
 
 def test_generation_needs_memories() -> None:
@@ -131,27 +160,57 @@ def test_generation_needs_memories() -> None:
 
 def test_complete_words_ranks_exact_word_probabilities() -> None:
     boundary = torch.tensor([True, False, False, False])
-    words = complete_words(MarkovNet(TOY_TRANSITIONS), torch.tensor([[1, 0]]), boundary, segment_len=4,
-                           num_words=4, max_word_len=3, beam_size=8)
+    words = complete_words(
+        MarkovNet(TOY_TRANSITIONS),
+        torch.tensor([[1, 0]]),
+        boundary,
+        segment_len=4,
+        num_words=4,
+        max_word_len=3,
+        beam_size=8,
+    )
     # P(word, then a space | a space): a .5*.6, b .3*.9, c .2*1, ab .5*.4*.9
     assert [decode(path, TOY_SYMBOLS) for path, _ in words] == ["a", "b", "c", "ab"]
-    assert [score for _, score in words] == pytest.approx([math.log(p) for p in (0.30, 0.27, 0.20, 0.18)], abs=1e-6)
+    assert [score for _, score in words] == pytest.approx(
+        [math.log(p) for p in (0.30, 0.27, 0.20, 0.18)], abs=1e-6
+    )
 
 
 def test_complete_words_empty_continuation_and_length_limit() -> None:
     boundary = torch.tensor([True, False, False, False])
     # after "a": the word may already end (.6), or continue with b (.4 * .9)
-    words = complete_words(MarkovNet(TOY_TRANSITIONS), torch.tensor([[0, 1]]), boundary, segment_len=4,
-                           num_words=2, max_word_len=1, allow_empty=True)
-    assert [(decode(path, TOY_SYMBOLS), round(math.exp(score), 6)) for path, score in words] == [("", 0.6), ("b", 0.36)]
+    words = complete_words(
+        MarkovNet(TOY_TRANSITIONS),
+        torch.tensor([[0, 1]]),
+        boundary,
+        segment_len=4,
+        num_words=2,
+        max_word_len=1,
+        allow_empty=True,
+    )
+    assert [(decode(path, TOY_SYMBOLS), round(math.exp(score), 6)) for path, score in words] == [
+        ("", 0.6),
+        ("b", 0.36),
+    ]
     # a chain that never ends a word within max_word_len finds nothing
     no_space = torch.tensor([0.0, 0.5, 0.5, 0.0]).expand(4, 4)
-    never = complete_words(MarkovNet(no_space), torch.tensor([[0]]), boundary, segment_len=4, num_words=3,
-                           max_word_len=2)
+    never = complete_words(
+        MarkovNet(no_space),
+        torch.tensor([[0]]),
+        boundary,
+        segment_len=4,
+        num_words=3,
+        max_word_len=2,
+    )
     assert never == []
     with pytest.raises(ValueError, match="boundary"):
-        complete_words(MarkovNet(no_space), torch.tensor([[0]]), boundary, segment_len=4,
-                       allowed=torch.tensor([False, True, True, True]))
+        complete_words(
+            MarkovNet(no_space),
+            torch.tensor([[0]]),
+            boundary,
+            segment_len=4,
+            allowed=torch.tensor([False, True, True, True]),
+        )
 
 
 def test_top_p_keeps_the_nucleus() -> None:
@@ -161,7 +220,11 @@ def test_top_p_keeps_the_nucleus() -> None:
     assert drawn == {0, 1}  # 0.5 alone is short of 0.75; 0.5 + 0.3 reaches it
     drawn = {int(draw(probs.log(), top_p=0.8, generator=generator)) for _ in range(300)}
     assert drawn == {0, 1}  # the mass before id 2 (0.8) already reaches top_p
-    assert {int(draw(probs.log(), top_p=0.81, generator=generator)) for _ in range(300)} == {0, 1, 2}
+    assert {int(draw(probs.log(), top_p=0.81, generator=generator)) for _ in range(300)} == {
+        0,
+        1,
+        2,
+    }
     assert int(draw(probs.log(), top_p=0.01)) == 0  # the most probable id is always kept
     with pytest.raises(ValueError, match="top_p"):
         draw(probs.log(), top_p=0.0)
@@ -170,33 +233,67 @@ def test_top_p_keeps_the_nucleus() -> None:
 def test_sample_stops_each_row_at_its_sentence_end() -> None:
     # from a: b (.4) then a space (.9) or a (.1); the space is the sentence end here
     stop = torch.tensor([True, False, False, False])
-    out = sample(MarkovNet(TOY_TRANSITIONS), torch.tensor([[1]]).expand(6, 1), 40, segment_len=4,
-                 stop=stop, generator=torch.Generator().manual_seed(1))
+    out = sample(
+        MarkovNet(TOY_TRANSITIONS),
+        torch.tensor([[1]]).expand(6, 1),
+        40,
+        segment_len=4,
+        stop=stop,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert out.shape[0] == 6 and out.shape[1] < 40  # every row ended well before the cap
     for row in out.tolist():
         end = row.index(0)  # the first stop symbol, then repeats of it
         assert all(s == 0 for s in row[end:]) and 0 not in row[:end]
     # greedy with stops: the most probable symbol after a is the space, at once
-    assert sample(MarkovNet(TOY_TRANSITIONS), torch.tensor([[1]]), 5, segment_len=4, top_k=1, stop=stop).tolist() == [[0]]
-    assert symbol_mask(TOY_SYMBOLS, 6, lambda ch: ch in " b").tolist() == [True, False, True, False, False, False]
+    assert sample(
+        MarkovNet(TOY_TRANSITIONS), torch.tensor([[1]]), 5, segment_len=4, top_k=1, stop=stop
+    ).tolist() == [[0]]
+    assert symbol_mask(TOY_SYMBOLS, 6, lambda ch: ch in " b").tolist() == [
+        True,
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_word_completion_counts_ranks_against_exact_probabilities() -> None:
     # the toy chain's best words after a space: a (.30), b (.27), c (.20), ab (.18)
     boundary = torch.tensor([True, False, False, False])
-    assert word_spans([True, False, False, True, False, True, False, False], 2) == [(1, 3)]  # the run at the end is open
+    assert word_spans([True, False, False, True, False, True, False, False], 2) == [
+        (1, 3)
+    ]  # the run at the end is open
     assert word_spans([False, True, False, False, False, True], 1) == [(0, 1), (2, 5)]
     assert spread(list(range(10)), 4) == [0, 2, 5, 7] and spread([1, 2], None) == [1, 2]
     # prefix_len 1: " ab " (after " a": the empty continuation .6 beats "b" .36), " b ", " c "
     text = torch.tensor([0, 1, 2, 0, 2, 0, 3, 0, 1, 0])
-    result = word_completion(MarkovNet(TOY_TRANSITIONS), text, boundary, segment_len=4, context_len=4,
-                             prefix_len=1, top=(1, 2), beam_size=4, max_word_len=3)
+    result = word_completion(
+        MarkovNet(TOY_TRANSITIONS),
+        text,
+        boundary,
+        segment_len=4,
+        context_len=4,
+        prefix_len=1,
+        top=(1, 2),
+        beam_size=4,
+        max_word_len=3,
+    )
     # words: ab (rank 2 after "a"), b (rank 1: "" .9), c (rank 1: "" 1.0), a (rank 1: "" .6)
     assert result.count == 4 and result.hits == {1: 3, 2: 4}
     metrics = result.as_metrics("test")
     assert metrics == {"test/word_top1": 0.75, "test/word_top2": 1.0, "test/word_count": 4.0}
     with pytest.raises(ValueError, match="beam_size"):
-        word_completion(MarkovNet(TOY_TRANSITIONS), text, boundary, segment_len=4, context_len=4, top=(1, 20), beam_size=8)
+        word_completion(
+            MarkovNet(TOY_TRANSITIONS),
+            text,
+            boundary,
+            segment_len=4,
+            context_len=4,
+            top=(1, 20),
+            beam_size=8,
+        )
 
 
 def test_complete_words_batch_equals_one_prefix_at_a_time() -> None:
@@ -204,8 +301,12 @@ def test_complete_words_batch_equals_one_prefix_at_a_time() -> None:
     prefixes = torch.tensor([[1, 0], [0, 1], [2, 2], [0, 3]])
     args = dict(segment_len=4, num_words=3, max_word_len=3, beam_size=3, allow_empty=True)
     batched = complete_words_batch(MarkovNet(TOY_TRANSITIONS), prefixes, boundary, **args)
-    alone = [complete_words(MarkovNet(TOY_TRANSITIONS), p[None], boundary, **args) for p in prefixes]
-    assert [[path for path, _ in words] for words in batched] == [[path for path, _ in words] for words in alone]
+    alone = [
+        complete_words(MarkovNet(TOY_TRANSITIONS), p[None], boundary, **args) for p in prefixes
+    ]
+    assert [[path for path, _ in words] for words in batched] == [
+        [path for path, _ in words] for words in alone
+    ]
     for got, want in zip(batched, alone):
         assert [score for _, score in got] == pytest.approx([score for _, score in want], abs=1e-6)
 
@@ -230,7 +331,9 @@ PROMPT = "The default value of the argument"  # 33 characters: three segments of
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], nn.Module, list[int]]:
+def checkpoint(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[str], nn.Module, list[int]]:
     """An untrained small Group-Transformer checkpoint, the overrides to rebuild it, its network
     and the corpus's symbols (the vocabulary cached under a temporary data.root)."""
     tmp = tmp_path_factory.mktemp("generate")
@@ -240,7 +343,12 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str
     path = tmp / "model.ckpt"
     torch.save({"state_dict": task.state_dict()}, path)
     datamodule.setup("fit")
-    return path, [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.symbols
+    return (
+        path,
+        [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"],
+        task.net.eval(),
+        datamodule.symbols,
+    )
 
 
 def run_generate(overrides: list[str], *extra: str) -> str:
@@ -287,7 +395,9 @@ def test_top_k_1_is_greedy_decoding(checkpoint, capsys) -> None:
 
 def test_words_mode_prints_ranked_words(checkpoint, capsys) -> None:
     _, overrides, _, _ = checkpoint
-    out = generate_here(capsys, overrides, "prompt='The default val'", "mode=words", "num_words=4", "max_word_len=6")
+    out = generate_here(
+        capsys, overrides, "prompt='The default val'", "mode=words", "num_words=4", "max_word_len=6"
+    )
     header, *rows = out.splitlines()
     assert header.split() == ["rank", "word", "log_prob"]
     assert len(rows) == 4
@@ -307,21 +417,38 @@ def test_eval_word_completion_scores_the_split(checkpoint, tmp_path) -> None:
     options = ["word_completion=true", "word_completion_options.max_words=6", "word_completion_options.max_word_len=6",
                "word_completion_options.beam_size=20", "trainer=cpu", "logger=csv", "data.eval_tgt_len=16"]  # fmt: skip
     eval_overrides = [o for o in overrides if not o.startswith("paths.")]
-    metrics = evaluate(compose_config("eval", [*eval_overrides, *options], tmp_path / "eval"))["metrics"]
+    metrics = evaluate(compose_config("eval", [*eval_overrides, *options], tmp_path / "eval"))[
+        "metrics"
+    ]
     assert metrics["test/word_count"] == 6.0
-    assert 0.0 <= metrics["test/word_top1"] <= metrics["test/word_top5"] <= metrics["test/word_top20"] <= 1.0
+    assert (
+        0.0
+        <= metrics["test/word_top1"]
+        <= metrics["test/word_top5"]
+        <= metrics["test/word_top20"]
+        <= 1.0
+    )
     assert math.isfinite(metrics["test/bpc"])
 
 
 def test_sentences_mode_prints_endings_of_the_last_sentence(checkpoint, capsys) -> None:
     _, overrides, _, symbols = checkpoint
     prompt = "First one. The default val"
-    out = generate_here(capsys, overrides, f"prompt='{prompt}'", "mode=sentences", "num_samples=3",
-                        "max_new_chars=30", "top_p=0.9", "temperature=1.5", "seed=5")
+    out = generate_here(
+        capsys,
+        overrides,
+        f"prompt='{prompt}'",
+        "mode=sentences",
+        "num_samples=3",
+        "max_new_chars=30",
+        "top_p=0.9",
+        "temperature=1.5",
+        "seed=5",
+    )
     lines = out.splitlines()
     assert len(lines) == 3
     for number, line in enumerate(lines, 1):
-        head, ending = line[:3], line[5 + len("The default val"):]
+        head, ending = line[:3], line[5 + len("The default val") :]
         assert int(head) == number and line[5:].startswith("The default val")
         assert len(ending) <= 30 and set(ending) <= {chr(code) for code in symbols}
         stops = [i for i, ch in enumerate(ending) if ch in ".!?"]
@@ -337,26 +464,46 @@ def word_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str]
     """An untrained small DeLighT word LM on pydoc_words, the overrides to rebuild it, its network
     and the corpus's dictionary."""
     tmp = tmp_path_factory.mktemp("generate_words")
-    overrides = ["experiment=delight_lm/demo", "data.tokens_per_sample=16", "data.eval_context_window=8", f"data.root={tmp / 'data'}"]
+    overrides = [
+        "experiment=delight_lm/demo",
+        "data.tokens_per_sample=16",
+        "data.eval_context_window=8",
+        f"data.root={tmp / 'data'}",
+    ]
     cfg = compose_config("train", overrides, tmp / "run")
     datamodule, task = build_task(cfg)
     path = tmp / "model.ckpt"
     torch.save({"state_dict": task.state_dict()}, path)
     datamodule.setup("fit")
-    return [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.dictionary
+    return (
+        [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"],
+        task.net.eval(),
+        datamodule.dictionary,
+    )
 
 
 def test_word_model_top_1_is_greedy_over_the_training_context(word_checkpoint, capsys) -> None:
     overrides, net, dictionary = word_checkpoint
-    out = generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1", "stop_at_eos=false")
+    out = generate_here(
+        capsys,
+        overrides,
+        f"prompt='{WORD_PROMPT}'",
+        "max_new_words=12",
+        "top_k=1",
+        "stop_at_eos=false",
+    )
     assert out.startswith(WORD_PROMPT + " ")
     # by hand: </s> + the prompt's words, each step the argmax over the last 16 tokens, specials
     # (but </s>) and padding entries never chosen
     tokens = [EOS_ID, *(dictionary.index(w) for w in WORD_PROMPT.split())]
-    banned = torch.tensor([s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword") for s in dictionary.symbols])
+    banned = torch.tensor(
+        [s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword") for s in dictionary.symbols]
+    )
     with torch.no_grad():
         for _ in range(12):
-            scores = net.log_prob(torch.tensor([tokens[-16:]]))[0, -1].masked_fill(banned, -math.inf)
+            scores = net.log_prob(torch.tensor([tokens[-16:]]))[0, -1].masked_fill(
+                banned, -math.inf
+            )
             tokens.append(int(scores.argmax()))
     assert out == f"{WORD_PROMPT} {decode_words(dictionary, tokens[-12:])}\n"
     with pytest.raises(ValueError, match="mode=sample only"):
@@ -389,8 +536,14 @@ SUM_PROMPT = torch.tensor([[1, 1], [1, 2]])
 
 def test_awd_sample_carries_the_state_and_stops_each_row_at_the_end_of_sentence() -> None:
     out = sample_recurrent(SumNet(), SUM_PROMPT, 10, top_k=1, stop=0)
-    assert out.tolist() == [[2, 0, 0], [3, 2, 0]]  # rows that stopped repeat the stop id; then it ends
-    assert sample_recurrent(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [[2, 0, 0, 0, 0], [3, 2, 0, 0, 0]]
+    assert out.tolist() == [
+        [2, 0, 0],
+        [3, 2, 0],
+    ]  # rows that stopped repeat the stop id; then it ends
+    assert sample_recurrent(SumNet(), SUM_PROMPT, 5, top_k=1).tolist() == [
+        [2, 0, 0, 0, 0],
+        [3, 2, 0, 0, 0],
+    ]
     assert sample_recurrent(SumNet(), SUM_PROMPT, 0).shape == (2, 0)
 
 
@@ -401,7 +554,9 @@ def test_word_sample_stops_each_row_at_the_end_of_sentence() -> None:
 
 # -- AWD language models (PRU, LSTM) ------------------------------------------------------------
 @pytest.fixture(scope="module", params=["pru", "lstm"])
-def awd_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], nn.Module, Any]:
+def awd_checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[str], nn.Module, Any]:
     """An untrained small AWD language model (``experiment=pru_lm/demo`` shrunk; PRU or LSTM layers)
     on pydoc_ptb, the overrides to rebuild it, its network and the corpus's vocabulary."""
     tmp = tmp_path_factory.mktemp(f"generate_{request.param}")
@@ -414,7 +569,11 @@ def awd_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     path = tmp / "model.ckpt"
     torch.save({"state_dict": task.state_dict()}, path)
     datamodule.setup("fit")
-    return [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"], task.net.eval(), datamodule.dictionary
+    return (
+        [*overrides, f"paths.log_dir={tmp / 'logs'}", f"ckpt_path={path}"],
+        task.net.eval(),
+        datamodule.dictionary,
+    )
 
 
 def awd_greedy(net: nn.Module, vocabulary: Any, num_words: int) -> list[int]:
@@ -441,13 +600,23 @@ def test_awd_model_top_1_is_greedy_with_the_state_carried(awd_checkpoint, capsys
     assert generate_here(capsys, overrides, *args) == out  # deterministic
     # stopping at the end of sentence (the default) keeps the words before the first <eos>
     stop = greedy.index(vocabulary.index(EOS)) if vocabulary.index(EOS) in greedy else len(greedy)
-    stopped = generate_here(capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1")
-    assert stopped == " ".join([WORD_PROMPT, *(vocabulary.symbols[i] for i in greedy[:stop])]) + "\n"
+    stopped = generate_here(
+        capsys, overrides, f"prompt='{WORD_PROMPT}'", "max_new_words=12", "top_k=1"
+    )
+    assert (
+        stopped == " ".join([WORD_PROMPT, *(vocabulary.symbols[i] for i in greedy[:stop])]) + "\n"
+    )
 
 
 def test_awd_model_samples_the_requested_number_of_vocabulary_words(awd_checkpoint, capsys) -> None:
     overrides, _, vocabulary = awd_checkpoint
-    args = [f"prompt='{WORD_PROMPT}'", "max_new_words=30", "temperature=1.5", "seed=3", "stop_at_eos=false"]
+    args = [
+        f"prompt='{WORD_PROMPT}'",
+        "max_new_words=30",
+        "temperature=1.5",
+        "seed=3",
+        "stop_at_eos=false",
+    ]
     out = generate_here(capsys, overrides, *args)
     assert out.startswith(WORD_PROMPT + " ") and out.endswith("\n")
     continuation = out[len(WORD_PROMPT) + 1 : -1]
@@ -478,7 +647,13 @@ def test_word_level_group_transformer_samples_dictionary_words(tmp_path, capsys)
     datamodule, task = build_task(cfg)
     path = tmp_path / "model.ckpt"
     torch.save({"state_dict": task.state_dict()}, path)
-    args = [*overrides, f"ckpt_path={path}", f"prompt='{WORD_PROMPT}'", "max_new_words=12", "stop_at_eos=false"]
+    args = [
+        *overrides,
+        f"ckpt_path={path}",
+        f"prompt='{WORD_PROMPT}'",
+        "max_new_words=12",
+        "stop_at_eos=false",
+    ]
     out = generate_here(capsys, args, "top_k=1")
     assert out.startswith(WORD_PROMPT + " ")
     new = out[len(WORD_PROMPT) + 1 :].split()
@@ -490,9 +665,15 @@ def test_word_level_group_transformer_samples_dictionary_words(tmp_path, capsys)
     ids = torch.tensor([[EOS_ID, *(datamodule.dictionary.index(w) for w in WORD_PROMPT.split())]])
     with torch.no_grad():
         log_probs, _ = task.net.eval()(ids, None)
-    allowed = [not (s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword")) for s in datamodule.dictionary.symbols]
+    allowed = [
+        not (s in ("<s>", "<pad>", "<unk>") or s.startswith("madeupword"))
+        for s in datamodule.dictionary.symbols
+    ]
     scores = log_probs[0, -1].masked_fill(~torch.tensor(allowed), float("-inf"))
-    assert new[0] == datamodule.dictionary.symbols[int(scores.argmax())] or int(scores.argmax()) == EOS_ID
+    assert (
+        new[0] == datamodule.dictionary.symbols[int(scores.argmax())]
+        or int(scores.argmax()) == EOS_ID
+    )
 
 
 # -- where the prompt comes from, and characters outside the vocabulary --------------------------
@@ -504,8 +685,13 @@ def test_prompt_file_and_stdin_give_the_prompt(checkpoint, capsys, tmp_path, mon
     path.write_text(PROMPT + "\n", encoding="utf-8")  # the final line break is not part of it
     assert generate_here(capsys, overrides, f"prompt_file={path}", *args) == expected
     path.write_bytes(PROMPT.encode("latin-1") + b"\r\n")
-    assert generate_here(capsys, overrides, f"prompt_file={path}", "encoding=latin-1", *args) == expected
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{PROMPT}\n".encode()), encoding="ascii"))
+    assert (
+        generate_here(capsys, overrides, f"prompt_file={path}", "encoding=latin-1", *args)
+        == expected
+    )
+    monkeypatch.setattr(
+        sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{PROMPT}\n".encode()), encoding="ascii")
+    )
     assert generate_here(capsys, overrides, "prompt_file=-", *args) == expected
 
 

@@ -45,7 +45,11 @@ def test_trainer_configs_take_the_machines_devices(
 
 @pytest.mark.usefixtures("gpu_count")
 def test_test_configs_pin_the_cpu_where_a_gpu_is_visible(make_cfg, tmp_path) -> None:
-    for overrides in [("debug=fdr",), ("experiment=vision_classification/digits_ema",), ("trainer=ddp_cpu",)]:
+    for overrides in [
+        ("debug=fdr",),
+        ("experiment=vision_classification/digits_ema",),
+        ("trainer=ddp_cpu",),
+    ]:
         trainer = build_trainer(make_cfg(*overrides))
         assert isinstance(trainer.accelerator, CPUAccelerator), overrides
     # without the pin the default trainer takes the GPU

@@ -41,11 +41,19 @@ def test_every_part_leaves_rows_and_a_section(visit) -> None:
                  "pairs", "profile", "tune"):  # fmt: skip
         assert rows.get(part), f"no rows from {part}: {summary}"
         assert not any("error" in r and r["error"] for r in rows[part]), rows[part]
-    for title in ("## Machine", "## pytest", "## torch.compile", "## Short",
-                  "## The PRU recurrence's C++ kernel on this CPU", "## Vision beside",
-                  "## First steps",
-                  "## benchmarks/gpu.py",
-                  "## Training steps", "## Profiles", "## Launch-configuration"):
+    for title in (
+        "## Machine",
+        "## pytest",
+        "## torch.compile",
+        "## Short",
+        "## The PRU recurrence's C++ kernel on this CPU",
+        "## Vision beside",
+        "## First steps",
+        "## benchmarks/gpu.py",
+        "## Training steps",
+        "## Profiles",
+        "## Launch-configuration",
+    ):
         assert title in summary
 
 
@@ -77,7 +85,10 @@ def test_the_parts_measure(visit) -> None:
     for p in profiled:
         assert len(p["top"]) == 15 and 0 < sum(k["share"] for k in p["top"]) <= 1.0 + 1e-6
         assert p["top"][0]["us"] >= p["top"][-1]["us"] > 0
-    assert trace["trace_of"] in [p["name"] for p in profiled] and (out / "trace.json.gz").stat().st_size > 1000
+    assert (
+        trace["trace_of"] in [p["name"] for p in profiled]
+        and (out / "trace.json.gz").stat().st_size > 1000
+    )
     checks = rows["cpu_check"]
     assert [r["mode"] for r in checks] == ["plain", "packed"]
     for r in checks:  # a verdict either way: which mode runs is the CPU's to say

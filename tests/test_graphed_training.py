@@ -50,8 +50,8 @@ from torch._inductor.utils import (
 )
 
 from src.build import CompilePlan, compile_network, compile_plan
-from src.tasks.graphed import own_gradients
 from src.datamodules.translation import ParallelSplit, collate_packed
+from src.tasks.graphed import own_gradients
 from src.utils.config_checks import ConfigError
 from tests.conftest import ROOT, compose_config
 
@@ -122,9 +122,11 @@ def translation_batch(shape: tuple[int, ...], g: torch.Generator, vocab: int) ->
     batches come (``data.pack_pairs``): the first row holds two pairs, the last row one pair and
     pads, the others one pair each."""
     b, s, t = shape
-    rows = [[(s // 2, t // 2), (s - s // 2, t - t // 2)]] + [
-        [(s, t)] for _ in range(b - 2)
-    ] + [[(s // 2, t // 2)]]
+    rows = (
+        [[(s // 2, t // 2), (s - s // 2, t - t // 2)]]
+        + [[(s, t)] for _ in range(b - 2)]
+        + [[(s // 2, t // 2)]]
+    )
     pairs = [
         (torch.randint(4, vocab, (n,), generator=g), torch.randint(4, vocab, (m,), generator=g))
         for row in rows for n, m in row
@@ -322,6 +324,7 @@ def test_carried_state_is_copied_out_of_the_step_outputs_while_graphs_replay(
 
         net.loss = spy
     else:
+
         def hook(_: Any, args: tuple, out: Any) -> None:
             inputs.append(args[1])
             outputs.append(out.hidden)

@@ -123,7 +123,11 @@ def test_import_direction(package: str) -> None:
             assert name != "src.datamodules.check", (
                 f"{path} imports the check command (and so Hydra)"
             )
-            if parts[0] == "src" and len(parts) > 1 and not (path in COMMANDS and parts[1] in ENTRY):
+            if (
+                parts[0] == "src"
+                and len(parts) > 1
+                and not (path in COMMANDS and parts[1] in ENTRY)
+            ):
                 assert parts[1] not in FORBIDDEN[package], f"{path} imports {name}"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from benchmarks.launches import main, pair_rows  # noqa: E402
+from benchmarks.launches import main, pair_rows
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton's interpreter")
@@ -84,7 +84,8 @@ def test_text_systems_meet_their_launch_targets(capsys: pytest.CaptureFixture[st
     rows = main(["--only", "delight_mt", "transformer_mt", "gt4", "txl", "--dtype", "bfloat16"])
     pairs = pair_rows(rows)
     assert {(p["entry"], p["baseline"]) for p in pairs} == {
-        ("delight_mt", "transformer_mt"), ("gt4", "txl")
+        ("delight_mt", "transformer_mt"),
+        ("gt4", "txl"),
     }
     for pair in pairs:
         assert pair["met"], pair

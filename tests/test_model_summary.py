@@ -9,9 +9,10 @@ from pathlib import Path
 from src.commands.train import train
 from tests.conftest import compose_config
 
-ONE_STEP = ["model=timm", "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=1",
-            "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "trainer.num_sanity_val_steps=0",
-            "data.batch_size=8", "data.num_workers=0", "logger=csv", "callbacks.progress_bar=null"]  # fmt: skip
+ONE_STEP = ["model=timm", "trainer.accelerator=cpu", "trainer.max_epochs=1",
+            "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
+            "trainer.limit_test_batches=1", "trainer.num_sanity_val_steps=0", "data.batch_size=8",
+            "data.num_workers=0", "logger=csv", "callbacks.progress_bar=null"]  # fmt: skip
 
 
 def test_a_training_run_prints_its_summary_without_flops(tmp_path: Path, capfd) -> None:

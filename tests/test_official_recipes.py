@@ -73,7 +73,9 @@ def test_iwslt_delight_follows_the_maintainers_command(
         ("delight_mt/wmt16_en_ro_d640", 0.0006, 0.0),
     ],
 )
-def test_wmt_delight_follows_the_launch_scripts(experiment: str, lr: float, weight_decay: float) -> None:
+def test_wmt_delight_follows_the_launch_scripts(
+    experiment: str, lr: float, weight_decay: float
+) -> None:
     cfg = composed(f"experiment={experiment}")
     assert cfg.task.optimizer.lr == pytest.approx(lr)
     assert cfg.task.optimizer.weight_decay == weight_decay  # AdamW at 0 is Adam
@@ -105,16 +107,26 @@ def test_the_mt_demos_have_equal_parameters() -> None:
     transformer = composed("experiment=delight_mt/transformer_mt_demo").model
     a = count(
         DeLighTEncoderDecoder(
-            GETTEXT_VOCAB, GETTEXT_VOCAB, d_model=delight.d_model, n_min=delight.n_min,
-            n_max=delight.n_max, width_multiplier=delight.width_multiplier,
-            share_all_embeddings=True, padding_idx=1,
+            GETTEXT_VOCAB,
+            GETTEXT_VOCAB,
+            d_model=delight.d_model,
+            n_min=delight.n_min,
+            n_max=delight.n_max,
+            width_multiplier=delight.width_multiplier,
+            share_all_embeddings=True,
+            padding_idx=1,
         )
     )
     b = count(
         TransformerEncoderDecoder(
-            GETTEXT_VOCAB, GETTEXT_VOCAB, d_model=transformer.d_model, ffn_dim=transformer.ffn_dim,
-            num_heads=transformer.num_heads, num_layers=transformer.num_layers,
-            share_all_embeddings=True, padding_idx=1,
+            GETTEXT_VOCAB,
+            GETTEXT_VOCAB,
+            d_model=transformer.d_model,
+            ffn_dim=transformer.ffn_dim,
+            num_heads=transformer.num_heads,
+            num_layers=transformer.num_layers,
+            share_all_embeddings=True,
+            padding_idx=1,
         )
     )
     assert (a, b) == (1_173_016, 1_173_472)
@@ -126,7 +138,13 @@ def test_the_delight_lm_demo_follows_the_wt103_script_at_its_size() -> None:
     model = cfg.model
     assert model.n_min >= 3
     rule = round(0.1 * model.d_model / 1024, 2)
-    assert model.dropout == model.attention_dropout == model.ffn_dropout == model.dextra_dropout == rule
+    assert (
+        model.dropout
+        == model.attention_dropout
+        == model.ffn_dropout
+        == model.dextra_dropout
+        == rule
+    )
     assert cfg.task.optimizer.lr == min(round(1024 / model.d_model * 0.002, 3), 0.01)
     assert cfg.task.optimizer.weight_decay == 0.0
     assert cfg.trainer.gradient_clip_val is None
@@ -150,14 +168,22 @@ def test_the_lm_demos_have_equal_parameters() -> None:
     transformer = composed("experiment=delight_lm/transformer_lm_demo").model
     a = count(
         DeLighTLanguageModel(
-            PYDOC_WORDS_VOCAB, delight.d_model, delight.n_min, delight.n_max,
-            delight.width_multiplier, cutoffs=list(delight.cutoffs),
+            PYDOC_WORDS_VOCAB,
+            delight.d_model,
+            delight.n_min,
+            delight.n_max,
+            delight.width_multiplier,
+            cutoffs=list(delight.cutoffs),
         )
     )
     b = count(
         TransformerLanguageModel(
-            PYDOC_WORDS_VOCAB, transformer.d_model, transformer.num_layers, transformer.num_heads,
-            transformer.ffn_dim, cutoffs=list(transformer.cutoffs),
+            PYDOC_WORDS_VOCAB,
+            transformer.d_model,
+            transformer.num_layers,
+            transformer.num_heads,
+            transformer.ffn_dim,
+            cutoffs=list(transformer.cutoffs),
         )
     )
     assert (a, b) == (862_012, 861_664)
@@ -167,7 +193,10 @@ def test_the_lm_demos_have_equal_parameters() -> None:
 def test_the_demo_schedules_build() -> None:
     """The schedules the demos name accept their arguments (a typo would only fail at fit)."""
     params = [torch.nn.Parameter(torch.zeros(1))]
-    for experiment, factory in (("delight_mt/demo", warmup_linear), ("delight_mt/transformer_mt_demo", inverse_sqrt)):
+    for experiment, factory in (
+        ("delight_mt/demo", warmup_linear),
+        ("delight_mt/transformer_mt_demo", inverse_sqrt),
+    ):
         cfg = composed(f"experiment={experiment}")
         optimizer = instantiate(cfg.task.optimizer)(params)
         scheduler = instantiate(cfg.task.scheduler)(optimizer, total_steps=1000)

@@ -101,7 +101,10 @@ def test_classification_top_k(tmp_path: Path) -> None:
     grey[8:56, 20:28] = 255  # a bright vertical stroke, roughly a "1"
     Image.fromarray(grey).save(image_path)
     result = run_predict(
-        "model=timm", "data=digits", f"image={image_path}", f"paths.log_dir={tmp_path / 'logs'}",
+        "model=timm",
+        "data=digits",
+        f"image={image_path}",
+        f"paths.log_dir={tmp_path / 'logs'}",
         "allow_random=true",  # the table's format is under test, not the weights
     )
 
@@ -128,14 +131,28 @@ def test_detections_are_listed_in_clipped_pixels_with_a_true_count() -> None:
     width, height = 384, 303
     generator = torch.Generator().manual_seed(0)
     corners = torch.rand(25, 4, generator=generator) * 2.0 - 0.5  # normalised, many outside [0, 1]
-    boxes = torch.cat([corners[:, :2].minimum(corners[:, 2:]), corners[:, :2].maximum(corners[:, 2:])], 1)
+    boxes = torch.cat(
+        [corners[:, :2].minimum(corners[:, 2:]), corners[:, :2].maximum(corners[:, 2:])], 1
+    )
     boxes[0] = torch.tensor([0.25, 0.5, 0.75, 1.2])
-    found = {"boxes": boxes, "scores": torch.linspace(0.9, 0.5, 25), "labels": torch.ones(25, dtype=torch.long)}
+    found = {
+        "boxes": boxes,
+        "scores": torch.linspace(0.9, 0.5, 25),
+        "labels": torch.ones(25, dtype=torch.long),
+    }
     rows = detection_rows(found, ("background", "coin"), (width, height))
     assert len(rows) == 25
-    assert rows[0] == ("coin", 0.9, [96.0, 151.5, 288.0, 303.0])  # scaled to the image, clipped to it
-    assert all(0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height for _, _, (x1, y1, x2, y2) in rows)
-    assert any(v in (0.0, width, height) for _, _, box in rows[1:] for v in box), "no box was clipped"
+    assert rows[0] == (
+        "coin",
+        0.9,
+        [96.0, 151.5, 288.0, 303.0],
+    )  # scaled to the image, clipped to it
+    assert all(
+        0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height for _, _, (x1, y1, x2, y2) in rows
+    )
+    assert any(v in (0.0, width, height) for _, _, box in rows[1:] for v in box), (
+        "no box was clipped"
+    )
 
     line = describe_detections(rows, 0.5, (width, height))
     assert line.startswith("top 10 of 25 detections scoring >= 0.5") and listed_in(line) == 10
@@ -160,15 +177,20 @@ def test_detection_draws_tagged_boxes(tmp_path: Path, caplog: pytest.LogCaptureF
     assert result["task"] == "detection" and result["output"] == str(output)
     assert result["detections"], "an untrained two-class SSD scores many priors near 0.5"
     assert all(name == "coin" and score >= 0.45 for name, score, _ in result["detections"])
-    # boxes in pixels of the 384 x 303 photograph, clipped to it (priors at the border reach past it)
+    # boxes in pixels of the 384 x 303 photograph, clipped to it (priors at the border reach past
+    # it)
     height, width = data.coins().shape
     assert all(
-        0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height for _, _, (x1, y1, x2, y2) in result["detections"]
+        0 <= x1 <= x2 <= width and 0 <= y1 <= y2 <= height
+        for _, _, (x1, y1, x2, y2) in result["detections"]
     )
     (line,) = [r.getMessage() for r in caplog.records if "detections scoring" in r.getMessage()]
     count = len(result["detections"])
     shown = min(count, 10)
-    assert line.startswith(f"top 10 of {count} " if count > 10 else f"{count} ") and listed_in(line) == shown
+    assert (
+        line.startswith(f"top 10 of {count} " if count > 10 else f"{count} ")
+        and listed_in(line) == shown
+    )
     with Image.open(image_path) as original, Image.open(output) as drawn:
         assert drawn.size == original.size and drawn.mode == "RGB"
         changed = np.any(np.asarray(drawn) != np.asarray(original.convert("RGB")), axis=-1)

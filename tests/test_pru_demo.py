@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from src.commands.eval import evaluate
-from tests.conftest import compose_config
 from src.commands.train import train
+from tests.conftest import compose_config
 
 
 @pytest.mark.slow

@@ -14,7 +14,9 @@ DELIGHT = "src.models.text_classifier.DeLighTClassifier"
 TRANSFORMER = "src.models.text_classifier.TransformerClassifier"
 
 
-def fake_run(folder: Path, model: dict, seed: int, acc: float, params: int, curve: list[float]) -> None:
+def fake_run(
+    folder: Path, model: dict, seed: int, acc: float, params: int, curve: list[float]
+) -> None:
     """A run directory as train.py writes it: metrics.json, .hydra/config.yaml, the CSV log."""
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "model": model}))
@@ -24,14 +26,22 @@ def fake_run(folder: Path, model: dict, seed: int, acc: float, params: int, curv
     log = folder / "csv" / "version_0"
     log.mkdir(parents=True)
     rows = ["epoch,step,test_epoch/acc,train/loss"]
-    rows += [f"{epoch},{epoch * 10},{value},\n{epoch},{epoch * 10 + 5},,0.5".rstrip() for epoch, value in enumerate(curve)]
+    rows += [
+        f"{epoch},{epoch * 10},{value},\n{epoch},{epoch * 10 + 5},,0.5".rstrip()
+        for epoch, value in enumerate(curve)
+    ]
     (log / "metrics.csv").write_text("\n".join(rows) + "\n")
 
 
 def test_variant_names_follow_the_report() -> None:
-    assert variant_of({"_target_": DELIGHT, "block_scaling": True, "glt_shuffle": True})[0] == "DeLighT Scale+Shift"
+    assert (
+        variant_of({"_target_": DELIGHT, "block_scaling": True, "glt_shuffle": True})[0]
+        == "DeLighT Scale+Shift"
+    )
     assert variant_of({"_target_": DELIGHT, "block_scaling": False, "glt_shuffle": False}) == (
-        "DeLighT", "block_scaling=false glt_shuffle=false")
+        "DeLighT",
+        "block_scaling=false glt_shuffle=false",
+    )
     assert variant_of({"_target_": TRANSFORMER, "dim_feedforward": 96})[0] == "Transformer"
     with pytest.raises(ValueError, match="not a model of the study"):
         variant_of({"_target_": "src.models.delight_mt.DeLighTEncoderDecoder"})
@@ -48,9 +58,14 @@ def test_tables_and_plot(tmp_path, capsys) -> None:
     runs = load_runs([tmp_path / "runs"])
     assert len(runs) == 4 and runs[0].curve == {0: 0.5, 1: 0.6}
     text = main([str(tmp_path / "runs"), "--out", str(tmp_path / "docs")])
-    assert "| DeLighT Shift | block_scaling=false glt_shuffle=true | 218,195 | 224,701 | 12.0 ± 1.0 | 2,206 |" in text
+    assert (
+        "| DeLighT Shift | block_scaling=false glt_shuffle=true | 218,195 | 224,701 | 12.0 ± 1.0 | 2,206 |"
+        in text
+    )
     # accuracy mean ± sample std over the seeds: 62.00 ± 2.00; F1 10 points lower
-    assert "| DeLighT Shift | 3 | 62.00 ± 2.00 | 52.00 ± 2.00 | 1: 60.00, 2: 62.00, 3: 64.00 |" in text
+    assert (
+        "| DeLighT Shift | 3 | 62.00 ± 2.00 | 52.00 ± 2.00 | 1: 60.00, 2: 62.00, 3: 64.00 |" in text
+    )
     assert "| Transformer | 1 | 55.00 ± 0.00 |" in text
     assert text.index("DeLighT Shift") < text.index("Transformer")  # the report's order
     plot = tmp_path / "docs" / "delight_sentiment_accuracy.png"

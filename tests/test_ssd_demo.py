@@ -1,6 +1,7 @@
-"""The SSD demo pipeline end to end at a small size: ``train.py experiment=detection/ssd_demo`` on fewer
-coins crops and epochs. The untrained network's validation VOC07 mAP is near 0; a few epochs take
-it well above, and ``predict.py`` with the best checkpoint then finds coins on the photograph."""
+"""The SSD demo pipeline end to end at a small size: ``train.py experiment=detection/ssd_demo`` on
+fewer coins crops and epochs. The untrained network's validation VOC07 mAP is near 0; a few epochs
+take it well above, and ``predict.py`` with the best checkpoint then finds coins on the
+photograph."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from PIL import Image
 
 from src.commands.predict import predict
-from tests.conftest import compose_config
 from src.commands.train import train
+from tests.conftest import compose_config
 
 
 @pytest.mark.slow

@@ -133,7 +133,9 @@ def test_the_grid_stops_after_its_extensions(tmp_path: Path) -> None:
     assert grids["A"] == [1e-3, 2e-3, 4e-3, 8e-3]
 
 
-def test_a_claim_runs_seeds_at_the_chosen_rate_and_the_faster_model_at_equal_time(tmp_path: Path) -> None:
+def test_a_claim_runs_seeds_at_the_chosen_rate_and_the_faster_model_at_equal_time(
+    tmp_path: Path,
+) -> None:
     runner = FakeRunner()
     toy = claim()
     Study(tmp_path, runner).run_claim(toy)
@@ -141,7 +143,9 @@ def test_a_claim_runs_seeds_at_the_chosen_rate_and_the_faster_model_at_equal_tim
     assert {("A", 8e-3, s) for s in (1, 2, 3)} <= seeds
     assert {("B", 2e-3, s) for s in (1, 2, 3)} <= seeds
     # B trains twice as fast per update: it runs again, twice as long, at its rate and every seed
-    longer = sorted((name, lr, seed, length) for name, lr, seed, length in runner.calls if length != 10)
+    longer = sorted(
+        (name, lr, seed, length) for name, lr, seed, length in runner.calls if length != 10
+    )
     assert longer == [("B", 2e-3, 1, 20), ("B", 2e-3, 2, 20), ("B", 2e-3, 3, 20)]
     # each model's data was prepared once, first; resuming runs nothing again
     assert runner.prepared == ["A", "B"]
@@ -163,7 +167,10 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert b.equal_length == 20 and len(b.equal_time) == 3
     section, row = claim_section(toy, sides, None)
     # A - B = 2.0 with a std of 0.1 each: far beyond two standard errors (0.16)
-    assert "**Verdict: holds.** A − B = +2.00 test/score, higher is better (two standard errors: 0.16)" in section
+    assert (
+        "**Verdict: holds.** A − B = +2.00 test/score, higher is better (two standard errors: 0.16)"
+        in section
+    )
     assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
     # small metrics (bpc, accuracy) keep a third decimal: their differences are hundredths
     assert fmt(1.6789, 0.0123) == "1.679 ± 0.012" and fmt(87.704, 1.13) == "87.70 ± 1.13"
@@ -171,7 +178,9 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert "A − B = +1.90 (two standard errors 0.16): holds." in section
     assert "| 0.008 |" in section and "| 0.002 |" in section  # both inside their grids
     assert "grid edge" not in section
-    assert "| 2000 |" in section and "| 1000 |" in section  # ms per update: A 2 s, B 1 s in the fake
+    assert (
+        "| 2000 |" in section and "| 1000 |" in section
+    )  # ms per update: A 2 s, B 1 s in the fake
     assert row.startswith("| A vs B |") and "| holds |" in row
     noted, _ = claim_section(dataclasses.replace(toy, notes="**Checked.** Parity."), sides, None)
     assert "**Checked.** Parity." in noted
@@ -212,7 +221,9 @@ def test_every_claim_config_loads_and_names_two_models_with_three_rates() -> Non
 
 def test_a_bad_claim_is_named(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\nkind: maybe\nmodels: []\n")
+    path.write_text(
+        "title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\nkind: maybe\nmodels: []\n"
+    )
     with pytest.raises(ValueError, match="kind must be better, not_worse or report"):
         load_claim(path)
     with pytest.raises(SystemExit, match="unknown claim"):
@@ -222,7 +233,18 @@ def test_a_bad_claim_is_named(tmp_path: Path) -> None:
 def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
     """The study's train.py command runs and its metrics.json has what the report reads."""
     model = tiny_charlm()
-    toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, model), (1, 2, 3), "task.optimizer.lr")
+    toy = Claim(
+        "tiny",
+        "t",
+        "s",
+        "src",
+        "test/bpc",
+        False,
+        "better",
+        (model, model),
+        (1, 2, 3),
+        "task.optimizer.lr",
+    )
     key = RunKey(model, 2e-3, 1, 8)
     run_dir = key.run_dir(tmp_path)
     env_threads = os.environ.get("OMP_NUM_THREADS")
@@ -240,7 +262,10 @@ def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
 
 def test_the_study_help_lists_every_claim_and_explains_every_option() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "study.py"), "--help"], capture_output=True, text=True, check=True
+        [sys.executable, str(ROOT / "study.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     listed = out.split("claims (conf/study/<name>.yaml):\n", 1)[1].splitlines()
     names = sorted(path.stem for path in (ROOT / "conf" / "study").glob("*.yaml"))
@@ -259,7 +284,18 @@ def test_claims_that_compare_the_same_model_share_its_runs(tmp_path: Path) -> No
     experiment.run_claim(claim())
     a_runs = [c for c in runner.calls if c[0] == "A"]
     first = len(runner.calls)
-    other = Claim("toy2", "A vs C", "s", "test", "test/score", True, "better", (spec("A"), spec("C")), (1, 2, 3), "task.optimizer.lr")
+    other = Claim(
+        "toy2",
+        "A vs C",
+        "s",
+        "test",
+        "test/score",
+        True,
+        "better",
+        (spec("A"), spec("C")),
+        (1, 2, 3),
+        "task.optimizer.lr",
+    )
     experiment.run_claim(other)
     # A's grid and seeds ran once; only C's runs (and C's equal-time runs) are new
     assert [c for c in runner.calls if c[0] == "A"] == a_runs
@@ -275,7 +311,10 @@ def test_every_claims_models_compose_with_the_keys_the_study_sets() -> None:
     for found in load_claims():
         for model in found.models:
             cfg = compose_config("train", model.overrides)
-            assert OmegaConf.select(cfg, found.lr_key) in model.lrs or OmegaConf.select(cfg, found.lr_key) > 0
+            assert (
+                OmegaConf.select(cfg, found.lr_key) in model.lrs
+                or OmegaConf.select(cfg, found.lr_key) > 0
+            )
             assert OmegaConf.select(cfg, model.length_key) is not None, (found.name, model.name)
             # the claim's length is the experiment's own, unless the claim says why it differs
             assert model.length > 0
@@ -367,11 +406,24 @@ def test_seeds_curves_average_by_validation_index() -> None:
     assert stats[0][1] == pytest.approx(0.1414, abs=1e-4)
 
 
-def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp_path: Path) -> None:
+def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(
+    tmp_path: Path,
+) -> None:
     """--multirun: the grid first, then the seeds; a real multirun lands in the study's folders."""
     model = tiny_charlm()
     other = dataclasses.replace(model, name="other", overrides=(*model.overrides, "model.n_head=2"))
-    toy = Claim("tiny", "t", "s", "src", "test/bpc", False, "better", (model, other), (1, 2, 3), "task.optimizer.lr")
+    toy = Claim(
+        "tiny",
+        "t",
+        "s",
+        "src",
+        "test/bpc",
+        False,
+        "better",
+        (model, other),
+        (1, 2, 3),
+        "task.optimizer.lr",
+    )
     due = due_runs(tmp_path, toy)
     assert sorted((k.model.name, k.lr, k.seed) for k in due) == sorted(
         (m, lr, 1) for m in ("charlm", "other") for lr in (1e-3, 2e-3, 4e-3)
@@ -390,7 +442,9 @@ def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(tmp
         result = read_run(RunKey(model, lr, 1, 8).run_dir(tmp_path))
         assert result is not None and result.updates == 8
     left = due_runs(tmp_path, toy)
-    assert sorted((k.model.name, k.lr) for k in left) == [("charlm", 4e-3)] + [("other", lr) for lr in (1e-3, 2e-3, 4e-3)]
+    assert sorted((k.model.name, k.lr) for k in left) == [("charlm", 4e-3)] + [
+        ("other", lr) for lr in (1e-3, 2e-3, 4e-3)
+    ]
 
 
 def test_the_runs_due_come_in_the_claims_order_whichever_chain_records_first(

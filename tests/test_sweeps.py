@@ -60,7 +60,9 @@ def test_every_sweep_run_composes(path: Path, tmp_path) -> None:
     runs = grid(load(path)["parameters"])
     assert runs
     for run in runs:
-        cfg = compose_config("train", [f"{k}={v}" for k, v in run.items()], tmp_path, keep_hydra=True)
+        cfg = compose_config(
+            "train", [f"{k}={v}" for k, v in run.items()], tmp_path, keep_hydra=True
+        )
         choices = cfg.hydra.runtime.choices
         for key, value in run.items():
             actual = choices[key] if key in choices else OmegaConf.select(cfg, key)

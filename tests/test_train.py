@@ -11,8 +11,8 @@ import torch
 from omegaconf import open_dict
 
 from src.callbacks.finite_loss import NonFiniteLossError
-from src.datamodules.image_folder import DatasetLayoutError
 from src.commands.train import train
+from src.datamodules.image_folder import DatasetLayoutError
 
 # a short real run: 3 epochs of 4 batches, full validation
 SHORT = [
@@ -75,7 +75,9 @@ def test_last_checkpoint_follows_every_epoch_when_the_best_does_not(make_cfg) ->
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    checkpoint = torch.load(
+        run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
     return checkpoint["state_dict"]
 
 
@@ -118,7 +120,11 @@ def test_resume_matches_uninterrupted_run(
     tolerance (rtol 1e-5, atol 1e-6) only allows for rounding. A resume that lost state (RNG,
     optimiser, EMA) is off by far more.
     """
-    every_epoch = ["callbacks.model_checkpoint.save_top_k=-1", "experiment=vision_classification/digits_ema", "data.num_workers=1"]
+    every_epoch = [
+        "callbacks.model_checkpoint.save_top_k=-1",
+        "experiment=vision_classification/digits_ema",
+        "data.num_workers=1",
+    ]
     if accelerator == "gpu":
         every_epoch.append("trainer.deterministic=true")
     full = make_cfg(*SHORT, *every_epoch, subdir="full", accelerator=accelerator)
@@ -138,10 +144,16 @@ def test_resume_matches_uninterrupted_run(
             assert torch.equal(reference[name], result[name]), name
         else:
             torch.testing.assert_close(
-                result[name], reference[name], rtol=1e-5, atol=1e-6, msg=lambda m, k=name: f"{k}: {m}"
+                result[name],
+                reference[name],
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m, k=name: f"{k}: {m}",
             )
     full_ema = torch.load(full_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
-    resumed_ema = torch.load(Path(resumed.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
+    resumed_ema = torch.load(
+        Path(resumed.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True
+    )["callbacks"]
     ema_key = next(k for k in full_ema if "EMAWeightAveraging" in k)
     assert ema_key in resumed_ema
 
@@ -173,7 +185,11 @@ def test_missing_dataset_root_names_path_and_layout(make_cfg, tmp_path) -> None:
     with pytest.raises(DatasetLayoutError) as error:
         train(cfg)
     message = str(error.value)
-    assert str(missing) in message and "train/<class_name>/" in message and "val/<class_name>/" in message
+    assert (
+        str(missing) in message
+        and "train/<class_name>/" in message
+        and "val/<class_name>/" in message
+    )
 
 
 def test_malformed_dataset_root_names_missing_split(make_cfg, tmp_path) -> None:
@@ -196,7 +212,9 @@ def test_image_folder_dataset_trains(make_cfg, tmp_path) -> None:
             folder.mkdir(parents=True)
             for i in range(count):
                 base = 40 if label == "dark" else 200
-                pixels = (base + torch.randint(0, 30, (40, 48, 3), generator=generator)).to(torch.uint8)
+                pixels = (base + torch.randint(0, 30, (40, 48, 3), generator=generator)).to(
+                    torch.uint8
+                )
                 Image.fromarray(pixels.numpy()).save(folder / f"{i}.png")
     cfg = make_cfg(
         "data=image_folder",
@@ -219,7 +237,12 @@ def test_all_loggers_write_offline(make_cfg, monkeypatch) -> None:
     """CSV, TensorBoard and W&B (offline, no account) together on a short run."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    cfg = make_cfg("logger=[csv,tensorboard,wandb]", "debug=limit", "trainer.max_epochs=1", "data.num_workers=0")
+    cfg = make_cfg(
+        "logger=[csv,tensorboard,wandb]",
+        "debug=limit",
+        "trainer.max_epochs=1",
+        "data.num_workers=0",
+    )
     train(cfg)
     out = Path(cfg.paths.output_dir)
     (csv,) = out.glob("csv/version_*/metrics.csv")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import compose_config
-from tests.tasks.test_translation_task import reversal_corpus
 from src.commands.translate import split_lines, translate
 from src.datamodules.dictionary import UNK_ID
 from src.datamodules.subword import train_sentencepiece
+from tests.conftest import compose_config
+from tests.tasks.test_translation_task import reversal_corpus
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,8 @@ def overrides(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def translate_here(
     overrides: list[str], tmp_path: Path, sentences: list[str], *extra: str
 ) -> list[str]:
-    """``translate(...)`` with the network initialised from one seed, so every call has its weights."""
+    """``translate(...)`` with the network initialised from one seed, so every call has its
+    weights."""
     cfg = compose_config("translate", [*overrides, *extra], tmp_path / "run")
     torch.manual_seed(0)
     return translate(cfg, sentences)
@@ -95,8 +96,8 @@ def punctuated(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [
         "data=iwslt14_de_en", f"data.root={corpus}", "data.source_lang=xx", "data.target_lang=yy",
         "data.src_vocab_size=null", "data.tgt_vocab_size=null", "data.max_source_positions=6",
-        "model.d_model=32", "model.n_min=2", "model.n_max=3", "task.max_len_a=0", "task.max_len_b=6",
-        "allow_random=true", "decoding=greedy", "batch_size=2",
+        "model.d_model=32", "model.n_min=2", "model.n_max=3", "task.max_len_a=0",
+        "task.max_len_b=6", "allow_random=true", "decoding=greedy", "batch_size=2",
     ]  # fmt: skip
 
 
@@ -123,7 +124,9 @@ def test_a_long_line_is_translated_in_pieces_on_its_own_line(punctuated, tmp_pat
     ]
 
 
-def test_tokens_outside_the_vocabulary_are_named_and_read_as_unk(punctuated, tmp_path, caplog) -> None:
+def test_tokens_outside_the_vocabulary_are_named_and_read_as_unk(
+    punctuated, tmp_path, caplog
+) -> None:
     with caplog.at_level(logging.INFO, logger="translate"):
         got = translate_here(punctuated, tmp_path, ["w1 zz ö w2 .", "w3 ."])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from src.commands.translate import read_sources
 from src.datamodules.text_files import TextEncodingError
 from tests.datamodules.test_text_files import LATIN1_LINES, check_message, write_latin1
-from src.commands.translate import read_sources
 
 
 def test_a_latin1_input_is_named_and_read_in_its_encoding(tmp_path: Path) -> None:

@@ -48,14 +48,15 @@ def run_script(
       "data.batchsize (did you mean data.batch_size?): no such key; data has data.augment, "
       "data.batch_size, data.image_size, "),
      ("train.py", ["experiment=char_lm/demoo"],
-      "experiment=char_lm/demoo: no such option (did you mean experiment=char_lm/demo?). The options "
-      "of experiment, closest first: char_lm/demo, "),
-     ("train.py", ["modle=dicenet"], "modle (did you mean model?): no such key or config group; the "
-      "config has callbacks, ckpt_path, "),
+      "experiment=char_lm/demoo: no such option (did you mean experiment=char_lm/demo?). The "
+      "options of experiment, closest first: char_lm/demo, "),
+     ("train.py", ["modle=dicenet"],
+      "modle (did you mean model?): no such key or config group; the config has callbacks, "
+      "ckpt_path, "),
      ("eval.py", ["data=enwik9"], "data=enwik9: no such option (did you mean data=enwik8?)"),
      ("translate.py", ["ckpt_pat=x.ckpt", "Ein Satz."], "ckpt_pat (did you mean ckpt_path?)"),
-     ("complexity.py", ["--cfg", "job", "model=espnet"], "model=espnet: no such option (did you mean "
-      "model=espnetv2?)")],
+     ("complexity.py", ["--cfg", "job", "model=espnet"],
+      "model=espnet: no such option (did you mean model=espnetv2?)")],
 )  # fmt: skip
 def test_a_composition_error_is_one_line_with_the_closest_choice(
     script: str, args: list[str], message: str, monkeypatch, capsys
@@ -75,10 +76,16 @@ def test_the_debug_switch_keeps_hydras_own_error(monkeypatch) -> None:
 
 def test_the_process_exits_with_status_2_and_one_line() -> None:
     done = subprocess.run(
-        [sys.executable, "train.py", "model=dicnet"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "train.py", "model=dicnet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2
-    assert done.stderr.startswith("error: model=dicnet: no such option (did you mean model=dicenet?)")
+    assert done.stderr.startswith(
+        "error: model=dicnet: no such option (did you mean model=dicenet?)"
+    )
     assert done.stderr.count("\n") == 1, done.stderr
 
 
@@ -96,22 +103,29 @@ def test_the_messages_rank_options_and_keys_by_likeness() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU: trainer=gpu works")
 def test_a_gpu_trainer_without_a_gpu_names_the_cpu_trainer() -> None:
-    with pytest.raises(ConfigError, match=r"trainer.accelerator=gpu \(trainer=ddp\): this machine has no GPU"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.accelerator=gpu \(trainer=ddp\): this machine has no GPU"
+    ):
         check_accelerator({"accelerator": "gpu"}, "ddp")
     check_accelerator({"accelerator": "cpu"}, "cpu")
     done = subprocess.run(
-        [sys.executable, "train.py", "trainer=gpu"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "train.py", "trainer=gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == (
-        "error: trainer.accelerator=gpu (trainer=gpu): this machine has no GPU that PyTorch can use; "
-        "train on the CPU with trainer=cpu (trainer=ddp_cpu for data-parallel CPU processes)"
+        "error: trainer.accelerator=gpu (trainer=gpu): this machine has no GPU that PyTorch can "
+        "use; train on the CPU with trainer=cpu (trainer=ddp_cpu for data-parallel CPU processes)"
     )
     assert "Traceback" not in done.stderr
 
 
-TRANSLATION = ["data=iwslt14_de_en", "data.source_lang=xx", "data.target_lang=yy", "data.src_vocab_size=null",
-               "data.tgt_vocab_size=null", "model.d_model=32", "model.n_min=2", "model.n_max=3"]  # fmt: skip
+TRANSLATION = ["data=iwslt14_de_en", "data.source_lang=xx", "data.target_lang=yy",
+               "data.src_vocab_size=null", "data.tgt_vocab_size=null", "model.d_model=32",
+               "model.n_min=2", "model.n_max=3"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +136,9 @@ def translation_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = compose_config("train", [*TRANSLATION, f"data.root={corpus}"], tmp / "run")
     _, task = build_task(cfg)
     path = tmp / "model.ckpt"
-    torch.save({"state_dict": task.state_dict(), RECORD_KEY: make_record(cfg, hydra_choices())}, path)
+    torch.save(
+        {"state_dict": task.state_dict(), RECORD_KEY: make_record(cfg, hydra_choices())}, path
+    )
     return path
 
 
@@ -134,10 +150,14 @@ def served_by_translate(path: Path, tool: str) -> str:
     )
 
 
-def test_predict_names_the_tool_of_a_translation_checkpoint(translation_checkpoint: Path, tmp_path: Path) -> None:
+def test_predict_names_the_tool_of_a_translation_checkpoint(
+    translation_checkpoint: Path, tmp_path: Path
+) -> None:
     image = tmp_path / "digit.png"
     Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(image)
-    cfg = compose_config("predict", [f"image={image}", f"ckpt_path={translation_checkpoint}"], tmp_path / "run")
+    cfg = compose_config(
+        "predict", [f"image={image}", f"ckpt_path={translation_checkpoint}"], tmp_path / "run"
+    )
     with pytest.raises(WrongRunError) as error:
         predict(cfg)
     assert str(error.value) == served_by_translate(translation_checkpoint, "predict.py")
@@ -147,29 +167,37 @@ def test_predict_names_the_tool_of_a_translation_checkpoint(translation_checkpoi
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1] == "error: " + served_by_translate(translation_checkpoint, "predict.py")
+    assert done.stderr.splitlines()[-1] == "error: " + served_by_translate(
+        translation_checkpoint, "predict.py"
+    )
     assert "Traceback" not in done.stderr
 
 
 def test_generate_and_eval_name_what_serves_a_translation_checkpoint(
     translation_checkpoint: Path, tmp_path: Path
 ) -> None:
-    cfg = compose_config("generate", ["prompt=abc", f"ckpt_path={translation_checkpoint}"], tmp_path / "g")
+    cfg = compose_config(
+        "generate", ["prompt=abc", f"ckpt_path={translation_checkpoint}"], tmp_path / "g"
+    )
     with pytest.raises(WrongRunError) as error:
         generate(cfg)
     assert str(error.value) == served_by_translate(translation_checkpoint, "generate.py")
     cfg = compose_config(
-        "eval", [f"ckpt_path={translation_checkpoint}", "dynamic_eval=true", "trainer.accelerator=cpu"],
+        "eval",
+        [f"ckpt_path={translation_checkpoint}", "dynamic_eval=true", "trainer.accelerator=cpu"],
         tmp_path / "e",
     )  # fmt: skip
-    with pytest.raises(WrongRunError, match="dynamic_eval needs a task=awd_lm checkpoint, got TranslationTask"):
+    with pytest.raises(
+        WrongRunError, match="dynamic_eval needs a task=awd_lm checkpoint, got TranslationTask"
+    ):
         evaluate(cfg)
 
 
 def test_export_refuses_a_network_it_has_no_graph_for(tmp_path: Path) -> None:
     corpus = reversal_corpus(tmp_path / "corpus", n_train=50)
-    overrides = [*TRANSLATION[:5], f"data.root={corpus}", "model=transformer_mt", "model.d_model=16",
-                 "model.ffn_dim=32", "model.num_heads=2", "model.num_layers=1"]  # fmt: skip
+    overrides = [*TRANSLATION[:5], f"data.root={corpus}", "model=transformer_mt",
+                 "model.d_model=16", "model.ffn_dim=32", "model.num_heads=2",
+                 "model.num_layers=1"]  # fmt: skip
     cfg = compose_config("train", overrides, tmp_path / "run")
     datamodule, task = build_task(cfg)
     check_served("translate.py", cfg, datamodule, task)

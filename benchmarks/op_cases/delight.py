@@ -16,8 +16,8 @@ from torch import Tensor
 
 from benchmarks.op_cases import OpCase
 from src.ops.dextra import DExTra, dextra_max_groups
-from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from src.ops.group_linear import GroupLinear
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 
 D_M = 512
 WIDTH_MULTIPLIER = 2.0

@@ -22,7 +22,9 @@ class FiniteLossGuard(Callback):
     good state and the message says where it is.
     """
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor
+    ) -> None:
         if torch.isfinite(loss).all():
             return
         message = (
@@ -31,9 +33,14 @@ class FiniteLossGuard(Callback):
         )
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is not None:
-            last = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+            last = (
+                Path(checkpoint.dirpath)
+                / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+            )
             if last.is_file():
-                message += f" The last good checkpoint is kept at {last}; resume with ckpt_path={last}"
+                message += (
+                    f" The last good checkpoint is kept at {last}; resume with ckpt_path={last}"
+                )
             else:
                 message += " No checkpoint had been written yet."
         message += " Lower the learning rate or check the data for NaNs before resuming."

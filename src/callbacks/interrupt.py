@@ -45,7 +45,9 @@ class InterruptCheckpoint(Callback):
             self._forced = True
             raise KeyboardInterrupt
         self._requested = True
-        log.warning("Ctrl-C: stopping after this step with a checkpoint (Ctrl-C again stops at once)")
+        log.warning(
+            "Ctrl-C: stopping after this step with a checkpoint (Ctrl-C again stops at once)"
+        )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # handlers can only be set from the main thread (not in a launcher's worker thread)
@@ -68,7 +70,9 @@ class InterruptCheckpoint(Callback):
         if trainer.state.fn == "fit":
             self._serve_request()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
         self._restore()
         if isinstance(exception, SIGTERMException):
             self.signum = int(signal.SIGTERM)
@@ -82,7 +86,12 @@ class InterruptCheckpoint(Callback):
         # the whole state (optimisers, loops, callbacks) for the resume, which loads it with
         # torch.load(weights_only=True): tensors and plain data only
         trainer.save_checkpoint(self.path, weights_only=False)
-        log.warning("stopped by signal %d at global step %d: saved %s", self.signum, trainer.global_step, self.path)
+        log.warning(
+            "stopped by signal %d at global step %d: saved %s",
+            self.signum,
+            trainer.global_step,
+            self.path,
+        )
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()

@@ -36,7 +36,11 @@ class RNGStateCheckpoint(Callback):
     def _apply(states: dict[str, Any]) -> None:
         torch.set_rng_state(states["torch"])
         cuda_states = states["torch.cuda"]
-        if cuda_states and torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
+        if (
+            cuda_states
+            and torch.cuda.is_available()
+            and len(cuda_states) == torch.cuda.device_count()
+        ):
             torch.cuda.set_rng_state_all(cuda_states)
         version, state, gauss = states["python"]
         random.setstate((version, tuple(state), gauss))

@@ -34,10 +34,10 @@ from omegaconf import DictConfig
 from src.build import build_from_checkpoint, build_trainer, check_served, complexity_of, scalars
 from src.datamodules.char_lm import CharLMDataModule
 from src.datamodules.cityscapes import CityscapesDataModule
-from src.evaluation.cityscapes_eval import evaluate_cityscapes
 from src.decoding.generation import vocabulary_masks
-from src.evaluation.dynamic_eval import dynamic_evaluate, segments
 from src.decoding.word_completion import word_completion
+from src.evaluation.cityscapes_eval import evaluate_cityscapes
+from src.evaluation.dynamic_eval import dynamic_evaluate, segments
 from src.tasks.awd_lm import AWDLMTask
 from src.tasks.char_lm import CharLMTask
 from src.tasks.segmentation import SegmentationTask
@@ -48,9 +48,7 @@ from src.utils.files import write_json
 log = logging.getLogger("eval")  # the command's name in its log lines
 
 
-def dynamic_metrics(
-    cfg: DictConfig, task: AWDLMTask, device: torch.device
-) -> dict[str, float]:
+def dynamic_metrics(cfg: DictConfig, task: AWDLMTask, device: torch.device) -> dict[str, float]:
     """Dynamic evaluation of ``cfg.split`` (Krause et al. 2018; :mod:`src.evaluation.dynamic_eval`):
     gradient statistics on the training stream in ``options.batch_size`` rows, then the split in
     one row, both cut into segments of ``options.bptt`` tokens. The streams are the official ones
@@ -80,7 +78,9 @@ def dynamic_metrics(
     return {f"{cfg.split}/dynamic_loss": result.loss, f"{cfg.split}/dynamic_ppl": result.ppl}
 
 
-def check_word_completion(cfg: DictConfig, task: L.LightningModule, datamodule: L.LightningDataModule) -> None:
+def check_word_completion(
+    cfg: DictConfig, task: L.LightningModule, datamodule: L.LightningDataModule
+) -> None:
     """Raise before anything runs unless ``word_completion`` can run: a bool, a character model."""
     if cfg.word_completion not in (True, False):
         raise UsageError(f"word_completion must be true or false, got {cfg.word_completion!r}")

@@ -40,8 +40,8 @@ from omegaconf import DictConfig, open_dict
 from src.build import build_from_checkpoint, check_served
 from src.datamodules.awd_lm import EOS, AWDLMDataModule, PydocPTBDataModule, ptb_style
 from src.datamodules.char_lm import CharLMDataModule
-from src.datamodules.text_files import decode_text, read_text
 from src.datamodules.dictionary import EOS_ID, SPECIALS
+from src.datamodules.text_files import decode_text, read_text
 from src.datamodules.word_lm import WordLMDataModule, decode_words
 from src.datamodules.word_segments import WordSegmentsDataModule
 from src.decoding.generation import (
@@ -123,7 +123,9 @@ def exported_language_model(path: str) -> torch.nn.Module:
 
     kind = kind_of(exported_file(path))
     if kind not in ("segment_lm", "awd_lm", "word_lm"):
-        raise WrongRunError(f"generate.py runs exported language models; onnx={path} holds a {kind} graph")
+        raise WrongRunError(
+            f"generate.py runs exported language models; onnx={path} holds a {kind} graph"
+        )
     return RUNTIMES[kind](exported_file(path))
 
 
@@ -201,7 +203,9 @@ def generate(cfg: DictConfig) -> dict:
                 top_k=cfg.top_k,
                 top_p=cfg.top_p,
                 allowed=allowed,
-                stop=symbol_mask(symbols, datamodule.vocab_size, is_sentence_end) if sentences else None,
+                stop=symbol_mask(symbols, datamodule.vocab_size, is_sentence_end)
+                if sentences
+                else None,
                 generator=generator,
             )  # (S, n)
             if not sentences:
@@ -319,10 +323,15 @@ def generate_segment_words(
         log.warning("words outside the vocabulary read as <unk>: %s", ", ".join(unknown[:10]))
     device = torch.device(cfg.device)
     net = net.to(device).eval()
-    tokens = torch.tensor([[EOS_ID, *(dictionary.index(w) for w in words)]], device=device)  # (1, T)
+    tokens = torch.tensor(
+        [[EOS_ID, *(dictionary.index(w) for w in words)]], device=device
+    )  # (1, T)
     # never produce the specials but </s> (a line break), nor the dictionary's padding entries
     allowed = torch.tensor(
-        [not (s in SPECIALS[:2] + SPECIALS[3:] or s.startswith("madeupword")) for s in dictionary.symbols]
+        [
+            not (s in SPECIALS[:2] + SPECIALS[3:] or s.startswith("madeupword"))
+            for s in dictionary.symbols
+        ]
     )
     stop = None
     if cfg.stop_at_eos:

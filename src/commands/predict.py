@@ -273,7 +273,9 @@ def exported_network(path: str) -> torch.nn.Module:
 
     kind = kind_of(exported_file(path))
     if kind != "vision":
-        raise WrongRunError(f"predict.py runs exported vision networks; onnx={path} holds a {kind} graph")
+        raise WrongRunError(
+            f"predict.py runs exported vision networks; onnx={path} holds a {kind} graph"
+        )
     return OnnxVisionNetwork(exported_file(path))
 
 
@@ -286,7 +288,12 @@ def predict(cfg: DictConfig) -> dict:
         raise UsageError(f"top_k must be >= 1, got {cfg.top_k}")
     if not 0.0 <= cfg.alpha <= 1.0:
         raise UsageError(f"alpha must be in [0, 1], got {cfg.alpha}")
-    if cfg.ckpt_path is None and cfg.get("onnx") is None and not has_weights(cfg) and not cfg.allow_random:
+    if (
+        cfg.ckpt_path is None
+        and cfg.get("onnx") is None
+        and not has_weights(cfg)
+        and not cfg.allow_random
+    ):
         raise UsageError(
             "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one) or "
             "task.init_checkpoint=/model.weights=<file>; allow_random=true predicts with the randomly "

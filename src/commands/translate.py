@@ -106,7 +106,10 @@ def check_vocabulary(where: str, unknown: list[str]) -> bool:
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         log.warning(
             "%s: not in the model's source vocabulary, read as <unk> (their words will be missing "
-            "or wrong in the translation): %s%s", where, shown, more,
+            "or wrong in the translation): %s%s",
+            where,
+            shown,
+            more,
         )
     return bool(unknown)
 
@@ -124,7 +127,11 @@ def report_length(where: str, fitted: FittedSource, limit: int) -> None:
         )
     log.warning(
         "%s: %d tokens (eos included), more than the model's maximum of %d "
-        "(data.max_source_positions): %s", where, fitted.num_tokens, limit, "; ".join(how),
+        "(data.max_source_positions): %s",
+        where,
+        fitted.num_tokens,
+        limit,
+        "; ".join(how),
     )
 
 
@@ -134,14 +141,19 @@ def summarise(fitted: list[FittedSource], limit: int, num_unknown: int) -> None:
     if num_unknown:
         log.warning(
             "%d of %d source(s) have characters or tokens outside the vocabulary (read as <unk>)",
-            num_unknown, len(fitted),
+            num_unknown,
+            len(fitted),
         )
     long = [f for f in fitted if f.split or f.truncated]
     if long:
         log.warning(
             "%d of %d source(s) longer than %d tokens: %d split at sentence ends, %d truncated "
-            "(their end not translated)", len(long), len(fitted), limit,
-            sum(f.split and not f.truncated for f in long), sum(bool(f.truncated) for f in long),
+            "(their end not translated)",
+            len(long),
+            len(fitted),
+            limit,
+            sum(f.split and not f.truncated for f in long),
+            sum(bool(f.truncated) for f in long),
         )
 
 
@@ -154,7 +166,9 @@ def exported_translator(path: str) -> torch.nn.Module:
 
     kind = kind_of(exported_file(path))
     if kind != "translation":
-        raise WrongRunError(f"translate.py runs exported translation models; onnx={path} holds a {kind} graph")
+        raise WrongRunError(
+            f"translate.py runs exported translation models; onnx={path} holds a {kind} graph"
+        )
     return OnnxTranslator.from_export(exported_file(path))
 
 

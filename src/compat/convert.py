@@ -155,7 +155,7 @@ def read_official_file(path: str | Path) -> tuple[dict[str, Tensor], dict[str, A
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001 (unpickling fails in many ways: KeyError, EOFError, ...)
+    except Exception as error:
         raise ConvertError(
             f"official weights {path}: torch.load(weights_only=True) cannot read it "
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"

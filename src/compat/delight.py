@@ -149,7 +149,7 @@ def glt_from_official(state_dict: Mapping[str, Tensor], config: Mapping[str, Any
 def _official_names(unit: DExTra) -> set[str]:
     names = set()
     for prefix in ["input_layer.", "output_layer."] + [
-        f"dextra_layers.{l}." for l in range(len(unit.glts))
+        f"dextra_layers.{layer}." for layer in range(len(unit.glts))
     ]:
         names |= {
             f"{prefix}weights",
@@ -172,12 +172,12 @@ def _dextra_params(unit: DExTra, state_dict: Mapping[str, Tensor]) -> dict[str, 
         params[f"{ours}_layer.bias"] = state_dict[f"{theirs}bias"]
         for name, tensor in _norm_params(state_dict, theirs).items():
             params[f"{ours}_norm.{name}"] = tensor
-    for l, groups in enumerate(unit.plan.groups):
-        prefix = f"dextra_layers.{l}."
+    for layer, groups in enumerate(unit.plan.groups):
+        prefix = f"dextra_layers.{layer}."
         for name, tensor in _glt_params(state_dict, prefix, groups).items():
-            params[f"glts.{l}.{name}"] = tensor
+            params[f"glts.{layer}.{name}"] = tensor
         for name, tensor in _norm_params(state_dict, prefix).items():
-            params[f"glt_norms.{l}.{name}"] = tensor
+            params[f"glt_norms.{layer}.{name}"] = tensor
     return params
 
 

@@ -316,7 +316,8 @@ def epp_key_map(official: str, ours: str, *, last: bool) -> KeyMap:
 
 
 def segmentation_key_map(model: EdgeNetsSegmentation) -> tuple[KeyMap, list[str]]:
-    """Official ``DiCENetSegmentation``/``ESPNetv2Segmentation`` -> :class:`EdgeNetsSegmentation`."""
+    """Official ``DiCENetSegmentation``/``ESPNetv2Segmentation`` ->
+    :class:`EdgeNetsSegmentation`."""
     backbone = model.backbone
     if isinstance(backbone, DiCENetBackbone):
         key_map, ignored = dicenet_backbone_key_map(backbone, "base_net.", "backbone."), []

@@ -195,7 +195,8 @@ def _transformer_xl_state(
 def _group_transformer_state(
     model: GroupTransformer, state_dict: Mapping[str, Tensor]
 ) -> dict[str, Tensor]:
-    """clovaai/group-transformer ``MemTransformerLM`` (``model_type="group"``) -> ``model``'s names."""
+    """clovaai/group-transformer ``MemTransformerLM`` (``model_type="group"``) -> ``model``'s
+    names."""
     if not (model.group_attention and model.group_ffn and model.learnable_pos):
         raise OfficialWeightsError(
             "the official Group-Transformer has group attention, group feed-forward layers and a "

@@ -290,7 +290,9 @@ class AWDLMDataModule(WordCorpusDataModule):
     split_files: ClassVar[Mapping[str, str]] = {
         "train": "train.txt", "val": "valid.txt", "test": "test.txt"
     }  # fmt: skip
-    cache_dir = "word_stream_cache"  # the name caches were written under before the module was awd_lm
+    cache_dir = (
+        "word_stream_cache"  # the name caches were written under before the module was awd_lm
+    )
     vocabulary_file = "vocab.txt"
 
     def __init__(

@@ -48,8 +48,8 @@ def check_on_bad_file(value: str) -> str:
     """``value`` if it is one of ``ON_BAD_FILE``, else ``ValueError`` naming the choices."""
     if value not in ON_BAD_FILE:
         raise ValueError(
-            f"on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them out), "
-            f"got {value!r}"
+            "on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them "
+            f"out), got {value!r}"
         )
     return value
 
@@ -80,7 +80,9 @@ def file_problem(path: Path, read: Reader = decode_image) -> str | None:
         return "empty (0 bytes)"
     try:
         read(path)
-    except Exception as error:  # any decoder failure marks the file; the type name keeps a bug visible
+    except (
+        Exception
+    ) as error:  # any decoder failure marks the file; the type name keeps a bug visible
         return f"does not decode ({_reason(error)})"
     return None
 
@@ -109,8 +111,12 @@ class FileCheck:
 
     @property
     def scope(self) -> str:
-        """"the 6 files" or "the first 500 of 1000 files"."""
-        return f"the {self.total} files" if self.complete else f"the first {self.checked} of {self.total} files"
+        """ "the 6 files" or "the first 500 of 1000 files"."""
+        return (
+            f"the {self.total} files"
+            if self.complete
+            else f"the first {self.checked} of {self.total} files"
+        )
 
     @property
     def stopped(self) -> str:
@@ -123,7 +129,11 @@ class FileCheck:
 
 
 def check_files(
-    paths: Sequence[Path], read: Reader = decode_image, *, max_seconds: float | None = None, workers: int = 1
+    paths: Sequence[Path],
+    read: Reader = decode_image,
+    *,
+    max_seconds: float | None = None,
+    workers: int = 1,
 ) -> FileCheck:
     """Check ``paths`` in order with ``read`` on ``workers`` threads, stopping once ``max_seconds``
     have passed (None: check all; 0: check none)."""
@@ -142,7 +152,9 @@ def check_files(
                 if problem is not None:
                     bad[path] = problem
             checked += len(batch)
-    return FileCheck(dict(sorted(bad.items())), checked, len(paths), monotonic() - start, max_seconds)
+    return FileCheck(
+        dict(sorted(bad.items())), checked, len(paths), monotonic() - start, max_seconds
+    )
 
 
 def write_bad_list(bad: Mapping[Path, str], root: Path) -> Path:
@@ -167,7 +179,10 @@ def bad_files_message(report: FileCheck, root: Path, listing: Path) -> str:
     if len(report.bad) > SHOWN:
         lines.append(f"    ... and {len(report.bad) - SHOWN} more")
     lines.append(f"All {len(report.bad)} are listed in {listing}.")
-    lines.append("Remove or replace these files, or set data.on_bad_file=skip to leave them out of the dataset.")
+    lines.append(
+        "Remove or replace these files, or set data.on_bad_file=skip to leave them out of the "
+        "dataset."
+    )
     if not report.complete:
         lines.append(f"Note: {report.stopped}.")
     return "\n".join(lines)
@@ -184,7 +199,8 @@ def screen_files(
 ) -> frozenset[Path]:
     """Check ``paths`` (files of the dataset at ``root``) and act on the bad ones: raise
     :class:`BadFilesError` naming them all (``on_bad_file="error"``) or return them, to be left
-    out of the dataset (``"skip"``). The list is written to a file either way (:func:`write_bad_list`).
+    out of the dataset (``"skip"``). The list is written to a file either way
+    (:func:`write_bad_list`).
     """
     check_on_bad_file(on_bad_file)
     report = check_files(list(paths), read, max_seconds=max_seconds, workers=workers)

@@ -89,15 +89,17 @@ class OrderedSegments(IterableDataset):
     ) -> None:
         super().__init__()
         if batch_size < 1 or tgt_len < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need batch_size, tgt_len >= 1 and 0 <= rank < world_size, got "
-                             f"{batch_size}, {tgt_len}, {rank}, {world_size}")
+            raise ValueError(
+                f"need batch_size, tgt_len >= 1 and 0 <= rank < world_size, got "
+                f"{batch_size}, {tgt_len}, {rank}, {world_size}"
+            )
         per_rank = len(tokens) // world_size
         n_step = per_rank // batch_size
         needed = tgt_len + 1 if drop_last else 2
         if n_step < needed:
             raise ValueError(
-                f"{len(tokens)} tokens are too few for {world_size} process(es) x batch_size {batch_size} "
-                f"(each sub-stream needs at least {needed} tokens)"
+                f"{len(tokens)} tokens are too few for {world_size} process(es) x batch_size "
+                f"{batch_size} (each sub-stream needs at least {needed} tokens)"
             )
         start = rank * per_rank
         # (N,) -> (batch_size, n_step): row b is the b-th contiguous piece of this rank's slice
@@ -164,11 +166,17 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
         eval_batch_size: int,
     ) -> None:
         super().__init__()
-        if vocab_size < 2 or tgt_len < 1 or batch_size < 1 or eval_tgt_len < 1 or eval_batch_size < 1:
+        if (
+            vocab_size < 2
+            or tgt_len < 1
+            or batch_size < 1
+            or eval_tgt_len < 1
+            or eval_batch_size < 1
+        ):
             raise ValueError(
-                f"need vocab_size >= 2 and positive lengths/batch sizes, got vocab_size={vocab_size}, "
-                f"tgt_len={tgt_len}, batch_size={batch_size}, eval_tgt_len={eval_tgt_len}, "
-                f"eval_batch_size={eval_batch_size}"
+                "need vocab_size >= 2 and positive lengths/batch sizes, got "
+                f"vocab_size={vocab_size}, tgt_len={tgt_len}, batch_size={batch_size}, "
+                f"eval_tgt_len={eval_tgt_len}, eval_batch_size={eval_batch_size}"
             )
         self.root = root
         self.vocab_size = vocab_size
@@ -182,7 +190,8 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
     # -- what subclasses provide -------------------------------------------------------------
     @abc.abstractmethod
     def source_signature(self) -> str:
-        """Identifies the source and the split settings; a cache with another signature is rebuilt."""
+        """Identifies the source and the split settings; a cache with another signature is
+        rebuilt."""
 
     @abc.abstractmethod
     def read_symbols(self) -> dict[str, np.ndarray]:
@@ -200,7 +209,8 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
         return [self.cache_path(s) for s in SPLITS] + [self._vocab_path()]
 
     def _cache_damage(self) -> str | None:
-        """What is wrong with a complete cache (None: intact, or not complete yet). Needs no source."""
+        """What is wrong with a complete cache (None: intact, or not complete yet). Needs no
+        source."""
         vocab_path = self._vocab_path()
         if not vocab_path.is_file():
             return None
@@ -208,8 +218,13 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
             vocab = json.loads(vocab_path.read_text())
             n_symbols = len(vocab["symbols"])
         except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError is a ValueError
-            return f"{vocab_path} does not hold the cache's vocabulary ({type(error).__name__}: {error})"
-        lengths = vocab.get("lengths") or {}  # absent from caches of older versions: rebuilt as stale
+            return (
+                f"{vocab_path} does not hold the cache's vocabulary "
+                f"({type(error).__name__}: {error})"
+            )
+        lengths = (
+            vocab.get("lengths") or {}
+        )  # absent from caches of older versions: rebuilt as stale
         for split in SPLITS:
             path = self.cache_path(split)
             if not path.is_file():
@@ -220,9 +235,14 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
                 return f"{path} does not load ({type(error).__name__}: {error})"
             expected = lengths.get(split, len(ids))
             if ids.dtype not in CACHE_DTYPES or ids.shape != (expected,):
-                return f"{path} holds {ids.dtype} {ids.shape}, expected uint8 or uint16 ({expected},)"
+                return (
+                    f"{path} holds {ids.dtype} {ids.shape}, expected uint8 or uint16 ({expected},)"
+                )
             if len(ids) and int(ids.max()) >= n_symbols:
-                return f"{path} holds id {int(ids.max())}, outside its vocabulary of {n_symbols} symbols"
+                return (
+                    f"{path} holds id {int(ids.max())}, outside its vocabulary of {n_symbols} "
+                    "symbols"
+                )
         return None
 
     def _cache_is_current(self) -> bool:
@@ -236,8 +256,8 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
     def _check_vocab_size(self, n_symbols: int) -> None:
         if n_symbols > self.vocab_size:
             raise ValueError(
-                f"{self.name} has {n_symbols} distinct symbols but vocab_size is {self.vocab_size}; "
-                f"set data.vocab_size={n_symbols}"
+                f"{self.name} has {n_symbols} distinct symbols but vocab_size is "
+                f"{self.vocab_size}; set data.vocab_size={n_symbols}"
             )
 
     def prepare_data(self) -> None:
@@ -252,8 +272,8 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
             if damage is None:
                 raise
             raise CorruptCacheError(
-                f"{damage}, and the cache cannot be rebuilt: {error}\nProvide the source so that the "
-                f"cache is rebuilt from it, or delete the damaged cache files: "
+                f"{damage}, and the cache cannot be rebuilt: {error}\nProvide the source so that "
+                "the cache is rebuilt from it, or delete the damaged cache files: "
                 f"{' '.join(str(p) for p in self.cache_files())}"
             ) from error
         if damage is not None:
@@ -267,7 +287,9 @@ class CharLMDataModule(L.LightningDataModule, abc.ABC):
             _atomic_save(self.cache_path(split), ids)
         lengths = {s: len(codes[s]) for s in SPLITS}
         vocab = {"source": self.source_signature(), "symbols": symbols.tolist(), "lengths": lengths}
-        atomic_write_text(self._vocab_path(), json.dumps(vocab))  # last: it marks the cache complete
+        atomic_write_text(
+            self._vocab_path(), json.dumps(vocab)
+        )  # last: it marks the cache complete
         log.info("%s: cached %s under %s", self.name, lengths, self.root)
 
     def setup(self, stage: str | None = None) -> None:
@@ -305,15 +327,20 @@ def _last_splits(codes: np.ndarray, valid_size: int, test_size: int) -> dict[str
     """Train = all but the last ``valid_size + test_size``, then validation, then test."""
     if valid_size < 1 or test_size < 1 or valid_size + test_size >= len(codes):
         raise ValueError(
-            f"valid_size ({valid_size}) + test_size ({test_size}) must be positive and smaller than "
-            f"the corpus ({len(codes)} symbols)"
+            f"valid_size ({valid_size}) + test_size ({test_size}) must be positive and smaller "
+            f"than the corpus ({len(codes)} symbols)"
         )
     held_out = valid_size + test_size
-    return {"train": codes[:-held_out], "val": codes[-held_out:-test_size], "test": codes[-test_size:]}
+    return {
+        "train": codes[:-held_out],
+        "val": codes[-held_out:-test_size],
+        "test": codes[-test_size:],
+    }
 
 
 class _WikipediaDataModule(CharLMDataModule):
-    """enwik8/text8: the raw file ``<root>/<name>`` or the zip ``<root>/<name>.zip`` that holds it."""
+    """enwik8/text8: the raw file ``<root>/<name>`` or the zip ``<root>/<name>.zip`` that holds
+    it."""
 
     url = ""
     symbol_count = 0  # the corpus's vocabulary size, the default of ``vocab_size``
@@ -355,7 +382,10 @@ class _WikipediaDataModule(CharLMDataModule):
     def source_signature(self) -> str:
         source = self._source()
         stat = source.stat()
-        return f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{self.valid_size}:{self.test_size}"
+        return (
+            f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:"
+            f"{self.valid_size}:{self.test_size}"
+        )
 
     def _read_bytes(self) -> bytes:
         source = self._source()
@@ -371,9 +401,9 @@ class _WikipediaDataModule(CharLMDataModule):
                 return archive.read(self.name)
         except (zipfile.BadZipFile, zlib.error, EOFError) as error:  # cut short or damaged
             raise zipfile.BadZipFile(
-                f"{source} is not a readable zip archive ({error}); an interrupted download leaves it "
-                f"truncated. Delete it and download it again from {self.url}, or put the unpacked "
-                f"'{self.name}' file in {Path(self.root)}"
+                f"{source} is not a readable zip archive ({error}); an interrupted download leaves "
+                f"it truncated. Delete it and download it again from {self.url}, or put the "
+                f"unpacked '{self.name}' file in {Path(self.root)}"
             ) from error
 
     def read_symbols(self) -> dict[str, np.ndarray]:
@@ -461,10 +491,19 @@ class PydocCharsDataModule(CharLMDataModule):
         if vocab_size is None:
             vocab_size = len(np.unique(_code_points(pydoc_corpus())))
         super().__init__(
-            root, vocab_size, tgt_len, batch_size, eval_tgt_len=eval_tgt_len, eval_batch_size=eval_batch_size
+            root,
+            vocab_size,
+            tgt_len,
+            batch_size,
+            eval_tgt_len=eval_tgt_len,
+            eval_batch_size=eval_batch_size,
         )
-        if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ValueError(f"fractions must be in (0, 1) and sum below 1, got {val_fraction}, {test_fraction}")
+        if not (
+            0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1
+        ):
+            raise ValueError(
+                f"fractions must be in (0, 1) and sum below 1, got {val_fraction}, {test_fraction}"
+            )
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
 

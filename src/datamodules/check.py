@@ -44,16 +44,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m src.datamodules.check",
         description="Decode every file of a dataset before training; name every bad one.",
     )
-    parser.add_argument("overrides", nargs="*", help="train config overrides: data=image_folder data.root=/path")
     parser.add_argument(
-        "--max-seconds", type=float, help="stop decoding after this long (default: never; data.check_max_seconds is not used)"
+        "overrides", nargs="*", help="train config overrides: data=image_folder data.root=/path"
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop decoding after this long (default: never; data.check_max_seconds is not used)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     data = compose_data_config(args.overrides)
     if "check_max_seconds" in data:
         data.check_max_seconds = args.max_seconds
-    if "num_classes" in data.keys() and OmegaConf.is_missing(data, "num_classes"):  # `in` skips ??? values
+    if "num_classes" in data.keys() and OmegaConf.is_missing(
+        data, "num_classes"
+    ):  # `in` skips ??? values
         data.num_classes = None  # the check needs no class count; the folders give it
     missing = [key for key in data if OmegaConf.is_missing(data, key)]
     if missing:

@@ -1,4 +1,4 @@
-"""Cityscapes semantic segmentation (fine annotations), read with ``torchvision.datasets.Cityscapes``.
+"""Cityscapes semantic segmentation (fine annotations), read by ``torchvision.datasets.Cityscapes``.
 
 The ``gtFine/*_labelIds.png`` masks hold the 34 Cityscapes label ids; they are mapped to the 19
 train ids of the benchmark (road 0 ... bicycle 18, torchvision's ``Cityscapes.classes`` table).
@@ -126,13 +126,19 @@ class CityscapesDataModule(SegmentationDataModule):
         check_max_seconds: float | None = 300.0,
     ) -> None:
         super().__init__(
-            crop_size, batch_size, num_workers, in_chans, on_bad_file=on_bad_file, check_max_seconds=check_max_seconds
+            crop_size,
+            batch_size,
+            num_workers,
+            in_chans,
+            on_bad_file=on_bad_file,
+            check_max_seconds=check_max_seconds,
         )
         expected = (20, BACKGROUND) if background_class else (19, 255)
         if (num_classes, ignore_index) != expected:
             raise ValueError(
                 f"background_class={background_class} needs num_classes={expected[0]} and "
-                f"ignore_index={expected[1]}, got num_classes={num_classes}, ignore_index={ignore_index}"
+                f"ignore_index={expected[1]}, got num_classes={num_classes}, "
+                f"ignore_index={ignore_index}"
             )
         self.root = Path(root)
         self.num_classes = num_classes
@@ -149,7 +155,8 @@ class CityscapesDataModule(SegmentationDataModule):
         if not files:
             raise DatasetLayoutError(f"{images} holds no <city>/*_leftImg8bit.png images\n{layout}")
         expected = [
-            masks / f.parent.name / f.name.replace("_leftImg8bit.png", "_gtFine_labelIds.png") for f in files
+            masks / f.parent.name / f.name.replace("_leftImg8bit.png", "_gtFine_labelIds.png")
+            for f in files
         ]
         require_files(expected, layout, f"gtFine {split} labelIds masks")
         return list(zip(files, expected))
@@ -160,12 +167,17 @@ class CityscapesDataModule(SegmentationDataModule):
         layout = LAYOUT.format(root=self.root)
         if not self.root.is_dir():
             raise DatasetLayoutError(
-                f"dataset root {self.root} does not exist; set data.root=/path/to/cityscapes\n{layout}"
+                f"dataset root {self.root} does not exist; set "
+                f"data.root=/path/to/cityscapes\n{layout}"
             )
         table = train_id_table(self.background_class)
-        usable = self.usable_pairs({split: self._pairs(split, layout) for split in ("train", "val")}, self.root)
+        usable = self.usable_pairs(
+            {split: self._pairs(split, layout) for split in ("train", "val")}, self.root
+        )
         for split, pairs in usable.items():
-            transform = segmentation_transform(split == "train", self.crop_size, crop_scale=self.crop_scale)
+            transform = segmentation_transform(
+                split == "train", self.crop_size, crop_scale=self.crop_scale
+            )
             dataset = Cityscapes(
                 str(self.root), split=split, mode="fine", target_type="semantic",
                 transforms=CityscapesTransform(

@@ -165,24 +165,38 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         else:
             geometry = [v2.Resize(self.resize_size, antialias=True), v2.CenterCrop(self.crop_size)]
         return v2.Compose(
-            [v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+            [
+                v2.ToImage(),
+                *geometry,
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            ]
         )
 
     def _load(self, split: str, layout: str) -> CocoMultiLabel:
-        annotations = require_file(self.root / "annotations" / f"instances_{split}{self.year}.json", layout)
+        annotations = require_file(
+            self.root / "annotations" / f"instances_{split}{self.year}.json", layout
+        )
         image_dir = require_dir(self.root / f"{split}{self.year}", layout)
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
             coco = COCO(str(annotations))
         category_ids = sorted(coco.getCatIds())
         if len(category_ids) != self.num_classes:
             raise DatasetLayoutError(
-                f"{annotations} lists {len(category_ids)} categories but data.num_classes={self.num_classes}\n{layout}"
+                f"{annotations} lists {len(category_ids)} categories but "
+                f"data.num_classes={self.num_classes}\n{layout}"
             )
         if self.category_ids and category_ids != self.category_ids:
-            raise DatasetLayoutError(f"{annotations} lists other categories than the train split\n{layout}")
+            raise DatasetLayoutError(
+                f"{annotations} lists other categories than the train split\n{layout}"
+            )
         self.category_ids = category_ids
         dataset = CocoMultiLabel(
-            image_dir, coco, category_ids, self._transform(split == "train"), keep_unannotated=self.keep_unannotated
+            image_dir,
+            coco,
+            category_ids,
+            self._transform(split == "train"),
+            keep_unannotated=self.keep_unannotated,
         )
         if len(dataset) == 0:
             raise DatasetLayoutError(f"{annotations} lists no usable images\n{layout}")
@@ -194,7 +208,9 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
             return
         layout = LAYOUT.format(root=self.root, year=self.year)
         if not self.root.is_dir():
-            raise DatasetLayoutError(f"dataset root {self.root} does not exist; set data.root=/path/to/coco\n{layout}")
+            raise DatasetLayoutError(
+                f"dataset root {self.root} does not exist; set data.root=/path/to/coco\n{layout}"
+            )
         splits = {split: self._load(split, layout) for split in ("train", "val")}
         files = [path for dataset in splits.values() for path in dataset.files]
         bad = screen_files(
@@ -211,7 +227,9 @@ class CocoMultiLabelDataModule(L.LightningDataModule):
         self.splits = splits
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
+        return resumable_loader(
+            self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

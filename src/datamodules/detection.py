@@ -193,8 +193,7 @@ def image_size_check(records: Iterable[DetectionRecord]) -> Callable[[Path], Non
         expected = sizes.get(path)
         if expected is not None and expected != (height, width):
             raise ValueError(
-                f"the image is {width}x{height} but its annotation says "
-                f"{expected[1]}x{expected[0]}"
+                f"the image is {width}x{height} but its annotation says {expected[1]}x{expected[0]}"
             )
 
     return read

@@ -31,7 +31,9 @@ class TensorImageDataset(Dataset):
         images: (N, C, H, W) float, labels: (N,) int64; an item is ((C, H, W), ()).
     """
 
-    def __init__(self, images: Tensor, labels: Tensor, transform: v2.Transform | None = None) -> None:
+    def __init__(
+        self, images: Tensor, labels: Tensor, transform: v2.Transform | None = None
+    ) -> None:
         if images.shape[0] != labels.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {labels.shape[0]} labels")
         self.images = images
@@ -85,7 +87,9 @@ class DigitsDataModule(L.LightningDataModule):
         if not 2 <= num_classes <= 10:
             raise ValueError(f"num_classes must be in 2..10 (the digits 0-9), got {num_classes}")
         if in_chans not in (1, 3):
-            raise ValueError(f"in_chans must be 1 (grey) or 3 (grey repeated as RGB), got {in_chans}")
+            raise ValueError(
+                f"in_chans must be 1 (grey) or 3 (grey repeated as RGB), got {in_chans}"
+            )
         if image_size < 8:
             raise ValueError(f"image_size must be >= 8 (the native size), got {image_size}")
         if val_size <= 0 or test_size <= 0:
@@ -112,7 +116,9 @@ class DigitsDataModule(L.LightningDataModule):
         # (N, 8, 8) in 0..16 -> (N, in_chans, S, S) normalised
         images = torch.from_numpy(digits.images).float().div_(16.0).unsqueeze(1)
         images = F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False)
-        images = ((images - DIGITS_MEAN) / DIGITS_STD).expand(-1, self.in_chans, -1, -1).contiguous()
+        images = (
+            ((images - DIGITS_MEAN) / DIGITS_STD).expand(-1, self.in_chans, -1, -1).contiguous()
+        )
         labels = torch.from_numpy(digits.target).long()
         if self.val_size + self.test_size >= len(labels):
             raise ValueError(
@@ -125,7 +131,10 @@ class DigitsDataModule(L.LightningDataModule):
             index, test_size=self.test_size, stratify=labels.numpy(), random_state=self.split_seed
         )
         train, val = train_test_split(
-            rest, test_size=self.val_size, stratify=labels.numpy()[rest], random_state=self.split_seed
+            rest,
+            test_size=self.val_size,
+            stratify=labels.numpy()[rest],
+            random_state=self.split_seed,
         )
         jitter = None
         if self.augment:

@@ -78,11 +78,15 @@ def find_catalogues(language: str, roots: Iterable[str | Path] | None = None) ->
     default), each once, sorted so the corpus is the same from run to run."""
     found: set[Path] = set()
     for root in default_roots() if roots is None else roots:
-        found.update(p.resolve() for p in Path(root).glob(f"**/locale*/{language}/LC_MESSAGES/*.mo"))
+        found.update(
+            p.resolve() for p in Path(root).glob(f"**/locale*/{language}/LC_MESSAGES/*.mo")
+        )
     return sorted(found)
 
 
-def parallel_messages(language: str, roots: Iterable[str | Path] | None = None) -> Iterator[CatalogueEntry]:
+def parallel_messages(
+    language: str, roots: Iterable[str | Path] | None = None
+) -> Iterator[CatalogueEntry]:
     """The messages of every catalogue of ``language``, each (source, translation) pair once."""
     seen: set[tuple[str, str]] = set()
     for path in find_catalogues(language, roots):

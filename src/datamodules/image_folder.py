@@ -1,7 +1,7 @@
 """Class-folder image datasets (ImageNet and anything laid out like it).
 
-``setup()`` decodes the images first (:mod:`src.datamodules.bad_files`): bad files stop the run with one
-message naming them all (``on_bad_file="error"``) or are left out (``"skip"``).
+``setup()`` decodes the images first (:mod:`src.datamodules.bad_files`): bad files stop the run with
+one message naming them all (``on_bad_file="error"``) or are left out (``"skip"``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def load_rgb(path: str | Path) -> Image.Image:
 
 
 def drop_samples(dataset: ImageFolder, files: Set[Path]) -> None:
-    """Leave ``files`` out of ``dataset`` (its ``samples``, ``imgs`` and ``targets`` agree after)."""
+    """Leave ``files`` out of ``dataset`` (its ``samples``, ``imgs`` and ``targets`` agree
+    after)."""
     dataset.samples = [(path, label) for path, label in dataset.samples if Path(path) not in files]
     dataset.imgs = dataset.samples
     dataset.targets = [label for _, label in dataset.samples]
@@ -157,18 +158,23 @@ class ImageFolderDataModule(L.LightningDataModule):
 
     @property
     def has_test(self) -> bool:
-        """Whether a labelled ``test/`` split exists (ImageNet has none: its val is the benchmark)."""
+        """Whether a labelled ``test/`` split exists (ImageNet has none: its val is the
+        benchmark)."""
         return (self.root / "test").is_dir()
 
     def setup(self, stage: str | None = None) -> None:
         splits = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(
             stage or "", ["train", "val"] + (["test"] if self.has_test else [])
         )
-        folders = {split: check_split_dir(self.root, split) for split in splits if split not in self.splits}
+        folders = {
+            split: check_split_dir(self.root, split) for split in splits if split not in self.splits
+        }
         datasets = {}
         for split, folder in folders.items():
             try:
-                dataset = ImageFolder(str(folder), self._transform(split == "train"), loader=load_rgb)
+                dataset = ImageFolder(
+                    str(folder), self._transform(split == "train"), loader=load_rgb
+                )
             except FileNotFoundError as error:  # class folders without images
                 raise DatasetLayoutError(f"{error}\n{LAYOUT.format(root=self.root)}") from error
             if self.num_classes is not None and len(dataset.classes) != self.num_classes:
@@ -188,12 +194,15 @@ class ImageFolderDataModule(L.LightningDataModule):
                 drop_samples(dataset, bad)
             if not dataset.samples:
                 raise DatasetLayoutError(
-                    f"{folders[split]} has no usable images: data.on_bad_file=skip left out every one"
+                    f"{folders[split]} has no usable images: data.on_bad_file=skip left out every "
+                    "one"
                 )
             self.splits[split] = dataset
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
+        return resumable_loader(
+            self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

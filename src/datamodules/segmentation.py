@@ -4,8 +4,8 @@ a dataset of (image, mask) files and the loaders.
 Images and masks travel together through torchvision's v2 transforms as ``tv_tensors.Image`` and
 ``tv_tensors.Mask``, so every random crop and flip is applied to both and masks are always resampled
 with nearest-neighbour interpolation (class ids are never blended). ``setup()`` decodes every image
-and mask first (:mod:`src.datamodules.bad_files`); a pair with a bad file stops the run or is left out
-(``on_bad_file``).
+and mask first (:mod:`src.datamodules.bad_files`); a pair with a bad file stops the run or is left
+out (``on_bad_file``).
 """
 
 from __future__ import annotations
@@ -45,11 +45,14 @@ def require_file(path: Path, layout: str, what: str = "file") -> Path:
 
 
 def require_files(paths: Sequence[Path], layout: str, what: str) -> None:
-    """Raise ``DatasetLayoutError`` with the count and the first few of ``paths`` that are missing."""
+    """Raise ``DatasetLayoutError`` with the count and the first few of ``paths`` that are
+    missing."""
     missing = [p for p in paths if not p.is_file()]
     if missing:
         first = "\n    ".join(str(p) for p in missing[:5])
-        raise DatasetLayoutError(f"{len(missing)} of {len(paths)} {what} are missing, e.g.\n    {first}\n{layout}")
+        raise DatasetLayoutError(
+            f"{len(missing)} of {len(paths)} {what} are missing, e.g.\n    {first}\n{layout}"
+        )
 
 
 def check_crop_size(crop_size: Sequence[int]) -> tuple[int, int]:
@@ -68,7 +71,9 @@ def read_rgb(path: Path) -> tv_tensors.Image:
 def mask_values(mask: Image.Image, source: object) -> np.ndarray:
     """The stored values of an opened single-channel mask (palette indices or label ids)."""
     if mask.mode not in ("P", "L", "I", "I;16"):
-        raise DatasetLayoutError(f"mask {source} has PIL mode {mask.mode}; expected one channel of class ids")
+        raise DatasetLayoutError(
+            f"mask {source} has PIL mode {mask.mode}; expected one channel of class ids"
+        )
     return np.array(mask)
 
 
@@ -127,7 +132,9 @@ class SegmentationFiles(Dataset):
         an item is ((3, H, W) float32, (H, W) int64).
     """
 
-    def __init__(self, samples: Sequence[tuple[Path, Path]], read_mask: MaskReader, transform: v2.Transform) -> None:
+    def __init__(
+        self, samples: Sequence[tuple[Path, Path]], read_mask: MaskReader, transform: v2.Transform
+    ) -> None:
         self.samples = list(samples)
         self.read_mask = read_mask
         self.transform = transform
@@ -141,7 +148,8 @@ class SegmentationFiles(Dataset):
         mask = tv_tensors.Mask(torch.from_numpy(self.read_mask(mask_path).astype(np.int64)))
         if image.shape[-2:] != mask.shape[-2:]:
             raise DatasetLayoutError(
-                f"image {image_path} is {tuple(image.shape[-2:])} but its mask {mask_path} is {tuple(mask.shape)}"
+                f"image {image_path} is {tuple(image.shape[-2:])} but its mask {mask_path} is "
+                f"{tuple(mask.shape)}"
             )
         image, mask = self.transform(image, mask)
         return image.as_subclass(Tensor), mask.as_subclass(Tensor)
@@ -185,19 +193,25 @@ class SegmentationDataModule(L.LightningDataModule):
         self.check_max_seconds = check_max_seconds
         self.splits: dict[str, Dataset] = {}
 
-    def usable_pairs(self, samples: dict[str, Pairs], root: Path, read: Reader = decode_image) -> dict[str, Pairs]:
+    def usable_pairs(
+        self, samples: dict[str, Pairs], root: Path, read: Reader = decode_image
+    ) -> dict[str, Pairs]:
         """``samples`` (split -> pairs) without the pairs that hold a bad file, after one check of
         every image and mask with ``read``; with ``on_bad_file="error"`` a bad file raises."""
         files = [path for pairs in samples.values() for pair in pairs for path in pair]
         bad = screen_files(
-            files, root, on_bad_file=self.on_bad_file, read=read, max_seconds=self.check_max_seconds,
-            workers=max(1, self.num_workers),
+            files, root, on_bad_file=self.on_bad_file, read=read,
+            max_seconds=self.check_max_seconds, workers=max(1, self.num_workers),
         )  # fmt: skip
-        usable = {split: [pair for pair in pairs if bad.isdisjoint(pair)] for split, pairs in samples.items()}
+        usable = {
+            split: [pair for pair in pairs if bad.isdisjoint(pair)]
+            for split, pairs in samples.items()
+        }
         for split, pairs in usable.items():
             if not pairs:
                 raise DatasetLayoutError(
-                    f"no usable {split} pairs under {root}: data.on_bad_file=skip left out every one"
+                    f"no usable {split} pairs under {root}: data.on_bad_file=skip left out every "
+                    "one"
                 )
         return usable
 
@@ -206,7 +220,9 @@ class SegmentationDataModule(L.LightningDataModule):
         return torch.zeros(batch_size, self.in_chans, *self.crop_size)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return resumable_loader(self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle)
+        return resumable_loader(
+            self.splits[split], self.batch_size, self.num_workers, shuffle=shuffle
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

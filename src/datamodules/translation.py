@@ -39,10 +39,10 @@ many pairs as fit, each kept apart by the model (:mod:`src.models.packing`, the 
 ``src_segments``, ``tgt_segments``, ``src_positions`` and ``tgt_positions``), in at most K square
 cells doubling in length (:func:`~src.datamodules.length_buckets.packing_cells`). That pads 6% on
 the demo corpus (5 shapes) and 2% on the IWSLT-like one (3 shapes), for 1.5x and 2.0x the
-attention scores of exact batching (a pair's masked scores against its row's other pairs). A pair's loss and gradients are
-the ones it has alone in a row; what changes is the batches' make-up, which holds about as many
-real tokens as fairseq's exact batching at the same ``max_tokens``. Validation and test batches
-are not packed (a pair a row, in the same cells).
+attention scores of exact batching (a pair's masked scores against its row's other pairs). A
+pair's loss and gradients are the ones it has alone in a row; what changes is the batches'
+make-up, which holds about as many real tokens as fairseq's exact batching at the same
+``max_tokens``. Validation and test batches are not packed (a pair a row, in the same cells).
 
 With ``shape_buckets: 0``, fairseq's exact batching: sentences sorted by target then source length
 (shuffled first for training) are grouped greedily so that ``sentences * longest <= max_tokens``,
@@ -113,8 +113,8 @@ def check_aligned(source: Path, source_lines: int, target: Path, target_lines: i
     if source_lines != target_lines:
         raise CorpusError(
             f"{source} has {source_lines} lines but {target} has {target_lines}: parallel files "
-            "must be aligned line by line (line i of one translates line i of the other). Re-run the "
-            "preparation script or remove the unmatched lines from both files."
+            "must be aligned line by line (line i of one translates line i of the other). Re-run "
+            "the preparation script or remove the unmatched lines from both files."
         )
 
 
@@ -152,7 +152,11 @@ def read_parallel(
     if empty:
         log.warning(
             "%s / %s: dropped %d of %d pairs with an empty side (lines %s%s)",
-            source, target, len(empty), len(src_lines), ", ".join(map(str, empty[:MAX_LISTED])),
+            source,
+            target,
+            len(empty),
+            len(src_lines),
+            ", ".join(map(str, empty[:MAX_LISTED])),
             ", ..." if len(empty) > MAX_LISTED else "",
         )
     if not kept_src:
@@ -250,7 +254,9 @@ def collate_packed(
             source, target = split.source[i], split.target[i]
             n, m = len(source), len(target)
             if s + n > source_len or t + m > target_len:
-                raise ValueError(f"the pairs {list(pairs)} do not fit a row of the batch shape {shape}")
+                raise ValueError(
+                    f"the pairs {list(pairs)} do not fit a row of the batch shape {shape}"
+                )
             sides["src_tokens"][b, s : s + n] = source
             sides["target"][b, t : t + m] = target
             sides["prev_output_tokens"][b, t] = EOS_ID
@@ -264,7 +270,9 @@ def collate_packed(
     return {**sides, "id": ids, "references": [split.references[i] for r in rows for i in r]}
 
 
-def batch_by_tokens(lengths: Sequence[int], order: Sequence[int], max_tokens: int) -> list[list[int]]:
+def batch_by_tokens(
+    lengths: Sequence[int], order: Sequence[int], max_tokens: int
+) -> list[list[int]]:
     """Consecutive runs of ``order`` with ``len(run) * max(lengths[run]) <= max_tokens``
     (fairseq's ``batch_by_size``); a pair longer than ``max_tokens`` gets a batch of its own."""
     batches: list[list[int]] = []
@@ -359,7 +367,8 @@ class TokenBatches(IterableDataset):
             per_rank = len(batches) // self.world_size
             if per_rank == 0:
                 raise CorpusError(
-                    f"{len(batches)} batches cannot feed {self.world_size} processes; lower max_tokens"
+                    f"{len(batches)} batches cannot feed {self.world_size} processes; lower "
+                    "max_tokens"
                 )
             batches = batches[: per_rank * self.world_size]
         return batches[self.rank :: self.world_size]
@@ -385,8 +394,10 @@ class TokenBatches(IterableDataset):
 
     def __iter__(self):
         for shape, indices in self.shaped_batches(self.epoch()):
-            yield collate_packed(self.split, indices, shape) if self.pack else collate(
-                self.split, indices, shape
+            yield (
+                collate_packed(self.split, indices, shape)
+                if self.pack
+                else collate(self.split, indices, shape)
             )
 
 
@@ -448,10 +459,20 @@ class TranslationDataModule(L.LightningDataModule):
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
         if padding_idx != PAD_ID:
-            raise ValueError(f"the dictionaries pad with id {PAD_ID} (fairseq's), got padding_idx={padding_idx}")
+            raise ValueError(
+                f"the dictionaries pad with id {PAD_ID} (fairseq's), got padding_idx={padding_idx}"
+            )
         if source_lang == target_lang:
             raise ValueError(f"source_lang and target_lang must differ, got {source_lang!r} twice")
-        if min(max_tokens, eval_max_tokens or max_tokens, max_source_positions, max_target_positions) < 2:
+        if (
+            min(
+                max_tokens,
+                eval_max_tokens or max_tokens,
+                max_source_positions,
+                max_target_positions,
+            )
+            < 2
+        ):
             raise ValueError("max_tokens, eval_max_tokens and the max positions must be >= 2")
         if shape_buckets < 0:
             raise ValueError(f"shape_buckets must be >= 0 (0: exact batching), got {shape_buckets}")
@@ -489,7 +510,9 @@ class TranslationDataModule(L.LightningDataModule):
     def tgt_vocab_size(self) -> int:
         return self.configured_sizes["target"] or self.load_codecs()["target"].vocab_size
 
-    def example_input(self, batch_size: int = 1, source_len: int = 20, target_len: int = 20) -> tuple:
+    def example_input(
+        self, batch_size: int = 1, source_len: int = 20, target_len: int = 20
+    ) -> tuple:
         """A batch of ``source_len`` source and ``target_len`` target tokens (the thesis counts
         MACs for 20 + 20, Table 5.2), no padding: ``(src_tokens, None, prev_output_tokens)``."""
         src = torch.full((batch_size, source_len), UNK_ID, dtype=torch.long)
@@ -504,9 +527,12 @@ class TranslationDataModule(L.LightningDataModule):
         if not self.root.is_dir():
             raise CorpusError(
                 f"translation data not found: {self.root} does not exist. Expected "
-                f"{layout(self.root, self.source_lang, self.target_lang)}; set data.root to that folder."
+                f"{layout(self.root, self.source_lang, self.target_lang)}; set data.root to that "
+                "folder."
             )
-        missing = [self.path(s, lang) for s in SPLITS for lang in (self.source_lang, self.target_lang)]
+        missing = [
+            self.path(s, lang) for s in SPLITS for lang in (self.source_lang, self.target_lang)
+        ]
         missing = [p for p in missing if not p.is_file()]
         if not missing:
             return
@@ -515,8 +541,8 @@ class TranslationDataModule(L.LightningDataModule):
         if found and not {self.source_lang, self.target_lang} <= set(found):
             raise CorpusError(
                 f"{self.root} has no {pair} corpus: its training files are for the languages "
-                f"{', '.join(found)}. Set data.source_lang/data.target_lang to two of them, or data.root "
-                f"to a {pair} corpus."
+                f"{', '.join(found)}. Set data.source_lang/data.target_lang to two of them, or "
+                f"data.root to a {pair} corpus."
             )
         raise CorpusError(
             f"missing {', '.join(str(p) for p in missing)}. Expected "
@@ -544,8 +570,8 @@ class TranslationDataModule(L.LightningDataModule):
                 key = "src_vocab_size" if side == "source" else "tgt_vocab_size"
                 raise CorpusError(
                     f"data.{key} is {configured} but the {side} vocabulary of {self.root} has "
-                    f"{codec.vocab_size} entries; set data.{key}={codec.vocab_size} (or null to take "
-                    "the data's count). A checkpoint only fits data with its vocabulary."
+                    f"{codec.vocab_size} entries; set data.{key}={codec.vocab_size} (or null to "
+                    "take the data's count). A checkpoint only fits data with its vocabulary."
                 )
         self.codecs = codecs
         return codecs
@@ -556,7 +582,10 @@ class TranslationDataModule(L.LightningDataModule):
         if all(f.is_file() for f in files.values()):
             log.info("dictionaries: %s", ", ".join(str(f) for f in files.values()))
             return {side: Dictionary.load(f, self.encoding) for side, f in files.items()}
-        train = {side: read_text(self.path("train", lang), self.encoding).splitlines() for side, lang in langs.items()}
+        train = {
+            side: read_text(self.path("train", lang), self.encoding).splitlines()
+            for side, lang in langs.items()
+        }
         if self.joined_dictionary:
             joined = Dictionary.build([*train["source"], *train["target"]])
             return {"source": joined, "target": joined}
@@ -564,7 +593,9 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _sentencepiece(self) -> SentencePieceCodec:
         src, tgt, _ = read_parallel(
-            self.path("train", self.source_lang), self.path("train", self.target_lang), self.encoding
+            self.path("train", self.source_lang),
+            self.path("train", self.target_lang),
+            self.encoding,
         )
         texts = [*src, *tgt]
         # the model is cached under a name that changes with the training text and the size
@@ -608,25 +639,35 @@ class TranslationDataModule(L.LightningDataModule):
             table = padding_table(batches, source, target)
             log.info(
                 "%s: %d batch shapes (B, S, T)%s, %.1f%% padding\n%s",
-                split, len(table) - 1, " of packed rows" if packed else "",
-                100 * table[-1]["padding"], format_table(table),
+                split,
+                len(table) - 1,
+                " of packed rows" if packed else "",
+                100 * table[-1]["padding"],
+                format_table(table),
             )
         return cells
 
     def _encode(self, split: str, codecs: dict[str, TextCodec]) -> ParallelSplit:
-        source_path, target_path = self.path(split, self.source_lang), self.path(split, self.target_lang)
+        source_path, target_path = (
+            self.path(split, self.source_lang),
+            self.path(split, self.target_lang),
+        )
         src_lines, tgt_lines, numbers = read_parallel(source_path, target_path, self.encoding)
         encoded = ParallelSplit([], [], [], [])
         too_long: list[int] = []
         for src, tgt, number in zip(src_lines, tgt_lines, numbers):
             source = codecs["source"].encode(src) + [EOS_ID]
             target = codecs["target"].encode(tgt) + [EOS_ID]
-            if len(source) > self.max_positions["source"] or len(target) > self.max_positions["target"]:
+            if (
+                len(source) > self.max_positions["source"]
+                or len(target) > self.max_positions["target"]
+            ):
                 if split != "train":
                     raise CorpusError(
-                        f"{source_path}:{number}: a pair of {len(source)} source / {len(target)} target "
-                        f"tokens exceeds the model's maximum of {self.max_positions['source']} / "
-                        f"{self.max_positions['target']}; {split} sentences are never dropped. Raise "
+                        f"{source_path}:{number}: a pair of {len(source)} source / "
+                        f"{len(target)} target tokens exceeds the model's maximum of "
+                        f"{self.max_positions['source']} / {self.max_positions['target']}; "
+                        f"{split} sentences are never dropped. Raise "
                         "data.max_source_positions / data.max_target_positions."
                     )
                 too_long.append(number)
@@ -638,9 +679,15 @@ class TranslationDataModule(L.LightningDataModule):
             encoded.line_numbers.append(number)
         if too_long:
             log.warning(
-                "%s: dropped %d of %d training pairs longer than %d source / %d target tokens (lines %s%s)",
-                source_path, len(too_long), len(src_lines), self.max_positions["source"], self.max_positions["target"],
-                ", ".join(map(str, too_long[:MAX_LISTED])), ", ..." if len(too_long) > MAX_LISTED else "",
+                "%s: dropped %d of %d training pairs longer than %d source / %d target tokens "
+                "(lines %s%s)",
+                source_path,
+                len(too_long),
+                len(src_lines),
+                self.max_positions["source"],
+                self.max_positions["target"],
+                ", ".join(map(str, too_long[:MAX_LISTED])),
+                ", ..." if len(too_long) > MAX_LISTED else "",
             )
         if not len(encoded):
             raise CorpusError(f"{source_path}: no pair is left after the length filter")
@@ -728,8 +775,13 @@ class GettextTranslationDataModule(TranslationDataModule):
         if direction not in ("to_english", "from_english"):
             raise ValueError(f"direction must be 'to_english' or 'from_english', got {direction!r}")
         if not (0 < valid_percent and 0 < test_percent and valid_percent + test_percent < 100):
-            raise ValueError(f"need 0 < valid_percent, test_percent and a sum < 100, got {valid_percent}, {test_percent}")
-        source_lang, target_lang = (language, "en") if direction == "to_english" else ("en", language)
+            raise ValueError(
+                "need 0 < valid_percent, test_percent and a sum < 100, got "
+                f"{valid_percent}, {test_percent}"
+            )
+        source_lang, target_lang = (
+            (language, "en") if direction == "to_english" else ("en", language)
+        )
         kwargs.setdefault("tokenizer", "sentencepiece")
         super().__init__(root, source_lang, target_lang, **kwargs)
         self.language = language
@@ -737,16 +789,24 @@ class GettextTranslationDataModule(TranslationDataModule):
 
     def split_of(self, message: str) -> str:
         bucket = zlib.crc32(message.encode("utf-8")) % 100
-        return "valid" if bucket < self.bounds[0] else "test" if bucket < self.bounds[1] else "train"
+        return (
+            "valid" if bucket < self.bounds[0] else "test" if bucket < self.bounds[1] else "train"
+        )
 
     def check_files(self) -> None:
-        if not all(self.path(s, lang).is_file() for s in SPLITS for lang in (self.source_lang, self.target_lang)):
+        if not all(
+            self.path(s, lang).is_file()
+            for s in SPLITS
+            for lang in (self.source_lang, self.target_lang)
+        ):
             self.write_corpus()
         super().check_files()
 
     def write_corpus(self) -> None:
         """Collect the catalogues' messages and write the six corpus files under ``root``."""
-        lines: dict[tuple[str, str], list[str]] = {(s, lang): [] for s in SPLITS for lang in ("en", self.language)}
+        lines: dict[tuple[str, str], list[str]] = {
+            (s, lang): [] for s in SPLITS for lang in ("en", self.language)
+        }
         count = 0
         for entry in parallel_messages(self.language):
             split = self.split_of(entry.source)
@@ -756,14 +816,19 @@ class GettextTranslationDataModule(TranslationDataModule):
         if count == 0:
             raise CorpusError(
                 f"no gettext catalogue for language {self.language!r} among the installed packages "
-                f"(locale*/{self.language}/LC_MESSAGES/*.mo); install Django and pycountry (pip install "
-                "django pycountry) or choose a language they ship."
+                f"(locale*/{self.language}/LC_MESSAGES/*.mo); install Django and pycountry "
+                "(pip install django pycountry) or choose a language they ship."
             )
         self.root.mkdir(parents=True, exist_ok=True)
         for (split, lang), text in lines.items():
             # in the encoding the files are read back in (UTF-8 unless ``encoding`` says otherwise)
-            atomic_write_text(self.path(split, lang), "".join(f"{line}\n" for line in text), self.encoding)
+            atomic_write_text(
+                self.path(split, lang), "".join(f"{line}\n" for line in text), self.encoding
+            )
         log.info(
-            "wrote %d %s-en messages to %s: %s", count, self.language, self.root,
+            "wrote %d %s-en messages to %s: %s",
+            count,
+            self.language,
+            self.root,
             ", ".join(f"{s} {len(lines[s, 'en'])}" for s in SPLITS),
         )

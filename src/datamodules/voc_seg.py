@@ -29,15 +29,16 @@ from src.datamodules.segmentation import (
 )
 
 VOC_CLASSES = (
-    "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
-    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+    "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair",
+    "cow", "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa",
+    "train", "tvmonitor",
 )  # fmt: skip
 
 LAYOUT = """expected layout:
     {root}/VOCdevkit/VOC2012/
         JPEGImages/<id>.jpg
         SegmentationClass/<id>.png                 (palette PNG: class index per pixel, 255 = ignore)
-        ImageSets/Segmentation/train.txt, val.txt  (one <id> a line)"""
+        ImageSets/Segmentation/train.txt, val.txt  (one <id> a line)"""  # noqa: E501 (a layout table row cannot wrap)
 
 SBD_LAYOUT = """expected SBD layout (data.sbd_root):
     {root}/dataset/
@@ -60,7 +61,8 @@ def read_mask(path: Path) -> np.ndarray:
 
 
 def decode_voc_file(path: Path) -> None:
-    """Decode an image or mask in full (an SBD .mat through :func:`read_sbd_mask`): the file check."""
+    """Decode an image or mask in full (an SBD .mat through :func:`read_sbd_mask`): the file
+    check."""
     if path.suffix == ".mat":
         read_sbd_mask(path)
     else:
@@ -69,7 +71,9 @@ def decode_voc_file(path: Path) -> None:
 
 def read_ids(path: Path, layout: str) -> list[str]:
     """The image ids listed in a split file, one a line."""
-    ids = [line.strip() for line in require_file(path, layout, "split list").read_text().splitlines()]
+    ids = [
+        line.strip() for line in require_file(path, layout, "split list").read_text().splitlines()
+    ]
     ids = [i for i in ids if i]
     if not ids:
         raise DatasetLayoutError(f"split list {path} is empty\n{layout}")
@@ -116,12 +120,21 @@ class VOCSegmentationDataModule(SegmentationDataModule):
         check_max_seconds: float | None = 300.0,
     ) -> None:
         super().__init__(
-            crop_size, batch_size, num_workers, in_chans, on_bad_file=on_bad_file, check_max_seconds=check_max_seconds
+            crop_size,
+            batch_size,
+            num_workers,
+            in_chans,
+            on_bad_file=on_bad_file,
+            check_max_seconds=check_max_seconds,
         )
         if num_classes != len(VOC_CLASSES):
-            raise ValueError(f"VOC segmentation has {len(VOC_CLASSES)} classes, got num_classes={num_classes}")
+            raise ValueError(
+                f"VOC segmentation has {len(VOC_CLASSES)} classes, got num_classes={num_classes}"
+            )
         if ignore_index != 255:
-            raise ValueError(f"VOC masks mark ignored pixels with 255, got ignore_index={ignore_index}")
+            raise ValueError(
+                f"VOC masks mark ignored pixels with 255, got ignore_index={ignore_index}"
+            )
         self.root = Path(root)
         self.num_classes = num_classes
         self.sbd_root = Path(sbd_root) if sbd_root is not None else None
@@ -129,9 +142,15 @@ class VOCSegmentationDataModule(SegmentationDataModule):
         self.crop_scale = (float(crop_scale[0]), float(crop_scale[1]))
         self.ignore_index = ignore_index
 
-    def _voc_samples(self, ids: Sequence[str], voc: Path, layout: str, split: str) -> list[tuple[Path, Path]]:
-        samples = [(voc / "JPEGImages" / f"{i}.jpg", voc / "SegmentationClass" / f"{i}.png") for i in ids]
-        require_files([p for pair in samples for p in pair], layout, f"VOC {split} images and masks")
+    def _voc_samples(
+        self, ids: Sequence[str], voc: Path, layout: str, split: str
+    ) -> list[tuple[Path, Path]]:
+        samples = [
+            (voc / "JPEGImages" / f"{i}.jpg", voc / "SegmentationClass" / f"{i}.png") for i in ids
+        ]
+        require_files(
+            [p for pair in samples for p in pair], layout, f"VOC {split} images and masks"
+        )
         return samples
 
     def _train_samples(self, voc: Path, layout: str) -> list[tuple[Path, Path]]:
@@ -146,7 +165,9 @@ class VOCSegmentationDataModule(SegmentationDataModule):
         skip = set(voc_train) | set(read_ids(lists / "val.txt", layout))
         extra: dict[str, None] = {}  # ordered and without duplicates across the lists
         for name in self.sbd_lists:
-            extra.update(dict.fromkeys(i for i in read_ids(sbd / name, sbd_layout) if i not in skip))
+            extra.update(
+                dict.fromkeys(i for i in read_ids(sbd / name, sbd_layout) if i not in skip)
+            )
         sbd_samples = [(sbd / "img" / f"{i}.jpg", sbd / "cls" / f"{i}.mat") for i in extra]
         require_files([p for pair in sbd_samples for p in pair], sbd_layout, "SBD images and masks")
         return samples + sbd_samples
@@ -156,14 +177,19 @@ class VOCSegmentationDataModule(SegmentationDataModule):
             return
         layout = LAYOUT.format(root=self.root)
         if not self.root.is_dir():
-            raise DatasetLayoutError(f"dataset root {self.root} does not exist; set data.root=/path/to/voc\n{layout}")
+            raise DatasetLayoutError(
+                f"dataset root {self.root} does not exist; set data.root=/path/to/voc\n{layout}"
+            )
         voc = require_dir(self.root / "VOCdevkit" / "VOC2012", layout)
         for folder in ("JPEGImages", "SegmentationClass"):
             require_dir(voc / folder, layout)
         val_ids = read_ids(voc / "ImageSets" / "Segmentation" / "val.txt", layout)
         samples: dict[str, Pairs] = {
-            "train": self._train_samples(voc, layout), "val": self._voc_samples(val_ids, voc, layout, "val")
-        }  # fmt: skip
+            "train": self._train_samples(voc, layout),
+            "val": self._voc_samples(val_ids, voc, layout, "val"),
+        }
         for split, pairs in self.usable_pairs(samples, self.root, decode_voc_file).items():
-            transform = segmentation_transform(split == "train", self.crop_size, crop_scale=self.crop_scale)
+            transform = segmentation_transform(
+                split == "train", self.crop_size, crop_scale=self.crop_scale
+            )
             self.splits[split] = SegmentationFiles(pairs, read_mask, transform)

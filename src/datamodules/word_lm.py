@@ -38,8 +38,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from functools import partial
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 from src.datamodules.char_lm import segments_loader
 from src.datamodules.dictionary import EOS_ID
 from src.datamodules.text_files import DEFAULT_ENCODING
-from src.datamodules.word_lm import WORD, WordLMDataModule
 from src.datamodules.word_corpus import PydocCorpus
+from src.datamodules.word_lm import WORD, WordLMDataModule
 
 
 class WordSegmentsDataModule(WordLMDataModule):
@@ -115,7 +115,9 @@ class PydocWordSegmentsDataModule(PydocCorpus, WordSegmentsDataModule):
         test_fraction: float = 0.05,
         min_count: int = 3,
     ) -> None:
-        vocab_size = self._use_pydoc(WORD.findall, vocab_size, val_fraction, test_fraction, min_count)
+        vocab_size = self._use_pydoc(
+            WORD.findall, vocab_size, val_fraction, test_fraction, min_count
+        )
         super().__init__(
             root,
             vocab_size,

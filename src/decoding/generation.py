@@ -32,7 +32,9 @@ def _check_recurrent(net: nn.Module) -> None:
         raise ValueError(f"generation needs a network with mem_len >= 1, got mem_len={mem_len!r}")
 
 
-def read_context(net: nn.Module, tokens: Tensor, segment_len: int, memories: Memories = None) -> tuple[Tensor, Memories]:
+def read_context(
+    net: nn.Module, tokens: Tensor, segment_len: int, memories: Memories = None
+) -> tuple[Tensor, Memories]:
     """Run ``net`` over ``tokens`` in segments of at most ``segment_len``, carrying the memories.
 
     Args:
@@ -61,7 +63,9 @@ def _masked(logits: Tensor, allowed: Tensor | None) -> Tensor:
     if allowed is None:
         return logits
     if allowed.shape != logits.shape[-1:] or not bool(allowed.any()):
-        raise ValueError(f"allowed must be a (V,) = ({logits.shape[-1]},) mask with some True, got {tuple(allowed.shape)}")
+        raise ValueError(
+            f"allowed must be a (V,) = ({logits.shape[-1]},) mask with some True, got {tuple(allowed.shape)}"
+        )
     return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
 
@@ -92,7 +96,9 @@ def draw(
         sorted_scores, order = scores.sort(dim=-1, descending=True)  # (B, V)
         mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)  # (B, V)
         # drop an id once the more probable ones already reach top_p
-        dropped = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, order, mass_before >= top_p)
+        dropped = torch.zeros_like(scores, dtype=torch.bool).scatter(
+            -1, order, mass_before >= top_p
+        )
         scores = scores.masked_fill(dropped, float("-inf"))
     return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
 
@@ -274,7 +280,9 @@ def complete_words_batch(
     logits, memories = read_context(net, prefixes, segment_len)  # (W, V)
     n_prefix, vocab = logits.shape
     if boundary.dtype != torch.bool or boundary.shape != (vocab,):
-        raise ValueError(f"boundary must be a ({vocab},) bool mask, got {boundary.dtype} {tuple(boundary.shape)}")
+        raise ValueError(
+            f"boundary must be a ({vocab},) bool mask, got {boundary.dtype} {tuple(boundary.shape)}"
+        )
     boundary = boundary.to(logits.device)
     if allowed is not None:
         boundary = boundary & allowed.to(logits.device)
@@ -282,7 +290,9 @@ def complete_words_batch(
         raise ValueError("no allowed symbol ends a word (boundary is empty)")
 
     k = beam_size
-    rows = torch.arange(n_prefix, device=logits.device)[:, None] * k  # (W, 1) first row of each beam
+    rows = (
+        torch.arange(n_prefix, device=logits.device)[:, None] * k
+    )  # (W, 1) first row of each beam
     # every beam starts as one live row (the prefix) and k - 1 dead ones
     logits = logits.repeat_interleave(k, dim=0)  # (W*k, V)
     if memories is not None:
@@ -293,12 +303,18 @@ def complete_words_batch(
     words: list[list[tuple[list[int], float]]] = [[] for _ in range(n_prefix)]
     searching = [True] * n_prefix
     for length in range(max_word_len + 1):
-        log_probs = scores[..., None] + _masked(logits.float(), allowed).log_softmax(-1).view(n_prefix, k, vocab)
+        log_probs = scores[..., None] + _masked(logits.float(), allowed).log_softmax(-1).view(
+            n_prefix, k, vocab
+        )
         if length > 0 or allow_empty:
             ended = log_probs[..., boundary].logsumexp(-1).tolist()  # (W, k)
             for w in range(n_prefix):
                 if searching[w]:
-                    found = [(path, score) for path, score in zip(paths[w], ended[w]) if score > float("-inf")]
+                    found = [
+                        (path, score)
+                        for path, score in zip(paths[w], ended[w])
+                        if score > float("-inf")
+                    ]
                     words[w] = sorted(words[w] + found, key=lambda word: -word[1])[:num_words]
         if length == max_word_len:
             break
@@ -316,7 +332,9 @@ def complete_words_batch(
         origin, symbol = index // vocab, index % vocab  # (W, k), (W, k)
         origins, symbols = origin.tolist(), symbol.tolist()
         paths = [
-            [paths[w][o] + [sym] for o, sym in zip(origins[w], symbols[w])] if searching[w] else paths[w]
+            [paths[w][o] + [sym] for o, sym in zip(origins[w], symbols[w])]
+            if searching[w]
+            else paths[w]
             for w in range(n_prefix)
         ]
         if memories is not None:
@@ -333,7 +351,9 @@ def encode(text: str, symbols: Sequence[int]) -> list[int]:
     vocabulary lacks."""
     missing = missing_symbols(text, symbols)
     if missing:
-        raise ValueError(f"characters not in the vocabulary ({len(symbols)} symbols): {', '.join(missing)}")
+        raise ValueError(
+            f"characters not in the vocabulary ({len(symbols)} symbols): {', '.join(missing)}"
+        )
     index = {code: i for i, code in enumerate(symbols)}
     return [index[ord(ch)] for ch in text]
 
@@ -342,7 +362,9 @@ def missing_symbols(text: str, symbols: Sequence[int]) -> list[str]:
     """The distinct characters of ``text`` that ``symbols`` (code points) lacks, in code-point order,
     each shown as ``'日' (U+65E5)``."""
     known = set(symbols)
-    return [f"{ch!r} (U+{ord(ch):04X})" for ch in sorted({ch for ch in text if ord(ch) not in known})]
+    return [
+        f"{ch!r} (U+{ord(ch):04X})" for ch in sorted({ch for ch in text if ord(ch) not in known})
+    ]
 
 
 def decode(ids: Sequence[int], symbols: Sequence[int]) -> str:
@@ -381,7 +403,9 @@ def symbol_mask(symbols: Sequence[int], vocab_size: int, predicate) -> Tensor:
     """(vocab_size,) bool: the ids whose character (code point ``symbols[i]``) satisfies
     ``predicate``; ids past the corpus's symbols are False."""
     mask = torch.zeros(vocab_size, dtype=torch.bool)
-    mask[: len(symbols)] = torch.tensor([bool(predicate(chr(code))) for code in symbols], dtype=torch.bool)
+    mask[: len(symbols)] = torch.tensor(
+        [bool(predicate(chr(code))) for code in symbols], dtype=torch.bool
+    )
     return mask
 
 

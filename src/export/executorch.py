@@ -65,7 +65,8 @@ def quantized_program(
     spec: ExportSpec, calibration: Iterable[Sequence[Tensor]]
 ) -> torch.export.ExportedProgram:
     """``spec.module`` quantised to int8 by PT2E with the XNNPACK quantizer, observers calibrated
-    on ``calibration`` (each item: inputs in ``spec.inputs``' order), exported again for lowering."""
+    on ``calibration`` (each item: inputs in ``spec.inputs``' order), exported again for
+    lowering."""
     require_executorch()
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,

@@ -196,7 +196,9 @@ def generated_images(datamodule: L.LightningDataModule) -> ExportImages:
     generator = torch.Generator().manual_seed(GENERATED_SEED)
     return ExportImages(
         source="generated",
-        description=f"{BATCH} generated inputs (standard-normal tensors of shape {list(shape[1:])})",
+        description=(
+            f"{BATCH} generated inputs (standard-normal tensors of shape {list(shape[1:])})"
+        ),
         check=torch.randn(shape, generator=generator),
         calibration=None,
         calibration_source=None,

@@ -61,7 +61,9 @@ def tied_lookup(
             dropout=adaptive_softmax_dropout,
         )
         return lookup, 1.0
-    return nn.Embedding(vocab_size, embedding_dim, padding_idx=padding_idx), math.sqrt(embedding_dim)
+    return nn.Embedding(vocab_size, embedding_dim, padding_idx=padding_idx), math.sqrt(
+        embedding_dim
+    )
 
 
 class TiedOutputLanguageModel(nn.Module):
@@ -266,7 +268,12 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
         dextra_dropout = rule if dextra_dropout is None else dextra_dropout
         self.dropout = dropout
         lookup, embed_scale = tied_lookup(
-            vocab_size, embedding_dim, padding_idx, adaptive_input, cutoffs, adaptive_factor,
+            vocab_size,
+            embedding_dim,
+            padding_idx,
+            adaptive_input,
+            cutoffs,
+            adaptive_factor,
             adaptive_softmax_dropout,
         )
         self.embedding = DeLighTLMEmbedding(

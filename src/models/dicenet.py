@@ -106,7 +106,9 @@ class GlobalFusion(nn.Module):
 
     def __init__(self, channels: int, out_channels: int) -> None:
         super().__init__()
-        self.spatial = ConvBNPReLU(channels, out_channels, 3, groups=math.gcd(channels, out_channels))
+        self.spatial = ConvBNPReLU(
+            channels, out_channels, 3, groups=math.gcd(channels, out_channels)
+        )
         self.gate = ChannelGate(channels, out_channels)
 
     def forward(self, x: Tensor) -> Tensor:

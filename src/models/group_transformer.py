@@ -131,21 +131,34 @@ class GroupTransformer(AdaptiveHead, nn.Module):
         self.embedding: nn.Module = (
             GroupEmbedding(n_token, d_model)
             if cutoffs is None
-            else self.adaptive_io(n_token, d_model, cutoffs, adaptive_factor, adaptive_dropout, tie_weight)
+            else self.adaptive_io(
+                n_token, d_model, cutoffs, adaptive_factor, adaptive_dropout, tie_weight
+            )
         )
-        self.pos_table = RelativePositionTable(tgt_len + mem_len, d_model) if learnable_pos else None
+        self.pos_table = (
+            RelativePositionTable(tgt_len + mem_len, d_model) if learnable_pos else None
+        )
         self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
         self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
         layers = []
         for _ in range(n_layer):
             if group_attention:
                 attn: nn.Module = GroupAttention(
-                    d_model, n_head, n_group, dropout=dropout, dropatt=dropatt, inter_group=inter_group
+                    d_model,
+                    n_head,
+                    n_group,
+                    dropout=dropout,
+                    dropatt=dropatt,
+                    inter_group=inter_group,
                 )
             else:
-                attn = RelativeMultiHeadAttention(d_model, n_head, dropout=dropout, dropatt=dropatt, pre_norm=pre_norm)
+                attn = RelativeMultiHeadAttention(
+                    d_model, n_head, dropout=dropout, dropatt=dropatt, pre_norm=pre_norm
+                )
             if group_ffn:
-                ff: nn.Module = GroupFeedForward(d_model, d_inner, n_group, inter_group=inter_group, dropout=dropout)
+                ff: nn.Module = GroupFeedForward(
+                    d_model, d_inner, n_group, inter_group=inter_group, dropout=dropout
+                )
             else:
                 ff = PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm)
             layers.append(RelativeDecoderLayer(attn, ff))
@@ -206,7 +219,9 @@ class GroupTransformer(AdaptiveHead, nn.Module):
         ffn = 2 * d * self.d_inner // (g if self.group_ffn else 1)
         return 2 * segment_len * self.n_layer * (attention + ffn + PAPER_PER_POSITION * d)
 
-    def hidden_states(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+    def hidden_states(
+        self, tokens: Tensor, memories: list[Tensor] | None = None
+    ) -> tuple[Tensor, list[Tensor] | None]:
         """The states the output layer scores, and the new memories.
 
         Shape:
@@ -218,8 +233,8 @@ class GroupTransformer(AdaptiveHead, nn.Module):
         if self.pos_table is not None:
             if mlen + qlen > self.pos_table.max_len:
                 raise ValueError(
-                    f"memory + segment ({mlen} + {qlen}) exceed the position table ({self.pos_table.max_len} "
-                    "= tgt_len + mem_len)"
+                    f"memory + segment ({mlen} + {qlen}) exceed the position table "
+                    f"({self.pos_table.max_len} = tgt_len + mem_len)"
                 )
             # the rows for distances K-1 ... 0, copied: a view of a parameter passed between modules
             # under no_grad breaks torch's module tracker (used by FlopCounterMode), so the table's

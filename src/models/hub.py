@@ -65,7 +65,9 @@ def torchvision_model(
     """A torchvision classification network by name (``torchvision.models.list_models()``)."""
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
-        raise ValueError(f"torchvision has no classification model '{name}'; available: {available}")
+        raise ValueError(
+            f"torchvision has no classification model '{name}'; available: {available}"
+        )
     model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
     if in_chans != 3:
         replace_input_conv(model, in_chans)

@@ -57,7 +57,8 @@ class AdaptiveHead:
         """The adaptive input and softmax of a ``d_model``-wide network over ``n_token`` words."""
         if not tie_weight:
             raise ValueError(
-                "the adaptive input and softmax share their band tables: cutoffs need tie_weight=true"
+                "the adaptive input and softmax share their band tables: cutoffs need "
+                "tie_weight=true"
             )
         return AdaptiveInputSoftmax(
             n_token,
@@ -75,7 +76,9 @@ class AdaptiveHead:
             return self.embedding.log_prob(h), memories  # (B, T, V) float32
         return self.output(h), memories  # (B, T, V)
 
-    def loss(self, tokens: Tensor, targets: Tensor, memories: Memories = None) -> tuple[Tensor, Memories]:
+    def loss(
+        self, tokens: Tensor, targets: Tensor, memories: Memories = None
+    ) -> tuple[Tensor, Memories]:
         """Negative log-likelihood of each target given its segment and the memories."""
         h, memories = self.hidden_states(tokens, memories)  # (B, T, D)
         if self.adaptive:

@@ -28,7 +28,9 @@ class TorchvisionSegmentation(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         if getattr(model, "aux_classifier", None) is not None:
-            raise ValueError("build the torchvision model without its auxiliary classifier (aux_loss=False)")
+            raise ValueError(
+                "build the torchvision model without its auxiliary classifier (aux_loss=False)"
+            )
         self.backbone = model.backbone
         self.decoder = model.classifier
         # LR-ASPP's head reads the low- and high-level features; FCN's and DeepLabV3's read "out"
@@ -59,7 +61,9 @@ def torchvision_segmentation(
     available = torchvision.models.list_models(module=torchvision.models.segmentation)
     if name not in available:
         raise ValueError(f"torchvision has no segmentation model '{name}'; available: {available}")
-    model = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=num_classes)
+    model = torchvision.models.get_model(
+        name, weights=None, weights_backbone=None, num_classes=num_classes
+    )
     net = TorchvisionSegmentation(model)
     if in_chans != 3:
         replace_input_conv(net.backbone, in_chans)

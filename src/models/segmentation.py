@@ -154,9 +154,7 @@ class EPPDecoder(nn.Module):
             EfficientPyramidPooling(c_in[i], proj, widths[i], last=i == 3) for i in range(4)
         )
         # skips: stride 8, 4, 2 features onto decoder widths 4b, 3b, 2b
-        self.skip = nn.ModuleList(
-            GatedProjection(in_channels[2 - i], widths[i]) for i in range(3)
-        )
+        self.skip = nn.ModuleList(GatedProjection(in_channels[2 - i], widths[i]) for i in range(3))
         self.skip_norm = nn.ModuleList(_br(widths[i]) for i in range(3))
 
     def forward(self, features: Sequence[Tensor], size: Sequence[int]) -> Tensor:

@@ -6,8 +6,9 @@ dropout; then the encoder; then masked mean pooling over the non-pad positions a
 to the class logits. Only the encoder differs:
 
 - :class:`DeLighTClassifier`: B :class:`~src.models.delight_block.DeLighTEncoderBlock` (thesis
-  Sec. 5.3.2), with block-wise scaling (Eq. 5.4, :func:`~src.models.delight_block.block_wise_scaling`)
-  or every block at (N_min, w_m), and the GLT feature shuffle on or off. These are the four DeLighT
+  Sec. 5.3.2), with block-wise scaling (Eq. 5.4,
+  :func:`~src.models.delight_block.block_wise_scaling`) or every block at (N_min, w_m), and the GLT
+  feature shuffle on or off. These are the four DeLighT
   variants of the student report "DeLighT: deep and light-weight Transformer" (Danesi, Bône, Abid):
   "Scale" = block-wise scaling, "Shift" = GLT shuffle (``/work/shared/specs/delight_sentiment.md``
   Sec. 2).
@@ -199,8 +200,9 @@ class DeLighTClassifier(_PooledClassifier):
 
     def init_weights(self) -> None:
         """The official DeLighT initialisation (sacmehta/delight ``nn_functions.py``, as
-        :meth:`src.models.delight_mt.DeLighTEncoderDecoder.init_weights`): every Linear and GLT weight
-        xavier-uniform with zero biases, LayerNorms at 1 and 0; the lookup N(0, d_m^-0.5)."""
+        :meth:`src.models.delight_mt.DeLighTEncoderDecoder.init_weights`): every Linear and GLT
+        weight xavier-uniform with zero biases, LayerNorms at 1 and 0; the lookup
+        N(0, d_m^-0.5)."""
         init_official(self)
         self._init_stem_and_head()
 

@@ -107,7 +107,12 @@ class TransformerLanguageModel(TiedOutputLanguageModel):
         self.adaptive_input = adaptive_input
         self.dropout = dropout
         self.lookup, self.embed_scale = tied_lookup(
-            vocab_size, embedding_dim, padding_idx, adaptive_input, cutoffs, adaptive_factor,
+            vocab_size,
+            embedding_dim,
+            padding_idx,
+            adaptive_input,
+            cutoffs,
+            adaptive_factor,
             adaptive_softmax_dropout,
         )
         self.project_in = (

@@ -362,9 +362,7 @@ class TransformerEncoderDecoder(nn.Module):
         self.encoder_norm = nn.LayerNorm(d_model) if normalize_before else None
         self.decoder_norm = nn.LayerNorm(d_model) if normalize_before else None
         self.output = (
-            None
-            if share_decoder_input_output_embed
-            else nn.Linear(d_model, tgt_vocab, bias=False)
+            None if share_decoder_input_output_embed else nn.Linear(d_model, tgt_vocab, bias=False)
         )
         self.init_weights()
 

@@ -2,10 +2,11 @@
 
 The original code's ``MemTransformerLM`` with ``attn_type=0``: a scaled token embedding
 (``E[token] * sqrt(D)``, no projection), ``L`` decoder layers of relative multi-head attention
-(Sec. 3.3, the biases ``u = r_w_bias`` and ``v = r_r_bias`` shared by all layers) and a position-wise
-feed-forward network, each either post-norm (the official default) or pre-norm, then dropout and the
-output layer (optionally tied to the embedding). Segment-level recurrence (Sec. 3.2): layer i reads,
-as its memory, the last ``mem_len`` inputs it saw in earlier segments; they are detached.
+(Sec. 3.3, the biases ``u = r_w_bias`` and ``v = r_r_bias`` shared by all layers) and a
+position-wise feed-forward network, each either post-norm (the official default) or pre-norm, then
+dropout and the output layer (optionally tied to the embedding). Segment-level recurrence
+(Sec. 3.2): layer i reads, as its memory, the last ``mem_len`` inputs it saw in earlier segments;
+they are detached.
 
 Memories are a list of ``n_layer + 1`` batch-first tensors: slot 0 holds the embedding output
 (after dropout), slot i the output of layer i; layer i reads slot i.
@@ -34,8 +35,8 @@ class RelativeDecoderLayer(nn.Module):
     """One decoder layer: a relative-attention sublayer, then a feed-forward sublayer.
 
     Both sublayers hold their own residual connection and norm; any attention with the signature
-    of :class:`RelativeMultiHeadAttention` (e.g. ``GroupAttention``) and any ``(..., D) -> (..., D)``
-    feed-forward (e.g. ``GroupFeedForward``) fit.
+    of :class:`RelativeMultiHeadAttention` (e.g. ``GroupAttention``) and any
+    ``(..., D) -> (..., D)`` feed-forward (e.g. ``GroupFeedForward``) fit.
 
     Shape:
         h (B, T, D), r (M + T, D), biases (H, d_head), memory (B, M, D) or None -> (B, T, D)
@@ -62,12 +63,15 @@ def check_memories(memories: list[Tensor] | None, n_slots: int, batch: int) -> i
     for memory in memories:
         if memory.dim() != 3 or memory.shape[0] != batch or memory.shape[1] != mlen:
             raise ValueError(
-                f"memories must all be (B={batch}, M={mlen}, D), got {[tuple(m.shape) for m in memories]}"
+                f"memories must all be (B={batch}, M={mlen}, D), got "
+                f"{[tuple(m.shape) for m in memories]}"
             )
     return mlen
 
 
-def update_memories(hiddens: list[Tensor], memories: list[Tensor] | None, mem_len: int) -> list[Tensor] | None:
+def update_memories(
+    hiddens: list[Tensor], memories: list[Tensor] | None, mem_len: int
+) -> list[Tensor] | None:
     """The last ``mem_len`` positions of ``cat(memory, hidden)`` per slot, detached (Sec. 3.2).
 
     Returns None when ``mem_len`` is 0 (no recurrence).
@@ -141,7 +145,10 @@ class TransformerXL(AdaptiveHead, nn.Module):
         if attention not in ATTENTION_PATHS:
             raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
         if n_token < 1 or n_layer < 1 or mem_len < 0:
-            raise ValueError(f"need n_token >= 1, n_layer >= 1, mem_len >= 0, got {n_token}, {n_layer}, {mem_len}")
+            raise ValueError(
+                "need n_token >= 1, n_layer >= 1, mem_len >= 0, got "
+                f"{n_token}, {n_layer}, {mem_len}"
+            )
         if n_head < 1 or d_model % n_head:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
         self.n_token = n_token
@@ -156,13 +163,17 @@ class TransformerXL(AdaptiveHead, nn.Module):
         self.embedding: nn.Module = (
             nn.Embedding(n_token, d_model)
             if cutoffs is None
-            else self.adaptive_io(n_token, d_model, cutoffs, adaptive_factor, adaptive_dropout, tie_weight)
+            else self.adaptive_io(
+                n_token, d_model, cutoffs, adaptive_factor, adaptive_dropout, tie_weight
+            )
         )
         self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
         self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
         self.layers = nn.ModuleList(
             RelativeDecoderLayer(
-                RelativeMultiHeadAttention(d_model, n_head, dropout=dropout, dropatt=dropatt, pre_norm=pre_norm),
+                RelativeMultiHeadAttention(
+                    d_model, n_head, dropout=dropout, dropatt=dropatt, pre_norm=pre_norm
+                ),
                 PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm),
             )
             for _ in range(n_layer)
@@ -202,7 +213,9 @@ class TransformerXL(AdaptiveHead, nn.Module):
         weights = 5 * self.d_model**2 + 2 * self.d_model * self.d_inner
         return 2 * segment_len * self.n_layer * (weights + PAPER_PER_POSITION * self.d_model)
 
-    def hidden_states(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+    def hidden_states(
+        self, tokens: Tensor, memories: list[Tensor] | None = None
+    ) -> tuple[Tensor, list[Tensor] | None]:
         """The states the output layer scores, and the new memories.
 
         Shape:
@@ -210,7 +223,9 @@ class TransformerXL(AdaptiveHead, nn.Module):
         """
         batch, qlen = tokens.shape
         mlen = check_memories(memories, self.n_layer + 1, batch)
-        scale = 1.0 if self.adaptive else math.sqrt(self.d_model)  # the adaptive input scales its bands
+        scale = (
+            1.0 if self.adaptive else math.sqrt(self.d_model)
+        )  # the adaptive input scales its bands
         h = dropout(self.embedding(tokens) * scale, p=self.dropout, training=self.training)
         r = relative_sinusoid(mlen + qlen, self.d_model, dtype=h.dtype, device=h.device)  # (K, D)
         r = dropout(r, p=self.dropout, training=self.training)

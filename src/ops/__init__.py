@@ -1,4 +1,4 @@
-"""The papers' efficient transforms: each a plain PyTorch reference with a fused Triton kernel beside it.
+"""The papers' efficient transforms: each a plain PyTorch reference beside a fused Triton kernel.
 
 Ops import nothing from models, tasks or datamodules.
 """

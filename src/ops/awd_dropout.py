@@ -65,9 +65,7 @@ def embedding_dropout(weight: Tensor, p: float, training: bool) -> Tensor:
     return weight * mask
 
 
-def call_with_weight_drop(
-    module: nn.Module, names: Sequence[str], p: float, *args: Any
-) -> Any:
+def call_with_weight_drop(module: nn.Module, names: Sequence[str], p: float, *args: Any) -> Any:
     """``module(*args)`` with DropConnect of probability p on the parameters ``names``.
 
     In training each named weight is replaced, for this call only, by ``F.dropout(weight, p)``:

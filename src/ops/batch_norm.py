@@ -56,7 +56,9 @@ class BatchNorm2d(nn.BatchNorm2d):
     _last: tuple[tuple, bool] | None = None
 
     def _kernel_applies(self, x: Tensor) -> bool:
-        if not (self.training and torch.is_grad_enabled() and x.is_cpu and x.dtype in KERNEL_DTYPES):
+        if not (
+            self.training and torch.is_grad_enabled() and x.is_cpu and x.dtype in KERNEL_DTYPES
+        ):
             return False
         if torch.compiler.is_compiling():
             return self._kernel_takes(x)

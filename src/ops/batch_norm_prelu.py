@@ -186,9 +186,7 @@ def batch_norm_prelu_forward(
     return y, mean, invstd, var
 
 
-@opaque_op(
-    "lightnets::batch_norm_prelu_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
-)
+@opaque_op("lightnets::batch_norm_prelu_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)
 def batch_norm_prelu_backward(
     grad_y: Tensor,
     x: Tensor,

@@ -118,9 +118,7 @@ def _kernel_applies(
     )
 
 
-@opaque_op(
-    "lightnets::depthwise_conv_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
-)
+@opaque_op("lightnets::depthwise_conv_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)
 def depthwise_conv_backward(
     grad_y: Tensor, x: Tensor, weight: Tensor, stride: int, padding: int, dilation: int,
     input_grad: bool, weight_grad: bool, bias_grad: bool,

@@ -102,15 +102,15 @@ def dextra_schedule(
         )
     first = 0 if _check_schedule(schedule) == "paper" else 1
     n_expand = math.ceil(depth / 2)
-    groups = [min(2 ** (first + l), max_groups) for l in range(n_expand)]
+    groups = [min(2 ** (first + layer), max_groups) for layer in range(n_expand)]
     widths = [int(w) for w in _linspace(in_proj_features, width_multiplier * in_features, n_expand)]
     # reduction mirrors the expansion; with N even the widest layer appears twice
     keep = n_expand if depth % 2 == 0 else n_expand - 1
     groups += groups[:keep][::-1]
     widths += widths[:keep][::-1]
     out = []
-    for l, width in enumerate(widths[:-1]):
-        multiple = max(groups[l], groups[l + 1], 8)
+    for layer, width in enumerate(widths[:-1]):
+        multiple = max(groups[layer], groups[layer + 1], 8)
         out.append(math.ceil(width / multiple) * multiple)
     out.append(out_features)
     ins = [in_proj_features] + [width + in_proj_features for width in out[:-1]]
@@ -169,11 +169,15 @@ class DExTra(nn.Module):
         )
         mixed = plan.groups[1:] + (1,)
         bad = [
-            (l, g)
-            for l, g in enumerate(plan.groups)
-            if in_proj_features % g or in_proj_features % mixed[l]
+            (layer, g)
+            for layer, g in enumerate(plan.groups)
+            if in_proj_features % g or in_proj_features % mixed[layer]
         ]
-        bad += [(l, g) for l, g in enumerate(plan.groups) if plan.out_features[l] % mixed[l]]
+        bad += [
+            (layer, g)
+            for layer, g in enumerate(plan.groups)
+            if plan.out_features[layer] % mixed[layer]
+        ]
         if bad:
             raise ValueError(
                 f"DExTra schedule {plan} cannot be built: in_proj_features={in_proj_features} "

@@ -142,7 +142,8 @@ class EESP(nn.Module):
         r_lim: the receptive-field limit that sets the dilations (:func:`eesp_dilations`).
         down_method: with stride 2, ``"avg"`` returns after the merge (no residual, no PReLU), as
             inside :class:`EESPDownsampler`; ``"esp"`` applies the final PReLU.
-        hff: hierarchical feature fusion (thesis Table 2.5); False concatenates the branches as they are.
+        hff: hierarchical feature fusion (thesis Table 2.5); False concatenates the branches as
+            they are.
         impl: the pyramid's path: ``"auto"`` (on CUDA, per shape and mode the faster of the fused
             Triton pass, :mod:`src.ops.triton.eesp`, and the eager ops, :func:`pyramid_path`),
             ``"reference"`` or ``"triton"``.
@@ -402,9 +403,7 @@ def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str
     def candidates() -> dict:
         return {path: functools.partial(run, path) for path in ("fused", "eager")}
 
-    return choose(
-        PYRAMID_CHOICE, key, candidates, default="eager", reference="eager", timer=timer
-    )
+    return choose(PYRAMID_CHOICE, key, candidates, default="eager", reference="eager", timer=timer)
 
 
 class EESPDownsampler(nn.Module):

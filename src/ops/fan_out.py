@@ -27,12 +27,7 @@ def fan_out(x: Tensor, count: int, *, impl: str = "auto") -> tuple[Tensor, ...]:
     Shape:
         x any -> ``count`` of the same shape
     """
-    if (
-        count < 2
-        or not x.requires_grad
-        or torch.compiler.is_compiling()
-        or not use_triton(impl, x)
-    ):
+    if count < 2 or not x.requires_grad or torch.compiler.is_compiling() or not use_triton(impl, x):
         return (x,) * count
     return _FanOut.apply(x, count)
 

@@ -132,8 +132,16 @@ class GroupAttention(nn.Module):
 
         mask = causal_memory_mask(qlen, mlen, device=h.device)
         attended = relative_attention(
-            q, k, v, rk, r_w_bias, r_r_bias,
-            mask=mask, dropatt=self.dropatt, training=self.training, path=self.attention,
+            q,
+            k,
+            v,
+            rk,
+            r_w_bias,
+            r_r_bias,
+            mask=mask,
+            dropatt=self.dropatt,
+            training=self.training,
+            path=self.attention,
             impl=self.impl,
         )  # (B, H, T, d_head)
         ov = attended.transpose(1, 2).reshape(batch, qlen, self.d_model)  # (B, T, D), group-major
@@ -148,4 +156,3 @@ class GroupAttention(nn.Module):
             f"d_model={self.d_model}, n_head={self.n_head}, groups={self.groups}, "
             f"dropout={self.dropout}, dropatt={self.dropatt}, inter_group={self.inter_group}"
         )
-

@@ -71,9 +71,7 @@ def linear_weights(
     return _on_kernel(parts, weight, bias)
 
 
-def _kernel_wanted(
-    parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, impl: str
-) -> bool:
+def _kernel_wanted(parts: Sequence[Tensor], weight: Tensor, bias: Tensor | None, impl: str) -> bool:
     return (
         len(parts) <= 2
         and use_triton(impl, parts[0])

@@ -29,7 +29,9 @@ class PositionwiseFeedForward(nn.Module):
         (..., D) -> (..., D)
     """
 
-    def __init__(self, d_model: int, d_inner: int, *, dropout: float = 0.0, pre_norm: bool = False) -> None:
+    def __init__(
+        self, d_model: int, d_inner: int, *, dropout: float = 0.0, pre_norm: bool = False
+    ) -> None:
         super().__init__()
         self.dropout = dropout
         self.pre_norm = pre_norm

@@ -369,8 +369,17 @@ def kernel_backward(
     grads = (None if g is None else g.contiguous() for g in (grad_output, grad_h_last, grad_c_last))
     grad_levels, grad_weight, grad_bias, grad_h0, grad_c0 = (
         torch.ops.lightnets_cpu.pru_recurrence_backward(
-            *grads, gates, cells, output, weight.contiguous(), h0.contiguous(), c0.contiguous(),
-            widths, weight_grad, bias_grad, packed,
+            *grads,
+            gates,
+            cells,
+            output,
+            weight.contiguous(),
+            h0.contiguous(),
+            c0.contiguous(),
+            widths,
+            weight_grad,
+            bias_grad,
+            packed,
         )  # fmt: skip
     )
     return list(grad_levels), grad_weight, grad_bias, grad_h0, grad_c0

@@ -76,7 +76,8 @@ def relative_attention_cpu(
     mask: Tensor | None,
     scale: float,
 ) -> Tensor:
-    """``softmax(mask(-inf, (query_w k^T + rel_shift(query_r rk^T)) * scale)) v``, one autograd node.
+    """``softmax(mask(-inf, (query_w k^T + rel_shift(query_r rk^T)) * scale)) v``, one
+    autograd node.
 
     Under CPU autocast the five operands are cast to its dtype, as its matmuls would cast them.
     Check :func:`fused_attention_applies` first.

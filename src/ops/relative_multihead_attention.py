@@ -15,13 +15,15 @@ from src.ops.relative_position import causal_memory_mask, relative_attention
 
 
 class RelativeMultiHeadAttention(nn.Module):
-    """Transformer-XL relative multi-head attention sublayer (kimiyoung's ``RelPartialLearnable...``).
+    """Transformer-XL relative multi-head attention sublayer (kimiyoung's
+    ``RelPartialLearnable...``).
 
-    With ``c = cat(memory, h)`` (normalised first when ``pre_norm``): ``q = c_cur Wq``, ``k = c Wk``,
-    ``v = c Wv``, distance keys ``rk = r Wr``; scores ``(q + u) k^T + shift((q + v) rk^T)`` scaled by
-    ``1/sqrt(d_head)`` under a causal mask; ``o = attn Wo``. Post-norm: ``norm(h + dropout(o))``;
-    pre-norm: ``h + dropout(o)``. Queries are computed for the current positions only (the official
-    code also projects the memory rows and discards them; the result is the same).
+    With ``c = cat(memory, h)`` (normalised first when ``pre_norm``): ``q = c_cur Wq``,
+    ``k = c Wk``, ``v = c Wv``, distance keys ``rk = r Wr``; scores
+    ``(q + u) k^T + shift((q + v) rk^T)`` scaled by ``1/sqrt(d_head)`` under a causal mask;
+    ``o = attn Wo``. Post-norm: ``norm(h + dropout(o))``; pre-norm: ``h + dropout(o)``. Queries
+    are computed for the current positions only (the official code also projects the memory rows
+    and discards them; the result is the same).
 
     Args:
         d_model: D, divisible by ``n_head``; ``d_head = D / n_head``.
@@ -86,7 +88,9 @@ class RelativeMultiHeadAttention(nn.Module):
         klen = context.shape[1]
         mlen = klen - qlen
         if r.shape != (klen, d_model):
-            raise ValueError(f"r must be (mlen + qlen, d_model) = ({klen}, {d_model}), got {tuple(r.shape)}")
+            raise ValueError(
+                f"r must be (mlen + qlen, d_model) = ({klen}, {d_model}), got {tuple(r.shape)}"
+            )
         if self.pre_norm:
             context = self.norm(context)
         heads = (self.n_head, self.d_head)
@@ -98,9 +102,16 @@ class RelativeMultiHeadAttention(nn.Module):
         k, v = kv.view(batch, klen, 2, *heads).permute(2, 0, 3, 1, 4)
         rk = self.r_net(r).view(klen, *heads).transpose(0, 1)  # (K, D) -> (H, K, d_head)
         attended = relative_attention(
-            q, k, v, rk, r_w_bias, r_r_bias,
+            q,
+            k,
+            v,
+            rk,
+            r_w_bias,
+            r_r_bias,
             mask=causal_memory_mask(qlen, mlen, device=h.device),
-            dropatt=self.dropatt, training=self.training, path=self.attention,
+            dropatt=self.dropatt,
+            training=self.training,
+            path=self.attention,
             impl=self.impl,
         )  # (B, H, T, d_head)
         o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)

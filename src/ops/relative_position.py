@@ -7,9 +7,9 @@ The score between query i and key j is
 with two learned biases u = ``r_w_bias``, v = ``r_r_bias`` and a key r_{i-j} for the relative
 distance. The distance keys are computed once for distances ``klen-1 ... 0`` and the second term is
 realigned with :func:`rel_shift` (:mod:`src.ops.relative_softmax`, whose CPU kernel also does the
-softmax; on the CPU the whole attention is one autograd node, :mod:`src.ops.relative_attention_cpu`).
-Queries are the ``qlen`` current positions, keys the ``mlen`` memory positions followed by the
-current ones; query i may see key j iff ``j <= mlen + i``.
+softmax; on the CPU the whole attention is one autograd node,
+:mod:`src.ops.relative_attention_cpu`). Queries are the ``qlen`` current positions, keys the
+``mlen`` memory positions followed by the current ones; query i may see key j iff ``j <= mlen + i``.
 
 Layouts are batch-first: queries (B, H, T, d_head), keys (B, H, K, d_head), scores (B, H, T, K).
 """

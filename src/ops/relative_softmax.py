@@ -5,13 +5,14 @@ Eagerly this is Transformer-XL's zero pad, a reshaping copy, the add, the scale,
 softmax, each a pass over a (B, H, T, K) tensor, and about six more passes backward (two of them
 zero-filled buffers of the pad's and the slice's gradients). At the enwik8 sizes (8 heads, 512
 queries, 1,024 keys) those passes were about 40% of a CPU training step of either model. On the
-CPU, ``lightnets_cpu::relative_softmax_forward`` / ``_backward`` (``src/ops/cpu/relative_softmax.cpp``)
-do each direction in one pass over the rows, with ``rel_shift``'s realignment (and its exact
-adjoint) folded into the indexing; the scores are rounded as the eager ops round them, so the
-probabilities differ from the eager ones by the exponential's rounding only (a few float32 ulp;
-one bfloat16 ulp at most). On CUDA, a Triton kernel does the same, one launch each way
-(:mod:`src.ops.triton.relative_softmax`), where it measures faster than the eager ops; float64 and
-other mask shapes take the eager ops. All paths are deterministic.
+CPU, ``lightnets_cpu::relative_softmax_forward`` / ``_backward``
+(``src/ops/cpu/relative_softmax.cpp``) do each direction in one pass over the rows, with
+``rel_shift``'s realignment (and its exact adjoint) folded into the indexing; the scores are
+rounded as the eager ops round them, so the probabilities differ from the eager ones by the
+exponential's rounding only (a few float32 ulp; one bfloat16 ulp at most). On CUDA, a Triton
+kernel does the same, one launch each way (:mod:`src.ops.triton.relative_softmax`), where it
+measures faster than the eager ops; float64 and other mask shapes take the eager ops. All paths
+are deterministic.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ each shape and keeps the faster.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor

@@ -9,7 +9,6 @@ statistics) nor a per-group GroupNorm (one affine per group). With g = 1 it is `
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

@@ -1,4 +1,4 @@
-"""Feature (channel) shuffle: interleave the outputs of g groups so the next grouped layer mixes them.
+"""Feature (channel) shuffle: interleave g groups' outputs so the next grouped layer mixes them.
 
 ShuffleNet's channel shuffle and DeLighT's feature shuffle are the same permutation on different
 axes: view the axis as (g, n/g), transpose to (n/g, g), flatten. Output index ``j * g + i`` holds

@@ -267,8 +267,10 @@ class SingleHeadAttention(nn.Module):
                 f"key_padding_mask must be (B, S) = {(k.shape[0], k.shape[1])}, "
                 f"got {tuple(key_padding_mask.shape)}"
             )
-        if attn_mask is not None and attn_mask.shape[-2:] != (q.shape[1], k.shape[1]) or (
-            attn_mask is not None and attn_mask.dim() == 3 and attn_mask.shape[0] != q.shape[0]
+        if (
+            attn_mask is not None
+            and attn_mask.shape[-2:] != (q.shape[1], k.shape[1])
+            or (attn_mask is not None and attn_mask.dim() == 3 and attn_mask.shape[0] != q.shape[0])
         ):
             raise ValueError(
                 f"attn_mask must be (T, S) = {(q.shape[1], k.shape[1])} or (B, T, S) = "

@@ -28,7 +28,9 @@ def per_update(
     (``task.trainer.estimated_stepping_batches``) and stepped after every update."""
     if scheduler_factory is None:
         return {"optimizer": optimizer}
-    scheduler = scheduler_factory(optimizer, total_steps=int(task.trainer.estimated_stepping_batches))
+    scheduler = scheduler_factory(
+        optimizer, total_steps=int(task.trainer.estimated_stepping_batches)
+    )
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -45,7 +47,9 @@ def warmup_cosine(
     A run shorter than the warm-up (a debug run) gets a warm-up of ``total_steps - 1`` steps.
     """
     if total_steps < 1 or warmup_steps < 0:
-        raise ValueError(f"need total_steps >= 1 and warmup_steps >= 0, got {total_steps}, {warmup_steps}")
+        raise ValueError(
+            f"need total_steps >= 1 and warmup_steps >= 0, got {total_steps}, {warmup_steps}"
+        )
     warmup_steps = min(warmup_steps, total_steps - 1)
     cosine = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps, eta_min=eta_min)
     if warmup_steps == 0:
@@ -63,7 +67,13 @@ class CyclicWarmRestarts:
     """
 
     def __init__(
-        self, steps_per_epoch: int, eta_max: float, eta_min: float, cycle: int, halve_at: list[int], warmup_steps: int
+        self,
+        steps_per_epoch: int,
+        eta_max: float,
+        eta_min: float,
+        cycle: int,
+        halve_at: list[int],
+        warmup_steps: int,
     ) -> None:
         self.steps_per_epoch = steps_per_epoch
         self.warmup_steps = warmup_steps
@@ -76,7 +86,12 @@ class CyclicWarmRestarts:
         epoch = step // self.steps_per_epoch
         halvings = sum(epoch >= boundary for boundary in self.halve_at)
         warmup = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
-        return warmup * (self.eta_max - (epoch % self.cycle) * self.eta_min) / self.eta_max * 0.5**halvings
+        return (
+            warmup
+            * (self.eta_max - (epoch % self.cycle) * self.eta_min)
+            / self.eta_max
+            * 0.5**halvings
+        )
 
 
 def cyclic_warm_restarts(
@@ -98,14 +113,16 @@ def cyclic_warm_restarts(
     """
     if epochs < 1 or cycle < 1 or not 0 < eta_min * (cycle - 1) < eta_max:
         raise ValueError(
-            f"need epochs >= 1, cycle >= 1 and 0 < eta_min * (cycle - 1) < eta_max, got epochs={epochs}, "
-            f"cycle={cycle}, eta_min={eta_min}, eta_max={eta_max}"
+            "need epochs >= 1, cycle >= 1 and 0 < eta_min * (cycle - 1) < eta_max, got "
+            f"epochs={epochs}, cycle={cycle}, eta_min={eta_min}, eta_max={eta_max}"
         )
     for group in optimizer.param_groups:
         if abs(group["lr"] - eta_max) > 1e-12:
             raise ValueError(f"set the optimiser's lr to eta_max ({eta_max}), got {group['lr']}")
     steps_per_epoch = max(total_steps // epochs, 1)
-    schedule = CyclicWarmRestarts(steps_per_epoch, eta_max, eta_min, cycle, list(halve_at), warmup_steps)
+    schedule = CyclicWarmRestarts(
+        steps_per_epoch, eta_max, eta_min, cycle, list(halve_at), warmup_steps
+    )
     return LambdaLR(optimizer, schedule)
 
 

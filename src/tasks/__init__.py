@@ -1,1 +1,1 @@
-"""LightningModules: each wraps a network for one task and owns its loss, metrics and optimisation."""
+"""LightningModules: each wraps one task's network and owns its loss, metrics and optimisation."""

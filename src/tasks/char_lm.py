@@ -1,4 +1,4 @@
-"""Character-level language modelling with segment-level recurrence: cross-entropy, bits per character.
+"""Character-level language modelling, segment-level recurrence: cross-entropy, bits per character.
 
 The network maps ``(tokens, memories)`` to ``(logits, new_memories)`` (Transformer-XL,
 Group-Transformer). Batches arrive in stream order (see ``src.datamodules.char_lm``), so the
@@ -71,13 +71,17 @@ class CharLMTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L.Ligh
         self.val_nll = MeanMetric()
         self.test_nll = MeanMetric()
 
-    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor] | None]:
+    def forward(
+        self, tokens: Tensor, memories: list[Tensor] | None = None
+    ) -> tuple[Tensor, list[Tensor] | None]:
         return self.net(tokens, memories)
 
     def _nll(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         tokens, targets = batch
         self.begin_step()
-        if hasattr(self.net, "loss"):  # scores without forming (B, T, V) where it can (adaptive softmax)
+        if hasattr(
+            self.net, "loss"
+        ):  # scores without forming (B, T, V) where it can (adaptive softmax)
             nll, memories = self.net.loss(tokens, targets, self.memories[stage])
             self.memories[stage] = self.keep(memories)
             return nll.mean()  # over B*T

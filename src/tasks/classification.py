@@ -69,13 +69,22 @@ class ClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Lightning
     def forward(self, images: Tensor) -> Tensor:
         return self.net(channels_last_images(images) if self.channels_last else images)
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> Tensor:
+    def _shared_step(
+        self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection
+    ) -> Tensor:
         images, labels = batch
         logits = self(images)
         loss = self.criterion(logits, labels)
         metrics.update(logits.detach(), labels)
         training = stage == "train"
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=training, on_epoch=True, sync_dist=not training)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            prog_bar=True,
+            on_step=training,
+            on_epoch=True,
+            sync_dist=not training,
+        )
         self.log_dict(metrics, prog_bar=True, on_step=False, on_epoch=True)
         return loss
 
@@ -90,4 +99,3 @@ class ClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Lightning
 
     def configure_optimizers(self) -> dict:
         return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)
-

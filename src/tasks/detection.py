@@ -135,9 +135,7 @@ class DetectionTask(FusedOptimizerClipping, L.LightningModule):
         ]
         return torch.stack([m[0] for m in matched]), torch.stack([m[1] for m in matched])
 
-    def _loss(
-        self, batch: tuple[Tensor, list[dict]], stage: str
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _loss(self, batch: tuple[Tensor, list[dict]], stage: str) -> tuple[Tensor, Tensor, Tensor]:
         images, targets = batch
         locations, logits = self(images)
         target_locations, target_labels = self.match(targets)

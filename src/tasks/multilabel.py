@@ -101,7 +101,9 @@ class MultiLabelTask(FusedOptimizerClipping, L.LightningModule):
     def setup(self, stage: str) -> None:
         # at fit start, before Lightning restores a resumed checkpoint (which then wins)
         if stage == "fit" and self.init_checkpoint is not None:
-            load_network_weights(self.net, self.init_checkpoint, skip_mismatched=self.init_skip_mismatched)
+            load_network_weights(
+                self.net, self.init_checkpoint, skip_mismatched=self.init_skip_mismatched
+            )
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(channels_last_images(images) if self.channels_last else images)
@@ -111,10 +113,19 @@ class MultiLabelTask(FusedOptimizerClipping, L.LightningModule):
         logits = self(images)
         loss = self.criterion(logits, targets)
         training = stage == "train"
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=training, on_epoch=True, sync_dist=not training)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            prog_bar=True,
+            on_step=training,
+            on_epoch=True,
+            sync_dist=not training,
+        )
         return logits, loss
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> None:
+    def _evaluate(
+        self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection
+    ) -> None:
         logits, _ = self._loss(batch, stage)
         # probabilities, not logits: torchmetrics would read logits that all lie in [0, 1] as
         # probabilities and threshold them at 0.5 instead of 0

@@ -25,7 +25,9 @@ from src.tasks.finetune import batch_norms, freeze_batch_norm_parameters, load_n
 from src.utils.memory_format import channels_last_images, channels_last_network
 
 
-def inverse_log_frequency_weights(pixel_counts: Sequence[float] | Tensor, c: float = 1.10) -> Tensor:
+def inverse_log_frequency_weights(
+    pixel_counts: Sequence[float] | Tensor, c: float = 1.10
+) -> Tensor:
     """Class weights ``1 / ln(c + p_c)`` with ``p_c`` the class's share of the labelled pixels
     (ESPNet, ECCV'18, Cityscapes; from ENet). Rare classes get up to ``1 / ln(c)`` (10.5 for 1.10).
 
@@ -34,7 +36,9 @@ def inverse_log_frequency_weights(pixel_counts: Sequence[float] | Tensor, c: flo
     """
     counts = torch.as_tensor(pixel_counts, dtype=torch.float64)
     if counts.ndim != 1 or (counts < 0).any() or counts.sum() <= 0:
-        raise ValueError(f"need non-negative per-class pixel counts with a positive sum, got {counts.tolist()}")
+        raise ValueError(
+            f"need non-negative per-class pixel counts with a positive sum, got {counts.tolist()}"
+        )
     if c <= 1.0:
         raise ValueError(f"c must exceed 1 (ln(c + p) > 0), got {c}")
     return (1.0 / torch.log(c + counts / counts.sum())).float()
@@ -88,7 +92,9 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
     ) -> None:
         super().__init__()
         if class_weights is not None and len(class_weights) != num_classes:
-            raise ValueError(f"class_weights has {len(class_weights)} values for {num_classes} classes")
+            raise ValueError(
+                f"class_weights has {len(class_weights)} values for {num_classes} classes"
+            )
         if not (head_lr_multiplier > 0 and math.isfinite(head_lr_multiplier)):
             raise ValueError(f"head_lr_multiplier must be positive, got {head_lr_multiplier}")
         self.channels_last = channels_last
@@ -101,14 +107,20 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
         self.head_prefix = head_prefix
         self.init_checkpoint = init_checkpoint
         self.freeze_bn = freeze_bn
-        weight = torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
+        weight = (
+            torch.tensor(class_weights, dtype=torch.float32) if class_weights is not None else None
+        )
         self.criterion = nn.CrossEntropyLoss(weight=weight, ignore_index=ignore_index)
         if freeze_bn:
             freeze_batch_norm_parameters(net)
         collection = MetricCollection(
             {
-                "mIoU": MulticlassJaccardIndex(num_classes, average="macro", ignore_index=ignore_index),
-                "pixel_acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=ignore_index),
+                "mIoU": MulticlassJaccardIndex(
+                    num_classes, average="macro", ignore_index=ignore_index
+                ),
+                "pixel_acc": MulticlassAccuracy(
+                    num_classes, average="micro", ignore_index=ignore_index
+                ),
             }
         )
         self.train_metrics = collection.clone(prefix="train/")
@@ -131,19 +143,31 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
     def forward(self, images: Tensor) -> Tensor:
         return self.net(channels_last_images(images) if self.channels_last else images)
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection) -> Tensor:
+    def _shared_step(
+        self, batch: tuple[Tensor, Tensor], stage: str, metrics: MetricCollection
+    ) -> Tensor:
         images, masks = batch
         logits = self(images)
         if logits.ndim != 4 or logits.shape[1] != self.num_classes:
             raise ValueError(
-                f"segmentation needs logits (B, {self.num_classes}, H', W'); the network returned {tuple(logits.shape)}"
+                f"segmentation needs logits (B, {self.num_classes}, H', W'); the network returned "
+                f"{tuple(logits.shape)}"
             )
         if logits.shape[-2:] != masks.shape[-2:]:
-            logits = F.interpolate(logits, size=masks.shape[-2:], mode="bilinear", align_corners=False)
+            logits = F.interpolate(
+                logits, size=masks.shape[-2:], mode="bilinear", align_corners=False
+            )
         loss = self.criterion(logits, masks)
         metrics.update(logits.detach().argmax(dim=1), masks)
         training = stage == "train"
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=training, on_epoch=True, sync_dist=not training)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            prog_bar=True,
+            on_step=training,
+            on_epoch=True,
+            sync_dist=not training,
+        )
         self.log_dict(metrics, prog_bar=True, on_step=False, on_epoch=True)
         return loss
 
@@ -157,7 +181,8 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
         self._shared_step(batch, "test", self.test_metrics)
 
     def parameter_groups(self) -> list[dict]:
-        """The trainable parameters: one group, or [others, ``head_prefix*`` with ``lr_multiplier``]."""
+        """The trainable parameters: one group, or [others, ``head_prefix*`` with
+        ``lr_multiplier``]."""
         named = [(name, p) for name, p in self.net.named_parameters() if p.requires_grad]
         if self.head_lr_multiplier == 1.0:
             return [{"params": [p for _, p in named]}]
@@ -166,7 +191,8 @@ class SegmentationTask(FusedOptimizerClipping, L.LightningModule):
             roots = sorted({name.split(".")[0] for name, _ in named})
             raise ValueError(
                 f"head_lr_multiplier={self.head_lr_multiplier} but no trainable parameter of "
-                f"{type(self.net).__name__} starts with head_prefix={self.head_prefix!r}; its top-level names: {roots}"
+                f"{type(self.net).__name__} starts with head_prefix={self.head_prefix!r}; its "
+                f"top-level names: {roots}"
             )
         rest = [p for name, p in named if not name.startswith(self.head_prefix)]
         return [{"params": rest}, {"params": head, "lr_multiplier": self.head_lr_multiplier}]

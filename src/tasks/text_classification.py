@@ -49,7 +49,9 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
         init_checkpoint: str | None = None,
     ) -> None:
         super().__init__()
-        if class_weights is not None and (len(class_weights) != num_classes or min(class_weights) <= 0):
+        if class_weights is not None and (
+            len(class_weights) != num_classes or min(class_weights) <= 0
+        ):
             raise ValueError(
                 f"class_weights must be {num_classes} positive numbers, got {list(class_weights)}"
             )
@@ -67,7 +69,10 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
         )
         # keyed "<stage>_metrics": a key "train" would clash with nn.Module.train
         self.stage_metrics = nn.ModuleDict(
-            {f"{stage}_metrics": collection.clone(prefix=f"{stage}/") for stage in ("train", *EVAL_STAGES, "test")}
+            {
+                f"{stage}_metrics": collection.clone(prefix=f"{stage}/")
+                for stage in ("train", *EVAL_STAGES, "test")
+            }
         )
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -81,16 +86,30 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
         metrics.update(logits.detach(), labels)
         training = stage == "train"
         self.log(
-            f"{stage}/loss", loss, prog_bar=True, on_step=training, on_epoch=True,
-            sync_dist=not training, add_dataloader_idx=False, batch_size=labels.shape[0],
+            f"{stage}/loss",
+            loss,
+            prog_bar=True,
+            on_step=training,
+            on_epoch=True,
+            sync_dist=not training,
+            add_dataloader_idx=False,
+            batch_size=labels.shape[0],
         )
-        self.log_dict(metrics, prog_bar=stage != "test_epoch", on_step=False, on_epoch=True, add_dataloader_idx=False)
+        self.log_dict(
+            metrics,
+            prog_bar=stage != "test_epoch",
+            on_step=False,
+            on_epoch=True,
+            add_dataloader_idx=False,
+        )
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, "train")
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+    def validation_step(
+        self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._shared_step(batch, EVAL_STAGES[dataloader_idx])
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
@@ -102,4 +121,7 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
             return {"optimizer": optimizer}
         total_steps = int(self.trainer.estimated_stepping_batches)
         scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -95,7 +95,10 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         if val_decoding not in DECODINGS:
             raise ValueError(f"val_decoding must be one of {DECODINGS}, got {val_decoding!r}")
         if not 0.0 <= label_smoothing < 1.0 or beam_size < 1:
-            raise ValueError(f"need 0 <= label_smoothing < 1 and beam_size >= 1, got {label_smoothing}, {beam_size}")
+            raise ValueError(
+                "need 0 <= label_smoothing < 1 and beam_size >= 1, got "
+                f"{label_smoothing}, {beam_size}"
+            )
         self.net = net
         self.init_checkpoint = init_checkpoint
         self.optimizer_factory = optimizer
@@ -103,7 +106,12 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         self.label_smoothing = label_smoothing
         self.padding_idx = padding_idx
         self.eos = eos
-        self.search = {"beam_size": beam_size, "length_penalty": length_penalty, "max_len_a": max_len_a, "max_len_b": max_len_b}
+        self.search = {
+            "beam_size": beam_size,
+            "length_penalty": length_penalty,
+            "max_len_a": max_len_a,
+            "max_len_b": max_len_b,
+        }
         self.val_decoding = val_decoding
         self.compound_split = compound_split
         self.lowercase = lowercase
@@ -111,7 +119,9 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         self.nll_metric = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.translations: dict[str, list[tuple[str, str]]] = {"val": [], "test": []}
 
-    def forward(self, src_tokens: Tensor, src_padding_mask: Tensor | None, prev_output_tokens: Tensor) -> Tensor:
+    def forward(
+        self, src_tokens: Tensor, src_padding_mask: Tensor | None, prev_output_tokens: Tensor
+    ) -> Tensor:
         return self.net(src_tokens, src_padding_mask, prev_output_tokens)
 
     def _losses(self, batch: dict) -> tuple[Tensor, Tensor, Tensor]:
@@ -123,7 +133,9 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         logits = self.net(*inputs) if packing is None else self.net(*inputs, packing)  # (B, T, V)
         logits = logits.flatten(0, 1).float()  # the softmax in fp32 under autocast
         target = batch["target"].flatten()
-        loss = F.cross_entropy(logits, target, ignore_index=self.padding_idx, label_smoothing=self.label_smoothing)
+        loss = F.cross_entropy(
+            logits, target, ignore_index=self.padding_idx, label_smoothing=self.label_smoothing
+        )
         nll = F.cross_entropy(logits.detach(), target, ignore_index=self.padding_idx)
         return loss, nll, target.ne(self.padding_idx).sum()
 
@@ -142,10 +154,19 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         Shape:
             src_tokens (B, S) int64, right-padded -> B tensors (n_i,)
         """
-        common = {"eos": self.eos, "pad": self.padding_idx, **{k: self.search[k] for k in ("max_len_a", "max_len_b", "length_penalty")}}
+        common = {
+            "eos": self.eos,
+            "pad": self.padding_idx,
+            **{k: self.search[k] for k in ("max_len_a", "max_len_b", "length_penalty")},
+        }
         if decoding == "greedy":
             return [h.tokens for h in greedy_search(self.net, src_tokens, **common)]
-        return [hyps[0].tokens for hyps in beam_search(self.net, src_tokens, beam_size=self.search["beam_size"], **common)]
+        return [
+            hyps[0].tokens
+            for hyps in beam_search(
+                self.net, src_tokens, beam_size=self.search["beam_size"], **common
+            )
+        ]
 
     def _eval_step(self, batch: dict, stage: str, decoding: str) -> None:
         loss, nll, ntokens = self._losses(batch)
@@ -154,7 +175,9 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         if decoding == "none":
             return
         decode = self.trainer.datamodule.decode
-        for tokens, reference in zip(self.translate(batch["src_tokens"], decoding), batch["references"]):
+        for tokens, reference in zip(
+            self.translate(batch["src_tokens"], decoding), batch["references"]
+        ):
             self.translations[stage].append((decode(tokens.tolist()), reference))
 
     def _end_eval(self, stage: str) -> dict[str, float]:
@@ -174,7 +197,11 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         hypotheses, references = [h for h, _ in pairs], [r for _, r in pairs]
         tokenized = bool(getattr(self.trainer.datamodule, "tokenized", False))
         bleu = tokenized_bleu(
-            hypotheses, references, tokenized=tokenized, compound_split=self.compound_split, lowercase=self.lowercase
+            hypotheses,
+            references,
+            tokenized=tokenized,
+            compound_split=self.compound_split,
+            lowercase=self.lowercase,
         )
         self.log(f"{stage}/bleu", bleu, prog_bar=True, sync_dist=False)
         self.log(f"{stage}/sacrebleu", sacre_bleu(hypotheses, references), sync_dist=False)

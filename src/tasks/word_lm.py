@@ -104,5 +104,3 @@ class WordLMTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L.Ligh
 
     def configure_optimizers(self) -> dict:
         return per_update(self.optimizer_factory(self.parameters()), self.scheduler_factory, self)
-
-

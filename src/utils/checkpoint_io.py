@@ -22,7 +22,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
         if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options}")
+            raise TypeError(
+                f"{type(self).__name__} takes no storage_options, got {storage_options}"
+            )
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as temporary, open(temporary, "wb") as file:

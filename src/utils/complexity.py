@@ -41,7 +41,8 @@ class Complexity:
 
 def count_params(module: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of distinct parameters (shared tensors count once)."""
-    # module.parameters() yields a tied Parameter once; by identity, so meta-device modules count too
+    # module.parameters() yields a tied Parameter once; by identity, so meta-device modules count
+    # too
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -65,7 +66,10 @@ def measure(module: nn.Module, example_input: Tensor | tuple) -> Complexity:
                 module(example_input)
     finally:
         module.train(was_training)
-    by_op = {str(op).split(".")[-1]: int(flops) // 2 for op, flops in counter.get_flop_counts()["Global"].items()}
+    by_op = {
+        str(op).split(".")[-1]: int(flops) // 2
+        for op, flops in counter.get_flop_counts()["Global"].items()
+    }
     conv = sum(macs for op, macs in by_op.items() if "convolution" in op)
     return Complexity(
         params=count_params(module),

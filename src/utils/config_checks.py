@@ -58,7 +58,8 @@ def known_top_level_keys(config_name: str) -> set[str]:
 
 
 def reject_unknown_keys(cfg: DictConfig, known: Iterable[str]) -> None:
-    """Raise :class:`ConfigError` for top-level keys nobody reads (``+modle=dicenet`` adds ``modle``)."""
+    """Raise :class:`ConfigError` for top-level keys nobody reads (``+modle=dicenet`` adds
+    ``modle``)."""
     known = set(known)
     unknown = [str(key) for key in cfg.keys() if key not in known]
     if not unknown:
@@ -151,8 +152,9 @@ def check_pairing(choices: Mapping[str, str | None]) -> None:
     if task not in MODEL_TASKS[model]:
         fitting = sorted(name for name, tasks in MODEL_TASKS.items() if task in tasks)
         raise ConfigError(
-            f"model={model} does not fit data={data}: {model} serves {'/'.join(sorted(MODEL_TASKS[model]))}, "
-            f"data={data} is a {task} dataset; choose one of model={'|'.join(fitting)}"
+            f"model={model} does not fit data={data}: {model} serves "
+            f"{'/'.join(sorted(MODEL_TASKS[model]))}, data={data} is a {task} dataset; choose one "
+            f"of model={'|'.join(fitting)}"
         )
 
 
@@ -181,8 +183,10 @@ def check_config_values(cfg: DictConfig) -> None:
     if isinstance(trainer, DictConfig):
         for key, lowest in (("max_epochs", -1), ("max_steps", -1)):
             value = _value(trainer, key)
-            if isinstance(value, int) and not isinstance(value, bool) and (
-                value < lowest or value == 0
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and (value < lowest or value == 0)
             ):
                 raise ConfigError(
                     f"trainer.{key}={value}: must be a positive integer, or -1 for no limit"

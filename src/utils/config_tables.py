@@ -26,15 +26,24 @@ GROUPS = {
     "model": "the network; the data config picks a default that fits it",
     "data": "the LightningDataModule; it picks the task and the default model",
     "trainer": "Lightning Trainer, device and strategy",
-    "callbacks": "checkpoints (best + `last.ckpt`), LR monitor, progress bar, finite-loss guard, RNG state; `ema` adds weight averaging",
+    "callbacks": (
+        "checkpoints (best + `last.ckpt`), LR monitor, progress bar, finite-loss guard, RNG state; "
+        "`ema` adds weight averaging"
+    ),
     "monitor": "the checkpointed metric of each task; chosen by the task",
     "logger": "combine with `logger=[csv,wandb]`",
     "paths": "where data lives and runs write",
     "hydra": "run directories; `hydra/launcher=slurm` submits through submitit",
-    "recipe": "the paper's hyper-parameters for one `<data>_<model>` pairing, applied when the file exists",
+    "recipe": (
+        "the paper's hyper-parameters for one `<data>_<model>` pairing, applied when the file "
+        "exists"
+    ),
     "experiment": "named variants (paper rows, ablations, demos), one folder per system",
     "debug": "fast_dev_run, overfit a few batches, a few batches for two epochs",
-    "study": "the papers' claims that `python study.py` tests: two models at equal parameters, their learning-rate grids and seeds (not a `train.py` group)",
+    "study": (
+        "the papers' claims that `python study.py` tests: two models at equal parameters, their "
+        "learning-rate grids and seeds (not a `train.py` group)"
+    ),
 }  # fmt: skip
 # the root scripts that are Hydra apps, by their primary config
 ENTRY_POINTS = {
@@ -50,7 +59,9 @@ ENTRY_POINTS = {
 SKIPPED_KEYS = frozenset({"defaults", "hydra"})
 # what the keys every primary config has do, where the YAML leaves them without a comment
 COMMON_KEYS = {
-    "task_name": "names the run folder: <paths.log_dir>/<task_name>/runs/<time> (conf/hydra/default.yaml)",
+    "task_name": (
+        "names the run folder: <paths.log_dir>/<task_name>/runs/<time> (conf/hydra/default.yaml)"
+    ),
     "seed": "the random seed of the run",
 }
 
@@ -187,7 +198,8 @@ def entry_points_section() -> str:
     parts = ["## Entry points", "", "| command | primary config | what it is |", "|---|---|---|"]
     for name, script in ENTRY_POINTS.items():
         parts.append(
-            f"| `python {script}` | `conf/{name}.yaml` | {cell(header_comment(CONF / f'{name}.yaml'))} |"
+            f"| `python {script}` | `conf/{name}.yaml` "
+            f"| {cell(header_comment(CONF / f'{name}.yaml'))} |"
         )
     for name, script in ENTRY_POINTS.items():
         parts += ["", f"### `conf/{name}.yaml` (`python {script}`)", "", primary_table(name)]
@@ -208,7 +220,8 @@ def data_table() -> str:
     rows = ["| `data=` | task | default `model=` | what it is |", "|---|---|---|---|"]
     for data in options("data"):
         rows.append(
-            f"| `{data}` | `{_defaults_override(data, 'task')}` | `{_defaults_override(data, 'model')}` "
+            f"| `{data}` | `{_defaults_override(data, 'task')}` "
+            f"| `{_defaults_override(data, 'model')}` "
             f"| {cell(summary(CONF / 'data' / f'{data}.yaml'))} |"
         )
     return "\n".join(rows)
@@ -227,7 +240,8 @@ def monitor_table() -> str:
     for name in options("monitor"):
         checkpoint = OmegaConf.load(CONF / "monitor" / f"{name}.yaml").callbacks.model_checkpoint
         rows.append(
-            f"| `{name}` | `{checkpoint.monitor}` | {checkpoint.mode} | {cell(summary(CONF / 'monitor' / f'{name}.yaml'))} |"
+            f"| `{name}` | `{checkpoint.monitor}` | {checkpoint.mode} "
+            f"| {cell(summary(CONF / 'monitor' / f'{name}.yaml'))} |"
         )
     return "\n".join(rows)
 
@@ -248,7 +262,8 @@ def recipe_table() -> str:
     for recipe in options("recipe"):
         data, model = _pairing(recipe)
         rows.append(
-            f"| `{recipe}` | `{data}` | `{model}` | {cell(summary(CONF / 'recipe' / f'{recipe}.yaml'))} |"
+            f"| `{recipe}` | `{data}` | `{model}` "
+            f"| {cell(summary(CONF / 'recipe' / f'{recipe}.yaml'))} |"
         )
     return "\n".join(rows)
 

@@ -69,9 +69,15 @@ RENAMED_TARGETS: dict[str, str] = {
 RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")
 # config options renamed since: group -> {old: new}
 RENAMED_CHOICES: dict[str, dict[str, str]] = {
-    "task": {"language_model": "char_lm", "word_language_model": "word_lm", "awd_language_model": "awd_lm"},
+    "task": {
+        "language_model": "char_lm",
+        "word_language_model": "word_lm",
+        "awd_language_model": "awd_lm",
+    },
 }
-HOW_TO_FIND = "a run writes its checkpoints under <run dir>/checkpoints/; metrics.json names the best one"
+HOW_TO_FIND = (
+    "a run writes its checkpoints under <run dir>/checkpoints/; metrics.json names the best one"
+)
 
 
 class CheckpointError(UserError, ValueError):
@@ -136,7 +142,9 @@ def read_checkpoint(path: str | Path, what: str = "ckpt_path") -> dict[str, Any]
     try:
         checkpoint = torch_load(path, what)
     except ValueError as error:
-        raise CheckpointError(f"{error}. Pass a .ckpt file of this project ({HOW_TO_FIND}).") from None
+        raise CheckpointError(
+            f"{error}. Pass a .ckpt file of this project ({HOW_TO_FIND})."
+        ) from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise CheckpointError(
             f"{what}={path} is not a Lightning checkpoint of this project (no 'state_dict'); "
@@ -180,7 +188,9 @@ def renamed(record: dict[str, Any]) -> dict[str, Any]:
 def describe_model(model: Mapping[str, Any], choice: str | None = None) -> str:
     """``model=dicenet (DiCENet, scale=0.5, num_classes=10)``: the choice and the telling args."""
     target = str(model.get("_target_", "?")).rsplit(".", 1)[-1]
-    facts = [f"{key}={model[key]}" for key in MODEL_FACTS if key in model and model[key] is not None]
+    facts = [
+        f"{key}={model[key]}" for key in MODEL_FACTS if key in model and model[key] is not None
+    ]
     head = f"model={choice} " if choice else ""
     return f"{head}({', '.join([target, *facts])})"
 
@@ -288,7 +298,9 @@ def check_resume(cfg: DictConfig, checkpoint: Mapping[str, Any], path: str | Pat
     for section in ("model", "task"):
         changed += differences(record["config"][section], now[section], section)
     if changed:
-        listed = "; ".join(f"{key}: trained with {old!r}, now {new!r}" for key, old, new in changed[:8])
+        listed = "; ".join(
+            f"{key}: trained with {old!r}, now {new!r}" for key, old, new in changed[:8]
+        )
         raise CheckpointError(
             f"cannot resume ckpt_path={path} with changed values: {listed}. Resuming restores the "
             "network, optimiser and schedule from the checkpoint, so these would not take effect. "
@@ -297,7 +309,6 @@ def check_resume(cfg: DictConfig, checkpoint: Mapping[str, Any], path: str | Pat
         )
     for key, old, new in differences(record["config"]["data"], now["data"], "data"):
         log.warning("resuming with %s=%r (the run was trained with %r)", key, new, old)
-
 
 
 @rank_zero_only

@@ -26,9 +26,14 @@ def mismatch_summary(expected: Mapping[str, Tensor], state: Mapping[str, Tensor]
     if mismatched:
         lines.append(f"{len(mismatched)} tensors differ in shape (first: {mismatched[0]})")
     if missing:
-        lines.append(f"{len(missing)} of the network's tensors are not in the file (first: {missing[0]})")
+        lines.append(
+            f"{len(missing)} of the network's tensors are not in the file (first: {missing[0]})"
+        )
     if unexpected:
-        lines.append(f"{len(unexpected)} of the file's tensors are not in the network (first: {unexpected[0]})")
+        lines.append(
+            f"{len(unexpected)} of the file's tensors are not in the network "
+            f"(first: {unexpected[0]})"
+        )
     return "; ".join(lines) if lines else None
 
 
@@ -68,7 +73,9 @@ def torch_load(path: str | Path, what: str) -> object:
         raise FileNotFoundError(f"{what}={path}: no such file")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # unpickling a text file fails in many ways (KeyError, EOFError, ...)
+    except (
+        Exception
+    ) as error:  # unpickling a text file fails in many ways (KeyError, EOFError, ...)
         reason = first_sentences(str(error))
         raise ValueError(
             f"{what}={path} is not a weights file or checkpoint: torch.load cannot read it "

@@ -86,20 +86,20 @@ def _dextra_official(
             out[f"{official}{side}_layer.normalization_fn.{name}"] = state[
                 f"{ours}{side}_norm.{name}"
             ]
-    for l, groups in enumerate(dextra.plan.groups):
+    for index, groups in enumerate(dextra.plan.groups):
         weight, bias = (
-            state[f"{ours}glts.{l}.weight"],
-            state[f"{ours}glts.{l}.bias"],
+            state[f"{ours}glts.{index}.weight"],
+            state[f"{ours}glts.{index}.bias"],
         )  # (g, i, o), (g, o)
         if groups == 1:  # the official dense Linear: (out, in), (out,)
             weight, bias = weight[0].t(), bias.reshape(-1)
         else:  # the official GroupLinear: (g, in/g, out/g), (g, 1, out/g)
             bias = bias.unsqueeze(1)
-        out[f"{official}dextra_layers.{l}.weights"] = weight
-        out[f"{official}dextra_layers.{l}.bias"] = bias
+        out[f"{official}dextra_layers.{index}.weights"] = weight
+        out[f"{official}dextra_layers.{index}.bias"] = bias
         for name in ("weight", "bias"):
-            out[f"{official}dextra_layers.{l}.normalization_fn.{name}"] = state[
-                f"{ours}glt_norms.{l}.{name}"
+            out[f"{official}dextra_layers.{index}.normalization_fn.{name}"] = state[
+                f"{ours}glt_norms.{index}.{name}"
             ]
     return out
 

@@ -51,7 +51,8 @@ FLOAT32_ATOL = 1e-5
 
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """oneDNN builds a primitive per new convolution shape (tests/parity: seconds vs. tens of ms)."""
+    """oneDNN builds a primitive per new convolution shape (tests/parity: seconds vs.
+    tens of ms)."""
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
 
 
@@ -193,7 +194,7 @@ def test_unknown_family_and_missing_file(tmp_path: Path, capsys: pytest.CaptureF
     assert f"official weights {tmp_path / 'none.pth'}: no such file" in capsys.readouterr().err
 
 
-# -- Transformer-XL and Group-Transformer ------------------------------------------------------------
+# -- Transformer-XL and Group-Transformer ----------------------------------------------------------
 
 
 def mem_transformer_overrides(config: dict) -> list[str]:
@@ -265,7 +266,8 @@ def test_generate_runs_from_a_converted_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """``generate.py ckpt_path=<converted>``: a character corpus of text8's 27 symbols (within the
-    fixture's n_token of 30) under data.root gives the vocabulary; the network is the official one."""
+    fixture's n_token of 30) under data.root gives the vocabulary; the network is the official
+    one."""
     (param,) = fixtures("group_transformer", "gt_tiny_model_G2.pt")
     if param.values[0] is None:
         pytest.skip("no Group-Transformer fixture")
@@ -278,8 +280,8 @@ def test_generate_runs_from_a_converted_checkpoint(
     data = [f"data.root={tmp_path}", "data.valid_size=300", "data.test_size=300"]
     out = tmp_path / "converted.ckpt"
     printed = convert_here(
-        capsys, path, "family=group_transformer", *mem_transformer_overrides(load(path)["config"]), *data,
-        f"out={out}",
+        capsys, path, "family=group_transformer",
+        *mem_transformer_overrides(load(path)["config"]), *data, f"out={out}",
     )  # fmt: skip
     assert f"python generate.py ckpt_path={out} prompt=" in printed
     capsys.readouterr()

@@ -6,10 +6,9 @@ workers, a Lightning fit over two epochs and the embedded pydoc_ptb corpus."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-
-from functools import partial
 
 import lightning as L
 import numpy as np
@@ -300,8 +299,11 @@ def test_a_stream_too_short_names_the_sizes_and_what_to_lower(tmp_path: Path) ->
 def test_a_different_vocabulary_size_is_refused_with_the_fix(tmp_path: Path) -> None:
     root = write_corpus(tmp_path, TRAIN, VALID, TEST)
     dm = AWDLMDataModule(str(root), vocab_size=10000, batch_size=1, eval_batch_size=1, bptt=2)
-    with pytest.raises(ValueError, match="has 7 distinct words .* but data.vocab_size is 10000; "
-                                         "set data.vocab_size=7, or null"):
+    with pytest.raises(
+        ValueError,
+        match="has 7 distinct words .* but data.vocab_size is 10000; "
+        "set data.vocab_size=7, or null",
+    ):
         dm.prepare_data()
     AWDLMDataModule(str(root), batch_size=1, eval_batch_size=1, bptt=2).setup()  # cached
     dm = AWDLMDataModule(str(root), vocab_size=8, batch_size=1, eval_batch_size=1, bptt=2)
@@ -340,7 +342,14 @@ def test_vocabulary_rejects_repeated_words() -> None:
 
 def test_ptb_style_lowercases_numbers_and_drops_punctuation() -> None:
     assert ptb_style("The 3.14 x-ray, it's 1,000 (sys.path)!") == [
-        "the", "N", "x", "ray", "it's", "N", "sys", "path"
+        "the",
+        "N",
+        "x",
+        "ray",
+        "it's",
+        "N",
+        "sys",
+        "path",
     ]
 
 
@@ -415,6 +424,8 @@ def test_a_latin1_corpus_is_named_and_read_in_its_encoding(tmp_path: Path) -> No
     dm.setup()
     assert dm.dictionary.decode(np.asarray(dm.splits["train"])[-4:-1].tolist()) == "the grün cat"
     # the cache is of the Latin-1 reading: read as UTF-8, the files are decoded again (and fail)
-    again = AWDLMDataModule(str(root), vocab_size=dm.vocab_size, batch_size=1, eval_batch_size=1, bptt=2)
+    again = AWDLMDataModule(
+        str(root), vocab_size=dm.vocab_size, batch_size=1, eval_batch_size=1, bptt=2
+    )
     with pytest.raises(TextEncodingError, match="line 3 does not decode as utf-8"):
         again.setup()

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 import src.datamodules.bad_files
-from src.datamodules.char_lm import CorruptCacheError, Enwik8DataModule
 from src.datamodules.bad_files import BadFilesError, check_files, screen_files
+from src.datamodules.char_lm import CorruptCacheError, Enwik8DataModule
 from src.datamodules.check import main
 from src.datamodules.cityscapes import CityscapesDataModule
 from src.datamodules.coco_multilabel import CocoMultiLabelDataModule
@@ -29,7 +29,9 @@ from tests.datamodules.test_cityscapes import make_cityscapes
 from tests.datamodules.test_coco_multilabel import make_coco
 from tests.datamodules.test_voc_seg import make_voc
 
-FIX = "Remove or replace these files, or set data.on_bad_file=skip to leave them out of the dataset."
+FIX = (
+    "Remove or replace these files, or set data.on_bad_file=skip to leave them out of the dataset."
+)
 UNIDENTIFIED = "does not decode (not an image file PIL can identify)"
 TRUNCATED = "does not decode (OSError: image file is truncated"
 
@@ -59,7 +61,8 @@ def make_image_folder(root: Path) -> Path:
 
 @pytest.fixture
 def bad_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """The 10 good images plus train/dark/corrupt.jpg (random bytes) and val/light/empty.jpg (0 bytes)."""
+    """The 10 good images plus train/dark/corrupt.jpg (random bytes) and val/light/empty.jpg
+    (0 bytes)."""
     root = make_image_folder(tmp_path / "images")
     corrupt, empty = root / "train/dark/corrupt.jpg", root / "val/light/empty.jpg"
     corrupt.write_bytes(np.random.default_rng(1).integers(0, 255, 300, dtype=np.uint8).tobytes())
@@ -68,7 +71,9 @@ def bad_tree(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def image_folder(root: Path, **kwargs) -> ImageFolderDataModule:
-    return ImageFolderDataModule(str(root), 2, crop_size=8, resize_size=8, batch_size=2, num_workers=0, **kwargs)
+    return ImageFolderDataModule(
+        str(root), 2, crop_size=8, resize_size=8, batch_size=2, num_workers=0, **kwargs
+    )
 
 
 # -- image datasets --------------------------------------------------------------------------
@@ -105,12 +110,20 @@ def test_skip_leaves_the_bad_files_out_and_lists_them(bad_tree, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="src.datamodules.bad_files"):
         dm.setup("fit")
     assert len(dm.splits["train"]) == 6 and len(dm.splits["val"]) == 4  # 7 and 5 files on disk
-    assert all(Path(path) not in {corrupt, empty} for split in dm.splits.values() for path, _ in split.samples)
+    assert all(
+        Path(path) not in {corrupt, empty}
+        for split in dm.splits.values()
+        for path, _ in split.samples
+    )
     assert dm.splits["train"].targets == [label for _, label in dm.splits["train"].samples]
     listing = root / "bad_files.txt"
-    assert [line.split("\t")[0] for line in listing.read_text().splitlines()] == [str(corrupt), str(empty)]
+    assert [line.split("\t")[0] for line in listing.read_text().splitlines()] == [
+        str(corrupt),
+        str(empty),
+    ]
     assert caplog.messages == [
-        f"{root}: leaving out 2 bad files of the 12 files (data.on_bad_file=skip); they are listed in {listing}"
+        f"{root}: leaving out 2 bad files of the 12 files (data.on_bad_file=skip); they are "
+        f"listed in {listing}"
     ]
     images, labels = next(iter(dm.val_dataloader()))
     assert images.shape == (2, 3, 8, 8) and labels.tolist() == [0, 0]
@@ -120,7 +133,8 @@ def test_on_bad_file_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as error:
         image_folder(tmp_path, on_bad_file="ignore")
     assert str(error.value) == (
-        "on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them out), got 'ignore'"
+        "on_bad_file must be 'error' (stop and name the bad files) or 'skip' (leave them out), "
+        "got 'ignore'"
     )
 
 
@@ -166,8 +180,8 @@ def test_a_capped_check_says_how_many_files_it_decoded(tmp_path: Path, monkeypat
         f"1 of the first 32 of 40 files under {tmp_path} cannot be used:\n"
         f"    {files[0]}: does not decode (ValueError: bad header)\n"
         f"All 1 are listed in {tmp_path / 'bad_files.txt'}.\n{FIX}\n"
-        "Note: the check stopped at its 0.2 s limit (data.check_max_seconds): 8 files were not decoded; "
-        "python -m src.datamodules.check <the same data overrides> decodes them all."
+        "Note: the check stopped at its 0.2 s limit (data.check_max_seconds): 8 files were not "
+        "decoded; python -m src.datamodules.check <the same data overrides> decodes them all."
     )
 
 
@@ -180,7 +194,9 @@ def test_more_than_twenty_bad_files_are_counted_not_all_listed(tmp_path: Path) -
     lines = str(error.value).splitlines()
     assert lines[0] == f"25 of the 25 files under {tmp_path} cannot be used:"
     assert lines[20:23] == [
-        f"    {files[19]}: empty (0 bytes)", "    ... and 5 more", f"All 25 are listed in {tmp_path / 'bad_files.txt'}."
+        f"    {files[19]}: empty (0 bytes)",
+        "    ... and 5 more",
+        f"All 25 are listed in {tmp_path / 'bad_files.txt'}.",
     ]  # fmt: skip
     assert len((tmp_path / "bad_files.txt").read_text().splitlines()) == 25
 
@@ -215,7 +231,10 @@ def test_segmentation_pairs_with_a_bad_image_or_mask(tmp_path: Path) -> None:
         VOCSegmentationDataModule(str(root), **kwargs).setup("fit")
     lines = str(error.value).splitlines()
     assert lines[0] == f"2 of the 10 files under {root} cannot be used:"
-    assert lines[1].startswith(f"    {image}: {TRUNCATED}") and lines[2] == f"    {mask}: empty (0 bytes)"
+    assert (
+        lines[1].startswith(f"    {image}: {TRUNCATED}")
+        and lines[2] == f"    {mask}: empty (0 bytes)"
+    )
     dm = VOCSegmentationDataModule(str(root), on_bad_file="skip", **kwargs)
     dm.setup("fit")
     assert [pair[0].stem for pair in dm.splits["train"].samples] == ["2007_000001", "2007_000003"]
@@ -274,9 +293,9 @@ def test_truncated_zip_names_the_file_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(zipfile.BadZipFile) as error:
         Enwik8DataModule(str(tmp_path), valid_size=300, test_size=200, **SMALL).prepare_data()
     assert str(error.value) == (
-        f"{packed} is not a readable zip archive (File is not a zip file); an interrupted download leaves "
-        "it truncated. Delete it and download it again from http://mattmahoney.net/dc/enwik8.zip, or put "
-        f"the unpacked 'enwik8' file in {tmp_path}"
+        f"{packed} is not a readable zip archive (File is not a zip file); an interrupted download "
+        "leaves it truncated. Delete it and download it again from "
+        f"http://mattmahoney.net/dc/enwik8.zip, or put the unpacked 'enwik8' file in {tmp_path}"
     )
 
 
@@ -324,7 +343,9 @@ def test_damaged_cache_is_rebuilt_from_the_source(kind: str, tmp_path: Path, cap
     with caplog.at_level(logging.WARNING, logger="src.datamodules.char_lm"):
         dm = built(root)
     (message,) = caplog.messages
-    assert message.startswith(f"enwik8: {said}") and message.endswith("; rebuilding the cache from the source")
+    assert message.startswith(f"enwik8: {said}") and message.endswith(
+        "; rebuilding the cache from the source"
+    )
     assert dm.symbols == fresh.symbols
     for split in ("train", "val", "test"):
         np.testing.assert_array_equal(dm.splits[split], fresh.splits[split])
@@ -338,10 +359,14 @@ def test_damaged_cache_without_its_source_names_the_cache_and_the_fix(tmp_path: 
     path, said = damage(tmp_path, "out_of_vocab")
     with pytest.raises(CorruptCacheError) as error:
         built(tmp_path)
-    caches = " ".join(str(tmp_path / f"enwik8.{name}") for name in ["train.npy", "val.npy", "test.npy", "vocab.json"])
+    caches = " ".join(
+        str(tmp_path / f"enwik8.{name}")
+        for name in ["train.npy", "val.npy", "test.npy", "vocab.json"]
+    )
     assert str(error.value) == (
         f"{said}, and the cache cannot be rebuilt: enwik8 not found: expected the raw file "
         f"{tmp_path / 'enwik8'} or the zip {tmp_path / 'enwik8.zip'} holding 'enwik8' (download "
         "http://mattmahoney.net/dc/enwik8.zip); set data.root to its folder\n"
-        f"Provide the source so that the cache is rebuilt from it, or delete the damaged cache files: {caches}"
+        "Provide the source so that the cache is rebuilt from it, or delete the damaged cache "
+        f"files: {caches}"
     )

@@ -1,4 +1,5 @@
-"""Character-level corpora: real file formats (raw bytes, zip), splits, vocabulary, cache, ordering."""
+"""Character-level corpora: real file formats (raw bytes, zip), splits, vocabulary, cache,
+ordering."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ def test_enwik8_zip_matches_raw_and_cache_is_reused(tmp_path: Path) -> None:
     again = prepared(Enwik8DataModule(str(zip_dir), valid_size=300, test_size=200, **SMALL))
     assert (zip_dir / "enwik8.train.npy").stat().st_mtime_ns == stamp  # not rebuilt
     assert again.symbols == b.symbols
-    prepared(Enwik8DataModule(str(zip_dir), valid_size=250, test_size=200, **SMALL))  # new split: rebuilt
+    prepared(
+        Enwik8DataModule(str(zip_dir), valid_size=250, test_size=200, **SMALL)
+    )  # new split: rebuilt
     assert len(np.load(zip_dir / "enwik8.val.npy")) < len(b.splits["val"])
 
 
@@ -86,7 +89,9 @@ def test_missing_file_names_path_and_expected_file(tmp_path: Path) -> None:
 def test_too_small_vocab_is_refused(tmp_path: Path) -> None:
     (tmp_path / "text8").write_bytes(b"abc def " * 100)
     with pytest.raises(ValueError, match="vocab_size=7"):
-        Text8DataModule(str(tmp_path), vocab_size=5, valid_size=50, test_size=50, **SMALL).prepare_data()
+        Text8DataModule(
+            str(tmp_path), vocab_size=5, valid_size=50, test_size=50, **SMALL
+        ).prepare_data()
 
 
 def test_pydoc_chars_offline(tmp_path: Path) -> None:
@@ -97,7 +102,10 @@ def test_pydoc_chars_offline(tmp_path: Path) -> None:
     assert len(dm.symbols) <= dm.vocab_size
     text = "".join(chr(dm.symbols[i]) for i in dm.splits["val"][:200])
     assert text == pydoc_corpus()[sizes["train"] : sizes["train"] + 200]
-    assert dm.example_input(3).shape == (3, SMALL["tgt_len"]) and dm.example_input().dtype == torch.long
+    assert (
+        dm.example_input(3).shape == (3, SMALL["tgt_len"])
+        and dm.example_input().dtype == torch.long
+    )
 
 
 def test_pydoc_vocabulary_is_the_corpus_symbol_count(tmp_path: Path) -> None:
@@ -153,7 +161,10 @@ def test_segments_are_contiguous_sub_streams_in_order() -> None:
 
 def test_ranks_get_their_own_contiguous_slices() -> None:
     tokens = np.arange(100)
-    per_rank = [torch.cat([x for x, _ in OrderedSegments(tokens, 2, 5, rank=r, world_size=2)], 1) for r in (0, 1)]
+    per_rank = [
+        torch.cat([x for x, _ in OrderedSegments(tokens, 2, 5, rank=r, world_size=2)], 1)
+        for r in (0, 1)
+    ]
     assert torch.equal(per_rank[0][0, :3], torch.tensor([0, 1, 2]))
     assert torch.equal(per_rank[1][0, :3], torch.tensor([50, 51, 52]))
     assert per_rank[0].shape == per_rank[1].shape  # equal lengths: ranks step together

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
+from src.commands.train import train
 from src.datamodules.cityscapes import CityscapesDataModule, train_id_table
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
-from src.commands.train import train
 
 ROAD, CAR, UNLABELED, EGO_VEHICLE = 7, 26, 0, 1  # label ids; train ids road 0, car 13
 GREY, RED = (128, 128, 128), (230, 20, 20)
@@ -19,7 +19,8 @@ H, W = 32, 64
 
 
 def scene() -> tuple[np.ndarray, np.ndarray]:
-    """Grey road on the left half, a red car in the right quarter, void (0) and ego vehicle (1) rows."""
+    """Grey road on the left half, a red car in the right quarter, void (0) and ego vehicle (1)
+    rows."""
     image = np.zeros((H, W, 3), np.uint8)
     label_ids = np.full((H, W), UNLABELED, np.uint8)
     image[4:, : W // 2] = GREY
@@ -51,7 +52,9 @@ def city_root(tmp_path: Path) -> Path:
 
 def test_label_ids_map_to_train_ids() -> None:
     with_background, standard = train_id_table(True), train_id_table(False)
-    assert with_background[ROAD] == 0 and with_background[CAR] == 13 and with_background[33] == 18  # bicycle
+    assert (
+        with_background[ROAD] == 0 and with_background[CAR] == 13 and with_background[33] == 18
+    )  # bicycle
     assert with_background[UNLABELED] == 19 and standard[UNLABELED] == 255
     assert sorted(set(standard.tolist()) - {255}) == list(range(19))
 
@@ -73,7 +76,9 @@ def test_batches_and_mapping(city_root: Path, background_class: bool, void: int)
 
 
 def test_image_and_mask_stay_aligned_under_crop_and_flip(city_root: Path) -> None:
-    dm = CityscapesDataModule(str(city_root), crop_size=(16, 32), num_workers=0, crop_scale=(0.2, 0.6))
+    dm = CityscapesDataModule(
+        str(city_root), crop_size=(16, 32), num_workers=0, crop_scale=(0.2, 0.6)
+    )
     dm.setup("fit")
     mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
     torch.manual_seed(0)
@@ -100,10 +105,16 @@ def test_missing_and_malformed_roots(tmp_path: Path, city_root: Path) -> None:
     with pytest.raises(DatasetLayoutError) as error:
         CityscapesDataModule(str(missing)).setup("fit")
     message = str(error.value)
-    assert str(missing) in message and "leftImg8bit/train/<city>/" in message and "gtFine_labelIds.png" in message
+    assert (
+        str(missing) in message
+        and "leftImg8bit/train/<city>/" in message
+        and "gtFine_labelIds.png" in message
+    )
     mask = city_root / "gtFine" / "val" / "bonn" / "bonn_000000_000000_gtFine_labelIds.png"
     mask.unlink()
-    with pytest.raises(DatasetLayoutError, match="1 of 2 gtFine val labelIds masks are missing") as error:
+    with pytest.raises(
+        DatasetLayoutError, match="1 of 2 gtFine val labelIds masks are missing"
+    ) as error:
         CityscapesDataModule(str(city_root)).setup("fit")
     assert str(mask) in str(error.value)
 

@@ -10,14 +10,19 @@ import pytest
 import torch
 from PIL import Image
 
+from src.commands.train import train
 from src.datamodules.coco_multilabel import CocoMultiLabelDataModule
 from src.datamodules.image_folder import DatasetLayoutError
-from src.commands.train import train
 
 # 80 category ids with gaps, as COCO's 1..90; listed unsorted to check the sorted label order
 CATEGORY_IDS = [i + i // 12 for i in range(1, 81)][::-1]
 # image id -> category ids of its annotations (image 3 has none)
-TRAIN = {1: [CATEGORY_IDS[-1], CATEGORY_IDS[-6], CATEGORY_IDS[-6]], 2: [CATEGORY_IDS[0]], 3: [], 4: [CATEGORY_IDS[-2]]}
+TRAIN = {
+    1: [CATEGORY_IDS[-1], CATEGORY_IDS[-6], CATEGORY_IDS[-6]],
+    2: [CATEGORY_IDS[0]],
+    3: [],
+    4: [CATEGORY_IDS[-2]],
+}
 VAL = {10: [CATEGORY_IDS[-1]], 11: [CATEGORY_IDS[-3], CATEGORY_IDS[0]]}
 
 
@@ -34,8 +39,9 @@ def make_coco(root: Path, year: int = 2014) -> Path:
             entries.append({"id": image_id, "file_name": name, "height": 30, "width": 40})
             for category in categories:
                 annotations.append(
-                    {"id": len(annotations) + 100 * image_id, "image_id": image_id, "category_id": category,
-                     "bbox": [1, 1, 10, 10], "area": 100, "iscrowd": 0, "segmentation": []}
+                    {"id": len(annotations) + 100 * image_id, "image_id": image_id,
+                     "category_id": category, "bbox": [1, 1, 10, 10], "area": 100, "iscrowd": 0,
+                     "segmentation": []}
                 )  # fmt: skip
         document = {
             "images": entries,
@@ -52,13 +58,18 @@ def coco_root(tmp_path: Path) -> Path:
 
 
 def test_multi_hot_targets_in_sorted_category_order(coco_root: Path) -> None:
-    dm = CocoMultiLabelDataModule(str(coco_root), crop_size=32, resize_size=36, batch_size=2, num_workers=0)
+    dm = CocoMultiLabelDataModule(
+        str(coco_root), crop_size=32, resize_size=36, batch_size=2, num_workers=0
+    )
     dm.setup("fit")
     assert dm.category_ids == sorted(CATEGORY_IDS)
     train_set = dm.splits["train"]
     assert len(train_set) == 4 and len(dm.splits["val"]) == 2
     # sorted ids: CATEGORY_IDS[-1] is label 0, [-2] label 1, [-6] label 5, [0] label 79
-    assert train_set.targets[0].nonzero().flatten().tolist() == [0, 5]  # a repeated category counts once
+    assert train_set.targets[0].nonzero().flatten().tolist() == [
+        0,
+        5,
+    ]  # a repeated category counts once
     assert train_set.targets[1].nonzero().flatten().tolist() == [79]
     assert train_set.targets[2].sum() == 0  # kept, with an all-zero target
     assert dm.splits["val"].targets[1].nonzero().flatten().tolist() == [2, 79]
@@ -89,7 +100,11 @@ def test_missing_and_malformed_roots(tmp_path: Path, coco_root: Path) -> None:
     with pytest.raises(DatasetLayoutError) as error:
         CocoMultiLabelDataModule(str(missing)).setup("fit")
     message = str(error.value)
-    assert str(missing) in message and "annotations/instances_train2014.json" in message and "val2014/" in message
+    assert (
+        str(missing) in message
+        and "annotations/instances_train2014.json" in message
+        and "val2014/" in message
+    )
     image = coco_root / "val2014" / "COCO_val2014_000000000011.jpg"
     image.unlink()
     with pytest.raises(DatasetLayoutError, match="1 of 2 val2014 images are missing") as error:

@@ -83,7 +83,10 @@ def test_the_translation_demo_pads_a_fifth_of_its_tokens(data_dir, tmp_path) -> 
 
 
 SEGMENT_DEMOS = [
-    "char_lm/demo", "char_lm/demo_txl", "group_transformer_lm/demo", "group_transformer_lm/demo_txl"
+    "char_lm/demo",
+    "char_lm/demo_txl",
+    "group_transformer_lm/demo",
+    "group_transformer_lm/demo_txl",
 ]
 
 

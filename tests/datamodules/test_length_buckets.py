@@ -200,6 +200,7 @@ def test_token_batches_pad_to_the_cells_on_every_rank() -> None:
     planned = {shape for shape, _ in bucket_batches(cells, source, target, 256)}
     expected = {((rows, s), (rows, t)) for rows, s, t in planned}
     assert shapes == expected and len(shapes) <= 4
+
     def dealt(shuffle: bool) -> list[list[list[int]]]:
         make = partial(TokenBatches, split, 256, shuffle=shuffle, cells=cells, world_size=2)
         return [make(rank=r).batches(0) for r in (0, 1)]

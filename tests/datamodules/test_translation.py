@@ -51,18 +51,30 @@ def write_mo(path: Path, messages: dict[str, str]) -> None:
     path.write_bytes(head + tables + blob)
 
 
-def write_corpus(root: Path, pairs: dict[str, tuple[list[str], list[str]]], src: str = "de", tgt: str = "en") -> None:
+def write_corpus(
+    root: Path, pairs: dict[str, tuple[list[str], list[str]]], src: str = "de", tgt: str = "en"
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for split, (source, target) in pairs.items():
         (root / f"{split}.{src}").write_text("".join(f"{s}\n" for s in source))
         (root / f"{split}.{tgt}").write_text("".join(f"{t}\n" for t in target))
 
 
-TRAIN = (["das haus", "ein kleines haus", "das au@@ to", "ein auto"], ["the house", "a small house", "the car", "a car"])
+TRAIN = (
+    ["das haus", "ein kleines haus", "das au@@ to", "ein auto"],
+    ["the house", "a small house", "the car", "a car"],
+)
 
 
 def small_corpus(root: Path) -> None:
-    write_corpus(root, {"train": TRAIN, "valid": (["das haus"], ["the house"]), "test": (["ein au@@ to"], ["a car"])})
+    write_corpus(
+        root,
+        {
+            "train": TRAIN,
+            "valid": (["das haus"], ["the house"]),
+            "test": (["ein au@@ to"], ["a car"]),
+        },
+    )
 
 
 # -- dictionary and codecs --------------------------------------------------------------------
@@ -101,7 +113,11 @@ def test_catalogue_keeps_translated_singular_messages(tmp_path) -> None:
         },
     )
     entries = read_catalogue(path)
-    assert [(e.source, e.translation) for e in entries] == [("%d file", "%d Datei"), ("Open", "Öffnen"), ("Save", "Sichern")]
+    assert [(e.source, e.translation) for e in entries] == [
+        ("%d file", "%d Datei"),
+        ("Open", "Öffnen"),
+        ("Save", "Sichern"),
+    ]
     assert find_catalogues("de", [tmp_path]) == [path.resolve()]
     assert find_catalogues("fr", [tmp_path]) == []
     (tmp_path / "broken.mo").write_bytes(b"not a catalogue")
@@ -134,17 +150,24 @@ def test_installed_catalogues_give_a_real_corpus() -> None:
 def test_gettext_corpus_splits_by_message(tmp_path, monkeypatch) -> None:
     messages = [CatalogueEntry(f"message {i}", f"Nachricht {i}", "x.mo") for i in range(400)]
     monkeypatch.setattr(translation_module, "parallel_messages", lambda language: iter(messages))
-    dm = GettextTranslationDataModule(str(tmp_path / "gt"), sentencepiece_vocab_size=60, max_tokens=64)
+    dm = GettextTranslationDataModule(
+        str(tmp_path / "gt"), sentencepiece_vocab_size=60, max_tokens=64
+    )
     assert dm.src_vocab_size == dm.tgt_vocab_size == 60  # the joint SentencePiece model's pieces
     dm.setup()
     sizes = {split: len(dm.splits[split]) for split in ("train", "valid", "test")}
     assert sum(sizes.values()) == 400 and 5 <= sizes["valid"] <= 40 and 5 <= sizes["test"] <= 40
-    english = {split: set((tmp_path / "gt" / f"{split}.en").read_text().splitlines()) for split in sizes}
+    english = {
+        split: set((tmp_path / "gt" / f"{split}.en").read_text().splitlines()) for split in sizes
+    }
     assert not (english["train"] & english["test"]) and not (english["valid"] & english["test"])
     # the reference is the raw English text; decoding a target gives it back
     split = dm.splits["test"]
     assert dm.decode(split.target[0].tolist()) == split.references[0]
-    assert split.source[0][-1] == EOS_ID and dm.encode_source(dm_source(tmp_path, 0)).tolist() == split.source[0].tolist()
+    assert (
+        split.source[0][-1] == EOS_ID
+        and dm.encode_source(dm_source(tmp_path, 0)).tolist() == split.source[0].tolist()
+    )
     monkeypatch.setattr(translation_module, "parallel_messages", lambda language: iter([]))
     with pytest.raises(CorpusError, match="no gettext catalogue for language 'xx'"):
         GettextTranslationDataModule(str(tmp_path / "none"), language="xx").setup()
@@ -181,11 +204,15 @@ def test_training_batches_shuffle_per_epoch_and_shard_evenly() -> None:
     second = [b["id"].tolist() for b in batches]
     assert first != second and sorted(map(sorted, first)) != [] and len(first) == len(batches)
     assert sorted(i for b in first for i in b) == list(range(40))
-    ranks = [TokenBatches(split, 24, shuffle=True, rank=r, world_size=3).batches(0) for r in range(3)]
+    ranks = [
+        TokenBatches(split, 24, shuffle=True, rank=r, world_size=3).batches(0) for r in range(3)
+    ]
     assert len({len(r) for r in ranks}) == 1  # every process takes the same number of steps
     seen = [i for r in ranks for b in r for i in b]
     assert len(seen) == len(set(seen))
-    evaluation = [TokenBatches(split, 24, shuffle=False, rank=r, world_size=3).batches(0) for r in range(3)]
+    evaluation = [
+        TokenBatches(split, 24, shuffle=False, rank=r, world_size=3).batches(0) for r in range(3)
+    ]
     assert sorted(i for r in evaluation for b in r for i in b) == list(range(40))  # nothing dropped
 
 
@@ -217,7 +244,10 @@ def test_bpe_corpus_loads_with_built_dictionaries(tmp_path) -> None:
     assert batch["src_tokens"].shape[0] >= 1
     joined = TranslationDataModule(str(tmp_path), "de", "en", joined_dictionary=True)
     codecs = joined.load_codecs()
-    assert codecs["source"].dictionary is codecs["target"].dictionary and len(codecs["source"].dictionary.indices) == 16  # 4 + 7 + 5
+    assert (
+        codecs["source"].dictionary is codecs["target"].dictionary
+        and len(codecs["source"].dictionary.indices) == 16
+    )  # 4 + 7 + 5
     Dictionary(["haus", "das"]).save(tmp_path / "dict.de.txt")
     Dictionary(["house", "the"]).save(tmp_path / "dict.en.txt")
     read = TranslationDataModule(str(tmp_path), "de", "en")
@@ -225,7 +255,9 @@ def test_bpe_corpus_loads_with_built_dictionaries(tmp_path) -> None:
 
 
 def test_missing_data_names_the_layout(tmp_path) -> None:
-    with pytest.raises(CorpusError, match=r"nowhere does not exist.*train\.de, train\.en.*data\.root"):
+    with pytest.raises(
+        CorpusError, match=r"nowhere does not exist.*train\.de, train\.en.*data\.root"
+    ):
         TranslationDataModule(str(tmp_path / "nowhere"), "de", "en").prepare_data()
     small_corpus(tmp_path)
     (tmp_path / "test.en").unlink()
@@ -266,7 +298,11 @@ def test_count_lines_counts_a_last_line_without_a_line_feed(tmp_path) -> None:
 def test_empty_lines_are_dropped_and_counted(tmp_path, caplog) -> None:
     write_corpus(
         tmp_path,
-        {"train": (["das haus", "", "ein auto"], ["the house", "a car", ""]), "valid": TRAIN, "test": TRAIN},
+        {
+            "train": (["das haus", "", "ein auto"], ["the house", "a car", ""]),
+            "valid": TRAIN,
+            "test": TRAIN,
+        },
     )
     dm = TranslationDataModule(str(tmp_path), "de", "en")
     with caplog.at_level(logging.WARNING):
@@ -277,19 +313,29 @@ def test_empty_lines_are_dropped_and_counted(tmp_path, caplog) -> None:
 
 def test_too_long_pairs_are_dropped_in_training_and_refused_in_test(tmp_path, caplog) -> None:
     small_corpus(tmp_path)
-    dm = TranslationDataModule(str(tmp_path), "de", "en", max_source_positions=3, max_target_positions=3)
+    dm = TranslationDataModule(
+        str(tmp_path), "de", "en", max_source_positions=3, max_target_positions=3
+    )
     with caplog.at_level(logging.WARNING):
-        with pytest.raises(CorpusError, match=r"test\.de:1: a pair of 4 source / 3 target tokens exceeds"):
+        with pytest.raises(
+            CorpusError, match=r"test\.de:1: a pair of 4 source / 3 target tokens exceeds"
+        ):
             dm.setup()
     # "ein kleines haus" + eos and "das au@@ to" + eos are 4 tokens: dropped, counted
-    assert "dropped 2 of 4 training pairs longer than 3 source / 3 target tokens (lines 2, 3)" in caplog.text
+    assert (
+        "dropped 2 of 4 training pairs longer than 3 source / 3 target tokens (lines 2, 3)"
+        in caplog.text
+    )
 
 
 def test_configured_vocabulary_size_must_match(tmp_path) -> None:
     small_corpus(tmp_path)
     dm = TranslationDataModule(str(tmp_path), "de", "en", src_vocab_size=8848)
     assert dm.src_vocab_size == 8848  # taken from the config: nothing is read to build the model
-    with pytest.raises(CorpusError, match=r"data\.src_vocab_size is 8848 but .* has 16 entries; set data\.src_vocab_size=16"):
+    with pytest.raises(
+        CorpusError,
+        match=r"data\.src_vocab_size is 8848 but .* has 16 entries; set data\.src_vocab_size=16",
+    ):
         dm.setup()
 
 

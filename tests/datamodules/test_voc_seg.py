@@ -10,9 +10,9 @@ import scipy.io
 import torch
 from PIL import Image
 
+from src.commands.train import train
 from src.datamodules.image_folder import IMAGENET_MEAN, IMAGENET_STD, DatasetLayoutError
 from src.datamodules.voc_seg import VOCSegmentationDataModule
-from src.commands.train import train
 
 PERSON = 15
 RED, BLUE = (220, 20, 20), (20, 20, 220)
@@ -35,7 +35,9 @@ def scene(flip: bool = False) -> tuple[np.ndarray, np.ndarray]:
 
 def palette_png(mask: np.ndarray, path: Path) -> None:
     png = Image.fromarray(mask, mode="P")
-    png.putpalette([v for i in range(256) for v in ((i * 37) % 256, (i * 91) % 256, (i * 53) % 256)])
+    png.putpalette(
+        [v for i in range(256) for v in ((i * 37) % 256, (i * 91) % 256, (i * 53) % 256)]
+    )
     png.save(path)
 
 
@@ -58,9 +60,14 @@ def make_sbd(root: Path, ids: list[str], classes: dict[str, int]) -> Path:
     (dataset / "cls").mkdir()
     for image_id in ids:
         image, mask = scene()
-        mask = np.where(mask == PERSON, classes[image_id], 0).astype(np.uint8)  # SBD has no 255 borders
+        mask = np.where(mask == PERSON, classes[image_id], 0).astype(
+            np.uint8
+        )  # SBD has no 255 borders
         Image.fromarray(image).save(dataset / "img" / f"{image_id}.jpg", quality=95)
-        scipy.io.savemat(dataset / "cls" / f"{image_id}.mat", {"GTcls": {"Segmentation": mask, "CategoriesPresent": 1}})
+        scipy.io.savemat(
+            dataset / "cls" / f"{image_id}.mat",
+            {"GTcls": {"Segmentation": mask, "CategoriesPresent": 1}},
+        )
     (dataset / "train.txt").write_text("\n".join(ids[:-1]) + "\n")
     (dataset / "val.txt").write_text(ids[-1] + "\n")
     return root
@@ -73,7 +80,11 @@ def denormalised(images: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture
 def voc_root(tmp_path: Path) -> Path:
-    return make_voc(tmp_path / "voc", ["2007_000001", "2007_000002", "2007_000003", "2007_000004"], ["2007_000005", "2007_000006"])
+    return make_voc(
+        tmp_path / "voc",
+        ["2007_000001", "2007_000002", "2007_000003", "2007_000004"],
+        ["2007_000005", "2007_000006"],
+    )
 
 
 def test_batches_labels_and_non_square_crop(voc_root: Path) -> None:
@@ -91,7 +102,9 @@ def test_batches_labels_and_non_square_crop(voc_root: Path) -> None:
 
 
 def test_image_and_mask_stay_aligned_under_crop_and_flip(voc_root: Path) -> None:
-    dm = VOCSegmentationDataModule(str(voc_root), crop_size=(20, 20), batch_size=2, num_workers=0, crop_scale=(0.3, 1.0))
+    dm = VOCSegmentationDataModule(
+        str(voc_root), crop_size=(20, 20), batch_size=2, num_workers=0, crop_scale=(0.3, 1.0)
+    )
     dm.setup("fit")
     torch.manual_seed(0)
     flips_seen = set()
@@ -100,7 +113,9 @@ def test_image_and_mask_stay_aligned_under_crop_and_flip(voc_root: Path) -> None
         rgb = denormalised(image)
         person, background = mask == PERSON, mask == 0
         if person.any():
-            assert (rgb[0][person] > rgb[2][person]).float().mean() > 0.9  # red where the mask says person
+            assert (
+                rgb[0][person] > rgb[2][person]
+            ).float().mean() > 0.9  # red where the mask says person
             flips_seen.add(bool(person[:, -1].any()))  # the person reached the right edge: flipped
         assert (rgb[2][background] > rgb[0][background]).float().mean() > 0.9  # blue background
     assert flips_seen == {True, False}
@@ -110,11 +125,15 @@ def test_sbd_train_aug(voc_root: Path, tmp_path: Path) -> None:
     # 2007_000001 is in VOC train (VOC mask wins), 2007_000005 in VOC val (left out of training)
     ids = ["2007_000001", "2008_000010", "2008_000011", "2007_000005"]
     sbd = make_sbd(tmp_path / "benchmark_RELEASE", ids, {i: 3 + k for k, i in enumerate(ids)})
-    dm = VOCSegmentationDataModule(str(voc_root), crop_size=(36, 48), batch_size=2, num_workers=0, sbd_root=str(sbd))
+    dm = VOCSegmentationDataModule(
+        str(voc_root), crop_size=(36, 48), batch_size=2, num_workers=0, sbd_root=str(sbd)
+    )
     dm.setup("fit")
     files = [(image.name, mask.name) for image, mask in dm.splits["train"].samples]
     assert len(files) == 6 and ("2008_000010.jpg", "2008_000010.mat") in files
-    assert ("2007_000001.jpg", "2007_000001.png") in files and "2007_000005.mat" not in {m for _, m in files}
+    assert ("2007_000001.jpg", "2007_000001.png") in files and "2007_000005.mat" not in {
+        m for _, m in files
+    }
     sbd_index = files.index(("2008_000011.jpg", "2008_000011.mat"))
     _, mask = dm.splits["train"][sbd_index]
     assert set(mask.unique().tolist()) == {0, 5}
@@ -125,13 +144,19 @@ def test_missing_root_names_path_and_layout(tmp_path: Path) -> None:
     with pytest.raises(DatasetLayoutError) as error:
         VOCSegmentationDataModule(str(missing)).setup("fit")
     message = str(error.value)
-    assert str(missing) in message and "VOCdevkit/VOC2012/" in message and "SegmentationClass/<id>.png" in message
+    assert (
+        str(missing) in message
+        and "VOCdevkit/VOC2012/" in message
+        and "SegmentationClass/<id>.png" in message
+    )
 
 
 def test_malformed_root_names_missing_files(voc_root: Path, tmp_path: Path) -> None:
     voc = voc_root / "VOCdevkit" / "VOC2012"
     (voc / "SegmentationClass" / "2007_000002.png").unlink()
-    with pytest.raises(DatasetLayoutError, match="1 of 8 VOC train images and masks are missing") as error:
+    with pytest.raises(
+        DatasetLayoutError, match="1 of 8 VOC train images and masks are missing"
+    ) as error:
         VOCSegmentationDataModule(str(voc_root)).setup("fit")
     assert str(voc / "SegmentationClass" / "2007_000002.png") in str(error.value)
     (voc / "ImageSets" / "Segmentation" / "val.txt").unlink()
@@ -139,7 +164,9 @@ def test_malformed_root_names_missing_files(voc_root: Path, tmp_path: Path) -> N
         VOCSegmentationDataModule(str(voc_root)).setup("fit")
     with pytest.raises(DatasetLayoutError, match="SBD folder .*dataset does not exist"):
         make_voc(tmp_path / "voc2", ["a"], ["b"])
-        VOCSegmentationDataModule(str(tmp_path / "voc2"), sbd_root=str(tmp_path / "no_sbd")).setup("fit")
+        VOCSegmentationDataModule(str(tmp_path / "voc2"), sbd_root=str(tmp_path / "no_sbd")).setup(
+            "fit"
+        )
 
 
 def test_constructor_rejects_bad_values() -> None:

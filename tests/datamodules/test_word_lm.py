@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from src.datamodules.dictionary import Dictionary
 from src.datamodules.text_files import TextEncodingError
 from src.datamodules.word_lm import (
     EOS,
@@ -33,19 +32,30 @@ TEST = "a dog sat <unk>\nzebra\n"
 
 @pytest.fixture
 def wikitext(tmp_path: Path) -> Path:
-    for name, text in (("wiki.train.tokens", TRAIN), ("wiki.valid.tokens", VALID), ("wiki.test.tokens", TEST)):
+    for name, text in (
+        ("wiki.train.tokens", TRAIN),
+        ("wiki.valid.tokens", VALID),
+        ("wiki.test.tokens", TEST),
+    ):
         (tmp_path / name).write_text(text)
     return tmp_path
 
 
 def test_dictionary_follows_fairseq(wikitext: Path) -> None:
-    dm = WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
+    dm = WordLMDataModule(
+        str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2
+    )
     dm.setup()
     words = dm.dictionary.symbols
     # specials, then by count (the 3; "=" and sat 2; then the count-1 words), ties in string
     # order, padded to a multiple of 8
     assert words[:10] == ("<s>", "<pad>", "</s>", "<unk>", "the", "=", "sat", "Title", "cat", "dog")
-    assert words[10:12] == ("mat", "on") and words[12:] == ("madeupword0000", "madeupword0001", "madeupword0002", "madeupword0003")
+    assert words[10:12] == ("mat", "on") and words[12:] == (
+        "madeupword0000",
+        "madeupword0001",
+        "madeupword0002",
+        "madeupword0003",
+    )
     assert dm.vocab_size == len(dm.dictionary) == 16
     assert (dm.dictionary.index("cat"), dm.dictionary.index("zebra")) == (8, UNK)
     assert decode_words(dm.dictionary, [4, 8, EOS, 6]) == "the cat\nsat"
@@ -67,14 +77,20 @@ def test_a_given_dict_txt_is_used(wikitext: Path) -> None:
 
 
 def test_vocabulary_size_mismatch_names_both_sizes_and_the_fix(wikitext: Path) -> None:
-    dm = WordLMDataModule(str(wikitext), vocab_size=267744, tokens_per_sample=4, eval_context_window=2)
-    with pytest.raises(ValueError, match="has 16 entries but data.vocab_size is 267744; set data.vocab_size=null"):
+    dm = WordLMDataModule(
+        str(wikitext), vocab_size=267744, tokens_per_sample=4, eval_context_window=2
+    )
+    with pytest.raises(
+        ValueError, match="has 16 entries but data.vocab_size is 267744; set data.vocab_size=null"
+    ):
         dm.setup()
 
 
 def test_missing_root_names_the_path_and_layout(tmp_path: Path) -> None:
     dm = WordLMDataModule(str(tmp_path / "absent"), tokens_per_sample=4, eval_context_window=2)
-    with pytest.raises(FileNotFoundError, match=r"absent.*Expected the WikiText-103 layout: .*wiki.train.tokens"):
+    with pytest.raises(
+        FileNotFoundError, match=r"absent.*Expected the WikiText-103 layout: .*wiki.train.tokens"
+    ):
         dm.setup()
 
 
@@ -88,7 +104,9 @@ def test_cache_is_rebuilt_when_a_split_changes(wikitext: Path) -> None:
     dm = WordLMDataModule(str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2)
     dm.setup()
     (wikitext / "wiki.valid.tokens").write_text("the dog dog\n")
-    again = WordLMDataModule(str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2)
+    again = WordLMDataModule(
+        str(wikitext), vocab_size=16, tokens_per_sample=4, eval_context_window=2
+    )
     again.setup()
     assert np.asarray(again.splits["val"]).tolist() == [4, 9, 9, EOS]
 
@@ -105,7 +123,9 @@ def test_blocks_predict_the_stream_shifted_by_one() -> None:
     assert inputs.shape == (2, 4) and targets[1].tolist() == [18, 19, 20, PAD]
 
 
-@pytest.mark.parametrize(("length", "context"), [(11, 0), (11, 2), (23, 3), (4, 3), (3, 1), (100, 7)])
+@pytest.mark.parametrize(
+    ("length", "context"), [(11, 0), (11, 2), (23, 3), (4, 3), (3, 1), (100, 7)]
+)
 def test_context_windows_score_every_token_exactly_once(length: int, context: int) -> None:
     stream = np.arange(10, 10 + length)
     windows = ContextWindows(stream, 8, context)
@@ -137,7 +157,14 @@ def test_windows_reject_a_context_as_long_as_the_block() -> None:
 
 
 def test_loaders_batch_and_pad(wikitext: Path) -> None:
-    dm = WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, batch_size=2, eval_batch_size=3, eval_context_window=2)
+    dm = WordLMDataModule(
+        str(wikitext),
+        vocab_size=None,
+        tokens_per_sample=4,
+        batch_size=2,
+        eval_batch_size=3,
+        eval_context_window=2,
+    )
     dm.setup()
     x, y = next(iter(dm.test_dataloader()))
     # test: 7 tokens -> window [0, 4) and window scoring [4, 6) and [6, 7) after 2 context tokens
@@ -171,10 +198,21 @@ def test_a_latin1_corpus_is_named_and_read_in_its_encoding(wikitext: Path) -> No
     with pytest.raises(TextEncodingError) as error:
         WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2)
     check_message(str(error.value), train, offset)
-    dm = WordLMDataModule(str(wikitext), vocab_size=None, tokens_per_sample=4, eval_context_window=2, encoding="latin-1")
+    dm = WordLMDataModule(
+        str(wikitext),
+        vocab_size=None,
+        tokens_per_sample=4,
+        eval_context_window=2,
+        encoding="latin-1",
+    )
     dm.setup()
-    assert decode_words(dm.dictionary, np.asarray(dm.splits["train"])[-4:-1].tolist()) == "the grün mat"
+    assert (
+        decode_words(dm.dictionary, np.asarray(dm.splits["train"])[-4:-1].tolist())
+        == "the grün mat"
+    )
     # the cache is of the Latin-1 reading: read as UTF-8, the files are decoded again (and fail)
-    again = WordLMDataModule(str(wikitext), vocab_size=dm.vocab_size, tokens_per_sample=4, eval_context_window=2)
+    again = WordLMDataModule(
+        str(wikitext), vocab_size=dm.vocab_size, tokens_per_sample=4, eval_context_window=2
+    )
     with pytest.raises(TextEncodingError, match="line 3 does not decode as utf-8"):
         again.setup()

@@ -31,7 +31,12 @@ def test_sentence_ends_need_white_space_after_latin_marks_only() -> None:
 
 def test_a_source_that_fits_is_one_piece() -> None:
     fitted = fit_source("a bb ccc.", encode, 4)
-    assert len(fitted.pieces) == 1 and not fitted.split and fitted.truncated == 0 and fitted.num_tokens == 4
+    assert (
+        len(fitted.pieces) == 1
+        and not fitted.split
+        and fitted.truncated == 0
+        and fitted.num_tokens == 4
+    )
 
 
 def test_sentences_are_packed_into_pieces_that_fit() -> None:

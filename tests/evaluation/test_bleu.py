@@ -17,7 +17,9 @@ def test_identical_text_scores_100() -> None:
 def test_tokenized_bleu_counts_whitespace_tokens() -> None:
     # 6 tokens against 6: precisions 5/6, 3/5, 2/4, 1/3; no brevity penalty
     score = tokenized_bleu(["the cat sat on a mat"], ["the cat sat on the mat"])
-    expected = 100 * math.exp((math.log(5 / 6) + math.log(3 / 5) + math.log(2 / 4) + math.log(1 / 3)) / 4)
+    expected = 100 * math.exp(
+        (math.log(5 / 6) + math.log(3 / 5) + math.log(2 / 4) + math.log(1 / 3)) / 4
+    )
     assert score == pytest.approx(expected, rel=1e-9)
     # unsmoothed: no 4-gram match gives 0, as multi-bleu.perl
     assert tokenized_bleu(["the cat"], ["the cat sat"]) == 0.0
@@ -27,10 +29,18 @@ def test_tokenized_bleu_counts_whitespace_tokens() -> None:
 
 
 def test_compound_splitting_follows_the_official_script() -> None:
-    assert split_compounds("Know-how im 19.-20. Jh - gut") == "Know ##AT##-##AT## how im 19. ##AT##-##AT## 20. Jh - gut"
-    assert split_compounds("a-b-c") == "a ##AT##-##AT## b-c"  # Perl's s///g does not overlap matches
+    assert (
+        split_compounds("Know-how im 19.-20. Jh - gut")
+        == "Know ##AT##-##AT## how im 19. ##AT##-##AT## 20. Jh - gut"
+    )
+    assert (
+        split_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+    )  # Perl's s///g does not overlap matches
     # splitting turns one wrong compound token into two right tokens and one wrong
-    hypothesis, reference = ["und das ist ein Know-how Transfer und das ist gut"], ["und das ist ein Know-why Transfer und das ist gut"]
+    hypothesis, reference = (
+        ["und das ist ein Know-how Transfer und das ist gut"],
+        ["und das ist ein Know-why Transfer und das ist gut"],
+    )
     plain = tokenized_bleu(hypothesis, reference)
     split = tokenized_bleu(hypothesis, reference, compound_split=True)
     assert split > plain

@@ -277,7 +277,8 @@ def test_official_eval_needs_cityscapes_segmentation() -> None:
 
 
 def test_eval_with_data_cityscapes_builds_no_partial_callback(tmp_path: Path) -> None:
-    """eval.yaml composes no callbacks; the recipe's checkpoint monitor must not reach the Trainer."""
+    """eval.yaml composes no callbacks; the recipe's checkpoint monitor must not reach the
+    Trainer."""
     cfg = compose_config("eval", ["ckpt_path=x.ckpt", "data=cityscapes"], tmp_path)
     assert "_target_" not in cfg.callbacks.model_checkpoint  # the recipe's monitor alone
     trainer = build_trainer(cfg)

@@ -144,9 +144,11 @@ def devkit_iou(box: np.ndarray, truth: np.ndarray) -> float:
     ih = min(box[3], truth[3]) - max(box[1], truth[1]) + 1
     if iw <= 0 or ih <= 0:
         return -math.inf
-    union = (box[2] - box[0] + 1) * (box[3] - box[1] + 1) + (truth[2] - truth[0] + 1) * (
-        truth[3] - truth[1] + 1
-    ) - iw * ih
+    union = (
+        (box[2] - box[0] + 1) * (box[3] - box[1] + 1)
+        + (truth[2] - truth[0] + 1) * (truth[3] - truth[1] + 1)
+        - iw * ih
+    )
     return iw * ih / union
 
 
@@ -254,8 +256,12 @@ def test_random_cases_match_the_devkit_definition(seed: int) -> None:
     # The one difference: a class with non-difficult boxes whose every detection lies on a
     # difficult box. The devkit (and its Python port) makes its AP NaN, and so the mean; ours, as
     # chainercv, takes precision 0/0 as 0: AP 0, in the mean.
-    positives = np.array([int(sum(((t["labels"] == c) & ~t["difficult"]).sum() for t in truths))
-                          for c in range(1, num_classes)])
+    positives = np.array(
+        [
+            int(sum(((t["labels"] == c) & ~t["difficult"]).sum() for t in truths))
+            for c in range(1, num_classes)
+        ]
+    )
     on_difficult_only = np.isnan(expected) & (positives > 0)
     assert (ap[on_difficult_only] == 0).all()
     expected[on_difficult_only] = 0.0

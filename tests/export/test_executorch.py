@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from src.export.executorch import export_executorch, load_program
 from src.export.spec import ExportSpec
 from src.models.dicenet import DiCENet
 
@@ -13,7 +14,6 @@ pytest.importorskip("executorch")
 # lowering a network of DiCE units takes minutes on 2 cores: run with -m heavy
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
-from src.export.executorch import export_executorch, load_program
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,9 @@ def test_int8_without_images_names_the_fix(tmp_path) -> None:
     with pytest.raises(NoCalibrationImagesError) as raised:
         export(compose_config("export", overrides, tmp_path))
     message = str(raised.value)
-    assert message.startswith("quantize=int8 calibrates on images and there are none (dataset root ")
+    assert message.startswith(
+        "quantize=int8 calibrates on images and there are none (dataset root "
+    )
     assert "pass images=DIR" in message and "\n" not in message
     assert not list(tmp_path.glob("net*"))  # stopped before exporting anything
 

@@ -111,7 +111,11 @@ def test_calibration_feeds_are_small_batches_up_to_the_limit() -> None:
     batches = (torch.full((64, 3, 4, 4), float(i)) for i in range(100))  # a loader of batch 64
     feeds = CalibrationFeeds(batches, "image", 20)
     fed = [feed["image"] for feed in feeds]
-    assert [len(f) for f in fed] == [CALIBRATION_BATCH, CALIBRATION_BATCH, 20 - 2 * CALIBRATION_BATCH]
+    assert [len(f) for f in fed] == [
+        CALIBRATION_BATCH,
+        CALIBRATION_BATCH,
+        20 - 2 * CALIBRATION_BATCH,
+    ]
     assert feeds.images == 20 and feeds.finished is not None
     assert all(isinstance(f, np.ndarray) and f.shape[1:] == (3, 4, 4) for f in fed)
     with pytest.raises(ValueError, match="limit must be >= 1 image, got 0"):

@@ -50,7 +50,8 @@ def test_int8_export_prints_progress_and_a_summary(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(console) <= MAX_CONSOLE_LINES, "\n".join(console)
     stages = ["export: wrote", "check: parity at 1 size(s) on dataset",
-              "calibrate: min/max of 128 images", "quantize: wrote", "measure: accuracy eager"]  # fmt: skip
+              "calibrate: min/max of 128 images", "quantize: wrote",
+              "measure: accuracy eager"]  # fmt: skip
     for stage in stages:
         assert any(stage in line and line.endswith(" s)") for line in console), stage
     summary = done.stdout[done.stdout.index("exported ESPNetv2") :].splitlines()

@@ -124,7 +124,11 @@ def test_generate_from_the_exported_file(exported: dict, capsys) -> None:
     # only the file: the config and the vocabulary are in it; no corpus is read or built
     empty = exported["tmp"] / "empty"
     empty.mkdir(exist_ok=True)
-    from_file = [f"onnx={exported['tmp'] / 'net.onnx'}", f"data.root={empty}", f"paths.data_dir={empty}"]
+    from_file = [
+        f"onnx={exported['tmp'] / 'net.onnx'}",
+        f"data.root={empty}",
+        f"paths.data_dir={empty}",
+    ]
     from_ckpt = [*exported["overrides"], f"ckpt_path={exported['ckpt']}"]
     greedy = ["prompt='The default value of the'", "top_k=1"]
     greedy.append(
@@ -241,9 +245,7 @@ def test_predict_from_the_exported_file(espnet: dict) -> None:
     assert np.allclose([p for _, p in got["top_k"]], [p for _, p in eager["top_k"]], atol=1e-5)
     # a text graph is refused by predict.py; ckpt_path and onnx together are refused
     with pytest.raises(UsageError, match="not both"):
-        predict(
-            compose_config("predict", [f"onnx={onnx}", f"ckpt_path={ckpt}", *common], tmp_path)
-        )
+        predict(compose_config("predict", [f"onnx={onnx}", f"ckpt_path={ckpt}", *common], tmp_path))
     with pytest.raises(UsageError, match="no such file"):
         predict(compose_config("predict", [f"onnx={tmp_path / 'none.onnx'}", *common], tmp_path))
     with pytest.raises(WrongRunError) as refused:
@@ -291,7 +293,8 @@ def test_deploy_script_names_the_classes_predict_names(espnet: dict, tmp_path: P
 
 
 def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
-    """``nms=true``: decoding and NMS in the graph give ``predict.py`` the checkpoint's detections."""
+    """``nms=true``: decoding and NMS in the graph give ``predict.py`` the checkpoint's
+    detections."""
     overrides = [
         "experiment=detection/ssd_demo", f"data.root={tmp_path / 'coins'}", "data.num_train=8",
         "data.num_test=4",
@@ -314,7 +317,10 @@ def test_ssd_with_nms_in_the_graph(tmp_path: Path) -> None:
     eager = predict(compose_config("predict", [*overrides, f"ckpt_path={ckpt}", *common], tmp_path))
     got = predict(compose_config("predict", [f"onnx={stem}.onnx", *common], tmp_path))
     assert len(eager["detections"]) > 0
-    by_score = lambda found: sorted(found, key=lambda d: (-d[1], d[2]))
+
+    def by_score(found: list) -> list:
+        return sorted(found, key=lambda d: (-d[1], d[2]))
+
     assert by_score(got["detections"]) == by_score(eager["detections"])
 
 

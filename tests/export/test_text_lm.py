@@ -24,8 +24,8 @@ AWD_NO_DROPOUT = {
 
 DELIGHT_NO_DROPOUT = {
     name: 0.0
-    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout", "embedding_dropout",
-                 "position_dropout", "adaptive_softmax_dropout")
+    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout",
+                 "embedding_dropout", "position_dropout", "adaptive_softmax_dropout")
 }  # fmt: skip
 
 

@@ -21,9 +21,7 @@ HEAVY = [pytest.mark.slow, pytest.mark.heavy]
 
 # (config, image side, overrides): small widths; the side is two steps of the output stride
 CASES = [
-    pytest.param(
-        "dicenet", 32, {"scale": 0.2, "stem_stride": 1}, id="dicenet-0.2", marks=HEAVY
-    ),
+    pytest.param("dicenet", 32, {"scale": 0.2, "stem_stride": 1}, id="dicenet-0.2", marks=HEAVY),
     pytest.param("dicenet", 64, {"scale": 2.0}, id="dicenet-2.0", marks=HEAVY),
     pytest.param("espnetv2", 64, {"scale": 0.5}, id="espnetv2"),
     pytest.param("dice_mobilenet", 64, {"scale": 0.5}, id="dice_mobilenet", marks=HEAVY),

@@ -138,9 +138,7 @@ def test_pointwise_conv_runs_the_winner(auto, monkeypatch, winner) -> None:
     monkeypatch.setattr(dispatch, "cpu_times", _slow(_other(winner)))
     x, weight, bias = _pointwise_case()
     y = pointwise_conv(x[:, 16:], weight, bias)  # the rows of a channel slice
-    expected_node = (
-        "PointwiseConvCpuFunctionBackward" if winner == OURS else "ConvolutionBackward0"
-    )
+    expected_node = "PointwiseConvCpuFunctionBackward" if winner == OURS else "ConvolutionBackward0"
     assert type(y.grad_fn).__name__ == expected_node
     assert x.grad is None and weight.grad is None  # timing left the caller's tensors alone
     expected = F.conv2d(x[:, 16:], weight, bias)
@@ -158,9 +156,7 @@ def test_batch_norm_runs_the_winner_and_counts_one_batch(auto, monkeypatch, winn
     probe = torch.randn(3, 6, 4, 5, generator=gen)
     x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     y = bn(x_ours)
-    expected_node = (
-        "BatchNormCpuFunctionBackward" if winner == OURS else "NativeBatchNormBackward0"
-    )
+    expected_node = "BatchNormCpuFunctionBackward" if winner == OURS else "NativeBatchNormBackward0"
     assert type(y.grad_fn).__name__ == expected_node
     # the timed candidates updated no statistics: one batch counted, as nn.BatchNorm2d counts
     y_ref = reference(x_ref)

@@ -96,7 +96,8 @@ class Logits(nn.Module):
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0}
 AWD_SMALL = {
     "embedding_dim": 16, "hidden_size": 32, "num_layers": 2,
-    **{p: 0.0 for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding", "weight_drop")},
+    **{p: 0.0 for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding",
+                        "weight_drop")},
 }  # fmt: skip
 
 
@@ -127,14 +128,25 @@ CASES = {
     "DeLighTEncoderDecoder": (
         lambda: Translate(
             DeLighTEncoderDecoder(
-                30, 30, 64, 2, 3, 2.0, ffn_dropout=0.0, embedding_dropout=0.0, position_dropout=0.0, **NO_DROPOUT
+                30,
+                30,
+                64,
+                2,
+                3,
+                2.0,
+                ffn_dropout=0.0,
+                embedding_dropout=0.0,
+                position_dropout=0.0,
+                **NO_DROPOUT,
             ),
             source_len=7,
         ),
         lambda: [torch.randint(4, 30, (2, 12))],
     ),
     "TransformerEncoderDecoder": (
-        lambda: Translate(TransformerEncoderDecoder(30, 30, 32, 64, 4, 2, **NO_DROPOUT), source_len=7),
+        lambda: Translate(
+            TransformerEncoderDecoder(30, 30, 32, 64, 4, 2, **NO_DROPOUT), source_len=7
+        ),
         lambda: [torch.randint(4, 30, (2, 12))],
     ),
     "DeLighTLanguageModel": (

@@ -69,10 +69,20 @@ def test_shapes(rnn: str, tie_weights: bool) -> None:
     assert out.logits.shape == (3, 7, V)
     assert out.raw_output.shape == out.dropped_output.shape == (3, 7, last)
     assert [tuple(t.shape) for h in out.hidden for t in h] == [
-        (1, 3, M), (1, 3, M), (1, 3, M), (1, 3, M), (1, 3, last), (1, 3, last)
+        (1, 3, M),
+        (1, 3, M),
+        (1, 3, M),
+        (1, 3, M),
+        (1, 3, last),
+        (1, 3, last),
     ]
     assert [tuple(t.shape) for h in model.init_hidden(3) for t in h] == [
-        (1, 3, M), (1, 3, M), (1, 3, M), (1, 3, M), (1, 3, last), (1, 3, last)
+        (1, 3, M),
+        (1, 3, M),
+        (1, 3, M),
+        (1, 3, M),
+        (1, 3, last),
+        (1, 3, last),
     ]
     assert (model.decoder.weight is model.embedding.weight) == tie_weights
 
@@ -256,7 +266,9 @@ def official_names(key: str) -> str:
     """This model's name of a tensor -> the official ``RNNModel``'s (github.com/sacmehta/PRU)."""
     key = key.replace("embedding.weight", "encoder.weight")
     key = key.replace("cells.0.pyramid.transforms.", "pt.pyramid.")
-    return key.replace("cells.0.context.glt.weight", "glt.W").replace("cells.0.context.glt.", "glt.")
+    return key.replace("cells.0.context.glt.weight", "glt.W").replace(
+        "cells.0.context.glt.", "glt."
+    )
 
 
 @pytest.mark.parametrize("rnn", ["pru", "lstm"])
@@ -282,6 +294,7 @@ def test_official_names_load_and_unknown_keys_are_refused(rnn: str) -> None:
 
 def test_table_4_2_options_reach_the_pyramids() -> None:
     """One 600-wide layer (thesis Table 4.2): the equal split and the residual switch."""
+
     def unit(**kwargs) -> AWDLanguageModel:
         with torch.device("meta"):
             return AWDLanguageModel(

@@ -1,4 +1,5 @@
-"""Parameter counts of Transformer-XL and Group-Transformer equal the official models' (params.json).
+"""Parameter counts of Transformer-XL and Group-Transformer equal the official models'
+(params.json).
 
 ``params.json`` (reference data) lists, for every row of the paper's Tables 2 and 3, the count of
 the official models in several settings. Models are built on the meta device (no memory, no init).
@@ -46,7 +47,10 @@ def table2_rows(model: str) -> list:
     if not PARAMS.is_file():
         return [pytest.param({}, marks=needs_reference)]
     rows = [r for r in reference()["table2"] if r["model"].startswith(model)]
-    return [pytest.param(r, id=f"L{r['L']}-D{r['d_model']}-H{r['n_head']}-G{r.get('n_group', 0)}") for r in rows]
+    return [
+        pytest.param(r, id=f"L{r['L']}-D{r['d_model']}-H{r['n_head']}-G{r.get('n_group', 0)}")
+        for r in rows
+    ]
 
 
 @needs_reference
@@ -55,11 +59,19 @@ def test_transformer_xl_rows(row: dict) -> None:
     counts = row["params"]
     for tied in (True, False):
         name = "tied" if tied else "untied"
-        assert n_params(build(TransformerXL, **shape(row), tie_weight=tied)) == counts[f"kimiyoung_official_{name}"]
+        assert (
+            n_params(build(TransformerXL, **shape(row), tie_weight=tied))
+            == counts[f"kimiyoung_official_{name}"]
+        )
         # clovaai's model_type="xl": Transformer-XL layers plus out_norm and out_trans_layer
         xl = build(
-            GroupTransformer, **shape(row), tie_weight=tied, learnable_pos=False,
-            group_attention=False, group_ffn=False, pre_norm=False,
+            GroupTransformer,
+            **shape(row),
+            tie_weight=tied,
+            learnable_pos=False,
+            group_attention=False,
+            group_ffn=False,
+            pre_norm=False,
         )
         assert n_params(xl) == counts[f"clovaai_model_type_xl_{name}"]
 
@@ -77,7 +89,9 @@ def test_group_transformer_rows(row: dict) -> None:
     for key, expected in counts.items():
         tied = "_tied_" in key
         (position,) = [v for k, v in settings.items() if key.endswith(k)]
-        model = build(GroupTransformer, **shape(row), n_group=row["n_group"], tie_weight=tied, **position)
+        model = build(
+            GroupTransformer, **shape(row), n_group=row["n_group"], tie_weight=tied, **position
+        )
         assert n_params(model) == expected, key
         checked += 1
     assert checked == 6
@@ -86,7 +100,10 @@ def test_group_transformer_rows(row: dict) -> None:
 def table3_rows() -> list:
     if not PARAMS.is_file():
         return [pytest.param({}, marks=needs_reference)]
-    return [pytest.param(r, id=f"G{r['n_group']}-{r['variant']}") for r in reference()["table3_ablation"]]
+    return [
+        pytest.param(r, id=f"G{r['n_group']}-{r['variant']}")
+        for r in reference()["table3_ablation"]
+    ]
 
 
 @needs_reference
@@ -94,8 +111,17 @@ def table3_rows() -> list:
 def test_table3_ablation_rows(row: dict) -> None:
     attention, ffn = row["variant"].split("+")
     flags = {"group_attention": attention == "group_attention", "group_ffn": ffn == "group_ffn"}
-    base = {"n_layer": 9, "d_model": 256, "n_head": 8, "d_inner": 1024, "n_group": row["n_group"], **flags}
-    script = build(GroupTransformer, **base, tie_weight=False, learnable_pos=True, tgt_len=512, mem_len=512)
+    base = {
+        "n_layer": 9,
+        "d_model": 256,
+        "n_head": 8,
+        "d_inner": 1024,
+        "n_group": row["n_group"],
+        **flags,
+    }
+    script = build(
+        GroupTransformer, **base, tie_weight=False, learnable_pos=True, tgt_len=512, mem_len=512
+    )
     assert n_params(script) == row["params_in_group_framework_untied_with_pos_enc1024"]
     assert n_params(script.layers) == row["layers_params"]
     paper = build(GroupTransformer, **base, tie_weight=True, learnable_pos=False)
@@ -107,15 +133,35 @@ def test_per_module_counts() -> None:
     counts = reference()["per_module_params_d256_8heads"]
     with torch.device("meta"):
         for groups in (2, 4):
-            assert n_params(GroupAttention(256, 8, groups)) == counts[f"GroupAttention_G{groups} (2D^2 + 5D^2/G + 4D)"]
+            assert (
+                n_params(GroupAttention(256, 8, groups))
+                == counts[f"GroupAttention_G{groups} (2D^2 + 5D^2/G + 4D)"]
+            )
             ffn = GroupFeedForward(256, 1024, groups)
-            assert n_params(ffn) == counts[f"GroupFeedforward_G{groups} (13D^2/G + 20D with d_inner=4D)"]
+            assert (
+                n_params(ffn)
+                == counts[f"GroupFeedforward_G{groups} (13D^2/G + 20D with d_inner=4D)"]
+            )
 
 
 def test_inter_group_ablation_removes_inter_maps() -> None:
-    full = build(GroupTransformer, n_layer=1, d_model=64, n_head=4, d_inner=256, n_group=2, learnable_pos=False)
+    full = build(
+        GroupTransformer,
+        n_layer=1,
+        d_model=64,
+        n_head=4,
+        d_inner=256,
+        n_group=2,
+        learnable_pos=False,
+    )
     intra = build(
-        GroupTransformer, n_layer=1, d_model=64, n_head=4, d_inner=256, n_group=2, learnable_pos=False,
+        GroupTransformer,
+        n_layer=1,
+        d_model=64,
+        n_head=4,
+        d_inner=256,
+        n_group=2,
+        learnable_pos=False,
         inter_group=False,
     )
     d, g = 64, 2

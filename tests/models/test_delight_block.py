@@ -108,7 +108,8 @@ def test_decoder_is_causal(cross_attention: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "cross_attention, normalize_before", [(True, False), (False, True)]  # the MT and LM blocks
+    "cross_attention, normalize_before",
+    [(True, False), (False, True)],  # the MT and LM blocks
 )
 @torch.no_grad()
 def test_decoder_step_equals_forward(cross_attention: bool, normalize_before: bool) -> None:

@@ -20,11 +20,18 @@ from tests.amp import NETWORK_TOLERANCE, autocast_errors
 from tests.parity.reference import reference_dir
 
 WT103_VOCAB = 267_744
-TINY = {"vocab_size": 60, "d_model": 64, "n_min": 2, "n_max": 3, "width_multiplier": 2.0, "cutoffs": (10, 30)}
+TINY = {
+    "vocab_size": 60,
+    "d_model": 64,
+    "n_min": 2,
+    "n_max": 3,
+    "width_multiplier": 2.0,
+    "cutoffs": (10, 30),
+}
 NO_DROPOUT = {
     name: 0.0
-    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout", "embedding_dropout",
-                 "position_dropout", "adaptive_softmax_dropout")
+    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout",
+                 "embedding_dropout", "position_dropout", "adaptive_softmax_dropout")
 }  # fmt: skip
 
 
@@ -33,7 +40,10 @@ def _rows() -> list:
     if not path.is_file():
         reason = f"no DeLighT parameter counts at {path}; set REFERENCE_DIR to the reference folder"
         return [pytest.param(None, id="lm-absent", marks=pytest.mark.skip(reason=reason))]
-    return [pytest.param(row, id=row["row"].split(" (")[0]) for row in json.loads(path.read_text())["lm"]]
+    return [
+        pytest.param(row, id=row["row"].split(" (")[0])
+        for row in json.loads(path.read_text())["lm"]
+    ]
 
 
 def _count(module: nn.Module | None) -> int:
@@ -43,7 +53,9 @@ def _count(module: nn.Module | None) -> int:
 @pytest.mark.parametrize("row", _rows())
 def test_parameters_equal_the_official_counts(row: dict) -> None:
     with torch.device("meta"):
-        model = DeLighTLanguageModel(WT103_VOCAB, row["d_m"], row["N_min"], row["N_max"], row["w_m"])
+        model = DeLighTLanguageModel(
+            WT103_VOCAB, row["d_m"], row["N_min"], row["N_max"], row["w_m"]
+        )
     assert len(model.blocks) == row["blocks_B"] and model.max_groups == row["max_glt_groups"]
     assert _count(model) == row["total_params"]
     adaptive = model.lookup
@@ -69,7 +81,9 @@ def test_plain_table_variant_ties_input_and_output() -> None:
     model = DeLighTLanguageModel(**{**TINY, "adaptive_input": False})
     # 60 x 128 table, no adaptive parts: one table, scored at the output too
     assert model.lookup.weight.shape == (60, 128)
-    assert _count(model) == _count(model.embedding) + _count(model.blocks) + _count(model.project_out)
+    assert _count(model) == _count(model.embedding) + _count(model.blocks) + _count(
+        model.project_out
+    )
     assert model.embedding.embed_scale == pytest.approx(128**0.5)
 
 
@@ -145,5 +159,7 @@ def test_dropout_follows_the_wikitext103_rule_unless_given() -> None:
         ruled = DeLighTLanguageModel(WT103_VOCAB, 512, 4, 12, 2.0)
         given = DeLighTLanguageModel(WT103_VOCAB, 512, 4, 12, 2.0, dropout=0.2)
     block = ruled.blocks[0]
-    assert (ruled.dropout, block.ffn_dropout, block.self_attn.dropout, block.dextra.dropout) == (0.05,) * 4
+    assert (ruled.dropout, block.ffn_dropout, block.self_attn.dropout, block.dextra.dropout) == (
+        0.05,
+    ) * 4
     assert given.dropout == 0.2 and given.blocks[0].ffn_dropout == 0.05

@@ -7,6 +7,7 @@ import torch
 
 from src.models.dice_variants import DiCEBottleneck, DiCELayoutNet, dice_mobilenet, dice_resnet
 
+
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
     """oneDNN builds a primitive per new convolution shape; with the hundreds of small grouped

@@ -34,7 +34,9 @@ def test_weights_file_round_trip_and_key_errors(tmp_path) -> None:
     loaded = timm_model("resnet10t", num_classes=10, in_chans=1, weights=str(path))
     for key, value in source.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[key])
-    with pytest.raises(KeyError, match=r"does not fit ResNet: \d+ tensors differ in shape .*; \d+ of the network's"):
+    with pytest.raises(
+        KeyError, match=r"does not fit ResNet: \d+ tensors differ in shape .*; \d+ of the network's"
+    ):
         timm_model("resnet18", num_classes=10, in_chans=1, weights=str(path))
     with pytest.raises(FileNotFoundError, match="nothing.pth"):
         timm_model("resnet10t", num_classes=10, weights=str(tmp_path / "nothing.pth"))

@@ -27,7 +27,9 @@ def test_segment_masks_keep_each_pair_to_itself() -> None:
         [INF, INF, 0, INF],
         [0, 0, 0, 0],
     ]
-    across = cross_segment_mask(torch.tensor([[1, 2, 2, 0]]), torch.tensor([[2, 1, 1]]), torch.bfloat16)
+    across = cross_segment_mask(
+        torch.tensor([[1, 2, 2, 0]]), torch.tensor([[2, 1, 1]]), torch.bfloat16
+    )
     assert across.dtype == torch.bfloat16
     assert across[0].float().tolist() == [[INF, 0, 0], [0, INF, INF], [0, INF, INF], [0, 0, 0]]
     # every query keeps a key: softmax rows stay finite

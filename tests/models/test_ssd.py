@@ -29,8 +29,12 @@ def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def official_priors(size: int, strides: list[int]) -> torch.Tensor:
     """The official ``PriorBox.forward`` loop, written out with the SSD300/512 configuration."""
-    sizes = [int(k) for k in torch.linspace(math.ceil(0.1 * size), math.ceil(1.05 * size), 7,
-                                            dtype=torch.float64)]
+    sizes = [
+        int(k)
+        for k in torch.linspace(
+            math.ceil(0.1 * size), math.ceil(1.05 * size), 7, dtype=torch.float64
+        )
+    ]
     priors = []
     for k, stride in enumerate(strides):
         scale = size / stride
@@ -48,10 +52,20 @@ def official_priors(size: int, strides: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("size", "strides", "count", "maps", "sizes"),
     [
-        (300, [8, 16, 32, 64, 100, 300], 11_640, (38, 19, 10, 5, 3, 1),
-         (30, 77, 125, 172, 220, 267, 315)),
-        (512, [8, 16, 32, 64, 128, 512], 32_742, (64, 32, 16, 8, 4, 1),
-         (52, 133, 214, 295, 376, 457, 538)),
+        (
+            300,
+            [8, 16, 32, 64, 100, 300],
+            11_640,
+            (38, 19, 10, 5, 3, 1),
+            (30, 77, 125, 172, 220, 267, 315),
+        ),
+        (
+            512,
+            [8, 16, 32, 64, 128, 512],
+            32_742,
+            (64, 32, 16, 8, 4, 1),
+            (52, 133, 214, 295, 376, 457, 538),
+        ),
     ],
 )
 def test_priors_match_the_official_generator(size, strides, count, maps, sizes) -> None:
@@ -67,22 +81,35 @@ def test_prior_rows_at_300() -> None:
     c = 0.5 / 37.5  # first centre of the stride-8 map: (0 + 0.5) / (300 / 8)
     s2, s3 = math.sqrt(2), math.sqrt(3)
     big = math.sqrt(30 * 77) / 300
-    first = [[c, c, 0.1, 0.1], [c, c, big, big], [c, c, 0.1 * s2, 0.1 / s2],
-             [c, c, 0.1 / s2, 0.1 * s2], [c, c, 0.1 * s3, 0.1 / s3], [c, c, 0.1 / s3, 0.1 * s3]]
+    first = [
+        [c, c, 0.1, 0.1],
+        [c, c, big, big],
+        [c, c, 0.1 * s2, 0.1 / s2],
+        [c, c, 0.1 / s2, 0.1 * s2],
+        [c, c, 0.1 * s3, 0.1 / s3],
+        [c, c, 0.1 / s3, 0.1 * s3],
+    ]
     torch.testing.assert_close(priors[:6], torch.tensor(first))
     # second location of the first map moves along x (row-major over (i, j))
     torch.testing.assert_close(priors[6, :2], torch.tensor([1.5 / 37.5, c]))
     # the 1x1 map: centre 0.5; min 267 px, max 315 px; the elongated boxes clamped to 1
     top = math.sqrt(267 * 315) / 300
-    last = [[0.5, 0.5, 0.89, 0.89], [0.5, 0.5, top, top], [0.5, 0.5, 1.0, 0.89 / s2],
-            [0.5, 0.5, 0.89 / s2, 1.0], [0.5, 0.5, 1.0, 0.89 / s3], [0.5, 0.5, 0.89 / s3, 1.0]]
+    last = [
+        [0.5, 0.5, 0.89, 0.89],
+        [0.5, 0.5, top, top],
+        [0.5, 0.5, 1.0, 0.89 / s2],
+        [0.5, 0.5, 0.89 / s2, 1.0],
+        [0.5, 0.5, 1.0, 0.89 / s3],
+        [0.5, 0.5, 0.89 / s3, 1.0],
+    ]
     torch.testing.assert_close(priors[-6:], torch.tensor(last))
     # the last centre of the stride-8 map is exactly the right/bottom edge: 37.5 / 37.5
     assert priors[6 * 38 * 38 - 1, :2].tolist() == [1.0, 1.0]
 
 
-@pytest.mark.parametrize(("size", "strides"), [(300, [8, 16, 32, 64, 100, 300]),
-                                               (512, [8, 16, 32, 64, 128, 512])])
+@pytest.mark.parametrize(
+    ("size", "strides"), [(300, [8, 16, 32, 64, 100, 300]), (512, [8, 16, 32, 64, 128, 512])]
+)
 def test_priors_equal_torchvision_default_boxes(size, strides) -> None:
     """torchvision clamps w and h only. At 300 the stride-32 map has 10 cells but 300 / 32 =
     9.375 centre steps, so its last column and row have centres 9.5 / 9.375 = 1.0133, which the
@@ -122,7 +149,12 @@ def test_espnetv2_ssd300_shapes_and_gradients() -> None:
     model = SSD(5, scale=0.5, image_size=300)
     features = model.forward_features(torch.randn(1, 3, 300, 300))
     assert [tuple(f.shape[1:]) for f in features] == [
-        (64, 38, 38), (128, 19, 19), (1024, 10, 10), (512, 5, 5), (256, 3, 3), (128, 1, 1)
+        (64, 38, 38),
+        (128, 19, 19),
+        (1024, 10, 10),
+        (512, 5, 5),
+        (256, 3, 3),
+        (128, 1, 1),
     ]
     locations, logits = model(torch.randn(1, 3, 300, 300))
     assert locations.shape == (1, 11_640, 4) and logits.shape == (1, 11_640, 5)
@@ -227,5 +259,7 @@ def test_backbone_from_a_classifier_of_this_project() -> None:
     for key, value in classifier.state_dict().items():
         if key.startswith("backbone."):
             torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
-    with pytest.raises(KeyError, match=r"does not fit the dicenet s=1.0 backbone: .* differ in shape"):
+    with pytest.raises(
+        KeyError, match=r"does not fit the dicenet s=1.0 backbone: .* differ in shape"
+    ):
         load_official(SSD(2, backbone="dicenet", scale=1.0), classifier.state_dict())

@@ -70,7 +70,8 @@ def test_shift_changes_the_output_not_the_parameters(block_scaling: bool) -> Non
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: delight(), lambda: TransformerClassifier(VOCAB, CLASSES, 64, dim_feedforward=96)]
+    "make",
+    [lambda: delight(), lambda: TransformerClassifier(VOCAB, CLASSES, 64, dim_feedforward=96)],
 )
 def test_padding_does_not_change_the_logits(make) -> None:
     torch.manual_seed(0)

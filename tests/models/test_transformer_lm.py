@@ -17,7 +17,9 @@ def count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize(("d", "layers", "ffn", "embedding"), [(128, 2, 256, 128), (64, 3, 96, 128)])
+@pytest.mark.parametrize(
+    ("d", "layers", "ffn", "embedding"), [(128, 2, 256, 128), (64, 3, 96, 128)]
+)
 def test_parameters_follow_the_formula(d: int, layers: int, ffn: int, embedding: int) -> None:
     model = TransformerLanguageModel(V, d, layers, 4, ffn, cutoffs=CUTOFFS, embedding_dim=embedding)
     lookup = count(model.lookup)
@@ -55,15 +57,22 @@ def test_loss_is_the_nll_of_the_log_probabilities() -> None:
         log_prob = model.log_prob(tokens)
         expected = -log_prob.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         scored = targets.ne(model.padding_idx)
-        torch.testing.assert_close(model.loss(tokens, targets), expected[scored].sum(), rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(
-            model.loss(tokens, targets, reduction="mean"), expected[scored].mean(), rtol=1e-5, atol=1e-5
+            model.loss(tokens, targets), expected[scored].sum(), rtol=1e-5, atol=1e-4
+        )
+        torch.testing.assert_close(
+            model.loss(tokens, targets, reduction="mean"),
+            expected[scored].mean(),
+            rtol=1e-5,
+            atol=1e-5,
         )
 
 
 def test_it_learns_a_repeated_sequence() -> None:
     torch.manual_seed(0)
-    model = TransformerLanguageModel(V, 64, 2, 4, 128, cutoffs=CUTOFFS, dropout=0.0, attention_dropout=0.0)
+    model = TransformerLanguageModel(
+        V, 64, 2, 4, 128, cutoffs=CUTOFFS, dropout=0.0, attention_dropout=0.0
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sequence = torch.randint(4, V, (1, 17)).repeat(4, 1)
     first = None

@@ -15,7 +15,9 @@ V, CUTOFFS, DIM, PAD = 50, (10, 30), 16, 1
 
 def make(dropout: float = 0.0) -> AdaptiveInputSoftmax:
     torch.manual_seed(0)
-    return AdaptiveInputSoftmax(V, CUTOFFS, initial_dim=DIM, output_dim=DIM, factor=2, padding_idx=PAD, dropout=dropout)
+    return AdaptiveInputSoftmax(
+        V, CUTOFFS, initial_dim=DIM, output_dim=DIM, factor=2, padding_idx=PAD, dropout=dropout
+    )
 
 
 def targets_all_bands(n: int = 40) -> torch.Tensor:
@@ -66,7 +68,9 @@ def test_equals_torch_adaptive_log_softmax_with_the_same_weights() -> None:
     targets = targets_all_bands()
     targets[5] = targets[7] = 4  # torch has no ignore index
     assert torch.allclose(m.log_prob(hidden), reference.log_prob(hidden), atol=1e-5)
-    assert torch.allclose(m.loss(hidden, targets, reduction="mean"), reference(hidden, targets).loss, atol=1e-6)
+    assert torch.allclose(
+        m.loss(hidden, targets, reduction="mean"), reference(hidden, targets).loss, atol=1e-6
+    )
 
 
 def test_embedding_scales_each_band_and_projects() -> None:
@@ -124,8 +128,8 @@ def test_bf16_autocast_forward_and_backward() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"cutoffs": (30, 10)}, "increase"), ({"cutoffs": (10, 50)}, "increase"), ({"padding_idx": 12}, "band 0"),
-     ({"output_dim": 8}, "output_dim must equal")],
+    [({"cutoffs": (30, 10)}, "increase"), ({"cutoffs": (10, 50)}, "increase"),
+     ({"padding_idx": 12}, "band 0"), ({"output_dim": 8}, "output_dim must equal")],
 )  # fmt: skip
 def test_bad_arguments_are_named(kwargs: dict, match: str) -> None:
     args = {"vocab_size": V, "cutoffs": CUTOFFS, "initial_dim": DIM, "output_dim": DIM, **kwargs}

@@ -352,8 +352,9 @@ def test_compiled_step_traces_both_kernels_and_matches_eager_bitwise(kernels: No
 
 def test_fusing_sequential_is_a_drop_in_sequential(kernels: None) -> None:
     torch.manual_seed(0)
-    layers = [nn.Conv2d(3, 6, 1, bias=False), BatchNorm2d(6), PReLU(6), nn.Conv2d(6, 6, 1, bias=False),
-              BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 1, bias=False), BatchNorm2d(6)]  # fmt: skip
+    layers = [nn.Conv2d(3, 6, 1, bias=False), BatchNorm2d(6), PReLU(6),
+              nn.Conv2d(6, 6, 1, bias=False), BatchNorm2d(6), nn.ReLU(),
+              nn.Conv2d(6, 6, 1, bias=False), BatchNorm2d(6)]  # fmt: skip
     fusing = FusingSequential(*layers).to(memory_format=torch.channels_last)
     plain = copy.deepcopy(nn.Sequential(*layers))
     assert fusing.state_dict().keys() == plain.state_dict().keys()

@@ -100,8 +100,10 @@ def _pru_recurrence(device: str) -> tuple[Callable[..., Tensor], list[Tensor]]:
 CASES = {
     "per_group_layer_norm_cpu": Case(
         _per_group_norm("auto"),
-        ("lightnets.per_group_layer_norm_cpu.default",
-         "lightnets.per_group_layer_norm_cpu_backward.default"),
+        (
+            "lightnets.per_group_layer_norm_cpu.default",
+            "lightnets.per_group_layer_norm_cpu_backward.default",
+        ),
         "cpu",
     ),  # fmt: skip
     "pru_recurrence_cpu": Case(
@@ -111,26 +113,31 @@ CASES = {
     ),
     "per_group_layer_norm_triton": Case(
         _per_group_norm("triton"),
-        ("lightnets.per_group_layer_norm.default",
-         "lightnets.per_group_layer_norm_backward.default"),
+        (
+            "lightnets.per_group_layer_norm.default",
+            "lightnets.per_group_layer_norm_backward.default",
+        ),
         "triton",
     ),  # fmt: skip
     "residual_layer_norm_triton": Case(
         _residual_norm("triton"),
-        ("lightnets.residual_layer_norm.default",
-         "lightnets.residual_layer_norm_backward.default"),
+        ("lightnets.residual_layer_norm.default", "lightnets.residual_layer_norm_backward.default"),
         "triton",
     ),  # fmt: skip
     "relative_softmax_triton": Case(
         _relative_softmax,
-        ("lightnets.relative_softmax_triton_forward.default",
-         "lightnets.relative_softmax_triton_backward.default"),
+        (
+            "lightnets.relative_softmax_triton_forward.default",
+            "lightnets.relative_softmax_triton_backward.default",
+        ),
         "triton",
     ),  # fmt: skip
     "shared_group_layer_norm_triton": Case(
         _shared_group_norm("triton"),
-        ("lightnets.shared_group_layer_norm.default",
-         "lightnets.shared_group_layer_norm_backward.default"),
+        (
+            "lightnets.shared_group_layer_norm.default",
+            "lightnets.shared_group_layer_norm_backward.default",
+        ),
         "triton",
     ),  # fmt: skip
 }
@@ -167,7 +174,6 @@ def test_compiled_step_keeps_the_kernels_and_equals_eager(name: str) -> None:
         assert reference_op not in graphs["forward"][0]
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
-
 
 
 def _module_case(

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.ops.contracts.dropout import DropoutSeeds
 from src.models.delight_mt import DeLighTEncoderDecoder
+from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.residual_layer_norm import residual_layer_norm
@@ -84,9 +84,9 @@ CASES = {
         run=lambda x: shared_group_layer_norm_swish(
             x, 3, GROUP_WEIGHT, GROUP_BIAS, p=P, impl="triton"
         ),
-        masked=lambda x, kept: F.silu(
-            shared_group_layer_norm(x, 3, GROUP_WEIGHT, GROUP_BIAS, 1e-5)
-        ) * kept / (1 - P),  # fmt: skip
+        masked=lambda x, kept: (
+            F.silu(shared_group_layer_norm(x, 3, GROUP_WEIGHT, GROUP_BIAS, 1e-5)) * kept / (1 - P)
+        ),  # fmt: skip
         mask=lambda y, grad: y != 0,
         ops=(
             "lightnets.shared_group_layer_norm.default",
@@ -211,7 +211,6 @@ def test_cuda_graph_replays_draw_new_masks(name: str, capture: str) -> None:
     for y, grad, kept in runs:
         _assert_backward_applies_the_forwards_mask(case, x, y, grad, kept)
     assert not torch.equal(runs[1][2], runs[2][2])
-
 
 
 # the kernels' cases as sites of one forward

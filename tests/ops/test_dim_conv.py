@@ -9,7 +9,7 @@ from tests.helpers import path_timer
 
 triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
 
-from src.ops.triton import stencil
+from src.ops.triton import stencil  # noqa: E402
 
 
 def _weights(
@@ -103,7 +103,9 @@ def test_triton_matches_reference_fp32(
 
 @pytest.mark.parametrize("layout", ["channels_last", "sliced"])
 @pytest.mark.parametrize("interleave", [True, False])
-def test_triton_reads_any_layout(layout: str, interleave: bool, kernel_device: torch.device) -> None:
+def test_triton_reads_any_layout(
+    layout: str, interleave: bool, kernel_device: torch.device
+) -> None:
     """Channels-last inputs and strided views are read in place: a channels-last input gives
     channels-last outputs and input gradients, and every value matches the reference."""
     torch.manual_seed(0)

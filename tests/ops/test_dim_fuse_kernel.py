@@ -22,8 +22,8 @@ from src.ops.dim_fuse import local_fusion_reference
 
 pytest.importorskip("triton")
 
-from src.ops.triton.dim_fuse import local_fusion_triton  # noqa: E402
-from tests.helpers import own_running_statistics, randomise_norms, saved_bytes  # noqa: E402
+from src.ops.triton.dim_fuse import local_fusion_triton
+from tests.helpers import own_running_statistics, randomise_norms, saved_bytes
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -128,7 +128,7 @@ def test_dice_training_steps_match_the_unfused_unit(
     for unit in (fused, ref):
         unit.dim_fuse.norm.momentum = momentum
     ref.load_state_dict(fused.state_dict())
-    for step in range(2):
+    for _ in range(2):
         x = torch.randn(3, 6, 5, 7, device=kernel_device)
         outs = [unit(x) for unit in (fused, ref)]
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
@@ -237,8 +237,6 @@ def test_fused_dice_compiles_in_one_graph() -> None:
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(unit.dim_fuse.norm.running_var, ref.dim_fuse.norm.running_var)
     torch._dynamo.reset()
-
-
 
 
 def test_fused_training_keeps_nine_fewer_channel_planes(kernel_device: torch.device) -> None:

@@ -50,9 +50,7 @@ def _interleave(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["plain", "shuffle"])
 @pytest.mark.parametrize("groups", range(1, 9))
-def test_triton_matches_reference(
-    groups: int, shuffle: bool, kernel_device: torch.device
-) -> None:
+def test_triton_matches_reference(groups: int, shuffle: bool, kernel_device: torch.device) -> None:
     torch.manual_seed(groups)
     rows, k, n = 37, 3 + groups % 3, 5 + groups % 2  # odd sizes: masked tails everywhere
     x = torch.randn(rows, groups * k, device=kernel_device, requires_grad=True)
@@ -252,7 +250,9 @@ def test_split_k_grouped_gemm(splits: int, kernel_device: torch.device) -> None:
     dy = torch.randn(tokens, groups, n, device=kernel_device)
     out = torch.empty(groups, k, n, device=kernel_device)
     colsum = torch.empty(groups, n, device=kernel_device)
-    _grouped_gemm(xg.permute(2, 1, 0), dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits)
+    _grouped_gemm(
+        xg.permute(2, 1, 0), dy.transpose(0, 1), out.transpose(0, 1), colsum=colsum, splits=splits
+    )
     torch.testing.assert_close(out, torch.einsum("tgk,tgn->gkn", xg, dy), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(colsum, dy.sum(0), atol=1e-4, rtol=1e-5)
 
@@ -263,7 +263,8 @@ def test_weight_gradient_methods_match_reference(
     method: str, dtype: torch.dtype, kernel_device: torch.device, monkeypatch
 ) -> None:
     """Both weight-gradient methods, chosen by LIGHTNETS_GLT_WGRAD, through the GLT with the input
-    mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32 sums)."""
+    mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32
+    sums)."""
     from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
     from src.ops.triton.group_linear import split_k_splits
 
@@ -271,7 +272,10 @@ def test_weight_gradient_methods_match_reference(
     torch.manual_seed(0)
     # split-K reduces at least 4 blocks a split: 64 tokens a block on a GPU, 32 in the interpreter
     tokens, groups, n = 555, 4, 7
-    parts = [torch.randn(tokens, groups * d, device=kernel_device, dtype=dtype, requires_grad=True) for d in (3, 5)]
+    parts = [
+        torch.randn(tokens, groups * d, device=kernel_device, dtype=dtype, requires_grad=True)
+        for d in (3, 5)
+    ]
     weight, bias = _params(groups, 8, n, dtype, kernel_device)
     assert split_k_splits(parts[0].unflatten(1, (groups, -1)).permute(2, 1, 0), n, programs=16) > 1
     y = interleaved_group_linear(parts, weight, bias, shuffle=True, impl="triton")
@@ -306,7 +310,9 @@ def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch, fresh_ch
     assert len(calls) == 4  # another dtype is another choice
     assert triton_glt.weight_grad_method(xg, dy) == "splitk"  # CPU, untimed: the interpreted kernel
     monkeypatch.setenv(GLT_WEIGHT_GRAD_ENV, "cublas")
-    with pytest.raises(ValueError, match="LIGHTNETS_GLT_WGRAD='cublas'; choose auto, splitk or bmm"):
+    with pytest.raises(
+        ValueError, match="LIGHTNETS_GLT_WGRAD='cublas'; choose auto, splitk or bmm"
+    ):
         triton_glt.weight_grad_method(xg, dy)
 
 

@@ -21,9 +21,6 @@ from collections.abc import Callable
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-import triton.language as tl
-
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.dice import DiCE
@@ -31,12 +28,12 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
-from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.prelu import PReLU
 from src.ops.pru_recurrence import pru_recurrence
 from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
+from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.triton.cross_compile import (
     H100,
@@ -46,7 +43,11 @@ from src.ops.triton.cross_compile import (
     toolchain_missing,
     train_and_infer,
 )
-from src.ops.triton.gradient_sum import gradient_sum_triton
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from src.ops.triton.gradient_sum import gradient_sum_triton  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(

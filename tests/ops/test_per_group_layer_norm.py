@@ -20,7 +20,7 @@ from src.ops.per_group_layer_norm import PerGroupLayerNorm, auto_path, per_group
 
 pytest.importorskip("triton")
 
-from src.ops.triton.per_group_layer_norm import per_group_layer_norm_triton  # noqa: E402
+from src.ops.triton.per_group_layer_norm import per_group_layer_norm_triton
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

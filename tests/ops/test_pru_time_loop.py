@@ -35,8 +35,8 @@ from src.ops.pru_recurrence import (
 
 pytest.importorskip("triton")
 
-from src.ops.triton.cross_compile import H100, recorded_launches  # noqa: E402
-from src.ops.triton.pru_time_loop import pru_recurrence_time_loop  # noqa: E402
+from src.ops.triton.cross_compile import H100, recorded_launches
+from src.ops.triton.pru_time_loop import pru_recurrence_time_loop
 
 # launches are recorded (for an H100, not run) in the interpreter only
 INTERPRETER = pytest.mark.skipif(

@@ -16,7 +16,12 @@ D_HEAD = D // H
 
 
 def written_out(
-    layer: RelativeMultiHeadAttention, h: Tensor, r: Tensor, u: Tensor, v: Tensor, memory: Tensor | None
+    layer: RelativeMultiHeadAttention,
+    h: Tensor,
+    r: Tensor,
+    u: Tensor,
+    v: Tensor,
+    memory: Tensor | None,
 ) -> Tensor:
     """``(q + u) k^T + (q + v) rk[distance]^T`` over the keys a query may see, scaled, softmax."""
     batch, qlen, _ = h.shape
@@ -63,4 +68,6 @@ def test_parameters_and_checks() -> None:
     with pytest.raises(ValueError, match="divisible"):
         RelativeMultiHeadAttention(D, 3)
     with pytest.raises(ValueError, match="r must be"):
-        layer(torch.randn(1, 4, D), torch.randn(3, D), torch.randn(H, D_HEAD), torch.randn(H, D_HEAD))
+        layer(
+            torch.randn(1, 4, D), torch.randn(3, D), torch.randn(H, D_HEAD), torch.randn(H, D_HEAD)
+        )

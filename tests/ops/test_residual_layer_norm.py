@@ -22,7 +22,7 @@ from tests.helpers import path_timer
 
 pytest.importorskip("triton")
 
-from src.ops.triton.residual_layer_norm import residual_layer_norm_triton  # noqa: E402
+from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
 
 
 def _reference(r: Tensor, x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:

@@ -3,11 +3,12 @@
 Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5 (of the largest value, for the parameter gradients, which sum over every row
-and group): the two differ in summation order only. A 16-bit input gives a 16-bit
-output (the PyTorch ops give float32 under autocast): the kernel normalises the same rounded input
-in float32 and rounds once at the end, so its output is within one rounding (2^-8 relative for bfloat16 on a
-GPU; twice that in Triton's interpreter, which truncates) of the PyTorch ops' float32 output (and float32 rounding), and the parameter gradients, summed in float32 from the same
-16-bit output gradient, agree to float32 rounding.
+and group): the two differ in summation order only. A 16-bit input gives a 16-bit output (the
+PyTorch ops give float32 under autocast): the kernel normalises the same rounded input in float32
+and rounds once at the end, so its output is within one rounding (2^-8 relative for bfloat16 on a
+GPU; twice that in Triton's interpreter, which truncates) of the PyTorch ops' float32 output (and
+float32 rounding), and the parameter gradients, summed in float32 from the same 16-bit output
+gradient, agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from src.ops.shared_group_layer_norm import (
 
 pytest.importorskip("triton")
 
-from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton  # noqa: E402
+from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -106,7 +107,9 @@ def test_constant_group_is_finite_and_gives_the_bias(kernel_device: torch.device
 
 def test_bad_affine_is_refused(kernel_device: torch.device) -> None:
     x = torch.randn(4, 32, device=kernel_device)
-    with pytest.raises(ValueError, match=r"32 features in 4 groups with a shared affine of \(16,\)"):
+    with pytest.raises(
+        ValueError, match=r"32 features in 4 groups with a shared affine of \(16,\)"
+    ):
         shared_group_layer_norm_triton(x, 4, torch.ones(16), torch.zeros(16), 1e-5, True)
     with pytest.raises(TypeError, match="weight torch.float64"):
         shared_group_layer_norm_triton(x, 4, torch.ones(8).double(), torch.zeros(8), 1e-5, True)

@@ -19,7 +19,9 @@ def test_channel_shuffle_matches_torch() -> None:
 
 def test_shuffle_any_axis_and_bad_groups() -> None:
     x = torch.randn(4, 6, 5)
-    assert torch.equal(feature_shuffle(x, 2, dim=1), channel_shuffle(x.unsqueeze(-1), 2).squeeze(-1))
+    assert torch.equal(
+        feature_shuffle(x, 2, dim=1), channel_shuffle(x.unsqueeze(-1), 2).squeeze(-1)
+    )
     with pytest.raises(ValueError, match="5 features into 2 groups"):
         feature_shuffle(x, 2, dim=-1)
 

@@ -58,7 +58,9 @@ class ClippedRegression(FusedOptimizerClipping, Regression):
 
 def fit(module: L.LightningModule, accelerator: str, precision: str, algorithm: str) -> None:
     generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(32, 8, generator=generator), torch.randn(32, 4, generator=generator))
+    data = TensorDataset(
+        torch.randn(32, 8, generator=generator), torch.randn(32, 4, generator=generator)
+    )
     trainer = L.Trainer(
         accelerator=accelerator, devices=1, precision=precision, max_steps=4,
         gradient_clip_val=LIMIT, gradient_clip_algorithm=algorithm, logger=False,
@@ -105,7 +107,9 @@ def test_every_task_clips_for_fused_optimisers() -> None:
     tasks = {
         obj
         for info in pkgutil.iter_modules(src.tasks.__path__)
-        for _, obj in inspect.getmembers(importlib.import_module(f"src.tasks.{info.name}"), inspect.isclass)
+        for _, obj in inspect.getmembers(
+            importlib.import_module(f"src.tasks.{info.name}"), inspect.isclass
+        )
         if issubclass(obj, L.LightningModule) and obj.__module__.startswith("src.tasks.")
     }
     assert len(tasks) >= 9
@@ -127,12 +131,15 @@ def _clipping_experiments() -> list[str]:
 def test_clipping_experiments_compose_with_a_task_that_clips_fused_optimisers(
     experiment: str, tmp_path
 ) -> None:
-    """Every experiment that clips, in bf16-mixed: its fused optimiser meets a task that clips it."""
+    """Every experiment that clips, in bf16-mixed: its fused optimiser meets a task that clips
+    it."""
     from hydra.utils import get_class
 
     from tests.conftest import compose_config
 
-    cfg = compose_config("train", [f"experiment={experiment}", "trainer.precision=bf16-mixed"], tmp_path)
+    cfg = compose_config(
+        "train", [f"experiment={experiment}", "trainer.precision=bf16-mixed"], tmp_path
+    )
     assert cfg.trainer.gradient_clip_val and cfg.trainer.gradient_clip_val > 0
     assert issubclass(get_class(cfg.task._target_), FusedOptimizerClipping)
     assert cfg.task.optimizer.get("fused") is not False

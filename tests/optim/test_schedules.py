@@ -51,9 +51,13 @@ def test_cyclic_warm_restarts_follows_eq_2_1() -> None:
         scheduler.step()
     assert per_epoch == pytest.approx([0.5, 0.4, 0.3, 0.2, 0.1, 0.5, 0.4, 0.3, 0.2, 0.1, 0.25, 0.2])
     state = scheduler.state_dict()["lr_lambdas"][0]
-    assert state["halve_at"] == [10] and state["steps_per_epoch"] == 2  # plain numbers in checkpoints
+    assert (
+        state["halve_at"] == [10] and state["steps_per_epoch"] == 2
+    )  # plain numbers in checkpoints
     with pytest.raises(ValueError, match="eta_max"):
-        cyclic_warm_restarts(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), 10, epochs=2)
+        cyclic_warm_restarts(
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), 10, epochs=2
+        )
 
 
 def _rates(factory: Callable[..., Any], lr: float, steps: int, **kwargs: Any) -> list[float]:

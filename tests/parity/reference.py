@@ -1,7 +1,8 @@
 """Finding the official-implementation fixtures: ``$REFERENCE_DIR`` (default ../shared/reference).
 
 Parity tests parametrize over :func:`fixtures`, which globs a family's folder, so any further
-fixture of the same kind is checked too. Without the folder the tests skip, saying where they looked.
+fixture of the same kind is checked too. Without the folder the tests skip, saying where they
+looked.
 """
 
 from __future__ import annotations

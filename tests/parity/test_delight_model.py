@@ -116,15 +116,15 @@ def schedule(
 ) -> tuple[list[int], list[int], list[int]]:
     """Groups, input widths and output widths of the N GLTs (README "Schedule (observed)")."""
     m = math.ceil(depth / 2)
-    groups = [min(2**l, max_groups) for l in range(1, m + 1)]
+    groups = [min(2**k, max_groups) for k in range(1, m + 1)]
     widths = [int(v) for v in np.linspace(p, w * in_features, m)]
     # mirror; for even N the middle entry appears twice
     mirrored = m if depth % 2 == 0 else m - 1
     groups += groups[:mirrored][::-1]
     widths += widths[:mirrored][::-1]
     outs = [
-        -(-widths[l] // max(groups[l], groups[l + 1], 8)) * max(groups[l], groups[l + 1], 8)
-        for l in range(depth - 1)
+        -(-widths[i] // max(groups[i], groups[i + 1], 8)) * max(groups[i], groups[i + 1], 8)
+        for i in range(depth - 1)
     ] + [o]
     ins = [p] + [out + p for out in outs[:-1]]
     return groups, ins, outs
@@ -166,12 +166,12 @@ def dextra(x: Tensor, sd: Recorded, prefix: str, config: Mapping) -> Tensor:
     groups, ins, outs = dextra_schedule(config)
     x0 = linear_ln_swish(x, sd, f"{prefix}input_layer.")  # (..., p)
     h = x0
-    for l, g in enumerate(groups):
-        layer = f"{prefix}dextra_layers.{l}."
+    for i, g in enumerate(groups):
+        layer = f"{prefix}dextra_layers.{i}."
         # the tensors must have the README schedule's shape, not merely one that runs
-        assert sd[f"{layer}weights"].shape == (g, ins[l] // g, outs[l] // g)
+        assert sd[f"{layer}weights"].shape == (g, ins[i] // g, outs[i] // g)
         out = glt(h, sd, layer, g, shuffle=True, norm=True, act=True)
-        h = mix(x0, out, groups[l + 1] if l + 1 < len(groups) else 1)  # (..., p + out_l)
+        h = mix(x0, out, groups[i + 1] if i + 1 < len(groups) else 1)  # (..., p + out_i)
     return linear_ln_swish(h, sd, f"{prefix}output_layer.")
 
 

@@ -31,6 +31,7 @@ HYPOTHETICAL = {"dicenet_0.1_commented_out": 0.1, "espnetv2_1.75_not_in_repo": 1
 CLASSES = {"pascal": 21, "city": 20}
 NAME = re.compile(r"(dicenet|espnetv2)_s_(\d+(?:\.\d+)?)_([a-z]+)")
 
+
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
     """oneDNN builds a primitive per new convolution shape; with the hundreds of small grouped

@@ -1,10 +1,11 @@
 """Official EdgeNets segmentation weights in our networks reproduce the official outputs.
 
 Every ``edgenets/seg_*/<stem>.npz`` under ``$REFERENCE_DIR`` is checked with the weight file its
-name points to (loaded by :func:`src.compat.load_official`): ``<family>_s_<s>_<dataset>_<W>x<H>`` (a ``demo_style_`` prefix and a
-``_<image>_<w>x<h>`` suffix name the image the demo ran on). The fixture's stored ``input`` is
-used as is (decoding and resizing are not under test). Masks must agree on >= 99.9% of pixels and
-the stored (fp16) logits within 2e-2; the per-class logit means within 1e-4 of the float64 run.
+name points to (loaded by :func:`src.compat.load_official`): ``<family>_s_<s>_<dataset>_<W>x<H>`` (a
+``demo_style_`` prefix and a ``_<image>_<w>x<h>`` suffix name the image the demo ran on). The
+fixture's stored ``input`` is used as is (decoding and resizing are not under test). Masks must
+agree on >= 99.9% of pixels and the stored (fp16) logits within 2e-2; the per-class logit means
+within 1e-4 of the float64 run.
 Each runs twice: with the EESP pyramids (and DiCE units at their build size) in the fused C++
 kernels, and in eager calls.
 """
@@ -35,6 +36,7 @@ OFFICIAL_CLASSES = {
     "dicenet": "model.segmentation.dicenet.DiCENetSegmentation",
     "espnetv2": "model.segmentation.espnetv2.ESPNetv2Segmentation",
 }
+
 
 @pytest.fixture(autouse=True)
 def _native_cpu_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,14 +44,18 @@ def test_model_matches_official_over_segments(path: Path) -> None:
             loss = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # (B, T)
             torch.testing.assert_close(logits, batch_first(segment["logits"]), atol=ATOL, rtol=RTOL)
             torch.testing.assert_close(loss, batch_first(segment["loss"]), atol=ATOL, rtol=RTOL)
-            assert memories is not None and len(memories) == len(segment["new_mems"]) == config["n_layer"] + 1
+            assert (
+                memories is not None
+                and len(memories) == len(segment["new_mems"]) == config["n_layer"] + 1
+            )
             for ours, theirs in zip(memories, segment["new_mems"]):
                 torch.testing.assert_close(ours, batch_first(theirs), atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_memory_matters(path: Path) -> None:
-    """Without the carried memory the later segments' logits differ (the recurrence is exercised)."""
+    """Without the carried memory the later segments' logits differ (the recurrence is
+    exercised)."""
     fx = load(path)
     model = from_official(fx["state_dict"], fx["config"]).eval()
     segment = fx["segments"][1]
@@ -84,7 +88,12 @@ def test_load_official_fills_a_model_of_ours(path: Path) -> None:
     if isinstance(built, GroupTransformer):
         ours = GroupTransformer(*sizes, config["n_group"], tgt_len=config["tgt_len"], **shared)
         deeper = GroupTransformer(
-            sizes[0], sizes[1] + 1, *sizes[2:], config["n_group"], tgt_len=config["tgt_len"], **shared
+            sizes[0],
+            sizes[1] + 1,
+            *sizes[2:],
+            config["n_group"],
+            tgt_len=config["tgt_len"],
+            **shared,
         )
     else:
         ours = TransformerXL(*sizes, pre_norm=config["pre_lnorm"], **shared)

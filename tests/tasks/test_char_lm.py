@@ -27,7 +27,9 @@ class RecordingNet(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab))
         self.seen: list[tuple[bool, int]] = []
 
-    def forward(self, tokens: Tensor, memories: list[Tensor] | None = None) -> tuple[Tensor, list[Tensor]]:
+    def forward(
+        self, tokens: Tensor, memories: list[Tensor] | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
         self.seen.append((self.training, 0 if memories is None else memories[0].shape[1]))
         h = tokens.float().unsqueeze(-1)  # (B, T, 1)
         new = h if memories is None else torch.cat([memories[0], h], 1)
@@ -37,7 +39,9 @@ class RecordingNet(nn.Module):
 class Batches(L.LightningDataModule):
     def __init__(self, n: int) -> None:
         super().__init__()
-        self.batches = [(torch.randint(0, 5, (2, 4)), torch.randint(0, 5, (2, 4))) for _ in range(n)]
+        self.batches = [
+            (torch.randint(0, 5, (2, 4)), torch.randint(0, 5, (2, 4))) for _ in range(n)
+        ]
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.batches, batch_size=None)
@@ -52,8 +56,14 @@ def adam(params):
 
 def fit(task: CharLMTask, tmp_path: Path, **trainer_kwargs) -> L.Trainer:
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path, **trainer_kwargs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **trainer_kwargs,
     )
     trainer.fit(task, datamodule=Batches(4))
     return trainer
@@ -83,7 +93,9 @@ def test_tiny_models_learn_with_schedule_and_clipping(model: str, tmp_path: Path
         net: nn.Module = GroupTransformer(5, 1, 16, 2, 32, 2, tgt_len=4, mem_len=4, dropout=0.0)
     else:
         net = TransformerXL(5, 1, 16, 2, 32, mem_len=4, dropout=0.0)
-    task = CharLMTask(net, adam, lambda opt, total_steps: warmup_cosine(opt, total_steps, warmup_steps=2))
+    task = CharLMTask(
+        net, adam, lambda opt, total_steps: warmup_cosine(opt, total_steps, warmup_steps=2)
+    )
     before = [p.detach().clone() for p in net.parameters()]
     trainer = fit(task, tmp_path, max_steps=6, gradient_clip_val=0.25, num_sanity_val_steps=0)
     assert trainer.global_step == 6

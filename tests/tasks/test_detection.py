@@ -26,10 +26,14 @@ def coco_fixture() -> tuple[list[dict], list[dict]]:
     """Two 100 x 100 images, two classes; detections at several IoUs (0.91, 0.83, 0.83, 0.66,
     none on a COCO threshold), a miss and false alarms."""
     truths = [
-        {"boxes": torch.tensor([[10.0, 10, 50, 50], [60, 60, 90, 95]]),
-         "labels": torch.tensor([1, 2])},
-        {"boxes": torch.tensor([[0.0, 0, 30, 40], [50, 10, 80, 30]]),
-         "labels": torch.tensor([1, 1])},
+        {
+            "boxes": torch.tensor([[10.0, 10, 50, 50], [60, 60, 90, 95]]),
+            "labels": torch.tensor([1, 2]),
+        },
+        {
+            "boxes": torch.tensor([[0.0, 0, 30, 40], [50, 10, 80, 30]]),
+            "labels": torch.tensor([1, 1]),
+        },
     ]
     preds = [
         {
@@ -59,8 +63,14 @@ def cocoeval_stats(preds: list[dict], truths: list[dict], size: int = 100) -> li
         for box, label in zip(target["boxes"], target["labels"]):
             x, y, w, h = xywh(box)
             annotations.append(
-                {"id": len(annotations) + 1, "image_id": i, "category_id": int(label),
-                 "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0}
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": i,
+                    "category_id": int(label),
+                    "bbox": [x, y, w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
             )
     labels = sorted({int(label) for t in [*truths, *preds] for label in t["labels"]})
     ground_truth = COCO()
@@ -147,9 +157,9 @@ def assert_cocoeval_numbers(metric: MeanAveragePrecision, seed: int) -> None:
 
 
 # torchmetrics' default recall thresholds are float32 ``torch.linspace`` values (recall 0.2 is
-# 0.20000000298...), pycocotools' float64 ``np.linspace``: a recall that lands exactly on a threshold
-# (1 of 5 boxes found) falls on the other side of it, and AP moved by up to ~3e-3 (16 of 40 random
-# sets, seed 1 among them) until coco_metric() took COCOeval's thresholds.
+# 0.20000000298...), pycocotools' float64 ``np.linspace``: a recall that lands exactly on a
+# threshold (1 of 5 boxes found) falls on the other side of it, and AP moved by up to ~3e-3 (16 of
+# 40 random sets, seed 1 among them) until coco_metric() took COCOeval's thresholds.
 @pytest.mark.parametrize("seed", range(6))
 def test_coco_metric_agrees_with_cocoeval_on_random_sets(seed: int) -> None:
     assert_cocoeval_numbers(coco_metric(), seed)

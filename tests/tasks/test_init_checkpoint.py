@@ -46,7 +46,9 @@ def weights_only(task: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("task_name", list(EMBEDDED))
-def test_init_checkpoint_loads_the_network_when_fitting_starts(task_name: str, tmp_path: Path) -> None:
+def test_init_checkpoint_loads_the_network_when_fitting_starts(
+    task_name: str, tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     overrides = [f"data={EMBEDDED[task_name]}"]
     _, donor = build_task(compose_config("train", overrides, tmp_path / "a"))
@@ -143,7 +145,8 @@ def test_a_file_that_does_not_fit_is_one_line_naming_it(tmp_path: Path) -> None:
             official,
             (
                 f"init_checkpoint={official} is neither a checkpoint of this project for DiCENet "
-                "nor official EdgeNets weights for it: official state dict does not match: missing ["
+                "nor official EdgeNets weights for it: official state dict does not match: "
+                "missing ["
             ),
         ),
         (

@@ -99,7 +99,10 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "model.d_model=64",
             "model.n_min=2",
             "model.n_max=3",
-            *(f"model.{p}_dropout=0.0" for p in ("ffn", "attention", "dextra", "embedding", "position")),
+            *(
+                f"model.{p}_dropout=0.0"
+                for p in ("ffn", "attention", "dextra", "embedding", "position")
+            ),
             "model.dropout=0.0",
             "task.max_len_b=4",
             "task.val_decoding=none",
@@ -117,7 +120,16 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "model.embedding_dim=32",
             "model.hidden_size=64",
             "model.groups=2",
-            *(f"model.{p}=0.0" for p in ("dropout", "dropout_hidden", "dropout_input", "dropout_embedding", "weight_drop")),
+            *(
+                f"model.{p}=0.0"
+                for p in (
+                    "dropout",
+                    "dropout_hidden",
+                    "dropout_input",
+                    "dropout_embedding",
+                    "weight_drop",
+                )
+            ),
             "task.asgd=false",
             "task.optimizer.lr=5",
         ],
@@ -129,7 +141,10 @@ def tasks(root: Path) -> dict[str, list[str]]:
             "data.test_each_epoch=false",
             "model.d_model=32",
             "model.num_blocks=1",
-            *(f"model.{p}=0.0" for p in ("dropout", "attention_dropout", "ffn_dropout", "embedding_dropout")),
+            *(
+                f"model.{p}=0.0"
+                for p in ("dropout", "attention_dropout", "ffn_dropout", "embedding_dropout")
+            ),
             "task.scheduler.warmup_steps=2",
         ],
         "detection": [
@@ -195,8 +210,9 @@ def test_task_trains_in_mixed_precision(
 def test_clipping_recipes_train_in_mixed_precision(
     make_cfg, tmp_path: Path, task: str, accelerator: str, precision: str
 ) -> None:
-    """The recipes that clip gradients (char_lm/demo, pru_lm/demo: 0.25) with their fused optimisers:
-    Lightning's mixed-precision plugin alone refuses to clip for those at the first step."""
+    """The recipes that clip gradients (char_lm/demo, pru_lm/demo: 0.25) with their fused
+    optimisers: Lightning's mixed-precision plugin alone refuses to clip for those at the first
+    step."""
     epochs = 6
     cfg = make_cfg(
         *tasks(tmp_path)[task],

@@ -20,13 +20,27 @@ SGD = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 
 def one_hot_logits(classes: list[list[int]], num_classes: int = 3) -> Tensor:
     """(1, num_classes, H, W) logits whose argmax is ``classes``."""
-    return torch.nn.functional.one_hot(torch.tensor(classes), num_classes).permute(2, 0, 1)[None].float() * 4.0
+    return (
+        torch.nn.functional.one_hot(torch.tensor(classes), num_classes)
+        .permute(2, 0, 1)[None]
+        .float()
+        * 4.0
+    )
 
 
 def validate(task: L.LightningModule, logits: Tensor, masks: Tensor) -> dict[str, float]:
-    """Run Lightning's validation loop on one batch of given logits (the network is the identity)."""
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    (results,) = trainer.validate(task, DataLoader(TensorDataset(logits, masks), batch_size=len(logits)), verbose=False)
+    """Run Lightning's validation loop on one batch of given logits (the network is the
+    identity)."""
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    (results,) = trainer.validate(
+        task, DataLoader(TensorDataset(logits, masks), batch_size=len(logits)), verbose=False
+    )
     return results
 
 
@@ -55,18 +69,26 @@ def test_ignored_class_inside_the_range_is_not_scored() -> None:
 
 def test_small_logits_are_upsampled_to_the_mask() -> None:
     logits = one_hot_logits([[1]])  # (1, 3, 1, 1)
-    results = validate(SegmentationTask(nn.Identity(), 3, SGD), logits, torch.ones(1, 4, 6, dtype=torch.long))
+    results = validate(
+        SegmentationTask(nn.Identity(), 3, SGD), logits, torch.ones(1, 4, 6, dtype=torch.long)
+    )
     assert results["val/pixel_acc"] == 1.0
 
 
 def test_network_must_return_pixel_logits() -> None:
     with pytest.raises(ValueError, match=r"needs logits \(B, 3, H', W'\)"):
-        validate(SegmentationTask(nn.Identity(), 3, SGD), torch.zeros(2, 3), torch.zeros(2, 4, 4, dtype=torch.long))
+        validate(
+            SegmentationTask(nn.Identity(), 3, SGD),
+            torch.zeros(2, 3),
+            torch.zeros(2, 4, 4, dtype=torch.long),
+        )
 
 
 def test_class_weights_from_frequencies() -> None:
     weights = inverse_log_frequency_weights([1, 1, 2])
-    assert weights.tolist() == pytest.approx([1 / math.log(1.35), 1 / math.log(1.35), 1 / math.log(1.6)])
+    assert weights.tolist() == pytest.approx(
+        [1 / math.log(1.35), 1 / math.log(1.35), 1 / math.log(1.6)]
+    )
     task = SegmentationTask(nn.Identity(), 3, SGD, class_weights=weights.tolist())
     assert torch.allclose(task.criterion.weight, weights)
     with pytest.raises(ValueError, match="2 values for 3 classes"):
@@ -78,7 +100,9 @@ class EncoderDecoder(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4), nn.ReLU()
+        )
         self.decoder = nn.Conv2d(4, 2, 1)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -95,7 +119,9 @@ def test_head_lr_multiplier_groups() -> None:
     single = SegmentationTask(EncoderDecoder(), 2, SGD).configure_optimizers()["optimizer"]
     assert len(single.param_groups) == 1
     with pytest.raises(ValueError, match=r"head_prefix='head'.*\['decoder', 'encoder'\]"):
-        SegmentationTask(EncoderDecoder(), 2, SGD, head_lr_multiplier=10.0, head_prefix="head").configure_optimizers()
+        SegmentationTask(
+            EncoderDecoder(), 2, SGD, head_lr_multiplier=10.0, head_prefix="head"
+        ).configure_optimizers()
 
 
 def test_init_checkpoint_loads_network_weights_at_fit(tmp_path: Path) -> None:
@@ -103,12 +129,16 @@ def test_init_checkpoint_loads_network_weights_at_fit(tmp_path: Path) -> None:
     path = tmp_path / "stage1.ckpt"
     torch.save({"state_dict": stage1.state_dict(), "epoch": 3}, path)
     stage2 = SegmentationTask(EncoderDecoder(), 2, SGD, init_checkpoint=str(path))
-    assert not torch.equal(stage2.net.decoder.weight, stage1.net.decoder.weight)  # nothing read at build
+    assert not torch.equal(
+        stage2.net.decoder.weight, stage1.net.decoder.weight
+    )  # nothing read at build
     stage2.setup("fit")
     for name, value in stage1.net.state_dict().items():
         assert torch.equal(stage2.net.state_dict()[name], value), name
 
-    missing = SegmentationTask(EncoderDecoder(), 2, SGD, init_checkpoint=str(tmp_path / "none.ckpt"))
+    missing = SegmentationTask(
+        EncoderDecoder(), 2, SGD, init_checkpoint=str(tmp_path / "none.ckpt")
+    )
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "none.ckpt")):
         missing.setup("fit")
     other = SegmentationTask(nn.Conv2d(3, 2, 1), 2, SGD, init_checkpoint=str(path))
@@ -123,7 +153,9 @@ def test_freeze_bn_keeps_statistics_and_affine_parameters() -> None:
     assert not norm.training and task.net.decoder.training
     assert not norm.weight.requires_grad and not norm.bias.requires_grad
     before = norm.running_mean.clone()
-    loss = task.criterion(task(torch.randn(2, 3, 8, 8) + 3.0), torch.zeros(2, 4, 4, dtype=torch.long))
+    loss = task.criterion(
+        task(torch.randn(2, 3, 8, 8) + 3.0), torch.zeros(2, 4, 4, dtype=torch.long)
+    )
     loss.backward()
     assert torch.equal(norm.running_mean, before) and norm.weight.grad is None
     assert task.net.encoder[0].weight.grad is not None

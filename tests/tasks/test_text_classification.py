@@ -32,7 +32,9 @@ class FixedLogits(nn.Module):
 def test_class_weights_weigh_the_loss() -> None:
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5], [1.0, 0.0, 0.0]])
     labels = torch.tensor([0, 1, 2, 2])
-    task = TextClassificationTask(FixedLogits(logits), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 1.0, 3.0])
+    task = TextClassificationTask(
+        FixedLogits(logits), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 1.0, 3.0]
+    )
     expected = F.cross_entropy(logits, labels, weight=torch.tensor([1.0, 1.0, 3.0]))
     loss = task.criterion(task(torch.zeros(4, 2, dtype=torch.long)), labels)
     torch.testing.assert_close(loss, expected)
@@ -55,21 +57,31 @@ def test_accuracy_and_macro_f1() -> None:
 
 def test_bad_class_weights_are_refused() -> None:
     with pytest.raises(ValueError, match="class_weights must be 3 positive numbers"):
-        TextClassificationTask(nn.Linear(1, 1), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 2.0])
+        TextClassificationTask(
+            nn.Linear(1, 1), 3, partial(torch.optim.SGD, lr=0.1), class_weights=[1.0, 2.0]
+        )
 
 
 @pytest.mark.slow
 def test_fit_logs_the_test_curve_every_epoch(tmp_path: Path) -> None:
     torch.manual_seed(0)
     dm = SentimentTweetsDataModule(
-        str(tmp_path), csv_path=str(tweets_file(tmp_path / "t.csv")), vocab_size=48, max_length=8,
-        batch_size=16, test_each_epoch=True,
+        str(tmp_path),
+        csv_path=str(tweets_file(tmp_path / "t.csv")),
+        vocab_size=48,
+        max_length=8,
+        batch_size=16,
+        test_each_epoch=True,
     )
     net = DeLighTClassifier(48, 3, 32, 2, 4, 2.0, block_scaling=True, glt_shuffle=False)
     task = TextClassificationTask(net, 3, partial(torch.optim.AdamW, lr=3e-3))
     trainer = L.Trainer(
-        max_epochs=2, accelerator="cpu", logger=L.pytorch.loggers.CSVLogger(tmp_path), enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=2,
+        accelerator="cpu",
+        logger=L.pytorch.loggers.CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(task, datamodule=dm)
     logged = trainer.callback_metrics

@@ -25,8 +25,19 @@ WORDS = [f"w{i}" for i in range(12)]
 
 def tiny_net(vocab: int = 24) -> DeLighTEncoderDecoder:
     torch.manual_seed(0)
-    return DeLighTEncoderDecoder(vocab, vocab, 64, 2, 3, 1.0, dropout=0.0, attention_dropout=0.0, ffn_dropout=0.0,
-                                 embedding_dropout=0.0, position_dropout=0.0).eval()
+    return DeLighTEncoderDecoder(
+        vocab,
+        vocab,
+        64,
+        2,
+        3,
+        1.0,
+        dropout=0.0,
+        attention_dropout=0.0,
+        ffn_dropout=0.0,
+        embedding_dropout=0.0,
+        position_dropout=0.0,
+    ).eval()
 
 
 def test_loss_is_the_token_mean_over_non_pad_targets() -> None:
@@ -46,7 +57,9 @@ def test_loss_is_the_token_mean_over_non_pad_targets() -> None:
         token_nll = -lprobs.gather(-1, target[i, :n, None])[:, 0]
         sums.append((0.9 * token_nll + 0.1 * smooth).sum())
     assert loss.item() == pytest.approx((sums[0] + sums[1]).item() / 5, rel=1e-5)
-    reference = F.cross_entropy(task.net(src, None, prev).flatten(0, 1), target.flatten(), ignore_index=PAD_ID)
+    reference = F.cross_entropy(
+        task.net(src, None, prev).flatten(0, 1), target.flatten(), ignore_index=PAD_ID
+    )
     assert nll.item() == pytest.approx(reference.item(), rel=1e-6)
 
 
@@ -106,8 +119,12 @@ def test_translation_run_reaches_bleu_and_translate_py_uses_it(make_cfg, tmp_pat
     assert metrics["test/bleu"] > 60.0, metrics  # a 2-layer net learns to reverse 2-5 words
     assert summary["params"] > 0 and metrics["test/ppl"] < 3.0
     command = [
-        sys.executable, str(ROOT / "translate.py"), f"ckpt_path={summary['best_checkpoint']}",
-        "w1 w2 w3", "task.beam_size=2", f"hydra.run.dir={tmp_path / 'translate'}",
+        sys.executable,
+        str(ROOT / "translate.py"),
+        f"ckpt_path={summary['best_checkpoint']}",
+        "w1 w2 w3",
+        "task.beam_size=2",
+        f"hydra.run.dir={tmp_path / 'translate'}",
     ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

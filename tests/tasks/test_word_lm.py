@@ -24,8 +24,8 @@ from tests.conftest import compose_config
 VOCAB = 40
 NO_DROPOUT = {
     name: 0.0
-    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout", "embedding_dropout",
-                 "position_dropout", "adaptive_softmax_dropout")
+    for name in ("dropout", "attention_dropout", "ffn_dropout", "dextra_dropout",
+                 "embedding_dropout", "position_dropout", "adaptive_softmax_dropout")
 }  # fmt: skip
 
 
@@ -101,7 +101,9 @@ def test_optimizer_and_scheduler_factories() -> None:
     task.trainer = type("T", (), {"estimated_stepping_batches": 100})()
     config = task.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
-    assert optimizer.defaults["betas"] == (0.9, 0.98) and config["lr_scheduler"]["interval"] == "step"
+    assert (
+        optimizer.defaults["betas"] == (0.9, 0.98) and config["lr_scheduler"]["interval"] == "step"
+    )
     assert optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)  # warm-up starts at lr / 10
     for _ in range(10):
         optimizer.step()
@@ -130,7 +132,9 @@ def test_full_split_through_the_trainer_matches(tmp_path: Path) -> None:
     dm = WordLMDataModule(str(tmp_path), None, 8, 2, eval_batch_size=2, eval_context_window=4)
     net = DeLighTLanguageModel(dm.vocab_size, 64, 2, 3, 2.0, cutoffs=(5, 6), **NO_DROPOUT)
     task = make_task(net)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False
+    )
     (result,) = trainer.validate(task, datamodule=dm, verbose=False)
     windows = ContextWindows(dm.splits["val"], 8, 4)
     with torch.no_grad():
@@ -141,12 +145,16 @@ def test_full_split_through_the_trainer_matches(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_trains_below_the_unigram_perplexity(tmp_path: Path) -> None:
-    """A short ``experiment=delight_lm/demo`` run: test perplexity below the corpus's unigram one (~81)."""
+    """A short ``experiment=delight_lm/demo`` run: test perplexity below the corpus's unigram one
+    (~81)."""
     overrides = [
         "experiment=delight_lm/demo", "trainer.max_steps=60", "trainer.val_check_interval=60",
-        "trainer.limit_val_batches=4", "callbacks.progress_bar=null", f"data.root={tmp_path / 'data'}",
+        "trainer.limit_val_batches=4", "callbacks.progress_bar=null",
+        f"data.root={tmp_path / 'data'}",
     ]  # fmt: skip
     summary = train(compose_config("train", overrides, tmp_path / "run"))
     assert summary["status"] == "finished"
-    assert summary["metrics"]["test/ppl"] == pytest.approx(math.exp(summary["metrics"]["test/loss"]), rel=1e-4)
+    assert summary["metrics"]["test/ppl"] == pytest.approx(
+        math.exp(summary["metrics"]["test/loss"]), rel=1e-4
+    )
     assert summary["metrics"]["test/ppl"] < 81

@@ -33,7 +33,6 @@ def _checkpoint(scale: float, step: int, **extra: Tensor) -> dict[str, Any]:
     }
 
 
-
 def _save(directory: Path, name: str, checkpoint: dict[str, Any], mtime: float) -> Path:
     path = directory / name
     torch.save(checkpoint, path)

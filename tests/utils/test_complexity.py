@@ -13,7 +13,9 @@ from tests.conftest import ROOT
 
 
 def test_macs_count_each_multiply_add_once() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.Flatten(), nn.Linear(8 * 5 * 5, 4))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.Flatten(), nn.Linear(8 * 5 * 5, 4)
+    )
     result = measure(model, torch.zeros(1, 3, 5, 5))
     conv = 8 * 5 * 5 * 3 * 3 * 3  # outputs x (kernel x input channels)
     assert result.macs_conv == conv
@@ -34,7 +36,13 @@ def test_shared_parameters_count_once() -> None:
 
 
 def test_complexity_script_prints_table_then_json() -> None:
-    command = [sys.executable, "complexity.py", "model=torchvision", "model.name=mobilenet_v2", "data=imagenet"]
+    command = [
+        sys.executable,
+        "complexity.py",
+        "model=torchvision",
+        "model.name=mobilenet_v2",
+        "data=imagenet",
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()

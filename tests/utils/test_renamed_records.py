@@ -47,7 +47,10 @@ def test_an_old_record_names_todays_classes() -> None:
     record = record_of({"lightnets": old})
     assert record["choices"] == {"task": "awd_lm", "data": "ptb", "model": "awd_lm"}
     assert record["config"]["model"] == {"_target_": "src.models.dicenet.DiCENet", "scale": 0.5}
-    assert record["config"]["data"] == {"_target_": "src.datamodules.awd_lm.AWDLMDataModule", "bptt": 70}
+    assert record["config"]["data"] == {
+        "_target_": "src.datamodules.awd_lm.AWDLMDataModule",
+        "bptt": 70,
+    }
     task = record["config"]["task"]
     assert task["_target_"] == "src.tasks.awd_lm.AWDLMTask"
     assert task["scheduler"] == {"_target_": "src.optim.schedules.warmup_cosine", "_partial_": True}

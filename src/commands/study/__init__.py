@@ -70,8 +70,12 @@ def main(argv: list[str] | None = None) -> None:
         "a finished run there is never run again, so a study resumes where it stopped "
         "(default: %(default)s)",
     )
-    parser.add_argument("--jobs", type=int, default=2, help="train.py runs at a time (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=1, help="PyTorch threads per run (default: %(default)s)")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="train.py runs at a time (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="PyTorch threads per run (default: %(default)s)"
+    )
     parser.add_argument(
         "--extend",
         type=int,
@@ -80,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--report", action="store_true", help="run nothing: only write the report from the runs in --out"
+        "--report",
+        action="store_true",
+        help="run nothing: only write the report from the runs in --out",
     )
     parser.add_argument(
         "--multirun",

@@ -35,9 +35,7 @@ def local_like(x: Tensor) -> Tensor:
     return torch.empty_like(x)
 
 
-def statistics_fake(
-    x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, dilation: list[int]
-) -> Tensor:
+def statistics_fake(x: Tensor, wc: Tensor, wh: Tensor, ww: Tensor, dilation: list[int]) -> Tensor:
     """The statistics op's output metadata: (2, 3C) float64 sums."""
     return x.new_empty((2, 3 * x.shape[1]), dtype=torch.float64)
 

@@ -37,9 +37,7 @@ def pyramid_like(r: Tensor, branches: int, stride: int) -> Tensor:
     return torch.empty(shape, dtype=r.dtype, device=r.device, memory_format=memory_format_of(r))
 
 
-def statistics_fake(
-    r: Tensor, weight: Tensor, dilations: Tensor, stride: int, hff: bool
-) -> Tensor:
+def statistics_fake(r: Tensor, weight: Tensor, dilations: Tensor, stride: int, hff: bool) -> Tensor:
     """The statistics op's output metadata: (2, K n) float64 sums."""
     return r.new_empty((2, weight.shape[0] * r.shape[1]), dtype=torch.float64)
 

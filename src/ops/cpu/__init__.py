@@ -17,9 +17,9 @@ relative-position attention, forward and backward, in one pass each (see
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 50 s) into
 ``lightnets/`` under PyTorch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
-``$XDG_CACHE_HOME/torch_extensions``, ``~/.cache`` without it), and rebuilt only when a source or the shared header changes. The
-build compiles copies of the sources kept in its folder (:func:`stage_sources`), so every checkout
-of the same sources shares one build.
+``$XDG_CACHE_HOME/torch_extensions``, ``~/.cache`` without it), and rebuilt only when a source
+or the shared header changes. The build compiles copies of the sources kept in its folder
+(:func:`stage_sources`), so every checkout of the same sources shares one build.
 Where they cannot be built, :func:`cpu_kernels` warns once and the callers keep their eager
 PyTorch path.
 
@@ -80,7 +80,8 @@ def _compiler_flags() -> tuple[list[str], list[str], str]:
     cflags, ldflags = ["-O3", "-fno-trapping-math"], []
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
     if capability in ("AVX2", "AVX512"):
-        # the ISA level PyTorch itself dispatches to on this CPU, so the build runs where it was made
+        # the ISA level PyTorch itself dispatches to on this CPU, so the build runs where it was
+        # made
         cflags += ["-mavx2", "-mfma"]
     if capability == "AVX512":  # the sources that gain from it switch to AVX-512 themselves
         cflags.append("-DLIGHTNETS_AVX512")

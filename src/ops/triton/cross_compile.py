@@ -254,7 +254,9 @@ def _build(launch: dict, gpu: Gpu) -> Build:
     constants = {k: _decode(v) for k, v in launch["constants"].items()}
     base = {
         "kernel": launch["kernel"], "gpu": gpu.name, "constants": launch["constants"],
-        "dtypes": tuple(a["tensor"] for a in launch["args"] if isinstance(a, dict) and "tensor" in a),
+        "dtypes": tuple(
+            a["tensor"] for a in launch["args"] if isinstance(a, dict) and "tensor" in a
+        ),
         "programs": math.prod(launch["grid"]),
     }  # fmt: skip
     try:

@@ -318,9 +318,7 @@ def dim_conv_forward(
     return y
 
 
-@opaque_op(
-    "lightnets::dim_conv_triton_backward", contract.BACKWARD_SCHEMA, contract.backward_fake
-)
+@opaque_op("lightnets::dim_conv_triton_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)
 def dim_conv_backward(
     grad_y: Tensor,
     x: Tensor,

@@ -161,7 +161,8 @@ def _grouped_gemm_kernel(
     if COLSUM:
         # only the first row block writes: every row block reduced the same columns of B
         tl.store(colsum_ptr + pid_s * s_sums + group * s_sumg + cols,
-                 col_sum.to(colsum_ptr.dtype.element_ty), mask=(cols < C) & (pid_r == 0))  # fmt: skip
+                 col_sum.to(colsum_ptr.dtype.element_ty),
+                 mask=(cols < C) & (pid_r == 0))  # fmt: skip
 
 
 def _block(size: int, low: int, high: int) -> int:

@@ -259,8 +259,11 @@ def _pru_time_loop_bwd_kernel(
             n_in = ns < W
             dh0 = _recurrent(dg_rows, w_group, ns, n_in, b_in, M, W, IEEE, WIDEN,
                              BLOCK_B, BLOCK_K, BLOCK_N)  # fmt: skip
-            tl.store(grad_h0_ptr + (b * M + unit)[:, None] + ns[None, :],
-                     dh0.to(grad_h0_ptr.dtype.element_ty), mask=b_in[:, None] & n_in[None, :])
+            tl.store(
+                grad_h0_ptr + (b * M + unit)[:, None] + ns[None, :],
+                dh0.to(grad_h0_ptr.dtype.element_ty),
+                mask=b_in[:, None] & n_in[None, :],
+            )
 
 
 def _launch(x: Tensor, batch: int, groups: int, width: int) -> tuple[tuple[int, int], dict]:

@@ -7,7 +7,7 @@ output gradient and the probabilities and writes the content gradient and the po
 For query i of T and key j of K, with v = K - T + i + 1, the realigned position score of row
 ``r = n T + i`` (flat offsets of the (N, T, K) position tensor) is
 
-    j < v:  position[r K + j + T - 1 - i]       j = v:  0       j > v:  position[r K + j + T - 2 - i]
+    j < v:  position[r K + j + T - 1 - i]    j = v:  0    j > v:  position[r K + j + T - 2 - i]
 
 (the last from row i + 1: Transformer-XL's zero-pad-and-reshape). Scores are rounded as the eager
 ops round them (the add, then the scale), the softmax is float32, the probabilities are stored in

@@ -13,8 +13,8 @@ and r for the backward. The dropout mask m keeps element i when Philox's ``tl.ra
 at or above p, the seed a tensor drawn on the input's device, per call or once for the dropout
 sites of a forward (:mod:`src.ops.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced
 or replayed graph draws it anew; the masks differ from ``F.dropout``'s, their distribution does
-not), and the backward draws the mask again from the saved seed and site. With ``x_hat = c r`` and ``g = dy w`` the
-sum's gradient is
+not), and the backward draws the mask again from the saved seed and site. With ``x_hat = c r``
+and ``g = dy w`` the sum's gradient is
 
     ds = r (g - mean(g) - x_hat mean(g x_hat))
 
