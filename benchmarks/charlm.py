@@ -122,14 +122,16 @@ def main() -> None:
         )
 
     print(
-        f"{'model':<26}{'params':>11}{'paper GF':>10}{'GMACs':>8}{'train tok/s':>13}{'infer ms':>10}"
-        f"{'train x':>9}{'infer x':>9}{'MAC x':>8}{'paper x':>9}"
+        f"{'model':<26}{'params':>11}{'paper GF':>10}{'GMACs':>8}"
+        f"{'train tok/s':>13}{'infer ms':>10}{'train x':>9}{'infer x':>9}{'MAC x':>8}{'paper x':>9}"
     )
     for r in rows:
         print(
-            f"{r['model']:<26}{r['params']:>11,}{r['paper_gflops']:>10.2f}{r['macs_per_segment'] / 1e9:>8.2f}"
-            f"{r['train_tokens_per_s']:>13.1f}{r['infer_ms_per_segment']:>10.2f}{r['train_speedup_vs_txl']:>9.2f}"
-            f"{r['infer_speedup_vs_txl']:>9.2f}{r['mac_ratio_txl_over_model']:>8.2f}{r['paper_flop_ratio_txl_over_model']:>9.2f}"
+            f"{r['model']:<26}{r['params']:>11,}{r['paper_gflops']:>10.2f}"
+            f"{r['macs_per_segment'] / 1e9:>8.2f}{r['train_tokens_per_s']:>13.1f}"
+            f"{r['infer_ms_per_segment']:>10.2f}{r['train_speedup_vs_txl']:>9.2f}"
+            f"{r['infer_speedup_vs_txl']:>9.2f}{r['mac_ratio_txl_over_model']:>8.2f}"
+            f"{r['paper_flop_ratio_txl_over_model']:>9.2f}"
         )
     print_json_lines(rows)
 

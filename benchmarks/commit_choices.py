@@ -23,7 +23,6 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 from src.kernels.choices import COMMITTED
 from src.utils.files import write_json
 

@@ -96,7 +96,10 @@ def main() -> None:
         )
 
     print(f"# {cpu_signature()} | {args.threads} threads")
-    header = f"{'network':<10}{'auto ms':>10}{'1 ms':>10}{'0 (ATen) ms':>13}{'auto/ATen':>11}{'1/ATen':>9}"
+    header = (
+        f"{'network':<10}{'auto ms':>10}{'1 ms':>10}{'0 (ATen) ms':>13}"
+        f"{'auto/ATen':>11}{'1/ATen':>9}"
+    )
     print_text_table(header, (
         f"{row['network']:<10}{row['ms_auto']:>10.1f}{row['ms_1']:>10.1f}{row['ms_0']:>13.1f}"
         f"{row['auto_vs_aten']:>10.2f}x{row['kernels_vs_aten']:>8.2f}x"

@@ -10,13 +10,13 @@ them) and run by onnxruntime on the CPU with ``--threads`` intra-op threads (``O
 the ``ext`` column: ``ORT_ENABLE_EXTENDED``, without the NCHWc layout); int8 is onnxruntime's
 static QDQ quantisation (per-channel weights) of the dense products
 (:func:`src.export.quantize.dense_nodes`, as ``export.py`` does; the ``int8 all`` column: of every
-operator, as before) calibrated on ``--calibration`` random images: enough to time it, not to judge its accuracy (export.py
-calibrates on the training split and measures the metric). Eager PyTorch runs our CPU inference
-path (fused kernels and folded BatchNorm where built). All measurements are interleaved round-robin
-so that machine drift affects all alike; each is the median of ``--repeats`` runs after
-``--warmup`` (and the minimum, less disturbed by other jobs on shared cores). Prints a table with
-the ratios the deployment targets name (DiCENet's fp32 latency over ShuffleNetV2's, each int8
-speed-up over its fp32), then one JSON object.
+operator, as before) calibrated on ``--calibration`` random images: enough to time it, not to
+judge its accuracy (export.py calibrates on the training split and measures the metric). Eager
+PyTorch runs our CPU inference path (fused kernels and folded BatchNorm where built). All
+measurements are interleaved round-robin so that machine drift affects all alike; each is the
+median of ``--repeats`` runs after ``--warmup`` (and the minimum, less disturbed by other jobs on
+shared cores). Prints a table with the ratios the deployment targets name (DiCENet's fp32 latency
+over ShuffleNetV2's, each int8 speed-up over its fp32), then one JSON object.
 
 With ``--executorch`` (the ``[executorch]`` extra) the classifiers are also lowered to XNNPACK
 ExecuTorch programs, fp32 and int8 (PT2E with the XNNPACK quantizer, as ``export.py

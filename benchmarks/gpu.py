@@ -246,9 +246,13 @@ def dextra_part(s: Settings) -> list[dict]:
             a = torch.randn(tokens, 1024, device=s.device, requires_grad=True)
             b = torch.randn(1024, n, device=s.device, requires_grad=True)
             steps = {
-                "dextra_auto": forward_backward(lambda: ours(x), s.device, precision),
-                "dextra_reference": forward_backward(lambda: reference(x), s.device, precision),
-                "dense_gemm": forward_backward(lambda: a @ b, s.device, precision),
+                "dextra_auto": forward_backward(functools.partial(ours, x), s.device, precision),
+                "dextra_reference": forward_backward(
+                    functools.partial(reference, x), s.device, precision
+                ),
+                "dense_gemm": forward_backward(
+                    functools.partial(torch.matmul, a, b), s.device, precision
+                ),
             }
             paths = {
                 "dextra_auto": "measured" if use_triton("auto", x) else "pytorch",
@@ -261,7 +265,9 @@ def dextra_part(s: Settings) -> list[dict]:
                 "dense_gemm": 2 * tokens * 1024 * n,
             }
             if kernel is not None:
-                steps["dextra_triton"] = forward_backward(lambda: kernel(x), s.device, precision)
+                steps["dextra_triton"] = forward_backward(
+                    functools.partial(kernel, x), s.device, precision
+                )
                 paths["dextra_triton"] = "triton"
                 entry_flops["dextra_triton"] = flops
             timings = time_interleaved(steps, s)

@@ -12,8 +12,8 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
      graphs, graph breaks with their reasons, then the compiled step. These share the CPU with the
      other parts of this phase: the compile seconds are upper bounds;
    - ``train``: short ``trainer=gpu`` (bf16-mixed) runs of the default job, ``char_lm/demo``,
-     ``delight_mt/demo``, ``pru_lm/demo``, ``delight_sentiment/delight`` and ``detection/ssd_demo``: first and last
-     training loss from their CSV logs.
+     ``delight_mt/demo``, ``pru_lm/demo``, ``delight_sentiment/delight`` and
+     ``detection/ssd_demo``: first and last training loss from their CSV logs.
 2. One at a time, each alone on the GPU:
    - ``vision``: DiCENet s=1.0 and ESPNetv2 s=1.0 beside ShuffleNetV2 x1.0 (``gpu_profile.py
      pairs``: bf16, channels-last, batch 256): training and inference images/s and the first
@@ -37,8 +37,8 @@ with SIGINT, then killed 20 s later; what it printed until then is kept):
 It writes, refreshed after every part (so a run cut short still leaves its results):
 ``summary.md`` (every table), ``results.json`` (every row, by part), ``logs.tar.gz`` (each part's
 full output), ``trace.json.gz`` and ``auto_choices.json`` (the choices ``impl="auto"`` measured,
-for ``benchmarks/commit_choices.py`` to commit). ``--dry`` runs every part on the CPU at toy sizes (about a
-minute on 2 cores; the tests run it), so that the command cannot rot between visits.
+for ``benchmarks/commit_choices.py`` to commit). ``--dry`` runs every part on the CPU at toy sizes
+(about a minute on 2 cores; the tests run it), so that the command cannot rot between visits.
 
     python benchmarks/gpu_visit.py --out DIR [--dry] [--budget 480] [--parts ...]
         [--side-by-side PATH/side_by_side.py] [--workers N]
@@ -66,8 +66,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 from src.utils.files import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PYTHON = sys.executable
 
@@ -363,8 +364,9 @@ def pytest_part(visit: Visit, deadline: float, workers: int) -> None:
     reports = failures.read_text() if failures.exists() else ""
     failed = re.findall(r"^FAILED (\S+) \((\w+)\)$", reports, flags=re.M)
     # progress dots: tests run before a stop, when pytest printed no summary
+    dots = r"[.FsExX]+( *\[ *\d+%\])?"
     done = sum(ln.count(".") + ln.count("F") + ln.count("s") + ln.count("E")
-               for ln in lines if re.fullmatch(r"[.FsExX]+( *\[ *\d+%\])?", ln.strip()))  # fmt: skip
+               for ln in lines if re.fullmatch(dots, ln.strip()))  # fmt: skip
     visit.add_rows(
         "pytest",
         [
@@ -434,7 +436,8 @@ def compile_part(visit: Visit, deadline: float, lanes: int) -> None:
                for reason, n in (r.get("break_reasons") or {}).items()]  # fmt: skip
     visit.sections["compile"] = "\n".join(
         [
-            "## torch.compile of a training step (phase 1: the CPU shared with pytest and the runs)",
+            "## torch.compile of a training step"
+            " (phase 1: the CPU shared with pytest and the runs)",
             "",
             table,
         ]
@@ -629,9 +632,9 @@ def pairs_part(visit: Visit, deadline: float) -> None:
     # the text systems (the image networks are the vision part's)
     only = ["gt4"] if visit.dry else ["delight_mt", "awd_pru", "gt4", "gt2"]
     extra = ["--dry", "--repeats", "1"] if visit.dry else ["--repeats", "20"]
-    run = visit.run("pairs", [PYTHON, "benchmarks/gpu_profile.py", "pairs", "--graphed",
-                              "--only", *only, "--profile", md,
-                              "--trace", visit.out / "trace.json.gz", *extra], deadline)  # fmt: skip
+    command = [PYTHON, "benchmarks/gpu_profile.py", "pairs", "--graphed", "--only", *only,
+               "--profile", md, "--trace", visit.out / "trace.json.gz", *extra]  # fmt: skip
+    run = visit.run("pairs", command, deadline)
     rows = json_rows(run.output)
     pairs = [r for r in rows if r.get("part") == "pairs"]
     visit.add_rows("pairs", pairs)

@@ -229,7 +229,7 @@ def _cudnn_lstm(counter: LaunchCounter) -> object:
             # batch_first) overload nn.LSTM calls
             has_biases, layers, *_, batch_first = flags
             steps = input.shape[1 if batch_first else 0]
-            n_hx, n_w = len(hx), len(weights)
+            n_hx = len(hx)
 
             def args(leaves: list[Tensor]) -> tuple:
                 return (leaves[0], leaves[1 : 1 + n_hx], leaves[1 + n_hx :], *flags)

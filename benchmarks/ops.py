@@ -9,7 +9,8 @@ per op and pass: ``{"op", "pass", "shape", "ours_ms", "baseline_ms", "speedup"}`
 against a dense GEMM of equal FLOPs where a case defines one). ``--control`` times ours a second
 time in the same rounds and adds the A/A ratio: a row's speedup means little closer to 1 than that.
 
-    python benchmarks/ops.py [--device cpu|cuda] [--threads 2] [--repeats 21] [--only delight] [--control]
+    python benchmarks/ops.py [--device cpu|cuda] [--threads 2] [--repeats 21] [--only delight]
+        [--control]
 
 On the CPU, ``ours`` is what a user gets: with ``LIGHTNETS_CPU_KERNELS`` unset, the ops whose
 faster path depends on the machine time theirs against ATen's on first use (in the warm-up here)
@@ -136,7 +137,10 @@ def main() -> None:
     if device.type == "cpu":
         # which machine, and which CPU paths ran (LIGHTNETS_CPU_KERNELS: auto measures per shape)
         print(f"# {cpu_signature()} | {args.threads} threads | CPU paths {cpu_path_mode()}")
-    header = f"{'op':<34}{'pass':<9}{'shape':<40}{'ours ms':>10}{'base ms':>10}{'speedup':>9}{'of dense':>10}"
+    header = (
+        f"{'op':<34}{'pass':<9}{'shape':<40}{'ours ms':>10}{'base ms':>10}"
+        f"{'speedup':>9}{'of dense':>10}"
+    )
     if args.control:
         header += f"{'A/A':>7}"
 

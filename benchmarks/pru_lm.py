@@ -81,7 +81,7 @@ def main() -> None:
         return step
 
     times: dict[str, dict[str, list[float]]] = {name: {"train": [], "infer": []} for name in layers}
-    for name, layer in layers.items():  # warm-up (and compilation)
+    for layer in layers.values():  # warm-up (and compilation)
         train(layer)()
         infer(layer)()
     for _ in range(args.repeats):
@@ -94,8 +94,14 @@ def main() -> None:
     for name, layer in layers.items():
         train_tps = tokens / statistics.median(times[name]["train"])
         infer_tps = tokens / statistics.median(times[name]["infer"])
-        rows.append({"layer": name, "params": parameter_count(layer), "train_tokens_s": round(train_tps),
-                     "infer_tokens_s": round(infer_tps)})  # fmt: skip
+        rows.append(
+            {
+                "layer": name,
+                "params": parameter_count(layer),
+                "train_tokens_s": round(train_tps),
+                "infer_tokens_s": round(infer_tps),
+            }
+        )
     base = next(row for row in rows if row["layer"] == reference)
     for row in rows:
         row["train_vs_equal_lstm"] = round(row["train_tokens_s"] / base["train_tokens_s"], 3)

@@ -21,8 +21,9 @@ A's step time / B's (< 1: A is faster).
 ``pru_wt2``     the same at WikiText-2's sizes (``data=wikitext2``: the same layer, which the thesis
                 trains on both corpora; (B, T) = (80, 70), ``conf/recipe/wikitext2_awd_lm.yaml``).
 ``awd_ptb``     AWD-PRU (18.9 M) against AWD-LSTM (``experiment=pru_lm/table4_1_awd_lstm``, 3 x
-                1150, 24.2 M: the thesis's baseline, not of equal size), whole models at PTB's: training tokens/s at the recipe's (20, 70) batch of random
-                words, and dynamic-evaluation tokens/s: ``src.evaluation.dynamic_eval.dynamic_evaluate``
+                1150, 24.2 M: the thesis's baseline, not of equal size), whole models at PTB's:
+                training tokens/s at the recipe's (20, 70) batch of random words, and
+                dynamic-evaluation tokens/s: ``src.evaluation.dynamic_eval.dynamic_evaluate``
                 as ``eval.py`` runs it (``conf/eval.yaml``'s options: one row, segments of 5
                 words; per segment forward, backward and the RMS update), over ``--dyn-segments``
                 segments, with the gradient statistics taken on one 1 x 5 training segment
@@ -38,14 +39,15 @@ A's step time / B's (< 1: A is faster).
                 of -1e4 until the last step, where it is the only choice (random weights would
                 otherwise end each model's hypotheses at different steps). Both decoders cache
                 their keys and values: a step runs the layers on the new position only.
-``mt_demo``     the demos (``experiment=delight_mt/demo`` vs ``delight_mt/transformer_mt_demo``, about 1.17 M
-                params each): one epoch's training batches of the gettext corpus (the demo's
-                ``max_tokens`` 1,024; the data module's own batches), ms per step, the mean over
-                the epoch; ratio = DeLighT's / the Transformer's.
+``mt_demo``     the demos (``experiment=delight_mt/demo`` vs
+                ``delight_mt/transformer_mt_demo``, about 1.17 M params each): one epoch's
+                training batches of the gettext corpus (the demo's ``max_tokens`` 1,024; the
+                data module's own batches), ms per step, the mean over the epoch; ratio =
+                DeLighT's / the Transformer's.
 ``lm_pydoc``    the study's equal-parameter pair (``conf/study/delight_lm.yaml``:
-                ``experiment=delight_lm/demo`` vs ``delight_lm/transformer_lm_demo``), training tokens/s on
-                the first batch of the pydoc_words corpus (16 x 128 words: the real words matter
-                to the adaptive softmax's cost).
+                ``experiment=delight_lm/demo`` vs ``delight_lm/transformer_lm_demo``), training
+                tokens/s on the first batch of the pydoc_words corpus (16 x 128 words: the real
+                words matter to the adaptive softmax's cost).
 ``charlm``      the Group-Transformers G = 2 and G = 4 (``experiment=charlm_table2_gt_g2/g4``)
                 against Transformer-XL (``experiment=char_lm/table2_txl_l9_d256_h8``; 9 x 256, 8
                 heads) with ``benchmarks/charlm.py``'s segment and memory of 512 characters
@@ -241,8 +243,8 @@ def awd(s: Settings) -> Group:
         calls = {"train": training_step(cfg, task, [(words[:, :-1], words[:, 1:])]),
                  "dynamic_eval": dynamic}  # fmt: skip
         m = cfg.model.hidden_size
-        candidates.append(Candidate(f"{name} ({cfg.model.num_layers} x {m})", parameter_count(task.net),
-                                    calls))  # fmt: skip
+        label = f"{name} ({cfg.model.num_layers} x {m})"
+        candidates.append(Candidate(label, parameter_count(task.net), calls))
         metrics = [Metric("train", "tok/s", batch * bptt, f"(B, T) = ({batch}, {bptt})"),
                    Metric("dynamic_eval", "tok/s", segments * options.bptt,
                           f"{segments} segments of 1 x {options.bptt}")]  # fmt: skip
@@ -320,8 +322,10 @@ def mt_iwslt(s: Settings) -> Group:
 def mt_demo(s: Settings) -> Group:
     candidates = []
     batches: list[dict[str, Tensor]] = []
-    for name, experiment in (("DeLighT MT demo", "delight_mt/demo"),
-                             ("Transformer MT demo", "delight_mt/transformer_mt_demo")):  # fmt: skip
+    for name, experiment in (
+        ("DeLighT MT demo", "delight_mt/demo"),
+        ("Transformer MT demo", "delight_mt/transformer_mt_demo"),
+    ):
         cfg, datamodule, task = build(f"experiment={experiment}")
         task.to(s.device)
         if not batches:  # both demos read the same corpus and batches
@@ -343,8 +347,10 @@ def mt_demo(s: Settings) -> Group:
 
 def lm_pydoc(s: Settings) -> Group:
     candidates = []
-    for name, experiment in (("DeLighT LM demo", "delight_lm/demo"),
-                             ("Transformer LM demo", "delight_lm/transformer_lm_demo")):  # fmt: skip
+    for name, experiment in (
+        ("DeLighT LM demo", "delight_lm/demo"),
+        ("Transformer LM demo", "delight_lm/transformer_lm_demo"),
+    ):
         cfg, datamodule, task = build(f"experiment={experiment}")
         task.to(s.device)
         datamodule.prepare_data()
@@ -368,9 +374,11 @@ def charlm(s: Settings) -> Group:
     if s.quick:
         sizes += ["model.n_layer=1", "model.d_model=32", "model.n_head=4", "model.d_inner=64"]
     candidates = []
-    for tag, name, experiment in (("g2", "Group-Transformer G=2", "char_lm/table2_gt_g2"),
-                                  ("g4", "Group-Transformer G=4", "char_lm/table2_gt_g4"),
-                                  ("", "Transformer-XL", "char_lm/table2_txl_l9_d256_h8")):  # fmt: skip
+    for tag, name, experiment in (
+        ("g2", "Group-Transformer G=2", "char_lm/table2_gt_g2"),
+        ("g4", "Group-Transformer G=4", "char_lm/table2_gt_g4"),
+        ("", "Transformer-XL", "char_lm/table2_txl_l9_d256_h8"),
+    ):
         cfg, _, task = build(f"experiment={experiment}", *sizes)
         task.to(s.device)
         net = task.net

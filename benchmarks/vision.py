@@ -33,7 +33,8 @@ BASELINE = "shufflenet_v2_x1_0"
 
 
 def without_cpu_kernel(net: nn.Module) -> nn.Module:
-    """``net`` with every DiCE and EESP on its eager folded path instead of the fused C++ kernels."""
+    """``net`` with every DiCE and EESP on its eager folded path instead of the fused C++
+    kernels."""
     for module in net.modules():
         if isinstance(module, (DiCE, EESP)):
             module.cpu_kernel = False
@@ -41,7 +42,8 @@ def without_cpu_kernel(net: nn.Module) -> nn.Module:
 
 
 def networks() -> list[tuple[str, float | None, nn.Module]]:
-    """(name, scale, network) for every measured model; torchvision names as torchvision has them."""
+    """(name, scale, network) for every measured model; torchvision names as torchvision has
+    them."""
     nets: list[tuple[str, float | None, nn.Module]] = []
     for name, build in (("dicenet", DiCENet), ("espnetv2", ESPNetv2)):
         nets += [(name, s, build(scale=s)) for s in (0.5, 1.0, 1.5)]

@@ -324,8 +324,8 @@ def test_encode_decode_and_masks() -> None:
 
 # -- the entry point --------------------------------------------------------------------------
 MODEL_OVERRIDES = [
-    "experiment=char_lm/demo", "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.d_inner=64",
-    "model.mem_len=16", "data.tgt_len=16",
+    "experiment=char_lm/demo", "model.n_layer=1", "model.d_model=32", "model.n_head=2",
+    "model.d_inner=64", "model.mem_len=16", "data.tgt_len=16",
 ]  # fmt: skip
 PROMPT = "The default value of the argument"  # 33 characters: three segments of at most 16
 
@@ -414,8 +414,9 @@ def test_eval_word_completion_scores_the_split(checkpoint, tmp_path) -> None:
     from src.commands.eval import evaluate
 
     path, overrides, _, _ = checkpoint
-    options = ["word_completion=true", "word_completion_options.max_words=6", "word_completion_options.max_word_len=6",
-               "word_completion_options.beam_size=20", "trainer=cpu", "logger=csv", "data.eval_tgt_len=16"]  # fmt: skip
+    options = ["word_completion=true", "word_completion_options.max_words=6",
+               "word_completion_options.max_word_len=6", "word_completion_options.beam_size=20",
+               "trainer=cpu", "logger=csv", "data.eval_tgt_len=16"]  # fmt: skip
     eval_overrides = [o for o in overrides if not o.startswith("paths.")]
     metrics = evaluate(compose_config("eval", [*eval_overrides, *options], tmp_path / "eval"))[
         "metrics"
@@ -561,8 +562,8 @@ def awd_checkpoint(
     on pydoc_ptb, the overrides to rebuild it, its network and the corpus's vocabulary."""
     tmp = tmp_path_factory.mktemp(f"generate_{request.param}")
     overrides = [
-        "experiment=pru_lm/demo", f"model.rnn={request.param}", "model.embedding_dim=16", "model.hidden_size=32",
-        f"data.root={tmp / 'data'}",
+        "experiment=pru_lm/demo", f"model.rnn={request.param}", "model.embedding_dim=16",
+        "model.hidden_size=32", f"data.root={tmp / 'data'}",
     ]  # fmt: skip
     cfg = compose_config("train", overrides, tmp / "run")
     datamodule, task = build_task(cfg)
@@ -641,8 +642,9 @@ def test_awd_model_stops_at_a_forced_end_of_sentence(awd_checkpoint, capsys, tmp
 def test_word_level_group_transformer_samples_dictionary_words(tmp_path, capsys) -> None:
     """A word-level Group-Transformer (adaptive softmax, memories carried) continues the prompt by
     dictionary words; greedy decoding is the argmax of its log-probabilities."""
-    overrides = ["experiment=group_transformer_lm/demo", "model.n_layer=1", "model.d_model=32", "model.d_inner=64",
-                 "model.mem_len=8", "data.tgt_len=8", f"data.root={tmp_path / 'data'}"]  # fmt: skip
+    overrides = ["experiment=group_transformer_lm/demo", "model.n_layer=1", "model.d_model=32",
+                 "model.d_inner=64", "model.mem_len=8", "data.tgt_len=8",
+                 f"data.root={tmp_path / 'data'}"]  # fmt: skip
     cfg = compose_config("train", overrides, tmp_path / "run")
     datamodule, task = build_task(cfg)
     path = tmp_path / "model.ckpt"
@@ -698,12 +700,16 @@ def test_prompt_file_and_stdin_give_the_prompt(checkpoint, capsys, tmp_path, mon
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (["prompt=x", "prompt_file=p.txt"], UsageError, r"^prompt= and prompt_file= are both given; pass one of them$"),
-        (["prompt_file=/no/such/prompt.txt"], InputFileError, r"^prompt_file=/no/such/prompt.txt: no such file$"),
-        ([], UsageError, r"^no prompt: pass prompt='some text' \(quoted for Hydra .*'prompt=\"日本 €\"'\), or prompt_file="),
+        (["prompt=x", "prompt_file=p.txt"], UsageError,
+         r"^prompt= and prompt_file= are both given; pass one of them$"),
+        (["prompt_file=/no/such/prompt.txt"], InputFileError,
+         r"^prompt_file=/no/such/prompt.txt: no such file$"),
+        ([], UsageError,
+         r"^no prompt: pass prompt='some text' \(quoted for Hydra .*'prompt=\"日本 €\"'\), "
+         r"or prompt_file="),
         (["prompt='ab 日本 €'"], UsageError,
-         r"^the prompt has characters not in the model's vocabulary \(\d+ symbols\): '€' \(U\+20AC\), '日' "
-         r"\(U\+65E5\), '本' \(U\+672C\); remove or replace them$"),
+         r"^the prompt has characters not in the model's vocabulary \(\d+ symbols\): "
+         r"'€' \(U\+20AC\), '日' \(U\+65E5\), '本' \(U\+672C\); remove or replace them$"),
     ],
 )  # fmt: skip
 def test_prompt_mistakes_are_refused_with_the_fix(checkpoint, capsys, args, error, message) -> None:
@@ -716,10 +722,11 @@ def test_a_non_ascii_prompt_quoted_for_hydra_reaches_the_vocabulary_check(checkp
     """The command line a user types: Hydra's quotes carry spaces and non-ASCII characters through;
     the characters the model lacks end the run with one error line and exit status 2."""
     _, overrides, _, symbols = checkpoint
-    result = subprocess.run([sys.executable, str(ROOT / "generate.py"), *overrides, 'prompt="日本 €"'],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    command = [sys.executable, str(ROOT / "generate.py"), *overrides, 'prompt="日本 €"']
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines()[-1] == (
-        f"error: the prompt has characters not in the model's vocabulary ({len(symbols)} symbols): '€' "
-        "(U+20AC), '日' (U+65E5), '本' (U+672C); remove or replace them"
+        "error: the prompt has characters not in the model's vocabulary "
+        f"({len(symbols)} symbols): '€' (U+20AC), '日' (U+65E5), '本' (U+672C); "
+        "remove or replace them"
     )

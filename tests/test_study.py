@@ -222,7 +222,8 @@ def test_every_claim_config_loads_and_names_two_models_with_three_rates() -> Non
 def test_a_bad_claim_is_named(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(
-        "title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\nkind: maybe\nmodels: []\n"
+        "title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\n"
+        "kind: maybe\nmodels: []\n"
     )
     with pytest.raises(ValueError, match="kind must be better, not_worse or report"):
         load_claim(path)
@@ -341,7 +342,8 @@ def test_the_cost_from_scratch_replays_the_claims_decisions(tmp_path: Path) -> N
     ran = {(n, lr, seed, length) for n, lr, seed, length in runner.calls}
     assert {(k.model.name, k.lr, k.seed, k.length) for k in keys} == ran
     runs, minutes = compute_minutes(tmp_path, keys)
-    # A: 5 grid rates + 2 seeds, 200 s + 5 each; B: 3 rates + 2 seeds at 100 s, 3 at equal time 200 s
+    # A: 5 grid rates + 2 seeds, 200 s + 5 each;
+    # B: 3 rates + 2 seeds at 100 s, 3 at equal time 200 s
     assert runs == len(ran) == 7 + 5 + 3
     assert minutes == pytest.approx((7 * 205 + 5 * 105 + 3 * 205) / 60)
     assert "15 runs" in cost_line(runs, minutes, 2)

@@ -60,12 +60,14 @@ def step_by_step_dextra(unit: DExTra, x: Tensor) -> Tensor:
     x0 = F.silu(unit.input_norm(unit.input_layer(x)))
     y = x0
     groups = unit.plan.groups
-    for l, (glt, norm) in enumerate(zip(unit.glts, unit.glt_norms, strict=True)):
-        if l > 0:
-            pieces = zip(x0.chunk(groups[l], dim=-1), y.chunk(groups[l], dim=-1), strict=True)
+    for layer, (glt, norm) in enumerate(zip(unit.glts, unit.glt_norms, strict=True)):
+        if layer > 0:
+            pieces = zip(
+                x0.chunk(groups[layer], dim=-1), y.chunk(groups[layer], dim=-1), strict=True
+            )
             y = torch.cat([piece for pair in pieces for piece in pair], dim=-1)
         y = step_by_step_glt(y, glt.weight, glt.bias, shuffle=True)
-        y = F.silu(step_by_step_group_norm(y, groups[l], norm.weight, norm.bias, norm.eps))
+        y = F.silu(step_by_step_group_norm(y, groups[layer], norm.weight, norm.bias, norm.eps))
     return F.silu(unit.output_norm(unit.output_layer(torch.cat([x0, y], dim=-1))))
 
 
@@ -97,8 +99,9 @@ def cases(device: torch.device) -> list[OpCase]:
         impl="reference",
     ).to(device)
     out: list[OpCase] = []
-    for l in (1, DEPTH // 2 - 1):
-        g, d_in, d_out = unit.plan.groups[l], unit.plan.in_features[l], unit.plan.out_features[l]
+    plan = unit.plan
+    for layer in (1, DEPTH // 2 - 1):
+        g, d_in, d_out = plan.groups[layer], plan.in_features[layer], plan.out_features[layer]
         glt = GroupLinear(d_in, d_out, g, shuffle=True, impl="reference").to(device)
         x = torch.randn(rows, d_in, device=device, requires_grad=True)
         out.append(

@@ -73,7 +73,8 @@ def check_options(cfg: DictConfig) -> None:
     count = cfg.calibration_images
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise UsageError(
-            f"calibration_images must be a whole number of images >= 1 (128 by default), got {count!r}"
+            "calibration_images must be a whole number of images >= 1 (128 by default), "
+            f"got {count!r}"
         )
     if cfg.images is not None:
         from src.export.images import image_files
@@ -410,7 +411,8 @@ def one_at_a_time(
     def run(images: Tensor) -> Tensor:
         if tuple(images.shape[1:]) != size:
             raise UsageError(
-                f"the program takes images of {size}; the validation split has {tuple(images.shape[1:])}"
+                f"the program takes images of {size}; "
+                f"the validation split has {tuple(images.shape[1:])}"
             )
         return torch.cat([predict(image[None]) for image in images])
 
@@ -529,7 +531,8 @@ def quantized(
         "method": (
             "onnxruntime quantize_static, QDQ, weights int8 per channel, activations "
             f"{cfg.int8_activations}; the "
-            "dense products only (convolutions of one group, matrix products with a constant weight)"
+            "dense products only (convolutions of one group, matrix products with a constant "
+            "weight)"
         ),
         "calibration_images": feeds.images,
         "calibrated_on": images.calibration_source,

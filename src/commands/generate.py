@@ -12,8 +12,9 @@ the end-of-sentence token unless ``stop_at_eos=false`` (then each end of sentenc
 
 The datamodule, network and task are rebuilt from the checkpoint's run record (command-line
 overrides still win) and its ``state_dict`` is loaded into the task; without ``ckpt_path`` the run
-is refused unless ``allow_random=true``. The prompt is encoded with the datamodule's vocabulary (built or read from its cache
-under ``data.root``) and read in segments of the training ``tgt_len``, carrying the memories.
+is refused unless ``allow_random=true``. The prompt is encoded with the datamodule's vocabulary
+(built or read from its cache under ``data.root``) and read in segments of the training
+``tgt_len``, carrying the memories.
 Then, by ``mode``:
 
 - ``sample``: ``max_new_chars`` characters drawn one at a time with ``temperature``, ``top_k`` and
@@ -106,8 +107,9 @@ def read_prompt(cfg: DictConfig) -> str:
             raise UsageError(f"prompt_file={path} is empty; it holds the text to continue")
     if prompt is None:
         raise UsageError(
-            "no prompt: pass prompt='some text' (quoted for Hydra when it has characters other than "
-            "ASCII letters, digits and spaces: 'prompt=\"日本 €\"'), or prompt_file=<a text file>"
+            "no prompt: pass prompt='some text' (quoted for Hydra when it has characters other "
+            "than ASCII letters, digits and spaces: 'prompt=\"日本 €\"'), or "
+            "prompt_file=<a text file>"
         )
     prompt = str(prompt)  # a prompt like 123 arrives as a number
     if not prompt:
@@ -147,8 +149,8 @@ def generate(cfg: DictConfig) -> dict:
     prompt = read_prompt(cfg)
     if cfg.ckpt_path is None and cfg.get("onnx") is None and not cfg.allow_random:
         raise UsageError(
-            "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names the best "
-            "one); allow_random=true generates with the randomly initialised network"
+            "no weights: pass ckpt_path=<a language-model run's .ckpt> (its metrics.json names "
+            "the best one); allow_random=true generates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
     check_served("generate.py", cfg, datamodule, task)
@@ -165,8 +167,8 @@ def generate(cfg: DictConfig) -> dict:
     if not isinstance(datamodule, CharLMDataModule):
         raise WrongRunError(
             f"generation needs a language model; {cfg.ckpt_path or 'the config'} is a "
-            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, pydoc_words, "
-            "ptb, wikitext2, pydoc_ptb)"
+            f"{type(datamodule).__name__} run (data: pydoc_chars, enwik8, text8, wikitext103, "
+            "pydoc_words, ptb, wikitext2, pydoc_ptb)"
         )
     load_vocabulary(cfg, datamodule)
     symbols = datamodule.symbols

@@ -3,9 +3,9 @@
 With ``ckpt_path`` (a checkpoint of this project) the network is rebuilt from the checkpoint's run
 record (command-line overrides still win); without it, from the command line's config with the
 weights of ``task.init_checkpoint=`` (a checkpoint of ours or an official release file) or
-``model.weights=`` (timm/torchvision). A network without weights is refused unless ``allow_random=true``.
-The image is read as the EdgeNets scripts read it (PIL, bilinear resize to (W, H), ``to_tensor``,
-per-channel normalisation). A network output of shape:
+``model.weights=`` (timm/torchvision). A network without weights is refused unless
+``allow_random=true``. The image is read as the EdgeNets scripts read it (PIL, bilinear resize to
+(W, H), ``to_tensor``, per-channel normalisation). A network output of shape:
 
 - (1, C, H, W) (segmentation): the per-pixel argmax is drawn over the image in class colours
   (``alpha`` opacity, at the image's own size) with a legend of the classes present underneath,
@@ -211,7 +211,8 @@ def describe_detections(
         return f"no detections scoring >= {score_threshold}"
     count = f"top {shown} of {len(rows)}" if len(rows) > shown else f"{len(rows)}"
     return (
-        f"{count} detections scoring >= {score_threshold} (class, score, box x1, y1, x2, y2 in pixels "
+        f"{count} detections scoring >= {score_threshold} "
+        "(class, score, box x1, y1, x2, y2 in pixels "
         f"of the {image_size[0]}x{image_size[1]} image): {list(rows[:shown])}"
     )
 
@@ -262,7 +263,8 @@ def read_image(path: Path) -> Image.Image:
             return file.convert("RGB")
     except (OSError, SyntaxError, ValueError) as error:  # UnidentifiedImageError is an OSError
         raise UsageError(
-            f"image={path} cannot be read as an image ({error}); pass a JPEG, PNG or another format PIL reads"
+            f"image={path} cannot be read as an image ({error}); "
+            "pass a JPEG, PNG or another format PIL reads"
         ) from None
 
 
@@ -296,8 +298,8 @@ def predict(cfg: DictConfig) -> dict:
     ):
         raise UsageError(
             "no weights: pass ckpt_path=<a run's .ckpt> (metrics.json names the best one) or "
-            "task.init_checkpoint=/model.weights=<file>; allow_random=true predicts with the randomly "
-            "initialised network"
+            "task.init_checkpoint=/model.weights=<file>; allow_random=true predicts with the "
+            "randomly initialised network"
         )
     image = read_image(image_path)
     L.seed_everything(cfg.seed)

@@ -131,7 +131,8 @@ def tables(runs: list[Run]) -> str:
     """The study's Markdown tables (see the module docstring)."""
     groups = by_variant(runs)
     lines = [
-        "| Variant | Flags | Params (here) | Params (report) | Time, s (here, mean) | Time (report, s) |",
+        "| Variant | Flags | Params (here) | Params (report) "
+        "| Time, s (here, mean) | Time (report, s) |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for name, group in groups.items():
@@ -139,7 +140,8 @@ def tables(runs: list[Run]) -> str:
         time_mean, time_std = mean_std([r.wall_time_s for r in group])
         lines.append(
             f"| {name} | {group[0].flags} | {', '.join(f'{p:,}' for p in params)} | "
-            f"{REPORT_PARAMS[name]:,} | {time_mean:.1f} ± {time_std:.1f} | {REPORT_TIME_S[name]:,} |"
+            f"{REPORT_PARAMS[name]:,} | {time_mean:.1f} ± {time_std:.1f} | "
+            f"{REPORT_TIME_S[name]:,} |"
         )
     lines += [
         "",
@@ -151,7 +153,8 @@ def tables(runs: list[Run]) -> str:
         f1, f1_std = mean_std([100 * r.test_f1 for r in group])
         seeds = ", ".join(f"{r.seed}: {100 * r.test_acc:.2f}" for r in group)
         lines.append(
-            f"| {name} | {len(group)} | {acc:.2f} ± {acc_std:.2f} | {f1:.2f} ± {f1_std:.2f} | {seeds} |"
+            f"| {name} | {len(group)} | {acc:.2f} ± {acc_std:.2f} | "
+            f"{f1:.2f} ± {f1_std:.2f} | {seeds} |"
         )
     return "\n".join(lines)
 

@@ -103,7 +103,8 @@ def stop_interrupted(
         write_json(output_dir / "metrics.json", summary)
         if interrupt.path is not None:
             print(
-                f"interrupted at step {trainer.global_step}; resume with:\n  {resume_command(interrupt.path)}"
+                f"interrupted at step {trainer.global_step}; resume with:\n"
+                f"  {resume_command(interrupt.path)}"
             )
     raise SystemExit(128 + interrupt.signum) from None
 

@@ -1,11 +1,12 @@
 """Translate sentences with a trained model: ``python translate.py ckpt_path=... "Ein Satz."``.
 
 Arguments that are not ``key=value`` overrides are source sentences; ``input=<file>`` (``-`` for
-stdin) adds one sentence a line, decoded as ``encoding=`` (UTF-8 by default). The datamodule, network and task are rebuilt from the
-checkpoint's run record (command-line overrides such as ``task.beam_size=5`` win) and its weights
-loaded; without ``ckpt_path`` the run is refused unless ``allow_random=true``. Each translation is
-written to stdout on its own line, in the order of the sources; a blank source (empty or white
-space only) gives a blank line, so the output stays aligned with the input line for line.
+stdin) adds one sentence a line, decoded as ``encoding=`` (UTF-8 by default). The datamodule,
+network and task are rebuilt from the checkpoint's run record (command-line overrides such as
+``task.beam_size=5`` win) and its weights loaded; without ``ckpt_path`` the run is refused unless
+``allow_random=true``. Each translation is written to stdout on its own line, in the order of the
+sources; a blank source (empty or white space only) gives a blank line, so the output stays
+aligned with the input line for line.
 
 A source longer than the model's maximum (``data.max_source_positions`` tokens, eos included) is
 split after sentence ends into pieces that fit, and a sentence still too long is truncated
@@ -81,8 +82,8 @@ def read_sources(cfg: DictConfig, sentences: list[str]) -> list[str]:
         if cfg.input is not None:
             where += f"; input={cfg.input} has {len(sources) - len(sentences)} line(s)"
         raise UsageError(
-            f'nothing to translate ({where}): pass sentences ("Ein Satz.") or input=<file> with one '
-            "sentence a line"
+            f"nothing to translate ({where}): "
+            'pass sentences ("Ein Satz.") or input=<file> with one sentence a line'
         )
     return sources
 
@@ -181,8 +182,8 @@ def translate(cfg: DictConfig, sentences: list[str]) -> list[str]:
     sources = read_sources(cfg, sentences)
     if cfg.ckpt_path is None and cfg.get("onnx") is None and not cfg.allow_random:
         raise UsageError(
-            "no weights: pass ckpt_path=<a translation run's .ckpt> (its metrics.json names the best one); "
-            "allow_random=true translates with the randomly initialised network"
+            "no weights: pass ckpt_path=<a translation run's .ckpt> (its metrics.json names the "
+            "best one); allow_random=true translates with the randomly initialised network"
         )
     datamodule, task = build_from_checkpoint(cfg)
     check_served("translate.py", cfg, datamodule, task)

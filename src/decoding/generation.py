@@ -64,7 +64,8 @@ def _masked(logits: Tensor, allowed: Tensor | None) -> Tensor:
         return logits
     if allowed.shape != logits.shape[-1:] or not bool(allowed.any()):
         raise ValueError(
-            f"allowed must be a (V,) = ({logits.shape[-1]},) mask with some True, got {tuple(allowed.shape)}"
+            f"allowed must be a (V,) = ({logits.shape[-1]},) mask with some True, "
+            f"got {tuple(allowed.shape)}"
         )
     return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
@@ -165,8 +166,8 @@ def sample(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Continue ``prompt`` by up to ``num_symbols`` symbols drawn one at a time from
-    ``softmax(logits / temperature)``, restricted to the ``top_k`` most probable ids when ``top_k > 0``
-    (``top_k=1`` is greedy decoding) and to the ``top_p`` nucleus when ``top_p < 1``.
+    ``softmax(logits / temperature)``, restricted to the ``top_k`` most probable ids when
+    ``top_k > 0`` (``top_k=1`` is greedy decoding) and to the ``top_p`` nucleus when ``top_p < 1``.
 
     Args:
         net: the recurrent language model (``mem_len >= 1``), in eval mode.
@@ -239,8 +240,8 @@ def complete_words(
         allow_empty: whether the empty continuation counts (the prefix already ends a word).
 
     Shape:
-        prefix: (1, T) int64, boundary: (V,) bool -> up to ``num_words`` (symbol ids, log-probability)
-        pairs, best first.
+        prefix: (1, T) int64, boundary: (V,) bool -> up to ``num_words`` (symbol ids,
+        log-probability) pairs, best first.
     """
     if prefix.ndim != 2 or prefix.shape[0] != 1:
         raise ValueError(f"prefix must be one sequence (1, T), got shape {tuple(prefix.shape)}")
@@ -275,7 +276,8 @@ def complete_words_batch(
         raise ValueError(f"prefixes must be (W, T) with W >= 1, got shape {tuple(prefixes.shape)}")
     if num_words < 1 or max_word_len < 1 or beam_size < 1:
         raise ValueError(
-            f"need num_words, max_word_len, beam_size >= 1, got {num_words}, {max_word_len}, {beam_size}"
+            "need num_words, max_word_len, beam_size >= 1, "
+            f"got {num_words}, {max_word_len}, {beam_size}"
         )
     logits, memories = read_context(net, prefixes, segment_len)  # (W, V)
     n_prefix, vocab = logits.shape
@@ -359,8 +361,8 @@ def encode(text: str, symbols: Sequence[int]) -> list[int]:
 
 
 def missing_symbols(text: str, symbols: Sequence[int]) -> list[str]:
-    """The distinct characters of ``text`` that ``symbols`` (code points) lacks, in code-point order,
-    each shown as ``'日' (U+65E5)``."""
+    """The distinct characters of ``text`` that ``symbols`` (code points) lacks, in code-point
+    order, each shown as ``'日' (U+65E5)``."""
     known = set(symbols)
     return [
         f"{ch!r} (U+{ord(ch):04X})" for ch in sorted({ch for ch in text if ord(ch) not in known})
@@ -449,7 +451,8 @@ def sample_recurrent(
         raise ValueError(f"prompt must be (B, T) with T >= 1, got {tuple(prompt.shape)}")
     if num_tokens < 0 or not temperature > 0 or top_k < 0:
         raise ValueError(
-            f"need num_tokens >= 0, temperature > 0, top_k >= 0; got {num_tokens}, {temperature}, {top_k}"
+            "need num_tokens >= 0, temperature > 0, top_k >= 0; "
+            f"got {num_tokens}, {temperature}, {top_k}"
         )
     if num_tokens == 0:
         return prompt.new_empty(prompt.shape[0], 0)

@@ -58,7 +58,9 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.tasks.classification.ImageClassification": "src.tasks.classification.ClassificationTask",
     "src.tasks.multilabel.MultiLabelClassification": "src.tasks.multilabel.MultiLabelTask",
     "src.tasks.segmentation.SemanticSegmentation": "src.tasks.segmentation.SegmentationTask",
-    "src.tasks.text_classification.TextClassification": "src.tasks.text_classification.TextClassificationTask",
+    "src.tasks.text_classification.TextClassification": (
+        "src.tasks.text_classification.TextClassificationTask"
+    ),
     "src.tasks.translation.Translation": "src.tasks.translation.TranslationTask",
     "src.models.delight": "src.models.delight_mt",
     "src.datamodules.word_stream.WordStreamDataModule": "src.datamodules.awd_lm.AWDLMDataModule",
@@ -233,7 +235,8 @@ def load_task_weights(
             f"  trained with: {describe_record(record_of(checkpoint))}\n"
             f"  asked for:    {asked}\n"
             f"  {problems}.\n"
-            "Drop the model=/data= overrides to rebuild the network the checkpoint was trained with."
+            "Drop the model=/data= overrides to rebuild the network the checkpoint was trained "
+            "with."
         )
     task.load_state_dict(state)
 

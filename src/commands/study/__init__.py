@@ -17,9 +17,9 @@ Each claim (``conf/study/<name>.yaml``) names two models, each a list of ``train
    training times, so it gets the slower one's time.
 
 Runs go ``--jobs`` at a time (default 2), each with ``--threads`` PyTorch threads (default 1), as
-``train.py`` processes in ``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``; claims
-that compare the same model share its runs). A run whose
-``metrics.json`` says finished is never run again, so an interrupted study resumes where it stopped.
+``train.py`` processes in ``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``;
+claims that compare the same model share its runs). A run whose ``metrics.json`` says finished is
+never run again, so an interrupted study resumes where it stopped.
 The report (``docs/claims.md`` and one curve plot per claim) gives per model the parameters, the
 grid, test metric mean ± std over the seeds, validation loss, updates, training time and time per
 update, and a verdict: **holds**, **does not hold** or **within noise** (the difference of the
@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
         "--out",
         type=Path,
         default=ROOT / "logs" / "study",
-        help="the study's folder: each run of train.py in <out>/runs/<the model's overrides>/<run>/; "
-        "a finished run there is never run again, so a study resumes where it stopped "
-        "(default: %(default)s)",
+        help="the study's folder: each run of train.py in "
+        "<out>/runs/<the model's overrides>/<run>/; a finished run there is never run again, "
+        "so a study resumes where it stopped (default: %(default)s)",
     )
     parser.add_argument(
         "--jobs", type=int, default=2, help="train.py runs at a time (default: %(default)s)"

@@ -73,6 +73,12 @@ def fmt(mean: float, std: float, digits: int | None = None) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def ms_per_update(side: Side) -> float:
+    """Training milliseconds per update of the seeds at the chosen rate (mean over the seeds)."""
+    fit = statistics.mean(r.fit_time_s for r in side.runs)
+    return 1e3 * fit / max(1, statistics.mean(r.updates for r in side.runs))
+
+
 def cost_line(runs: int, minutes: float, jobs: int) -> str:
     return (
         f"{runs} runs, {minutes:.0f} CPU-thread minutes: about {minutes / jobs:.0f} min "
@@ -89,7 +95,8 @@ def claim_section(
     lines = [f"## {claim.title}", "", f"**Claim** ({claim.source}): {claim.statement}", ""]
     lines.append(
         f"| model | params | lr grid at seed 1: best {SELECT_KEY} | lr | {metric} (mean ± std, "
-        f"{len(claim.seeds)} seeds) | best {SELECT_KEY} | updates | training time (with validation) | ms / update |"
+        f"{len(claim.seeds)} seeds) | best {SELECT_KEY} | updates | "
+        "training time (with validation) | ms / update |"
     )
     lines.append("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for side in sides:
@@ -114,7 +121,8 @@ def claim_section(
             per = 1e3 * fit / updates if updates else float("nan")
             lines.append(
                 f"| {name} | {runs[0].params:,} | {grid if runs is side.runs else '(same lr)'} | "
-                f"{side.lr:g}{edge} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | {fit:,.0f} s | {per:.0f} |"
+                f"{side.lr:g}{edge} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | "
+                f"{fit:,.0f} s | {per:.0f} |"
             )
     a, b = sides
     d = digits_for(statistics.mean(r.metrics[metric] for r in a.runs))
@@ -127,7 +135,8 @@ def claim_section(
     lines += [
         "",
         (
-            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = {sign * diff:+.{d}f} {metric}, {better} "
+            f"**Verdict: {found}.** {a.model.name} − {b.model.name} = "
+            f"{sign * diff:+.{d}f} {metric}, {better} "
             f"(two standard errors: {noise:.{d}f}); parameters {params:+.1%}."
         ),
     ]
@@ -141,7 +150,8 @@ def claim_section(
         )
         lines.append(
             f"At equal training time ({faster.model.name} given {other.model.name}'s): "
-            f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.{d}f} (two standard errors {eq_noise:.{d}f}): "
+            f"{a.model.name} − {b.model.name} = {sign * eq_diff:+.{d}f} "
+            f"(two standard errors {eq_noise:.{d}f}): "
             f"{eq_found}."
         )
     if claim.notes:
@@ -151,13 +161,12 @@ def claim_section(
     if plot:
         lines += ["", f"![{claim.title}: {SELECT_KEY} by update]({plot})"]
     lines.append("")
-    per_update = " vs ".join(
-        f"{1e3 * statistics.mean(r.fit_time_s for r in s.runs) / max(1, statistics.mean(r.updates for r in s.runs)):.0f}"
-        for s in sides
-    )
+    per_update = " vs ".join(f"{ms_per_update(s):.0f}" for s in sides)
+    a_metric = fmt(*mean_std([r.metrics[metric] for r in a.runs]))
+    b_metric = fmt(*mean_std([r.metrics[metric] for r in b.runs]))
     row = (
-        f"| {claim.title} | {claim.statement} | {a.model.name} {fmt(*mean_std([r.metrics[metric] for r in a.runs]))} vs "
-        f"{b.model.name} {fmt(*mean_std([r.metrics[metric] for r in b.runs]))} {metric} | {found} | {per_update} |"
+        f"| {claim.title} | {claim.statement} | {a.model.name} {a_metric} vs "
+        f"{b.model.name} {b_metric} {metric} | {found} | {per_update} |"
     )
     return "\n".join(lines), row
 
@@ -217,7 +226,8 @@ def write_report(study: Study, claims: Sequence[Claim], path: Path, command: str
         sections.append(section)
         rows.append(row)
     total = (
-        f" All of it from scratch: {cost_line(*compute_minutes(study.out, everything), study.jobs)}."
+        " All of it from scratch: "
+        f"{cost_line(*compute_minutes(study.out, everything), study.jobs)}."
         if everything
         else ""
     )
@@ -229,10 +239,11 @@ def write_report(study: Study, claims: Sequence[Claim], path: Path, command: str
         + "` from the runs under `"
         + shown(study.out)
         + "` (do not edit by "
-        "hand). Each model runs its own recipe at equal parameters (within 1%); its learning rate is "
-        f"chosen on {SELECT_KEY} at seed 1 from a grid of factors of two (grown while the best is at "
-        "an edge); the chosen rate runs at three seeds; the faster model runs again at equal training "
-        "time. Verdict: the difference of the means against two standard errors of it. Times are "
+        "hand). Each model runs its own recipe at equal parameters (within 1%); its learning "
+        f"rate is chosen on {SELECT_KEY} at seed 1 from a grid of factors of two (grown while the "
+        "best is at an edge); the chosen rate runs at three seeds; the faster model runs again at "
+        "equal training time. Verdict: the difference of the means against two standard errors "
+        "of it. Times are "
         "one PyTorch thread per run, two runs at a time on a 2-core CPU." + total,
         "",
         "| claim | statement | ours (mean ± std) | verdict | ms / update (A vs B, CPU) |",

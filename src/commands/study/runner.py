@@ -305,8 +305,9 @@ def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[s
     for model in dict.fromkeys(k.model for k in keys):
         if not (model.folder(out) / "prepared").is_file():
             # the data caches are written once, before runs go in parallel
-            args = ["python", "train.py", *model.overrides, "trainer.fast_dev_run=true", "test=false",
-                    f"hydra.run.dir={shown(model.folder(out) / 'prepare')}"]  # fmt: skip
+            run_dir = shown(model.folder(out) / "prepare")
+            args = ["python", "train.py", *model.overrides, "trainer.fast_dev_run=true",
+                    "test=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
             commands.append(" ".join(shlex.quote(a) for a in args))
     for (model, length), group in groups.items():
         by_lr = len({k.lr for k in group}) == 1
