@@ -67,6 +67,7 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.models.dicenet.ChannelGate": "src.ops.dim_fuse.ChannelGate",
     "src.models.dicenet.GlobalFusion": "src.ops.dim_fuse.GlobalFusion",
     "src.models.dicenet.SpatialFusionBlock": "src.ops.dice.SpatialFusionBlock",
+    "src.models.ssd.PyramidPoolingFusion": "src.ops.epp.EfficientPyramidPooling",
 }
 # model arguments that loaded official weights, now task.init_checkpoint's job (src.compat)
 RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")
