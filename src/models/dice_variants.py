@@ -30,17 +30,13 @@ from src.models.dicenet import (
     DICENET_UNITS,
     DICENET_WIDTHS,
     FC_GROUPS,
-    ablate_unit,
-    check_unit_options,
-    dice_block,
     feature_sizes,
     init_conv_bn_linear,
-    reduce_block,
     widths_for,
 )
 from src.models.features import FeatureInfo
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.dice import StridedDiCE
+from src.ops.dice import StridedDiCE, check_unit_options, dice_block, reduce_block
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pooling import MaxPool2d
 from src.ops.prelu import PReLU
@@ -56,7 +52,8 @@ class DiCEBottleneck(nn.Module):
         out_channels: C_out.
         height, width: the DiCE's build size.
         bottleneck: the reduced width as a fraction of C_out.
-        spatial, fusion, reduce, impl: DiCE-unit options (:func:`src.models.dicenet.dice_block`).
+        spatial, fusion, reduce, impl: DiCE-unit options (:func:`src.ops.dice.dice_block`,
+            :func:`src.ops.dice.reduce_block`).
 
     Shape:
         (B, C_in, H, W) -> (B, C_out, H, W)
@@ -132,7 +129,7 @@ class DiCELayoutNet(nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         widths = widths_for(DICENET_WIDTHS, scale, f"DiCE {layout}")
-        check_unit_options(spatial, fusion, reduce)
+        check_unit_options(spatial=spatial, fusion=fusion, reduce=reduce)
         self.layout = layout
         self.scale = scale
         sizes = feature_sizes(input_size, 5)
@@ -142,17 +139,9 @@ class DiCELayoutNet(nn.Module):
         c_in = widths[1]
         for level in (3, 4, 5):
             c_out, (height, width) = widths[level - 1], sizes[level - 1]
-            strided = StridedDiCE(c_in, height, width, impl=impl)
-            ablate_unit(
-                strided,
-                height,
-                width,
-                spatial=spatial,
-                fusion=fusion,
-                reduce="pointwise",
-                impl=impl,
-            )
-            units: list[nn.Module] = [strided]
+            units: list[nn.Module] = [
+                StridedDiCE(c_in, height, width, spatial=spatial, fusion=fusion, impl=impl)
+            ]
             c_unit = 2 * c_in
             for _ in range(DICENET_UNITS[level - 3]):
                 if layout == "mobilenet":

@@ -15,13 +15,13 @@ built for the larger feature maps, have more parameters.
 
 Ablations of the DiCE unit (thesis Tables 3.2 and 3.3) are constructor options of the same network:
 ``spatial`` ("dimconv" | "dwise"), ``fusion`` ("dimfuse" | "pointwise" | "se" | "pointwise_se")
-and ``reduce`` ("pointwise" | "dimfuse", the 1x1 conv before the spatial op). The default is the
-DiCE unit of every released model; :func:`dice_block` and :func:`reduce_block` build the others.
+and ``reduce`` ("pointwise" | "dimfuse", the 1x1 conv before the spatial op), passed to every
+unit, which builds them (:mod:`src.ops.dice`). The default is the DiCE unit of every released
+model.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -29,14 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from src.models.features import FeatureInfo
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import FusingSequential
-from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
+from src.ops.dice import DiCEShuffleUnit, StridedDiCE, check_unit_options
 from src.ops.dim_conv import DimConv
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import MaxPool2d
-from src.ops.prelu import PReLU
 
 # Output channels of level 1, level 2 (max pool), levels 3-5 and the grouped FC, by width s.
 # Thesis Table A.1 (s = 0.1, 0.2, 2.4; [116, 232, 464] x s in between) as rounded by the official
@@ -59,9 +56,6 @@ DICENET_WIDTHS: Mapping[float, tuple[int, int, int, int, int, int]] = MappingPro
 DICENET_UNITS = (3, 7, 3)
 FC_GROUPS = 4
 
-SPATIAL_OPS = ("dimconv", "dwise")
-FUSION_OPS = ("dimfuse", "pointwise", "se", "pointwise_se")
-REDUCE_OPS = ("pointwise", "dimfuse")
 # down-sampling of levels 1-2 -> (level-1 CBR stride, level-2 max pool stride; 1: no pool)
 STEM_STRIDES: Mapping[int, tuple[int, int]] = MappingProxyType({4: (2, 2), 2: (2, 1), 1: (1, 1)})
 
@@ -71,182 +65,6 @@ def widths_for(table: Mapping[float, tuple[int, ...]], scale: float, name: str) 
     if scale not in table:
         raise ValueError(f"{name} has no width s={scale}; valid widths: {sorted(table)}")
     return table[scale]
-
-
-class ChannelGate(nn.Module):
-    """Squeeze-excitation gate without BN or bias, as in DimFuse: GAP -> 1x1 C -> C//4 -> ReLU ->
-    1x1 -> C_out -> sigmoid.
-
-    Shape:
-        (B, C, H, W) -> (B, C_out, 1, 1)
-    """
-
-    def __init__(self, channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1),
-            PointwiseConv2d(channels, channels // 4, bias=False),
-            nn.ReLU(),
-            PointwiseConv2d(channels // 4, out_channels, bias=False),
-            nn.Sigmoid(),
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.body(x)
-
-
-class GlobalFusion(nn.Module):
-    """DimFuse's global fusion alone (thesis Sec. 3.3.1): 3x3 CBR with gcd(C, C_out) groups times
-    a :class:`ChannelGate`. It fuses C channels without DimConv's 3C triples ("DWise + DimFuse",
-    Table 3.2b) and replaces the unit's point-wise conv in Table 3.3 (``reduce="dimfuse"``).
-
-    Shape:
-        (B, C, H, W) -> (B, C_out, H, W)
-    """
-
-    def __init__(self, channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.spatial = ConvBNPReLU(
-            channels, out_channels, 3, groups=math.gcd(channels, out_channels)
-        )
-        self.gate = ChannelGate(channels, out_channels)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.spatial(x) * self.gate(x)
-
-
-class SpatialFusionBlock(nn.Module):
-    """An ablation of the DiCE unit: a spatial op (DimConv or depth-wise 3x3) and a fusion op.
-
-    The spatial output is normalised (BN + PReLU). DimConv's 3C channels are first reduced to C
-    by DimFuse's local fusion (grouped 1x1 CBR, C groups) for the "se" and "dimfuse" fusions;
-    "pointwise" and "pointwise_se" fuse all 3C channels with a 1x1 CBR. This reading of Table 3.2
-    is ours (the thesis gives no code for the ablations).
-
-    Args:
-        channels: C.
-        out_channels: C_out (must equal C for ``fusion="se"``, which keeps the width).
-        height, width: DimConv's build size.
-        spatial: "dimconv" or "dwise".
-        fusion: "dimfuse", "pointwise", "se" or "pointwise_se".
-        impl: DimConv's implementation.
-
-    Shape:
-        (B, C, H, W) -> (B, C_out, H, W)
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        out_channels: int,
-        height: int,
-        width: int,
-        *,
-        spatial: str,
-        fusion: str,
-        impl: str = "auto",
-    ) -> None:
-        super().__init__()
-        if fusion == "se" and channels != out_channels:
-            raise ValueError(f"fusion='se' keeps the width; got {channels} -> {out_channels}")
-        self.spatial_op, self.fusion_op = spatial, fusion
-        if spatial == "dimconv":
-            expanded = 3 * channels
-            self.spatial = DimConv(channels, height, width, impl=impl)
-        else:
-            expanded = channels
-            self.spatial = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
-        self.norm = FusingSequential(BatchNorm2d(expanded), PReLU(expanded))
-        pointwise = fusion in ("pointwise", "pointwise_se")
-        # DimFuse's local fusion: each channel's (D, H, W) triple -> one channel
-        self.local = (
-            ConvBNPReLU(expanded, channels, 1, groups=channels)
-            if spatial == "dimconv" and not pointwise
-            else nn.Identity()
-        )
-        if pointwise:
-            self.fuse: nn.Module = ConvBNPReLU(expanded, out_channels, 1)
-        elif fusion == "dimfuse":
-            self.fuse = GlobalFusion(channels, out_channels)
-        else:
-            self.fuse = nn.Identity()
-        self.gate = (
-            ChannelGate(out_channels, out_channels) if fusion in ("se", "pointwise_se") else None
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.fuse(self.local(self.norm(self.spatial(x))))
-        return out if self.gate is None else out * self.gate(out)
-
-    def extra_repr(self) -> str:
-        return f"spatial={self.spatial_op!r}, fusion={self.fusion_op!r}"
-
-
-def check_unit_options(spatial: str, fusion: str, reduce: str) -> None:
-    """ValueError naming the valid choices of each DiCE-unit ablation option."""
-    for name, value, valid in (
-        ("spatial", spatial, SPATIAL_OPS),
-        ("fusion", fusion, FUSION_OPS),
-        ("reduce", reduce, REDUCE_OPS),
-    ):
-        if value not in valid:
-            raise ValueError(f"{name} must be one of {valid}, got {value!r}")
-
-
-def dice_block(
-    channels: int,
-    out_channels: int,
-    height: int,
-    width: int,
-    *,
-    spatial: str = "dimconv",
-    fusion: str = "dimfuse",
-    impl: str = "auto",
-) -> nn.Module:
-    """The DiCE unit (DimConv + DimFuse) or one of its Table 3.2 ablations.
-
-    Shape:
-        (B, C, H, W) -> (B, C_out, H, W)
-    """
-    if spatial == "dimconv" and fusion == "dimfuse":
-        return DiCE(channels, out_channels, height, width, impl=impl)
-    return SpatialFusionBlock(
-        channels, out_channels, height, width, spatial=spatial, fusion=fusion, impl=impl
-    )
-
-
-def reduce_block(c_in: int, c_out: int, *, reduce: str = "pointwise") -> nn.Module:
-    """The point-wise layer before the spatial op: 1x1 CBR, or DimFuse's global fusion (Table 3.3).
-
-    Shape:
-        (B, C_in, H, W) -> (B, C_out, H, W)
-    """
-    return ConvBNPReLU(c_in, c_out, 1) if reduce == "pointwise" else GlobalFusion(c_in, c_out)
-
-
-def ablate_unit(
-    unit: nn.Module,
-    height: int,
-    width: int,
-    *,
-    spatial: str,
-    fusion: str,
-    reduce: str,
-    impl: str = "auto",
-) -> None:
-    """Swap a just-built unit's DiCE (and its 1x1 reduce) for a Table 3.2/3.3 ablation.
-
-    ``unit`` is a :class:`StridedDiCE` or :class:`DiCEShuffleUnit`; their forward passes call
-    ``unit.dice`` (and ``unit.reduce``), so the swap changes only that layer."""
-    dice = unit.dice
-    channels, out_channels = dice.dim_conv.channels, dice.dim_fuse.out_channels
-    if (spatial, fusion) != ("dimconv", "dimfuse"):
-        unit.dice = dice_block(
-            channels, out_channels, height, width, spatial=spatial, fusion=fusion, impl=impl
-        )
-    if reduce != "pointwise" and isinstance(unit, DiCEShuffleUnit):
-        conv = unit.reduce[0]
-        unit.reduce = reduce_block(conv.in_channels, conv.out_channels, reduce=reduce)
 
 
 def feature_sizes(
@@ -332,7 +150,7 @@ class DiCENetBackbone(nn.Module):
     ) -> None:
         super().__init__()
         widths = widths_for(DICENET_WIDTHS, scale, "DiCENet")
-        check_unit_options(spatial, fusion, reduce)
+        check_unit_options(spatial=spatial, fusion=fusion, reduce=reduce)
         if depth not in (4, 5):
             raise ValueError(f"depth must be 4 or 5, got {depth}")
         level1_stride, level2_stride = stem_strides(stem_stride)
@@ -349,16 +167,24 @@ class DiCENetBackbone(nn.Module):
         c_in = widths[1]
         for level in range(3, depth + 1):
             c_out, (height, width) = widths[level - 1], sizes[level - 1]
-            strided = StridedDiCE(c_in, height, width, impl=impl)
-            units: list[nn.Module] = [strided]
+            units: list[nn.Module] = [
+                StridedDiCE(c_in, height, width, spatial=spatial, fusion=fusion, impl=impl)
+            ]
             c_stage = 2 * c_in
             for _ in range(DICENET_UNITS[level - 3]):
-                units.append(DiCEShuffleUnit(c_stage, c_out, height, width, impl=impl))
-                c_stage = c_out
-            for unit in units:
-                ablate_unit(
-                    unit, height, width, spatial=spatial, fusion=fusion, reduce=reduce, impl=impl
+                units.append(
+                    DiCEShuffleUnit(
+                        c_stage,
+                        c_out,
+                        height,
+                        width,
+                        spatial=spatial,
+                        fusion=fusion,
+                        reduce=reduce,
+                        impl=impl,
+                    )
                 )
+                c_stage = c_out
             stages.append(nn.Sequential(*units))
             c_in = c_out
         self.level3 = stages[0]

@@ -4,7 +4,8 @@ Thesis Sec. 2.4.2 and 3.6; structure as the official ``model/segmentation/{dicen
 build it (REFERENCE.md Sec. 4). The encoder is the classification backbone up to stride 16
 (no level 5, no classifier), giving features at strides 2, 4, 8 and 16. The decoder:
 
-1. EPP (efficient pyramid pooling, :class:`EfficientPyramidPooling`) on the stride-16 feature;
+1. EPP (efficient pyramid pooling, :class:`src.ops.epp.EfficientPyramidPooling`, scales
+   :data:`EPP_SCALES`) on the stride-16 feature;
 2. three times: bilinear up-sampling to the next (finer) feature's size (x2, ``align_corners``),
    plus a gated projection of that skip feature (:class:`GatedProjection`), BN + PReLU, EPP;
 3. bilinear up-sampling (``align_corners``) to the input size.
@@ -19,87 +20,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.dicenet import DiCENetBackbone, init_conv_bn_linear
 from src.models.espnetv2 import ESPNetv2Backbone
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.epp import EfficientPyramidPooling, upsample
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
-from src.ops.shuffle import channel_shuffle
 
-EPP_SCALES = (2.0, 1.5, 1.0, 0.5, 0.1)
-EPP_MIN_SIZE = 5  # the official branches never work below 5 x 5
+EPP_SCALES = (2.0, 1.5, 1.0, 0.5, 0.1)  # the decoder's pyramid (official ``EfficientPyrPool``)
 
 
 def _br(channels: int) -> nn.Sequential:
     return nn.Sequential(BatchNorm2d(channels), PReLU(channels))
-
-
-def _upsample(x: Tensor, size: Sequence[int]) -> Tensor:
-    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=True)
-
-
-class EfficientPyramidPooling(nn.Module):
-    """EPP (ESPNetv2 Sec. 4.2 / thesis Sec. 2.4.2): project, a depth-wise 3x3 conv at several
-    scales, fuse.
-
-    1. 1x1 CBR to ``proj_channels`` (p);
-    2. for each scale s: resize to max(ceil(s h), 5) x max(ceil(s w), 5) (adaptive average pool
-       when s < 1, bilinear ``align_corners`` when s > 1), depth-wise 3x3 conv, resize back
-       (bilinear when s < 1, adaptive average pool when s > 1);
-    3. concatenate (B, 5p, h, w), BN + PReLU, channel shuffle (5 groups), 3x3 CBR 5p -> p with p
-       groups, 1x1 conv p -> out; then BN + PReLU, or, in the last EPP, a conv bias instead.
-
-    Args:
-        in_channels: C_in.
-        proj_channels: p.
-        out_channels: C_out.
-        last: the network's final EPP (bias, no BN + PReLU after the 1x1 conv).
-
-    Shape:
-        (B, C_in, h, w) -> (B, C_out, h, w)
-    """
-
-    def __init__(
-        self, in_channels: int, proj_channels: int, out_channels: int, *, last: bool = False
-    ) -> None:
-        super().__init__()
-        p, k = proj_channels, len(EPP_SCALES)
-        self.last = last
-        self.project = ConvBNPReLU(in_channels, p, 1)
-        self.stages = nn.ModuleList(
-            nn.Conv2d(p, p, 3, padding=1, groups=p, bias=False) for _ in EPP_SCALES
-        )
-        self.merge_norm = _br(k * p)
-        self.merge = ConvBNPReLU(k * p, p, 3, groups=p)
-        self.expand = nn.Conv2d(p, out_channels, 1, bias=last)
-        self.out_norm = nn.Identity() if last else _br(out_channels)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.project(x)  # (B, p, h, w)
-        height, width = x.shape[-2:]
-        branches = []
-        for scale, conv in zip(EPP_SCALES, self.stages):
-            size = (
-                max(math.ceil(height * scale), EPP_MIN_SIZE),
-                max(math.ceil(width * scale), EPP_MIN_SIZE),
-            )
-            if scale < 1.0:
-                branch = _upsample(conv(F.adaptive_avg_pool2d(x, size)), (height, width))
-            elif scale > 1.0:
-                branch = F.adaptive_avg_pool2d(conv(_upsample(x, size)), (height, width))
-            else:
-                branch = conv(x)
-            branches.append(branch)
-        # 5 x (B, p, h, w) -> (B, 5p, h, w), normalised, then shuffled across the 5 scales
-        out = channel_shuffle(self.merge_norm(torch.cat(branches, dim=1)), len(EPP_SCALES))
-        return self.out_norm(self.expand(self.merge(out)))
-
-    def extra_repr(self) -> str:
-        return f"scales={EPP_SCALES}, last={self.last}"
 
 
 class GatedProjection(nn.Module):
@@ -151,7 +85,8 @@ class EPPDecoder(nn.Module):
             raise ValueError(f"num_classes={num_classes} gives an empty EPP projection")
         c_in = (in_channels[3], *widths[:3])
         self.epp = nn.ModuleList(
-            EfficientPyramidPooling(c_in[i], proj, widths[i], last=i == 3) for i in range(4)
+            EfficientPyramidPooling(c_in[i], proj, widths[i], scales=EPP_SCALES, last=i == 3)
+            for i in range(4)
         )
         # skips: stride 8, 4, 2 features onto decoder widths 4b, 3b, 2b
         self.skip = nn.ModuleList(GatedProjection(in_channels[2 - i], widths[i]) for i in range(3))
@@ -161,9 +96,9 @@ class EPPDecoder(nn.Module):
         out = self.epp[0](features[3])  # (B, 4b, H/16, W/16)
         for i in range(3):
             skip = features[2 - i]
-            out = _upsample(out, skip.shape[-2:])  # x2
+            out = upsample(out, skip.shape[-2:])  # x2
             out = self.epp[i + 1](self.skip_norm[i](self.skip[i](skip) + out))
-        return _upsample(out, size)  # (B, classes, H, W)
+        return upsample(out, size)  # (B, classes, H, W)
 
 
 class EdgeNetsSegmentation(nn.Module):

@@ -9,10 +9,10 @@ Thesis Sec. 2.4.3 and 3.6.1; structure as the official EdgeNets
 2. Extra layers: extra6 and extra7 each a depth-wise 3x3 stride-2 CBR and a 1x1 CBR (c5 -> 512,
    512 -> 256; 5 and 3 pixels), extra8 an adaptive average pool to 1x1, a 1x1 conv (256 -> 128,
    no bias) and ReLU.
-3. Top-down fusion with EPP (:class:`PyramidPoolingFusion`, projection = out // 5): each coarser
-   output is up-sampled (bilinear, ``align_corners``) to the next finer map, concatenated with it
-   and fused: 3+5 -> 512 (scales 2, 1), 5+10 -> c5 (2, 1, 0.5), 10+19 -> c3 (2, 1, 0.5, 0.25),
-   19+38 -> c2 (2, 1, 0.5, 0.25).
+3. Top-down fusion with EPP (:class:`src.ops.epp.EfficientPyramidPooling`, projection =
+   out // 5): each coarser output is up-sampled (bilinear, ``align_corners``) to the next finer
+   map, concatenated with it and fused: 3+5 -> 512 (scales 2, 1), 5+10 -> c5 (2, 1, 0.5),
+   10+19 -> c3 (2, 1, 0.5, 0.25), 19+38 -> c2 (2, 1, 0.5, 0.25).
 4. 1x1 heads with bias on [fused 38 (c2), fused 19 (c3), fused 10 (c5), fused 5 (512), extra 3
    (256), extra 1 (128)]: 6 * 4 box offsets and 6 * C class scores per location, flattened as
    (map, row, column, box) to match :func:`src.models.ssd_priors.ssd_priors`. The original SSD
@@ -48,12 +48,10 @@ thesis's detector must have used a lighter neck, which it does not describe.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.models.dicenet import DiCENetBackbone
@@ -61,14 +59,13 @@ from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2Backbone
 from src.models.ssd_priors import BOXES_PER_LOCATION, prior_feature_sizes, ssd_priors
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.dim_conv import DimConv
+from src.ops.epp import EfficientPyramidPooling, upsample
 from src.ops.inference_folding import ConvBNPReLU
 from src.ops.prelu import PReLU
-from src.ops.shuffle import channel_shuffle
 
 BACKBONES = ("espnetv2", "dicenet")
 EXTRA_CHANNELS = (512, 256, 128)  # extra6, extra7, extra8 (official ``config += [512, 256, 128]``)
 EPP_REDUCTION = 5
-EPP_MIN_SIZE = 5  # the official pyramid never resizes below 5 x 5
 # pyramid scales of the four fusions, coarsest first (official
 # ``bu_3x3_5x5`` ... ``bu_19x19_38x38``)
 FUSION_SCALES = ((2.0, 1.0), (2.0, 1.0, 0.5), (2.0, 1.0, 0.5, 0.25), (2.0, 1.0, 0.5, 0.25))
@@ -86,71 +83,6 @@ REPORTED: Mapping[tuple[str, float, int, int], tuple[float | None, float, str]] 
         ("dicenet", 2.4, 81, 300): (5.0, 0.9, "thesis Table 3.6(a), params 'about 5 M'"),
     }
 )
-
-
-def _upsample(x: Tensor, size: Sequence[int]) -> Tensor:
-    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=True)
-
-
-class PyramidPoolingFusion(nn.Module):
-    """EPP with a chosen set of scales (official ``EfficientPyrPool(..., scales)``).
-
-    1x1 CBR to p channels; per scale s (sorted high to low) a depth-wise 3x3 conv at size
-    max(ceil(s h), 5) x max(ceil(s w), 5) (bilinear ``align_corners`` up and adaptive average pool
-    back when s > 1, the reverse when s < 1); concatenate, BN + PReLU, channel shuffle (one group
-    per scale), 3x3 CBR Sp -> p with p groups, 1x1 conv p -> C_out (no bias), BN + PReLU. It is
-    :class:`src.models.segmentation.EfficientPyramidPooling` with other scales.
-
-    Args:
-        in_channels: C_in.
-        proj_channels: p.
-        out_channels: C_out.
-        scales: the pyramid's scales.
-
-    Shape:
-        (B, C_in, h, w) -> (B, C_out, h, w)
-    """
-
-    def __init__(
-        self, in_channels: int, proj_channels: int, out_channels: int, *, scales: Sequence[float]
-    ) -> None:
-        super().__init__()
-        if proj_channels < 1 or not scales:
-            raise ValueError(f"need proj_channels >= 1 and scales, got {proj_channels}, {scales}")
-        p = proj_channels
-        self.scales = tuple(sorted(scales, reverse=True))
-        self.project = ConvBNPReLU(in_channels, p, 1)
-        self.stages = nn.ModuleList(
-            nn.Conv2d(p, p, 3, padding=1, groups=p, bias=False) for _ in self.scales
-        )
-        k = len(self.scales)
-        self.merge_norm = nn.Sequential(BatchNorm2d(k * p), PReLU(k * p))
-        self.merge = ConvBNPReLU(k * p, p, 3, groups=p)
-        self.expand = nn.Conv2d(p, out_channels, 1, bias=False)
-        self.out_norm = nn.Sequential(BatchNorm2d(out_channels), PReLU(out_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.project(x)  # (B, p, h, w)
-        height, width = x.shape[-2:]
-        branches = []
-        for scale, conv in zip(self.scales, self.stages):
-            size = (
-                max(math.ceil(height * scale), EPP_MIN_SIZE),
-                max(math.ceil(width * scale), EPP_MIN_SIZE),
-            )
-            if scale < 1.0:
-                branch = _upsample(conv(F.adaptive_avg_pool2d(x, size)), (height, width))
-            elif scale > 1.0:
-                branch = F.adaptive_avg_pool2d(conv(_upsample(x, size)), (height, width))
-            else:
-                branch = conv(x)
-            branches.append(branch)
-        # S x (B, p, h, w) -> (B, S p, h, w), normalised, then shuffled across the S scales
-        out = channel_shuffle(self.merge_norm(torch.cat(branches, dim=1)), len(self.scales))
-        return self.out_norm(self.expand(self.merge(out)))
-
-    def extra_repr(self) -> str:
-        return f"scales={self.scales}"
 
 
 class ExtraLayer(nn.Module):
@@ -244,7 +176,7 @@ class SSD(nn.Module):
         # (coarser input, finer input, output) channels of the four fusions, coarsest first
         fusions = ((c7, c6, c6), (c6, c32, c32), (c32, c16, c16), (c16, c8, c8))
         self.fusion = nn.ModuleList(
-            PyramidPoolingFusion(a + b, out // EPP_REDUCTION, out, scales=scales)
+            EfficientPyramidPooling(a + b, out // EPP_REDUCTION, out, scales=scales)
             for (a, b, out), scales in zip(fusions, FUSION_SCALES)
         )
         self.head_channels = (c8, c16, c32, c6, c7, c8_extra)
@@ -285,7 +217,7 @@ class SSD(nn.Module):
         fused = x128
         outputs = []
         for fusion, skip in zip(self.fusion, (x64, x32, x16, x8)):
-            fused = fusion(torch.cat((_upsample(fused, skip.shape[-2:]), skip), dim=1))
+            fused = fusion(torch.cat((upsample(fused, skip.shape[-2:]), skip), dim=1))
             outputs.append(fused)
         return [*reversed(outputs), x128, x_global]
 

@@ -18,6 +18,13 @@ DiCENet (thesis ch. 3, Sec. 3.3 and Fig. 3.5). Matches the official EdgeNets ``D
   outputs C_out - round(split_ratio * C_in) channels. As in the official code there is no 1x1 CBR
   after the DiCE (ShuffleNetv2 has one after its depth-wise conv).
 
+The ablations of thesis Tables 3.2 and 3.3 are built by name, by both units and by
+:func:`dice_block` / :func:`reduce_block`: ``spatial`` ("dimconv" | "dwise"), ``fusion``
+("dimfuse" | "pointwise" | "se" | "pointwise_se") and ``reduce`` ("pointwise" | "dimfuse", the
+DiCENet unit's 1x1 conv before the DiCE). The defaults are the DiCE unit of every released model;
+the others are a :class:`SpatialFusionBlock` in place of the :class:`DiCE` and a
+:class:`~src.ops.dim_fuse.GlobalFusion` in place of the 1x1 CBR.
+
 "CBR" is conv (no bias) + BN + PReLU (per channel).
 """
 
@@ -31,9 +38,10 @@ from torch import Tensor, nn
 
 from src.kernels import Timer, autocast_dtype, choose, declare, size_bucket, use_triton
 from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import FusingSequential
 from src.ops.cpu import cpu_kernels_loaded
 from src.ops.dim_conv import DimConv, resize_matrix
-from src.ops.dim_fuse import DimFuse, local_fusion
+from src.ops.dim_fuse import DimFuse, GlobalFusion, ablation_gate, local_fusion
 from src.ops.fused_norm import batch_norm_factor, timed_pass
 from src.ops.inference_folding import (
     ConvBNPReLU,
@@ -46,6 +54,10 @@ from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.pooling import AvgPool2d
 from src.ops.prelu import PReLU
 from src.ops.shuffle import concat_shuffle
+
+SPATIAL_OPS = ("dimconv", "dwise")
+FUSION_OPS = ("dimfuse", "pointwise", "se", "pointwise_se")
+REDUCE_OPS = ("pointwise", "dimfuse")
 
 
 def _reset_children(module: nn.Module) -> None:
@@ -440,6 +452,140 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     )  # fmt: skip
 
 
+class SpatialFusionBlock(nn.Module):
+    """An ablation of the DiCE unit: a spatial op (DimConv or depth-wise 3x3) and a fusion op.
+
+    The spatial output is normalised (BN + PReLU). DimConv's 3C channels are first reduced to C
+    by DimFuse's local fusion (grouped 1x1 CBR, C groups) for the "se" and "dimfuse" fusions;
+    "pointwise" and "pointwise_se" fuse all 3C channels with a 1x1 CBR. This reading of Table 3.2
+    is ours (the thesis gives no code for the ablations).
+
+    Args:
+        channels: C.
+        out_channels: C_out (must equal C for ``fusion="se"``, which keeps the width).
+        height, width: DimConv's build size.
+        spatial: "dimconv" or "dwise".
+        fusion: "dimfuse", "pointwise", "se" or "pointwise_se".
+        impl: DimConv's implementation.
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        out_channels: int,
+        height: int,
+        width: int,
+        *,
+        spatial: str,
+        fusion: str,
+        impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        check_unit_options(spatial=spatial, fusion=fusion)
+        if fusion == "se" and channels != out_channels:
+            raise ValueError(f"fusion='se' keeps the width; got {channels} -> {out_channels}")
+        self.spatial_op, self.fusion_op = spatial, fusion
+        if spatial == "dimconv":
+            expanded = 3 * channels
+            self.spatial = DimConv(channels, height, width, impl=impl)
+        else:
+            expanded = channels
+            self.spatial = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.norm = FusingSequential(BatchNorm2d(expanded), PReLU(expanded))
+        pointwise = fusion in ("pointwise", "pointwise_se")
+        # DimFuse's local fusion: each channel's (D, H, W) triple -> one channel
+        self.local = (
+            ConvBNPReLU(expanded, channels, 1, groups=channels)
+            if spatial == "dimconv" and not pointwise
+            else nn.Identity()
+        )
+        if pointwise:
+            self.fuse: nn.Module = ConvBNPReLU(expanded, out_channels, 1)
+        elif fusion == "dimfuse":
+            self.fuse = GlobalFusion(channels, out_channels)
+        else:
+            self.fuse = nn.Identity()
+        self.gate = (
+            ablation_gate(out_channels, out_channels) if fusion in ("se", "pointwise_se") else None
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.fuse(self.local(self.norm(self.spatial(x))))
+        return out if self.gate is None else out * self.gate(out)
+
+    def extra_repr(self) -> str:
+        return f"spatial={self.spatial_op!r}, fusion={self.fusion_op!r}"
+
+
+def check_unit_options(
+    *, spatial: str = "dimconv", fusion: str = "dimfuse", reduce: str = "pointwise"
+) -> None:
+    """ValueError naming the valid choices of each DiCE-unit ablation option."""
+    for name, value, valid in (
+        ("spatial", spatial, SPATIAL_OPS),
+        ("fusion", fusion, FUSION_OPS),
+        ("reduce", reduce, REDUCE_OPS),
+    ):
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+
+
+def dice_block(
+    channels: int,
+    out_channels: int,
+    height: int,
+    width: int,
+    *,
+    spatial: str = "dimconv",
+    fusion: str = "dimfuse",
+    kernel_size: int = 3,
+    dilation: tuple[int, int, int] = (1, 1, 1),
+    shuffle: bool = True,
+    impl: str = "auto",
+) -> nn.Module:
+    """The DiCE unit (DimConv + DimFuse) or one of its Table 3.2 ablations, by name.
+
+    ``kernel_size``, ``dilation`` and ``shuffle`` are the :class:`DiCE`'s; the ablations are built
+    with their defaults only.
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+    check_unit_options(spatial=spatial, fusion=fusion)
+    if (spatial, fusion) == ("dimconv", "dimfuse"):
+        return DiCE(
+            channels,
+            out_channels,
+            height,
+            width,
+            kernel_size=kernel_size,
+            dilation=dilation,
+            shuffle=shuffle,
+            impl=impl,
+        )
+    if (kernel_size, tuple(dilation), shuffle) != (3, (1, 1, 1), True):
+        raise ValueError(
+            f"the ablation spatial={spatial!r}, fusion={fusion!r} has 3x3 kernels, no dilation and "
+            f"shuffle; got kernel_size={kernel_size}, dilation={dilation}, shuffle={shuffle}"
+        )
+    return SpatialFusionBlock(
+        channels, out_channels, height, width, spatial=spatial, fusion=fusion, impl=impl
+    )
+
+
+def reduce_block(c_in: int, c_out: int, *, reduce: str = "pointwise") -> nn.Module:
+    """The point-wise layer before the spatial op: 1x1 CBR, or DimFuse's global fusion (Table 3.3).
+
+    Shape:
+        (B, C_in, H, W) -> (B, C_out, H, W)
+    """
+    check_unit_options(reduce=reduce)
+    return ConvBNPReLU(c_in, c_out, 1) if reduce == "pointwise" else GlobalFusion(c_in, c_out)
+
+
 class StridedDiCE(nn.Module):
     """The strided DiCE unit: two half-resolution branches, concatenated and shuffled.
 
@@ -448,6 +594,7 @@ class StridedDiCE(nn.Module):
         height: H_b of the inner DiCE (the output height, e.g. 28 for a 56 x 56 input).
         width: W_b of the inner DiCE.
         kernel_size, dilation, shuffle, impl: of the inner :class:`DiCE`.
+        spatial, fusion: the inner DiCE's ablation (:func:`dice_block`); the defaults are the DiCE.
 
     Shape:
         (B, C, H, W) -> (B, 2C, ceil(H / 2), ceil(W / 2))
@@ -462,6 +609,8 @@ class StridedDiCE(nn.Module):
         kernel_size: int = 3,
         dilation: tuple[int, int, int] = (1, 1, 1),
         shuffle: bool = True,
+        spatial: str = "dimconv",
+        fusion: str = "dimfuse",
         impl: str = "auto",
     ) -> None:
         super().__init__()
@@ -476,11 +625,13 @@ class StridedDiCE(nn.Module):
             PReLU(c),
         )
         self.pool = AvgPool2d(3, stride=2, padding=1)
-        self.dice = DiCE(
+        self.dice = dice_block(
             c,
             c,
             height,
             width,
+            spatial=spatial,
+            fusion=fusion,
             kernel_size=kernel_size,
             dilation=dilation,
             shuffle=shuffle,
@@ -514,6 +665,8 @@ class DiCEShuffleUnit(nn.Module):
         width: W_b of the DiCE.
         split_ratio: the fraction of C_in passed through unchanged (rounded to a channel count).
         groups: the channel-shuffle groups after the concatenation.
+        spatial, fusion: the DiCE's ablation (:func:`dice_block`).
+        reduce: the 1x1 CBR before the DiCE, or its ablation (:func:`reduce_block`).
         impl: the DiCE's DimConv implementation.
 
     Shape:
@@ -529,6 +682,9 @@ class DiCEShuffleUnit(nn.Module):
         *,
         split_ratio: float = 0.5,
         groups: int = 2,
+        spatial: str = "dimconv",
+        fusion: str = "dimfuse",
+        reduce: str = "pointwise",
         impl: str = "auto",
     ) -> None:
         super().__init__()
@@ -544,8 +700,10 @@ class DiCEShuffleUnit(nn.Module):
         self.out_channels = out_channels
         self.passed = passed
         self.groups = groups
-        self.reduce = ConvBNPReLU(right_in, right_out, 1)
-        self.dice = DiCE(right_out, right_out, height, width, impl=impl)
+        self.reduce = reduce_block(right_in, right_out, reduce=reduce)
+        self.dice = dice_block(
+            right_out, right_out, height, width, spatial=spatial, fusion=fusion, impl=impl
+        )
 
     def reset_parameters(self) -> None:
         _reset_children(self)

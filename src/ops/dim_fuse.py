@@ -16,6 +16,7 @@ layout the converter permutes their parameters (``src.compat.edgenets``).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,9 +24,76 @@ from torch import Tensor, nn
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.ops.dim_conv import dim_conv_reference
+from src.ops.inference_folding import ConvBNPReLU
 from src.ops.local_fusion_conv import LocalFusionConv
 from src.ops.pointwise_conv import PointwiseConv2d
 from src.ops.prelu import PReLU, prelu
+
+
+def spatial_cbr(channels: int, out_channels: int) -> ConvBNPReLU:
+    """The global fusion's spatial part: a 3x3 CBR C -> C_out with gcd(C, C_out) groups.
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+    return ConvBNPReLU(channels, out_channels, 3, groups=math.gcd(channels, out_channels))
+
+
+class ChannelGate(nn.Sequential):
+    """The global fusion's channel gate, squeeze-excitation without BN or bias: GAP -> 1x1 C -> C//4
+    -> ReLU -> 1x1 C//4 -> C_out -> sigmoid (C//4 is floor division: 92 -> 23).
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, 1, 1)
+    """
+
+    def __init__(self, channels: int, out_channels: int) -> None:
+        hidden = channels // 4
+        super().__init__(
+            nn.AdaptiveAvgPool2d(1),
+            PointwiseConv2d(channels, hidden, bias=False),
+            nn.ReLU(),
+            PointwiseConv2d(hidden, out_channels, bias=False),
+            nn.Sigmoid(),
+        )
+
+
+def ablation_gate(channels: int, out_channels: int) -> nn.Sequential:
+    """A :class:`ChannelGate` as the DiCE-unit ablations hold it: the one child ``body`` (their
+    state-dict keys are ``gate.body.*``, DimFuse's ``gate.*``).
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, 1, 1)
+    """
+    return nn.Sequential(OrderedDict(body=ChannelGate(channels, out_channels)))
+
+
+def global_fusion(y_local: Tensor, spatial: nn.Module, gate: nn.Module) -> Tensor:
+    """Global fusion (thesis Sec. 3.3.1): ``spatial(Y_l) * gate(Y_l)``, the gate broadcast over
+    (H, W).
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+    return spatial(y_local) * gate(y_local)  # (B, C_out, H, W) * (B, C_out, 1, 1)
+
+
+class GlobalFusion(nn.Module):
+    """DimFuse's global fusion alone: :func:`spatial_cbr` times a channel gate. It fuses C channels
+    without DimConv's 3C triples ("DWise + DimFuse", thesis Table 3.2b) and replaces the DiCENet
+    unit's point-wise conv in Table 3.3 (``reduce="dimfuse"``).
+
+    Shape:
+        (B, C, H, W) -> (B, C_out, H, W)
+    """
+
+    def __init__(self, channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.spatial = spatial_cbr(channels, out_channels)
+        self.gate = ablation_gate(channels, out_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return global_fusion(x, self.spatial, self.gate)
 
 
 class DimFuse(nn.Module):
@@ -57,28 +125,9 @@ class DimFuse(nn.Module):
             BatchNorm2d(channels),
             PReLU(channels),
         )
-        # global fusion, spatial part
-        self.spatial = FusingSequential(
-            nn.Conv2d(
-                channels,
-                out_channels,
-                3,
-                padding=1,
-                groups=math.gcd(channels, out_channels),
-                bias=False,
-            ),
-            BatchNorm2d(out_channels),
-            PReLU(out_channels),
-        )
-        # global fusion, channel gate (squeeze-excitation without BN or bias)
-        hidden = channels // 4
-        self.gate = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1),
-            PointwiseConv2d(channels, hidden, bias=False),
-            nn.ReLU(),
-            PointwiseConv2d(hidden, out_channels, bias=False),
-            nn.Sigmoid(),
-        )
+        # global fusion: spatial part and channel gate
+        self.spatial = spatial_cbr(channels, out_channels)
+        self.gate = ChannelGate(channels, out_channels)
 
     def reset_parameters(self) -> None:
         """PyTorch's defaults for every conv, BN and PReLU (the state right after construction)."""
@@ -97,7 +146,7 @@ class DimFuse(nn.Module):
         Shape:
             (B, C, H, W) -> (B, C_out, H, W)
         """
-        return self.spatial(fused) * self.gate(fused)  # (B, C_out, H, W) * (B, C_out, 1, 1)
+        return global_fusion(fused, self.spatial, self.gate)
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, out_channels={self.out_channels}"

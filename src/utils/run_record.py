@@ -66,6 +66,10 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.datamodules.word_stream.WordStreamDataModule": "src.datamodules.awd_lm.AWDLMDataModule",
     "src.datamodules.word_stream": "src.datamodules.awd_lm",
     "src.datamodules.word_lm.WikiTextDataModule": "src.datamodules.word_lm.WordLMDataModule",
+    "src.models.dicenet.ChannelGate": "src.ops.dim_fuse.ChannelGate",
+    "src.models.dicenet.GlobalFusion": "src.ops.dim_fuse.GlobalFusion",
+    "src.models.dicenet.SpatialFusionBlock": "src.ops.dice.SpatialFusionBlock",
+    "src.models.ssd.PyramidPoolingFusion": "src.ops.epp.EfficientPyramidPooling",
 }
 # model arguments that loaded official weights, now task.init_checkpoint's job (src.compat)
 RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")
