@@ -15,7 +15,6 @@ pytest.importorskip("executorch")
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
-
 @pytest.fixture(scope="module")
 def network() -> DiCENet:
     torch.manual_seed(0)
