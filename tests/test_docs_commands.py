@@ -35,6 +35,7 @@ What runs, per program:
 - ``wandb sweep FILE``: the file exists and is a sweep (``program``/``command`` and ``parameters``).
   ``wandb agent|sync|login`` need a W&B server and are skipped.
 - ``pytest``: every path exists and every ``-m`` marker is declared in ``pyproject.toml``.
+- ``ruff check [PATH ...]``: ``pyproject.toml`` selects the lint rules and every path exists.
 - ``bash``/``sh``/``sbatch``/``source FILE``: the file exists. ``cd DIR``: the folder exists.
 - ``git`` and ``echo`` lines are skipped. Any other program fails until it has a rule here.
 """
@@ -548,6 +549,16 @@ def check_pytest(words: list[str]) -> None:
             raise CommandError(f"pytest {word}: no such test path")
 
 
+def check_ruff(words: list[str]) -> None:
+    if not words or words[0] != "check":
+        raise CommandError(f"ruff {' '.join(words)}: only ruff check has a rule")
+    if "[tool.ruff.lint]" not in (ROOT / "pyproject.toml").read_text():
+        raise CommandError("ruff check: pyproject.toml selects no lint rules ([tool.ruff.lint])")
+    for word in words[1:]:
+        if not word.startswith("-") and not (ROOT / word).exists():
+            raise CommandError(f"ruff check {word}: no such path")
+
+
 def check_file(program: str, words: list[str]) -> None:
     files = [w for w in words if not w.startswith("-")]
     if not files or not (ROOT / files[0]).exists():
@@ -579,6 +590,8 @@ def run_command(command: Command) -> str | None:
         check_wandb(arguments)
     elif program == "pytest":
         check_pytest(arguments)
+    elif program == "ruff":
+        check_ruff(arguments)
     elif program in {"bash", "sh", "sbatch", "source", ".", "cd"}:
         check_file(program, arguments)
     else:
@@ -610,7 +623,7 @@ def test_commands_are_found() -> None:
     """Both README commands are read, and every Hydra app and page has commands to check."""
     readme = [c.text for c in COMMANDS if c.source == "README.md"]
     assert 'pip install -e ".[dev]" && python train.py' in readme
-    assert 'pip install -e ".[dev]" && pytest -n auto' in readme
+    assert 'pip install -e ".[dev]" && ruff check && pytest -n auto' in readme
     assert {
         "train.py",
         "eval.py",
