@@ -179,7 +179,8 @@ def lstm_hidden_for(params: int, input_size: int) -> int:
 
 
 def with_impl(net: nn.Module, impl: str) -> nn.Module:
-    """``net`` with every op's kernel switch (``impl``, see ``src/ops/triton``) set to ``impl``."""
+    """``net`` with every op's kernel switch (``impl``, see ``src/kernels/triton``) set to
+    ``impl``."""
     for module in net.modules():
         if isinstance(getattr(module, "impl", None), str):
             module.impl = impl

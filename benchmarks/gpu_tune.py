@@ -57,7 +57,7 @@ cases; ``--md PATH`` the Markdown.
 
 ``--dry`` runs the sweep on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``) at tiny
 shapes, one per case, with at most two values per global and one repeat, every launch configured
-as for an H100 (:func:`src.ops.triton.launches_for`) so that the globals reach the launches. Its
+as for an H100 (:func:`src.kernels.triton.launches_for`) so that the globals reach the launches. Its
 times mean nothing: it checks the plumbing (``tests/test_gpu_tune.py``).
 
     python benchmarks/gpu_tune.py [--budget 120] [--cases glt glt_wgrad dice eesp bn_prelu
@@ -120,6 +120,15 @@ from benchmarks.common import (
     synchronize,
     with_impl,
 )
+from benchmarks.cross_compile import H100
+from src.kernels.triton import batch_norm_prelu as bn_prelu_kernels
+from src.kernels.triton import group_linear as glt_kernels
+from src.kernels.triton import per_group_layer_norm as grouped_norm_kernels
+from src.kernels.triton import relative_softmax as softmax_kernels
+from src.kernels.triton import residual_layer_norm as residual_norm_kernels
+from src.kernels.triton import shared_group_layer_norm as dextra_norm_kernels
+from src.kernels.triton import stencil as dim_conv_kernels
+from src.kernels.triton.launch import launches_for
 from src.models.espnetv2 import ESPNetv2Backbone
 from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.dextra import DExTra
@@ -130,15 +139,6 @@ from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
-from src.ops.triton import batch_norm_prelu as bn_prelu_kernels
-from src.ops.triton import group_linear as glt_kernels
-from src.ops.triton import per_group_layer_norm as grouped_norm_kernels
-from src.ops.triton import relative_softmax as softmax_kernels
-from src.ops.triton import residual_layer_norm as residual_norm_kernels
-from src.ops.triton import shared_group_layer_norm as dextra_norm_kernels
-from src.ops.triton import stencil as dim_conv_kernels
-from src.ops.triton.cross_compile import H100
-from src.ops.triton.launch import launches_for
 
 PRECISIONS = ("bf16", "fp32")  # bf16 first: the models train under bf16 autocast
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

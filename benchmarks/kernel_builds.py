@@ -2,7 +2,7 @@
 
 The training step (forward and backward) and the inference forward of each model below run on the
 CPU with every kernel switch on ``impl="triton"``; their Triton launches are recorded with the
-GPU's launch configuration instead of running (``src/ops/triton/cross_compile.py``), and each
+GPU's launch configuration instead of running (``benchmarks/cross_compile.py``), and each
 distinct launch is compiled for the GPU by Triton down to a cubin. Per kernel, dtype and tile
 sizes the table gives the warps, registers per thread, spilled bytes, shared memory per block and
 the occupancy (resident warps over the SM's 64) that registers and shared memory allow; the
@@ -45,7 +45,7 @@ from benchmarks.common import (
     vision_network,
     with_impl,
 )
-from src.ops.triton.cross_compile import (
+from benchmarks.cross_compile import (
     GPUS,
     Build,
     cross_compile,

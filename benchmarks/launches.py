@@ -7,7 +7,7 @@ computes (views, ``empty`` and other allocations excluded) is one launch or more
 Triton kernel is one. This script counts both for a forward and backward of each entry, once on
 the PyTorch paths (``impl="reference"``) and once on the Triton kernels (``impl="triton"``, whose
 launches are recorded in Triton's interpreter with an H100's configuration and not run:
-``src/ops/triton/cross_compile.py``), side by side. The optimiser step is left out (fused: a few
+``benchmarks/cross_compile.py``), side by side. The optimiser step is left out (fused: a few
 multi-tensor launches either way).
 
 Dropout and fused attention are counted as CUDA runs them: ``F.dropout`` there is
@@ -309,7 +309,7 @@ def _native_dropout(
 def count(name: str, path: str, tokens: int, dtype: str = "float32", bptt: int = 70) -> dict:
     """One forward and backward of ``name`` on ``path`` (under autocast to ``dtype`` unless
     float32): its ATen and Triton launches."""
-    from src.ops.triton.cross_compile import H100, recorded_launches
+    from benchmarks.cross_compile import H100, recorded_launches
 
     torch.manual_seed(0)
     net, loss = entry(name, tokens, bptt)

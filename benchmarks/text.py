@@ -96,8 +96,8 @@ from benchmarks.common import (
 from src.build import build_task
 from src.decoding.beam_search import beam_search
 from src.evaluation.dynamic_eval import dynamic_evaluate
+from src.kernels.cpu import cpu_kernels
 from src.kernels.environment import cpu_path_mode
-from src.ops.cpu import cpu_kernels
 
 # eos held this far below every other logit: no hypothesis ends before its max length
 SUPPRESSED_EOS = -1e4

@@ -4,7 +4,7 @@ All networks run in one process at 224x224, eval mode, no grad, interleaved roun
 machine drift affects all alike; the median of ``--repeats`` runs is reported per batch size,
 next to the MACs of one image (the thesis's Table 3.5 on this machine) and the ratio to
 ShuffleNetV2 x1.0's latency. DiCE units and EESP pyramids run the fused C++ kernels of
-``src/ops/cpu`` where they are built; ``dicenet_eager_folded`` and ``espnetv2_eager_folded`` are
+``src/kernels/cpu`` where they are built; ``dicenet_eager_folded`` and ``espnetv2_eager_folded`` are
 the s=1.0 networks on the eager folded path, for comparison. Prints
 a table, then one JSON line per measurement: ``{"model", "scale", "batch", "ms", "macs"}``.
 
@@ -22,9 +22,9 @@ import torchvision
 from torch import nn
 
 from benchmarks.common import print_json_lines
+from src.kernels.cpu import cpu_kernels
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
-from src.ops.cpu import cpu_kernels
 from src.ops.dice import DiCE
 from src.ops.eesp import EESP
 from src.utils.complexity import measure

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import src.ops.dice
 import src.ops.eesp
-from src.ops.cpu import cpu_kernels
+from src.kernels.cpu import cpu_kernels
 from src.ops.dice import DiCE
 from src.ops.eesp import EESP
 

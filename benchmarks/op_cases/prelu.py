@@ -2,7 +2,7 @@
 ``F.prelu``, whose backward is ATen's kernel.
 
 The forward is ATen's in both (the row measures the call overhead); the forward+backward row is
-the one-pass backward of ``src/ops/cpu/prelu.cpp`` on the CPU. On CUDA both run ATen.
+the one-pass backward of ``src/kernels/cpu/prelu.cpp`` on the CPU. On CUDA both run ATen.
 """
 
 from __future__ import annotations

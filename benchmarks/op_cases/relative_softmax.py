@@ -2,7 +2,7 @@
 512 queries, a 512 memory: 1,024 keys), against the eager ops it replaces (pad-and-reshape shift,
 add, scale, causal mask, softmax).
 
-On the CPU ours is ``src/ops/cpu/relative_softmax.cpp``, one pass each way; on CUDA both run the
+On the CPU ours is ``src/kernels/cpu/relative_softmax.cpp``, one pass each way; on CUDA both run the
 eager ops (there the fused attention path takes the softmax).
 """
 

@@ -37,8 +37,8 @@ def autograd_op(
     output)`` keeps what the backward reads (``ctx.save_for_backward``, attributes), and
     ``backward(ctx, *grads)`` returns one gradient (or None) per input in schema order, calling
     the backward kernel as an :func:`~src.kernels.dispatch.opaque_op`. ``schema`` and ``fake``
-    come from the op's contract (:mod:`src.ops.contracts`); the schema returns a Tensor or a tuple
-    of them (an output the caller does not use, saved for the backward, is marked
+    come from the op's contract (:mod:`src.kernels.contracts`); the schema returns a Tensor or a
+    tuple of them (an output the caller does not use, saved for the backward, is marked
     non-differentiable in ``setup_context``).
 
     The function returned calls the op while ``torch.compile`` traces, and eagerly (and under

@@ -6,7 +6,7 @@ Each op takes ``impl="auto" | "reference" | "triton"``. ``auto`` runs the kernel
 when Triton is importable and the PyTorch reference everywhere else (on the CPU, the ops' C++
 kernels where they apply); ``triton`` forces the kernel (on CPU tensors it needs
 ``TRITON_INTERPRET=1``, which the tests use); ``reference`` forces PyTorch. Triton is optional:
-nothing here imports it, and the ops import their Triton modules (:mod:`src.ops.triton`) only
+nothing here imports it, and the ops import their Triton modules (:mod:`src.kernels.triton`) only
 where they launch a kernel.
 
 The ops with their own autograd Functions (the GLT and DimConv) are opaque to ``torch.autocast``,
@@ -52,7 +52,7 @@ def exporting() -> bool:
     holds only ATen operators (no custom op, no C++ or Triton kernel, no measured choice, no
     folded inference path) and no branch on a size that the graph leaves dynamic. The fast-path
     conditions of the ops ask :func:`use_triton`, :func:`opaque_op`'s call,
-    :func:`src.ops.cpu.cpu_kernels_loaded`, :func:`choose` and
+    :func:`src.kernels.cpu.cpu_kernels_loaded`, :func:`choose` and
     :func:`src.ops.inference_folding.folded_inference`, which all ask this."""
     if _EXPORT_CAPTURES or torch.compiler.is_exporting():
         return True
@@ -139,7 +139,7 @@ def autocast_off(device_type: str) -> AbstractContextManager:
 def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F], F]:
     """Register the decorated function as the custom op ``name`` that ``torch.compile`` and
     ``torch.export`` see as one opaque node (``fake`` gives its outputs' metadata when tracing).
-    ``schema`` and ``fake`` are the op's contract, taken from :mod:`src.ops.contracts`: a
+    ``schema`` and ``fake`` are the op's contract, taken from :mod:`src.kernels.contracts`: a
     reference and its kernels that compute the same thing register under one contract.
 
     The function returned calls the op while ``torch.compile`` traces and the function itself

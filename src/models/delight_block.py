@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.kernels.contracts.dropout import DropoutSeeds
 from src.kernels.dispatch import check_impl
-from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.linear import linear
@@ -267,7 +267,7 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         x (T, B, d_m); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
         True) entries blocked; attn_bias (B, T, T) float added to the scores as it is (the pairs
         of packed rows: :mod:`src.models.packing`); seeds: the dropout seed the network's forward
-        shares among its blocks (:class:`~src.ops.contracts.dropout.DropoutSeeds`), None for a
+        shares among its blocks (:class:`~src.kernels.contracts.dropout.DropoutSeeds`), None for a
         seed per dropout -> (T, B, d_m)
     """
 

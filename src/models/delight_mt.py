@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.kernels.contracts.dropout import DropoutSeeds
 from src.models.checks import check_dropout
 from src.models.delight_block import (
     DecoderBlockCache,
@@ -45,7 +46,6 @@ from src.models.delight_block import (
 )
 from src.models.fairseq_init import PADDING_IDX, init_official
 from src.models.packing import PackedRows, cross_segment_mask, per_segment, segment_mask
-from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra, dextra_max_groups
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from src.ops.single_head_attention import (
@@ -106,7 +106,7 @@ class DeLighTEmbedding(nn.Module):
         ``offset`` unpadded tokens precede ``tokens`` (incremental decoding); segments and
         positions (B, T) int64 of a packed batch (:class:`~src.models.packing.PackedRows`) or
         None; seeds: the dropout seed shared with the network's blocks
-        (:class:`~src.ops.contracts.dropout.DropoutSeeds`) -> (B, T, d_model)
+        (:class:`~src.kernels.contracts.dropout.DropoutSeeds`) -> (B, T, d_model)
     """
 
     def __init__(

@@ -6,9 +6,9 @@ The map, the running statistics and the forward are ``nn.BatchNorm2d``'s (ATen's
 ``native_batch_norm``). Only the CPU training backward of a channels-last input differs: ATen's
 CPU kernel is 2.5-6x slower there than for a contiguous input (2.1-2.9 vs 1.2 ms for a
 (4, 116, 56, 56) float32 gradient on 2 cores). ``lightnets_cpu::batch_norm_backward``
-(``src/ops/cpu/batch_norm.cpp``) reads x as rows of channels, sums both per-channel reductions in
-one pass and writes the input gradient in a second, with the sums in a fixed order (independent of
-the thread count). The gradients equal ATen's up to float32 summation order. For contiguous
+(``src/kernels/cpu/batch_norm.cpp``) reads x as rows of channels, sums both per-channel reductions
+in one pass and writes the input gradient in a second, with the sums in a fixed order (independent
+of the thread count). The gradients equal ATen's up to float32 summation order. For contiguous
 inputs ATen's backward was as fast or faster, so they keep it; for channels-last ones the faster of
 the two is measured per shape on first use (:func:`_path`).
 
@@ -25,11 +25,11 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.kernels import ATEN, OURS, candidate_steps, choose, declare, opaque_op
+from src.kernels.contracts import batch_norm as contract
+from src.kernels.cpu import cpu_kernels_loaded
 from src.kernels.environment import cpu_path_mode
-from src.ops.contracts import batch_norm as contract
-from src.ops.cpu import cpu_kernels_loaded
-from src.ops.fused_norm import batch_norm_factor
-from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
+from src.kernels.fused_norm import batch_norm_factor
+from src.kernels.layout import channel_rows, from_channel_rows, is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 

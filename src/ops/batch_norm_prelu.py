@@ -5,7 +5,7 @@ The map is ``act(norm(x))`` for a :class:`src.ops.batch_norm.BatchNorm2d` ``norm
 :class:`src.ops.prelu.PReLU` ``act``, with the same running statistics (momentum, cumulative
 average, ``num_batches_tracked``). Unfused, BN writes its output z, PReLU reads z and writes y,
 and autograd keeps x and z; the backward runs BN's two passes after PReLU's one.
-``lightnets_cpu::batch_norm_prelu_forward`` (``src/ops/cpu/batch_norm_prelu.cpp``) reads x twice
+``lightnets_cpu::batch_norm_prelu_forward`` (``src/kernels/cpu/batch_norm_prelu.cpp``) reads x twice
 (the statistics, then y) and keeps only x; the backward recomputes z and takes two passes. One
 autograd node replaces two, which also halves the per-call cost of the small layers. With a
 ``residual`` r the map is ``act(norm(x) + r)``, an EESP unit's output (ESPNetv2), r's gradient
@@ -14,7 +14,7 @@ equal the unfused ones to float32 rounding (the statistics are summed in another
 bfloat16 z is not rounded to bfloat16 between the two, and under autocast the slope is not
 either.
 
-On CUDA the same two ops are Triton kernels (:mod:`src.ops.triton.batch_norm_prelu`, float32,
+On CUDA the same two ops are Triton kernels (:mod:`src.kernels.triton.batch_norm_prelu`, float32,
 float16 or bfloat16 input), taken where ``impl="auto"`` timed them faster than cuDNN's BN and
 ATen's PReLU for the shape (:func:`auto_path`). The fused op applies in training with autograd, to
 a channels-last input, an ``nn.BatchNorm2d`` (or ours) with float32 affine parameters, and a
@@ -42,11 +42,11 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
+from src.kernels.contracts import batch_norm_prelu as contract
+from src.kernels.cpu import cpu_kernels_loaded
+from src.kernels.fused_norm import batch_norm_factor
+from src.kernels.layout import channel_rows, from_channel_rows, is_channels_last
 from src.ops.batch_norm import BatchNorm2d
-from src.ops.contracts import batch_norm_prelu as contract
-from src.ops.cpu import cpu_kernels_loaded
-from src.ops.fused_norm import batch_norm_factor
-from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
 
 CPU_DTYPES = (torch.float32, torch.bfloat16)
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -227,7 +227,9 @@ class BatchNormPReLUFunction(torch.autograd.Function):
         residual: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         if triton:
-            from src.ops.triton.batch_norm_prelu import batch_norm_prelu_forward_triton as forward
+            from src.kernels.triton.batch_norm_prelu import (
+                batch_norm_prelu_forward_triton as forward,
+            )
         else:
             forward = batch_norm_prelu_forward
         rows = None if residual is None else channel_rows(residual)
@@ -247,7 +249,9 @@ class BatchNormPReLUFunction(torch.autograd.Function):
         # the gradient copied to x's layout only if autograd's differs
         grad_y = grad_y.contiguous(memory_format=torch.channels_last)
         if ctx.triton:
-            from src.ops.triton.batch_norm_prelu import batch_norm_prelu_backward_triton as backward
+            from src.kernels.triton.batch_norm_prelu import (
+                batch_norm_prelu_backward_triton as backward,
+            )
         else:
             backward = batch_norm_prelu_backward
         rows = None if residual is None else channel_rows(residual)

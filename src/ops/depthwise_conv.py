@@ -8,8 +8,8 @@ CPU backward of a dilated kernel on a channels-last input differs: oneDNN's took
 0.44 ms for (4, 256, 14, 14) at dilation 4), and the dilated branches' backward was about a fifth
 of an ESPNetv2 s=1.0 training step. Undilated, oneDNN's backward was as fast or faster (0.8 vs
 1.3 ms for the (4, 64, 56, 56) map at dilation 1), so it keeps it.
-``lightnets_cpu::depthwise_conv_backward`` (``src/ops/cpu/depthwise_conv.cpp``) gathers each input
-element's taps along the contiguous channels and sums the weight and bias gradients per fixed
+``lightnets_cpu::depthwise_conv_backward`` (``src/kernels/cpu/depthwise_conv.cpp``) gathers each
+input element's taps along the contiguous channels and sums the weight and bias gradients per fixed
 block of rows (in float32, the blocks in order), so they do not depend on the thread count.
 
 ``F.conv2d`` runs on CUDA (cuDNN), without autograd, for contiguous inputs, float64, dilation 1,
@@ -27,10 +27,10 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
+from src.kernels.contracts import depthwise_conv as contract
+from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.dispatch import autocast_off, autocast_operands, opaque_op
-from src.ops.contracts import depthwise_conv as contract
-from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
-from src.ops.layout import is_channels_last
+from src.kernels.layout import is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from src.kernels.contracts.dropout import DropoutSeeds
 from src.kernels.dispatch import check_impl
-from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.fan_out import fan_out
 from src.ops.group_linear import GroupLinear, interleaved_group_linear
 from src.ops.linear import linear
@@ -215,7 +215,7 @@ class DExTra(nn.Module):
 
     def _norm_swish(self, x: Tensor, groups: int, norm: nn.Module, seeds: DropoutSeeds) -> Tensor:
         # LayerNorm, swish and dropout as one op: on CUDA one fused launch each way where it
-        # times faster (src/ops/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
+        # times faster (src/kernels/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
         p = self.dropout if self.training else 0.0
         return shared_group_layer_norm_swish(
             x, groups, norm.weight, norm.bias, norm.eps, p=p, seeds=seeds, impl=self.impl

@@ -4,7 +4,7 @@ The eager path (:func:`src.ops.dim_conv.dim_conv_reference`) runs three depth-wi
 convolutions, two of them on transposed copies of the input (height or width as the channel
 axis), and stacks the three branches; its backward makes as many passes again. On 2 cores this
 was a fifth of a DiCENet s=1.0 training step. ``lightnets_cpu::dim_conv_forward`` and
-``dim_conv_backward`` (``src/ops/cpu/dim_conv.cpp``) compute all three branches in one pass over
+``dim_conv_backward`` (``src/kernels/cpu/dim_conv.cpp``) compute all three branches in one pass over
 the rows of channels each way, reading every tap along the contiguous channels, and write the
 interleaved (or concatenated) output directly. The weight gradients are summed in float32 per fixed
 block of rows and the blocks in order, so they do not depend on the thread count.
@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.kernels.contracts import dim_conv as contract
+from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.dispatch import autocast_off, autocast_operands, opaque_op
-from src.ops.contracts import dim_conv as contract
-from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
-from src.ops.layout import is_channels_last
+from src.kernels.layout import is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

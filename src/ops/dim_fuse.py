@@ -171,7 +171,7 @@ def local_fusion_reference(
     post: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Interleaved DimConv then DimFuse's local fusion, in plain PyTorch (the oracle of the fused
-    kernel, :func:`src.ops.triton.dim_fuse.local_fusion_triton`):
+    kernel, :func:`src.kernels.triton.dim_fuse.local_fusion_triton`):
     ``conv1x1_groups=C(PReLU(BN(DimConv(x))))``, BN as ``F.batch_norm`` (``training`` uses and
     ``momentum`` updates the running statistics). ``post = (scale, shift, slope)`` appends the
     second BN folded to an affine map and its PReLU (inference).

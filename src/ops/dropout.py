@@ -3,9 +3,9 @@
 ``F.dropout`` on the CPU draws its mask with ``bernoulli_``, which on CPUs where PyTorch does not
 use MKL's vectorised generator (AMD's) runs element by element from one locked Mersenne Twister:
 about 4 ns an element, a quarter of a small DeLighT's training step (its DExTra units drop out
-after every GLT). ``lightnets_cpu::dropout_forward`` (``src/ops/cpu/dropout.cpp``) keeps element
+after every GLT). ``lightnets_cpu::dropout_forward`` (``src/kernels/cpu/dropout.cpp``) keeps element
 i when a keyed 32-bit mix of i is at or above p 2^32, the key a 64-bit seed drawn from PyTorch's
-default generator as a tensor (:func:`src.ops.contracts.dropout.draw_seed`), so
+default generator as a tensor (:func:`src.kernels.contracts.dropout.draw_seed`), so
 ``torch.manual_seed`` fixes the masks as it fixes ``F.dropout``'s and a graph traced by
 ``torch.compile`` draws a new one on every call; the backward regenerates the mask from the saved
 seed (nothing else is stored). The masks differ from ``bernoulli_``'s draws (another generator),
@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from src.kernels.contracts import dropout as contract
+from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import opaque_op
-from src.ops.contracts import dropout as contract
-from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
 
 
 @opaque_op("lightnets::hashed_dropout_backward", contract.BACKWARD_SCHEMA, contract.backward_fake)

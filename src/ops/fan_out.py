@@ -4,7 +4,7 @@ DExTra's x0 feeds every GLT of its unit and its output layer (N + 1 layers, the 
 Eq. 5.2). Autograd sums the N + 1 gradients of x0 one ``add`` at a time, N launches each
 backward; DeLighT MT's 24 units spend 108 launches there, the largest count of ATen launches of
 its step on the kernels (docs/gpu.md). :func:`fan_out` hands the layers one alias of x0 each and
-sums their gradients with one kernel (:mod:`src.ops.triton.gradient_sum`) where the Triton paths
+sums their gradients with one kernel (:mod:`src.kernels.triton.gradient_sum`) where the Triton paths
 run; elsewhere, and while ``torch.compile`` traces (a traced graph has no launch cost per op to
 save: it is replayed, or fused by the compiler), the layers read x0 itself and autograd sums.
 The sum is the same up to float rounding: the kernel adds in float32 and rounds once.
@@ -45,7 +45,7 @@ class _FanOut(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, None]:  # type: ignore[override]
-        from src.ops.triton.gradient_sum import gradient_sum_triton
+        from src.kernels.triton.gradient_sum import gradient_sum_triton
 
         present = [g for g in grads if g is not None]
         if not present:

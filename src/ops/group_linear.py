@@ -30,7 +30,7 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
-from src.ops.contracts import group_linear as contract
+from src.kernels.contracts import group_linear as contract
 
 
 class GroupLinear(nn.Module):
@@ -182,7 +182,7 @@ def interleaved_group_linear(
                 f"the Triton GLT takes one or two parts of dtype {TRITON_DTYPES}, "
                 f"got {[p.dtype for p in parts]}"
             )
-        from src.ops.triton.group_linear import interleaved_group_linear_triton
+        from src.kernels.triton.group_linear import interleaved_group_linear_triton
 
         return interleaved_group_linear_triton(parts, weight, bias, shuffle, dtype=dtype)
     if not torch.is_grad_enabled() or not any(
@@ -234,7 +234,7 @@ def auto_path(
     )  # fmt: skip
 
     def run(path: str, w: Tensor, b: Tensor | None, *xs: Tensor) -> Tensor:
-        from src.ops.triton.group_linear import interleaved_group_linear_triton
+        from src.kernels.triton.group_linear import interleaved_group_linear_triton
 
         if path == "triton":
             return interleaved_group_linear_triton(xs, w, b, shuffle, dtype=dtype)
@@ -336,7 +336,7 @@ def glt_backward(
 ) -> list[Tensor]:
     """Backward of :class:`InterleavedGroupLinearFunction`: the wanted gradients of
     (weight, bias, *parts), in that order
-    (:func:`src.ops.contracts.group_linear.glt_grads_like`).
+    (:func:`src.kernels.contracts.group_linear.glt_grads_like`).
 
     Shape:
         grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...

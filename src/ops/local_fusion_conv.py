@@ -6,7 +6,7 @@ group c reads the three dimension-wise responses of channel c. oneDNN runs it as
 convolution, which on 2 cores took 0.15 ms forward and 0.41 ms backward for a 4 x 348 x 14 x 14
 channels-last input, several times a pass over the map, and about a tenth of a DiCENet s=1.0
 training step in all. On the CPU, for channels-last inputs, ``lightnets_cpu::local_fusion_
-convolution`` and its backward (``src/ops/cpu/local_fusion_convolution.cpp``) read each row of
+convolution`` and its backward (``src/kernels/cpu/local_fusion_convolution.cpp``) read each row of
 channels once per direction. Sums run in float32; the weight gradient is summed per fixed block of
 rows and the blocks in order, so it does not depend on the thread count.
 
@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.kernels.contracts import local_fusion_conv as contract
+from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.dispatch import autocast_off, autocast_operands, opaque_op
-from src.ops.contracts import local_fusion_conv as contract
-from src.ops.cpu import cpu_kernels_loaded, dispatch_mode_active
-from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
+from src.kernels.layout import channel_rows, from_channel_rows, is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -33,8 +33,8 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from src.kernels import ATEN, OURS, candidate_steps, choose, declare, exporting, size_bucket
-from src.ops.cpu import dispatch_mode_active
-from src.ops.layout import channel_rows, from_channel_rows
+from src.kernels.cpu import dispatch_mode_active
+from src.kernels.layout import channel_rows, from_channel_rows
 
 # Fewer input channels keep oneDNN: ESPNetv2's image shortcut, 3 -> 64 channels at 56², took 0.72
 # ms as products (the weight gradient's GEMM is 64 x 3 over 12,544 rows) against 0.44 ms.

@@ -5,7 +5,7 @@ The map is ``F.prelu``'s: ``y = x`` where ``x > 0``, else ``a_c * x``, one slope
 (axis 1). Only the CPU backward differs. ATen's CPU kernel writes a per-element slope gradient
 and sums it afterwards, at about 2 ns an element on 2 cores, cache-warm: 26 ms of a 160 ms
 DiCENet s=1.0 training step (4 images of 224², float32). ``lightnets_cpu::prelu_backward``
-(``src/ops/cpu/prelu.cpp``) reads x and the output gradient once, writes the input gradient and
+(``src/kernels/cpu/prelu.cpp``) reads x and the output gradient once, writes the input gradient and
 sums the slope gradient as it goes. Several passes of ATen ops instead (ReLU's gradient, ``lerp``,
 ``clamp``, ``mul``, ``sum``) were 2.6x faster on a warm tensor but no faster in the network,
 where each pass streams its tensors from memory.
@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from src.kernels.contracts import prelu as contract
+from src.kernels.cpu import cpu_kernels_loaded
 from src.kernels.dispatch import autocast_operands, opaque_op
-from src.ops.contracts import prelu as contract
-from src.ops.cpu import cpu_kernels_loaded
-from src.ops.layout import channel_rows, from_channel_rows, is_channels_last
+from src.kernels.layout import channel_rows, from_channel_rows, is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -4,7 +4,7 @@ reused from call to call (Transformer-XL, Group-Transformer).
 Eagerly, a training step of the attention allocates about six (B, H, T, K) tensors: the content and
 the position scores, the probabilities, and backward the probabilities' gradient and the two score
 gradients. At the enwik8 sizes each is 32 MiB in float32, which glibc maps afresh and the kernel
-page-faults in on every call (:mod:`src.ops.cpu.scratch`): with the one-pass softmax kernels
+page-faults in on every call (:mod:`src.kernels.cpu.scratch`): with the one-pass softmax kernels
 (:mod:`src.ops.relative_softmax`) that was about a third of a CPU training step. Here the score
 products are written into scratch buffers, the softmax kernels read and write those buffers, and
 the backward forms the five operand gradients with explicit batched products; only the
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from src.kernels.cpu import cpu_kernels_loaded
+from src.kernels.cpu.scratch import scratch
 from src.kernels.dispatch import autocast_off, autocast_operands
-from src.ops.cpu import cpu_kernels_loaded
-from src.ops.cpu.scratch import scratch
 from src.ops.relative_softmax import KERNEL_DTYPES
 
 

@@ -3,7 +3,7 @@
 Every sublayer of a post-norm Transformer block ends so (Vaswani et al., 2017, Sec. 5.4; DeLighT's
 blocks with ``normalize_before`` off, the official default). The PyTorch path is exactly that:
 :func:`src.ops.dropout.dropout`, the add and ``F.layer_norm``. On CUDA the fused kernel
-(:mod:`src.ops.triton.residual_layer_norm`) does all three in one launch each way, where PyTorch
+(:mod:`src.kernels.triton.residual_layer_norm`) does all three in one launch each way, where PyTorch
 launches five or six; ``impl="auto"`` times both on the first call of
 each shape and keeps the faster.
 """
@@ -25,7 +25,7 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
-from src.ops.contracts.dropout import DropoutSeeds
+from src.kernels.contracts.dropout import DropoutSeeds
 from src.ops.dropout import dropout
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,7 +65,7 @@ def residual_layer_norm(
     if kernel and impl == "auto":
         kernel = auto_path(residual, branch, weight, bias, eps) == "triton"
     if kernel:
-        from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
+        from src.kernels.triton.residual_layer_norm import residual_layer_norm_triton
 
         return residual_layer_norm_triton(residual, branch, weight, bias, eps, p, seeds)
     return _reference(residual, branch, weight, bias, eps, p)
@@ -116,7 +116,7 @@ def auto_path(
     )  # fmt: skip
 
     def run(path: str, *operands: Tensor) -> Tensor:
-        from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
+        from src.kernels.triton.residual_layer_norm import residual_layer_norm_triton
 
         if path == "triton":
             return residual_layer_norm_triton(*operands, eps)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from src.ops.layout import is_channels_last
+from src.kernels.layout import is_channels_last
 
 
 def feature_shuffle(x: Tensor, groups: int, dim: int = -1) -> Tensor:

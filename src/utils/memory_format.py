@@ -1,7 +1,7 @@
 """Channels-last training for the image tasks.
 
 The vision networks' CPU kernels (PReLU's and BatchNorm's backward, DimConv, the local-fusion and
-dilated depth-wise convolutions, ``src/ops/cpu``) read rows of channels, and on GPUs cuDNN's
+dilated depth-wise convolutions, ``src/kernels/cpu``) read rows of channels, and on GPUs cuDNN's
 convolutions under mixed precision want the same layout. A DiCENet s=0.5 training step on the
 digits (batch 32 of 32², 2 cores) took 106.5 ms NCHW against 62.6 ms channels-last; DiCENet and
 ESPNetv2 s=1.0 at 4 x 224²: 155.8 / 167.2 ms against 118.4 / 115.4 ms. The tasks therefore

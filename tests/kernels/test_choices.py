@@ -72,7 +72,7 @@ def test_the_h100_table_gives_the_glt_weight_gradient_without_timing(
     """At DExTra's weight shapes (16,384 bf16 tokens) the table's bmm is taken before any timing
     on an sm_90 GPU; another shape, or a GPU without a table, is timed."""
     pytest.importorskip("triton")
-    from src.ops.triton.group_linear import weight_grad_method
+    from src.kernels.triton.group_linear import weight_grad_method
 
     monkeypatch.delenv(environment.GLT_WEIGHT_GRAD_ENV, raising=False)
     monkeypatch.setattr(choices, "architecture", lambda: "sm_90")

@@ -1,5 +1,5 @@
 """BatchNorm's channels-last CPU training backward (``src/ops/batch_norm.py``,
-``src/ops/cpu/batch_norm.cpp``) against ``nn.BatchNorm2d`` and a float64 oracle.
+``src/kernels/cpu/batch_norm.cpp``) against ``nn.BatchNorm2d`` and a float64 oracle.
 
 Tolerances: the forward and the running statistics are ATen's, bit for bit. The gradients are
 ATen's formula with the per-channel sums in another order: within 1e-5 of the float64 oracle

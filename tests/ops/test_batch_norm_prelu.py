@@ -1,5 +1,5 @@
 """BatchNorm + PReLU fused for channels-last CPU training (``src/ops/batch_norm_prelu.py``,
-``src/ops/cpu/batch_norm_prelu.cpp``) against a float64 oracle and the unfused modules.
+``src/kernels/cpu/batch_norm_prelu.cpp``) against a float64 oracle and the unfused modules.
 
 Tolerances: in float32 the output and every gradient are within 1e-5 of the float64 oracle,
 relative to each tensor's largest value (the statistics and the gradient sums are float32 sums in

@@ -1,4 +1,4 @@
-"""The Triton BatchNorm + PReLU kernels (``src/ops/triton/batch_norm_prelu.py``) against a
+"""The Triton BatchNorm + PReLU kernels (``src/kernels/triton/batch_norm_prelu.py``) against a
 float64 oracle, the C++ kernels and the two modules: compiled on CUDA when a GPU is present, in
 Triton's interpreter otherwise, there also with an H100's tiles (128 channels, 32 rows a tile,
 several row tiles summed per program).
@@ -17,16 +17,16 @@ import pytest
 import torch
 from torch import Tensor
 
+from benchmarks.cross_compile import H100
 from src.kernels import forget
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import auto_path, batch_norm_prelu
-from src.ops.prelu import PReLU
-from src.ops.triton.batch_norm_prelu import (
+from src.kernels.triton.batch_norm_prelu import (
     batch_norm_prelu_backward_triton,
     batch_norm_prelu_forward_triton,
 )
-from src.ops.triton.cross_compile import H100
-from src.ops.triton.launch import launches_for
+from src.kernels.triton.launch import launches_for
+from src.ops.batch_norm import BatchNorm2d
+from src.ops.batch_norm_prelu import auto_path, batch_norm_prelu
+from src.ops.prelu import PReLU
 from tests.helpers import max_relative_error, require_cpu_kernels
 
 CUDA = torch.cuda.is_available()
@@ -244,7 +244,7 @@ def test_operands_are_checked_before_any_launch(change: str, message: str) -> No
 
 
 def test_launch_takes_gpu_tiles_under_an_h100_configuration() -> None:
-    from src.ops.triton.batch_norm_prelu import _launch, _tiles_per_program
+    from src.kernels.triton.batch_norm_prelu import _launch, _tiles_per_program
 
     x = torch.empty(2304, 200)
     with launches_for(H100.target):

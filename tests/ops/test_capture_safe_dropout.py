@@ -1,4 +1,4 @@
-"""Dropout masks drawn by the kernels from a seed tensor (``src/ops/contracts/dropout.py``): the
+"""Dropout masks drawn by the kernels from a seed tensor (``src/kernels/contracts/dropout.py``): the
 CPU's hashed dropout (C++) and the fused norms' Triton kernels (residual LayerNorm, DExTra's
 per-group norm and swish; in Triton's interpreter without CUDA).
 
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from src.kernels.contracts.dropout import DropoutSeeds
 from src.models.delight_mt import DeLighTEncoderDecoder
-from src.ops.contracts.dropout import DropoutSeeds
 from src.ops.dextra import DExTra
 from src.ops.dropout import dropout
 from src.ops.residual_layer_norm import residual_layer_norm

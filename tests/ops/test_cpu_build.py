@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch.utils.cpp_extension
 
+from src.kernels import cpu
 from src.kernels.environment import CPU_KERNELS_ENV
-from src.ops import cpu
 
 
 @pytest.fixture

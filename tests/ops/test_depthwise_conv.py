@@ -1,5 +1,5 @@
 """The dilated depth-wise convolution's CPU backward (``src/ops/depthwise_conv.py``,
-``src/ops/cpu/depthwise_conv.cpp``) against ``F.conv2d`` evaluated in float64.
+``src/kernels/cpu/depthwise_conv.cpp``) against ``F.conv2d`` evaluated in float64.
 
 Tolerances: the forward is ATen's, so it equals ``F.conv2d``'s bit for bit. The input gradient sums
 at most k^2 float32 products per element and rounds once to the operands' dtype: within 1e-6 of

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from src.ops.dim_conv import DimConv, auto_path, dim_conv_reference, resize_matrix
 from tests.helpers import path_timer
 
-triton_dim_conv = pytest.importorskip("src.ops.triton.dim_conv")
+triton_dim_conv = pytest.importorskip("src.kernels.triton.dim_conv")
 
-from src.ops.triton import stencil  # noqa: E402
+from src.kernels.triton import stencil  # noqa: E402
 
 
 def _weights(

@@ -1,5 +1,5 @@
-"""DimConv on the CPU kernels (``src/ops/dim_conv_cpu.py``, ``src/ops/cpu/dim_conv.cpp``) against
-the eager path (:func:`src.ops.dim_conv.dim_conv_reference`) and its float64 evaluation.
+"""DimConv on the CPU kernels (``src/ops/dim_conv_cpu.py``, ``src/kernels/cpu/dim_conv.cpp``)
+against the eager path (:func:`src.ops.dim_conv.dim_conv_reference`) and its float64 evaluation.
 
 Tolerances: the output and the input gradient sum at most 3 k^2 float32 products per element and
 round once to the operands' dtype: within 1e-6 of the float64 result relative to the largest

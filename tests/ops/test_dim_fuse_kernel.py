@@ -1,5 +1,5 @@
-"""DimConv and DimFuse's local fusion in one Triton pass (``src/ops/triton/dim_fuse.py``) against
-the PyTorch reference (``local_fusion_reference``): output, BN running statistics, and the
+"""DimConv and DimFuse's local fusion in one Triton pass (``src/kernels/triton/dim_fuse.py``)
+against the PyTorch reference (``local_fusion_reference``): output, BN running statistics, and the
 gradients of the input and of every parameter, in training (batch statistics) and inference
 (running statistics, second BN and PReLU folded in). Without CUDA the kernels run in Triton's
 interpreter on CPU tensors.
@@ -22,7 +22,7 @@ from src.ops.dim_fuse import local_fusion_reference
 
 pytest.importorskip("triton")
 
-from src.ops.triton.dim_fuse import local_fusion_triton
+from src.kernels.triton.dim_fuse import local_fusion_triton
 from tests.helpers import own_running_statistics, randomise_norms, saved_bytes
 
 CUDA = torch.cuda.is_available()
@@ -91,8 +91,8 @@ def test_training_pass_over_many_small_tiles(
     """Tiles of 32 pixels (16 columns x 2 rows x 1 channel), so that the per-program partial sums
     and the edge masks of several row and channel blocks are exercised (in the interpreter one tile
     covers a test image otherwise)."""
-    monkeypatch.setattr("src.ops.triton.stencil.TILE_INTERPRETER", 32)
-    monkeypatch.setattr("src.ops.triton.stencil.TILE_GPU", 32)
+    monkeypatch.setattr("src.kernels.triton.stencil.TILE_INTERPRETER", 32)
+    monkeypatch.setattr("src.kernels.triton.stencil.TILE_GPU", 32)
     torch.manual_seed(0)
     unit = randomise_norms(DiCE(4, 4, 5, 9)).to(kernel_device)
     x = torch.randn(1, 4, 5, 9, device=kernel_device)

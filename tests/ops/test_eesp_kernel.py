@@ -1,4 +1,4 @@
-"""EESP's pyramid in one Triton pass (``src/ops/triton/eesp.py``) against the PyTorch reference
+"""EESP's pyramid in one Triton pass (``src/kernels/triton/eesp.py``) against the PyTorch reference
 (``eesp_pyramid_reference``): output, BN running statistics, and the gradients of the reduced input
 and of every parameter, in training (batch statistics) and inference (running statistics). Without
 CUDA the kernels run in Triton's interpreter on CPU tensors.
@@ -19,7 +19,7 @@ from src.ops.eesp import EESP, EESPDownsampler, eesp_pyramid_reference, pyramid_
 
 pytest.importorskip("triton")
 
-from src.ops.triton.eesp import eesp_pyramid_triton
+from src.kernels.triton.eesp import eesp_pyramid_triton
 from tests.helpers import own_running_statistics, randomise_norms, saved_bytes, tf32
 
 CUDA = torch.cuda.is_available()
@@ -85,8 +85,8 @@ def test_training_pass_over_many_small_tiles(
     """Tiles of 16 output pixels (4 columns x 4 rows x 1 channel), so that the per-program partial
     sums and the edge masks of several row and channel blocks are exercised (in the interpreter
     one tile covers a test image otherwise)."""
-    monkeypatch.setattr("src.ops.triton.stencil.TILE_INTERPRETER", 16)
-    monkeypatch.setattr("src.ops.triton.stencil.TILE_GPU", 16)
+    monkeypatch.setattr("src.kernels.triton.stencil.TILE_INTERPRETER", 16)
+    monkeypatch.setattr("src.kernels.triton.stencil.TILE_GPU", 16)
     torch.manual_seed(0)
     unit = randomise_norms(EESP(8, 16, stride=2)).to(kernel_device)
     r = torch.randn(1, 4, 13, 7, device=kernel_device)

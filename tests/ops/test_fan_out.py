@@ -10,8 +10,8 @@ from src.ops.fan_out import fan_out, gradient_sum_reference
 
 pytest.importorskip("triton")
 
-from src.ops.triton.cross_compile import H100, recorded_launches
-from src.ops.triton.gradient_sum import gradient_sum_triton
+from benchmarks.cross_compile import H100, recorded_launches
+from src.kernels.triton.gradient_sum import gradient_sum_triton
 
 
 @pytest.mark.parametrize("count", [2, 5, 8, 11])

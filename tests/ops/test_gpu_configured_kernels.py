@@ -25,6 +25,15 @@ from torch import Tensor, nn
 
 pytest.importorskip("triton")
 
+from benchmarks.cross_compile import H100
+from src.kernels.triton.dim_conv import _weight_grid
+from src.kernels.triton.group_linear import split_k_splits
+from src.kernels.triton.launch import launches_for
+from src.kernels.triton.per_group_layer_norm import _column_launch as _norm_column_launch
+from src.kernels.triton.per_group_layer_norm import _launch as _norm_launch
+from src.kernels.triton.residual_layer_norm import _column_launch as _residual_column_launch
+from src.kernels.triton.shared_group_layer_norm import _column_launch as _group_column_launch
+from src.kernels.triton.stencil import launch_config
 from src.ops.dextra import DExTra
 from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
@@ -33,15 +42,6 @@ from src.ops.group_linear import GroupLinear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
-from src.ops.triton.cross_compile import H100
-from src.ops.triton.dim_conv import _weight_grid
-from src.ops.triton.group_linear import split_k_splits
-from src.ops.triton.launch import launches_for
-from src.ops.triton.per_group_layer_norm import _column_launch as _norm_column_launch
-from src.ops.triton.per_group_layer_norm import _launch as _norm_launch
-from src.ops.triton.residual_layer_norm import _column_launch as _residual_column_launch
-from src.ops.triton.shared_group_layer_norm import _column_launch as _group_column_launch
-from src.ops.triton.stencil import launch_config
 from tests.helpers import randomise_norms
 
 pytestmark = pytest.mark.skipif(

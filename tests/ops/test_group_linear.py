@@ -242,7 +242,7 @@ def test_bad_sizes_raise() -> None:
 def test_split_k_grouped_gemm(splits: int, kernel_device: torch.device) -> None:
     """The weight-gradient product x^T dy split over the tokens: the sum of the float32 partials
     equals the one-pass product, and the column sums come out of the same programs."""
-    from src.ops.triton.group_linear import _grouped_gemm
+    from src.kernels.triton.group_linear import _grouped_gemm
 
     torch.manual_seed(splits)
     tokens, groups, k, n = 300, 3, 5, 6  # 300 tokens: 10 blocks of 32, a ragged last split
@@ -266,7 +266,7 @@ def test_weight_gradient_methods_match_reference(
     mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32
     sums)."""
     from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
-    from src.ops.triton.group_linear import split_k_splits
+    from src.kernels.triton.group_linear import split_k_splits
 
     monkeypatch.setenv(GLT_WEIGHT_GRAD_ENV, method)
     torch.manual_seed(0)
@@ -293,7 +293,7 @@ def test_weight_gradient_methods_match_reference(
 def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch, fresh_choices) -> None:
     """auto: the faster method by the timer, kept per shape and dtype; a bad setting is named."""
     from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
-    from src.ops.triton import group_linear as triton_glt
+    from src.kernels.triton import group_linear as triton_glt
 
     monkeypatch.delenv(GLT_WEIGHT_GRAD_ENV, raising=False)
     calls = []
@@ -374,7 +374,7 @@ def test_two_part_gradients_in_one_launch_each(
 
 @pytest.mark.skipif(CUDA, reason="launches are recorded in Triton's interpreter")
 def test_two_part_backward_launches() -> None:
-    from src.ops.triton.cross_compile import H100, recorded_launches
+    from benchmarks.cross_compile import H100, recorded_launches
 
     x0 = torch.randn(300, 64, requires_grad=True)
     y_prev = torch.randn(300, 128, requires_grad=True)

@@ -1,5 +1,5 @@
 """Every Triton kernel builds for an H100 at the launches its ops make, in float32 and under
-bfloat16 and float16 autocast (``src/ops/triton/cross_compile.py``): the interpreter, which runs
+bfloat16 and float16 autocast (``benchmarks/cross_compile.py``): the interpreter, which runs
 the other kernel tests here, is lenient where the GPU compiler is not. Each build must compile,
 spill no registers and ask for no more shared memory than a block may have.
 
@@ -21,6 +21,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from benchmarks.cross_compile import (
+    H100,
+    Build,
+    cross_compile,
+    recorded_launches,
+    toolchain_missing,
+    train_and_infer,
+)
 from src.ops.batch_norm import BatchNorm2d
 from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.dice import DiCE
@@ -35,19 +43,11 @@ from src.ops.relative_position import causal_memory_mask
 from src.ops.relative_softmax import relative_softmax
 from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
-from src.ops.triton.cross_compile import (
-    H100,
-    Build,
-    cross_compile,
-    recorded_launches,
-    toolchain_missing,
-    train_and_infer,
-)
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from src.ops.triton.gradient_sum import gradient_sum_triton  # noqa: E402
+from src.kernels.triton.gradient_sum import gradient_sum_triton  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(
@@ -219,8 +219,8 @@ WORKLOADS: dict[str, Callable[[torch.dtype], None]] = {
 
 
 def _kernels_of(module: str) -> set[str]:
-    """The kernels (``*_kernel`` Triton functions) defined in ``src.ops.triton.<module>``."""
-    loaded = importlib.import_module(f"src.ops.triton.{module}")
+    """The kernels (``*_kernel`` Triton functions) defined in ``src.kernels.triton.<module>``."""
+    loaded = importlib.import_module(f"src.kernels.triton.{module}")
     return {
         f"{loaded.__name__}:{name}"
         for name, value in vars(loaded).items()
@@ -245,7 +245,7 @@ def test_every_launch_builds_for_h100(module: str) -> None:
             with autocast:
                 WORKLOADS[module](dtype or torch.float32)
     kernels = _kernels_of(module)
-    assert kernels, f"no kernels found in src.ops.triton.{module}"
+    assert kernels, f"no kernels found in src.kernels.triton.{module}"
     launched = {launch.kernel for launch in launches}
     assert kernels <= launched, f"not launched by the workload: {sorted(kernels - launched)}"
 

@@ -1,5 +1,5 @@
 """DimFuse's local-fusion convolution on the CPU kernels (``src/ops/local_fusion_conv.py``,
-``src/ops/cpu/local_fusion_convolution.cpp``) against ``F.conv2d`` and a float64 oracle.
+``src/kernels/cpu/local_fusion_convolution.cpp``) against ``F.conv2d`` and a float64 oracle.
 
 Tolerances: the input gradient is one product per element, ``w * g`` rounded once, so it equals
 the oracle rounded to the operands' dtype bit for bit. The output sums K products in float32

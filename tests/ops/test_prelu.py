@@ -1,4 +1,4 @@
-"""PReLU's one-pass CPU backward (``src/ops/prelu.py``, ``src/ops/cpu/prelu.cpp``) against
+"""PReLU's one-pass CPU backward (``src/ops/prelu.py``, ``src/kernels/cpu/prelu.cpp``) against
 ``F.prelu`` under autograd and a float64 oracle.
 
 Tolerances: the input gradient is ATen's bit for bit (both compute ``a * g`` where x <= 0 in

@@ -1,4 +1,4 @@
-"""The PRU recurrence's Triton cell kernels (``src/ops/triton/pru_recurrence.py``; compiled on
+"""The PRU recurrence's Triton cell kernels (``src/kernels/triton/pru_recurrence.py``; compiled on
 CUDA, Triton's interpreter on the CPU) against the PyTorch loop, forward and backward.
 
 Tolerances: in float32 both paths compute the same equations in float32 and differ only in the
@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 import triton
 import triton.language as tl
 
-from src.ops.triton.pru_recurrence import _tanh, pru_recurrence_triton
+from src.kernels.triton.pru_recurrence import _tanh, pru_recurrence_triton
 
 HIDDEN = 8
 FLOAT32 = {"rtol": 1e-5, "atol": 1e-6}

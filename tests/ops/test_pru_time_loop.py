@@ -1,5 +1,5 @@
-"""The PRU recurrence's time-loop kernels (``src/ops/triton/pru_time_loop.py``; compiled on CUDA,
-Triton's interpreter on the CPU) against the PyTorch loop in float64, forward and backward.
+"""The PRU recurrence's time-loop kernels (``src/kernels/triton/pru_time_loop.py``; compiled on
+CUDA, Triton's interpreter on the CPU) against the PyTorch loop in float64, forward and backward.
 
 Tolerances: the kernels compute in float32 what the oracle computes in float64; over these
 shapes the largest gap measured is 1.6e-6 (h_0's gradient, values up to 5), so rtol and atol 1e-5
@@ -35,8 +35,8 @@ from src.ops.pru_recurrence import (
 
 pytest.importorskip("triton")
 
-from src.ops.triton.cross_compile import H100, recorded_launches
-from src.ops.triton.pru_time_loop import pru_recurrence_time_loop
+from benchmarks.cross_compile import H100, recorded_launches
+from src.kernels.triton.pru_time_loop import pru_recurrence_time_loop
 
 # launches are recorded (for an H100, not run) in the interpreter only
 INTERPRETER = pytest.mark.skipif(

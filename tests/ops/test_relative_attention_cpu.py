@@ -1,5 +1,5 @@
 """Relative attention on the CPU as one autograd node (``src/ops/relative_attention_cpu.py``) and
-its score buffers (``src/ops/cpu/scratch.py``); the in-place softmax kernels it calls are tested
+its score buffers (``src/kernels/cpu/scratch.py``); the in-place softmax kernels it calls are tested
 with the others in ``test_relative_softmax.py``.
 
 The node runs the eager path's ops (:func:`eager_relative_attention` with the softmax kernel) in
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 import src.ops.relative_attention_cpu
-from src.ops.cpu.scratch import release_scratch, scratch
+from src.kernels.cpu.scratch import release_scratch, scratch
 from src.ops.relative_position import (
     causal_memory_mask,
     eager_relative_attention,

@@ -1,5 +1,5 @@
 """The relative-attention softmax's CPU kernels (``src/ops/relative_softmax.py``,
-``src/ops/cpu/relative_softmax.cpp``) against the eager ops they replace
+``src/kernels/cpu/relative_softmax.cpp``) against the eager ops they replace
 (:func:`relative_softmax_reference`: Transformer-XL's pad-and-reshape shift, add, scale, mask,
 softmax) under autograd, and a float64 oracle.
 

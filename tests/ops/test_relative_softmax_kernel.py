@@ -1,5 +1,5 @@
-"""The relative softmax's Triton kernels (``src/ops/triton/relative_softmax.py``; compiled on CUDA,
-Triton's interpreter on the CPU) against the eager ops, forward and backward, and how
+"""The relative softmax's Triton kernels (``src/kernels/triton/relative_softmax.py``; compiled on
+CUDA, Triton's interpreter on the CPU) against the eager ops, forward and backward, and how
 ``impl="auto"`` chooses on CUDA.
 
 Tolerances: the scores are formed with the eager ops' roundings, so the float32 probabilities
@@ -30,7 +30,7 @@ from tests.helpers import assert_within_ulps
 
 pytest.importorskip("triton")
 
-from src.ops.triton.relative_softmax import MAX_KEYS, covers
+from src.kernels.triton.relative_softmax import MAX_KEYS, covers
 
 # (queries T, memory M, mask)
 CONFIGS = [(5, 3, "causal"), (7, 0, "causal"), (1, 6, "causal"), (6, 4, "none"), (33, 40, "random")]

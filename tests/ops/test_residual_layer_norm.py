@@ -1,6 +1,6 @@
 """The post-norm residual ``LayerNorm(residual + dropout(branch))`` as one Triton kernel
-(``src/ops/triton/residual_layer_norm.py``) against the PyTorch ops, forward and backward. Without
-CUDA the kernel runs in Triton's interpreter on CPU tensors.
+(``src/kernels/triton/residual_layer_norm.py``) against the PyTorch ops, forward and backward.
+Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5 (of the largest value, for the parameter gradients, which sum over every
 row): the two differ in summation order only.
@@ -22,7 +22,7 @@ from tests.helpers import path_timer
 
 pytest.importorskip("triton")
 
-from src.ops.triton.residual_layer_norm import residual_layer_norm_triton
+from src.kernels.triton.residual_layer_norm import residual_layer_norm_triton
 
 
 def _reference(r: Tensor, x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:

@@ -1,5 +1,5 @@
 """DeLighT's per-group LayerNorm and swish as one Triton kernel
-(``src/ops/triton/shared_group_layer_norm.py``) against the PyTorch ops, forward and backward.
+(``src/kernels/triton/shared_group_layer_norm.py``) against the PyTorch ops, forward and backward.
 Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5 (of the largest value, for the parameter gradients, which sum over every row
@@ -29,7 +29,7 @@ from src.ops.shared_group_layer_norm import (
 
 pytest.importorskip("triton")
 
-from src.ops.triton.shared_group_layer_norm import shared_group_layer_norm_triton
+from src.kernels.triton.shared_group_layer_norm import shared_group_layer_norm_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,8 +1,9 @@
 """The contract of the relative-attention softmax (:mod:`src.ops.relative_softmax`): the forward
 and backward ops over (B H, T, K) score rows, which the C++ kernels
-(``src/ops/cpu/relative_softmax.cpp``) and the Triton ones (:mod:`src.ops.triton.relative_softmax`)
-both compute. The forward is differentiable: its backward rule (:func:`keep_for_backward`, then
-the back-end's backward op) reads the probabilities, not the scores.
+(``src/kernels/cpu/relative_softmax.cpp``) and the Triton ones
+(:mod:`src.kernels.triton.relative_softmax`) both compute. The forward is differentiable: its
+backward rule (:func:`keep_for_backward`, then the back-end's backward op) reads the probabilities,
+not the scores.
 """
 
 from __future__ import annotations

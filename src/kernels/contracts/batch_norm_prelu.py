@@ -1,7 +1,7 @@
 """The contract of BatchNorm + PReLU (:mod:`src.ops.batch_norm_prelu`): the forward and backward
 ops over the (B H W, C) rows of a channels-last activation, which the C++ kernels
-(``src/ops/cpu/batch_norm_prelu.cpp``) and the Triton ones (:mod:`src.ops.triton.batch_norm_prelu`)
-both compute.
+(``src/kernels/cpu/batch_norm_prelu.cpp``) and the Triton ones
+(:mod:`src.kernels.triton.batch_norm_prelu`) both compute.
 """
 
 from __future__ import annotations

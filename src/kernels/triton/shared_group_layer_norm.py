@@ -13,7 +13,7 @@ then drops y out with probability p (DExTra's ``dextra_dropout``; PyTorch's drop
 launch more each way), keeping the per-(row, group) mean and r for the backward, which recomputes
 z and draws the mask again: element i is kept when Philox's ``tl.rand(seed, i)`` is at or above
 p, the seed a tensor drawn on x's device, per call or once for the dropout sites of a forward,
-and saved for the backward with the site's index (:mod:`src.ops.triton.dropout_mask`:
+and saved for the backward with the site's index (:mod:`src.kernels.triton.dropout_mask`:
 ``torch.manual_seed`` fixes it, a traced or replayed graph draws it anew; the masks differ from
 ``F.dropout``'s, their distribution does not). With dy first
 taken
@@ -41,13 +41,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import shared_group_layer_norm as contract
+from src.kernels.contracts.dropout import DropoutSeeds, site_seed
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
-from src.ops.contracts import shared_group_layer_norm as contract
-from src.ops.contracts.dropout import DropoutSeeds, site_seed
-from src.ops.triton.dropout_mask import kept
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.norm_columns import column_launch
+from src.kernels.triton.dropout_mask import kept
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.norm_columns import column_launch
 
 ELEMENTS_GPU = 2048  # elements of one program's (rows x group width) tile
 # 8 warps, 8 elements per thread: built for an A100 or H100 at DeLighT's widths
@@ -198,7 +198,7 @@ def _launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
-    """The backward's column programs (:func:`~src.ops.triton.norm_columns.column_launch`)."""
+    """The backward's column programs (:func:`~src.kernels.triton.norm_columns.column_launch`)."""
     budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
     return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
 

@@ -1,4 +1,4 @@
-"""The contract of DiCE's local fusion in one Triton pass (:mod:`src.ops.triton.dim_fuse`): the
+"""The contract of DiCE's local fusion in one Triton pass (:mod:`src.kernels.triton.dim_fuse`): the
 statistics, forward, backward-sums and grad_h ops over DimConv's output, which none of them
 writes (see :mod:`src.ops.dim_fuse` for the reference).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from src.ops.contracts.dim_conv import output_like
+from src.kernels.contracts.dim_conv import output_like
 
 STATISTICS_SCHEMA = (
     "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation)"
@@ -62,5 +62,5 @@ def grad_h_fake(
     dilation: list[int],
 ) -> Tensor:  # fmt: skip
     """The grad_h op's output metadata: DimConv's output like x
-    (:func:`src.ops.contracts.dim_conv.output_like`)."""
+    (:func:`src.kernels.contracts.dim_conv.output_like`)."""
     return output_like(x)

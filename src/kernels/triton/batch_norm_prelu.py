@@ -1,6 +1,6 @@
 """BatchNorm + PReLU fused for channels-last training on a GPU: the Triton counterpart of
-``src/ops/cpu/batch_norm_prelu.cpp``, under the same two ops' contract
-(:mod:`src.ops.contracts.batch_norm_prelu`).
+``src/kernels/cpu/batch_norm_prelu.cpp``, under the same two ops' contract
+(:mod:`src.kernels.contracts.batch_norm_prelu`).
 
 A channels-last (B, C, H, W) activation is read as (R, C) = (B H W, C) rows. With per-channel
 batch mean m, biased variance v, 1/std s, BN's ``scale = w s`` and ``shift = b - m scale``:
@@ -15,7 +15,7 @@ Unfused, cuDNN's BN writes z, PReLU reads it back and writes y, and autograd kee
   k = x[0, c], so that a mean far from zero costs no float32 digits), then one pass writing y;
 - backward: a pass of per-chunk sums (sum dz, sum dz (x - m), PReLU's sum min(z, 0) dy, with
   ``dz = dy (z > 0 ? 1 : a)``), then one writing ``dx = scale dz + q (x - m) + r``
-  (:func:`src.ops.fused_norm.batch_norm_backward`).
+  (:func:`src.kernels.fused_norm.batch_norm_backward`).
 
 Autograd keeps x alone; z is recomputed. The per-chunk partial sums are added by PyTorch (float64
 for the statistics), in a fixed order, so nothing depends on the run. Arithmetic is float32 for
@@ -29,10 +29,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import batch_norm_prelu as contract
 from src.kernels.dispatch import opaque_op
-from src.ops.contracts import batch_norm_prelu as contract
-from src.ops.fused_norm import batch_norm_backward, batch_statistics
-from src.ops.triton.launch import gpu_launch, multi_processor_count
+from src.kernels.fused_norm import batch_norm_backward, batch_statistics
+from src.kernels.triton.launch import gpu_launch, multi_processor_count
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x channels) tile
 WARPS_GPU = 8  # 16 elements a thread, as the per-group norm's tiles (docs/gpu.md)

@@ -13,7 +13,7 @@ is (g, ceil(B / BLOCK_B)). At step t a program
 reading h_{t-1} back from the output it wrote one step earlier (h_0 at t = 0) in blocks of
 BLOCK_K, W_j from memory (PTB's group is 350 x 1400, far beyond registers; it stays in L2), and
 c_{t-1} from the cells. A barrier between steps makes the step's stores visible to all the
-program's threads. Like the per-step kernels (:mod:`src.ops.triton.pru_recurrence`) it keeps the
+program's threads. Like the per-step kernels (:mod:`src.kernels.triton.pru_recurrence`) it keeps the
 activated gates and the cells when a gradient is wanted, else two cells in turn.
 
 Backward, t = T - 1 .. 0, the same grid: the output gradient plus the recurrent one
@@ -40,12 +40,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import pru_recurrence as contract
+from src.kernels.contracts.pru_recurrence import GATES
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
-from src.ops.contracts import pru_recurrence as contract
-from src.ops.contracts.pru_recurrence import GATES
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.pru_recurrence import _tanh, kernel_operands
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.pru_recurrence import _tanh, kernel_operands
 
 BLOCK_B_GPU = 16  # batch rows of one program: tl.dot's smallest tile; more rows, fewer programs
 BLOCK_K_GPU = 32  # units of h (or of one gate of dG) reduced per product block

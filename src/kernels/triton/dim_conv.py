@@ -16,7 +16,7 @@ Backward is all Triton: the input gradient is the same stencil with mirrored off
 three output-gradient slots and summed (one launch); the weight gradients reduce
 ``grad_y * shifted x`` over the tile and a block of images inside each program and accumulate the
 per-program partial sums with float32 atomics (one launch). Accumulation is float32 for every
-input dtype. The GPU tile (512 pixels, :mod:`src.ops.triton.stencil`) and weight-gradient grid
+input dtype. The GPU tile (512 pixels, :mod:`src.kernels.triton.stencil`) and weight-gradient grid
 (about 512 programs) were picked by a small sweep on an H100 at DiCENet shapes.
 
 Every tensor is addressed through its own strides, so a channels-last network (the GPU trainer's
@@ -35,10 +35,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import dim_conv as contract
 from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
-from src.ops.contracts import dim_conv as contract
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.stencil import launch_config, tile
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.stencil import launch_config, tile
 
 PROGRAMS_GPU = 512
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -1,7 +1,7 @@
 """The contracts of DimConv's kernels (:mod:`src.ops.dim_conv`).
 
 The C++ kernels (:mod:`src.ops.dim_conv_cpu`) read a channels-last input as its (B, H, W, C) view
-and write the output the same way; the Triton kernels (:mod:`src.ops.triton.dim_conv`) take
+and write the output the same way; the Triton kernels (:mod:`src.kernels.triton.dim_conv`) take
 (B, C, H, W) tensors of any strides and give the output in x's memory format. Their forward ops
 share a schema; each has its own fake, and its own backward.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from src.ops.layout import memory_format_of
+from src.kernels.layout import memory_format_of
 
 FORWARD_SCHEMA = (
     "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation, "

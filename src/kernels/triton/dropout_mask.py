@@ -4,11 +4,12 @@ and the dropout site's index.
 A kernel that drops out keeps element i when Philox's draw for (seed; i, 0, site, 0), as a float
 in [0, 1), is at or above p, and its backward draws the same mask again from the same seed and
 site instead of storing it. The seed is a one-element int64 tensor on the kernel's device, drawn
-by :func:`src.ops.contracts.dropout.draw_seed` (``torch.manual_seed`` fixes it) and read by the
+by :func:`src.kernels.contracts.dropout.draw_seed` (``torch.manual_seed`` fixes it) and read by the
 kernel itself: no host read, so a traced graph or a replayed CUDA graph draws a new mask on every
-call. The sites of one forward may share a seed (:class:`src.ops.contracts.dropout.DropoutSeeds`):
-their indices keep their counters, and so their masks, apart. Site 0 draws what ``tl.rand(seed,
-i)`` draws. The masks differ from ``F.dropout``'s, their distribution does not.
+call. The sites of one forward may share a seed
+(:class:`src.kernels.contracts.dropout.DropoutSeeds`): their indices keep their counters, and so
+their masks, apart. Site 0 draws what ``tl.rand(seed, i)`` draws. The masks differ from
+``F.dropout``'s, their distribution does not.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import eesp as contract
 from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
-from src.ops.contracts import eesp as contract
-from src.ops.fused_norm import (
+from src.kernels.fused_norm import (
     batch_norm_backward,
     batch_statistics,
     check_batch,
@@ -47,8 +47,8 @@ from src.ops.fused_norm import (
     running_affine,
     update_running_statistics,
 )
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.stencil import launch_config, tile
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.stencil import launch_config, tile
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

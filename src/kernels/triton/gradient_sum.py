@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.ops.triton.launch import gpu_launch
+from src.kernels.triton.launch import gpu_launch
 
 TERMS = 8  # pointer arguments of the kernel
 BLOCK_GPU = 1024

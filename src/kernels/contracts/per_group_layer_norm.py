@@ -1,7 +1,7 @@
 """The contract of Group-Transformer's per-group layer norm (:mod:`src.ops.per_group_layer_norm`):
 the forward and backward ops over (R, D) rows, which the C++ kernels
-(``src/ops/cpu/per_group_layer_norm.cpp``) and the Triton ones
-(:mod:`src.ops.triton.per_group_layer_norm`) both compute. The forward is differentiable, its
+(``src/kernels/cpu/per_group_layer_norm.cpp``) and the Triton ones
+(:mod:`src.kernels.triton.per_group_layer_norm`) both compute. The forward is differentiable, its
 backward rule (:func:`keep_for_backward`, then the back-end's backward op) keeps x in its dtype and
 the (row, group) statistics.
 """

@@ -1,7 +1,8 @@
 """The contract of the post-norm residual (:mod:`src.ops.residual_layer_norm`): the forward and
-backward ops over (R, D) rows, which the Triton kernels (:mod:`src.ops.triton.residual_layer_norm`)
-compute. The dropout mask's seed is a tensor (:mod:`src.ops.contracts.dropout`), None without
-dropout, and ``site`` the dropout site's index among those sharing it.
+backward ops over (R, D) rows, which the Triton kernels
+(:mod:`src.kernels.triton.residual_layer_norm`) compute. The dropout mask's seed is a tensor
+(:mod:`src.kernels.contracts.dropout`), None without dropout, and ``site`` the dropout site's index
+among those sharing it.
 
 The branch's rows may lie in another order than the residual's: with the rows of both being the
 (n0, n1) leading positions of (n0, n1, D) tensors, ``n0`` > 1 says that the branch lies as

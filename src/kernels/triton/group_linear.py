@@ -28,9 +28,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.kernels import Timer, autocast_off, choose, declare, opaque_op, size_bucket
+from src.kernels.contracts import group_linear as contract
 from src.kernels.environment import glt_weight_grad
-from src.ops.contracts import group_linear as contract
-from src.ops.triton.launch import gpu_launch, multi_processor_count
+from src.kernels.triton.launch import gpu_launch, multi_processor_count
 
 # The grouped GEMM's launch configuration, read at every launch. On a GPU (a CUDA tensor, or
 # launches recorded for one), the fastest of 26 configurations of DExTra(d_m=512, N=8)'s training
@@ -389,7 +389,7 @@ def glt_triton_backward(
 ) -> list[Tensor]:
     """Backward of :class:`InterleavedGroupLinearTriton`: the wanted gradients of
     (weight, bias, *parts), in that order
-    (:func:`src.ops.contracts.group_linear.glt_grads_like`).
+    (:func:`src.kernels.contracts.group_linear.glt_grads_like`).
 
     Shape:
         grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...

@@ -1,6 +1,6 @@
 """The contract of the GLT (:mod:`src.ops.group_linear`): its backward op, which the reference
 (:func:`src.ops.group_linear.glt_backward`) and the Triton kernels
-(:mod:`src.ops.triton.group_linear`) both compute, and the Triton forward op.
+(:mod:`src.kernels.triton.group_linear`) both compute, and the Triton forward op.
 """
 
 from __future__ import annotations

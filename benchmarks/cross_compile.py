@@ -4,9 +4,9 @@ The kernel tests run in Triton's interpreter (``TRITON_INTERPRET=1``), which exe
 NumPy and accepts what a GPU build rejects: a ``tl.dot`` of a bfloat16 and a float32 block, a
 dtype mismatch in a ``tl.where``, more shared memory than an SM has. Here the launches an op
 makes are recorded in the interpreter, configured as on the GPU
-(:func:`src.ops.triton.launch.gpu_launch`: its tile sizes, grid splits and 16-bit dot operands) and
-not run. Each is then compiled by Triton for the GPU's architecture down to a cubin (the ptxas that
-Triton ships), in a child process without the interpreter and specialised exactly as Triton
+(:func:`src.kernels.triton.launch.gpu_launch`: its tile sizes, grid splits and 16-bit dot operands)
+and not run. Each is then compiled by Triton for the GPU's architecture down to a cubin (the ptxas
+that Triton ships), in a child process without the interpreter and specialised exactly as Triton
 specialises that launch (:meth:`triton.JITFunction.warmup` against a stand-in driver), and its
 resources are read from the cubin with Triton's cuobjdump: registers per thread, spilled
 (local) memory, shared memory, and the occupancy they allow. Neither a GPU nor a driver is used.
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from src.ops.triton.launch import LaunchTarget, launches_for
+from src.kernels.triton.launch import LaunchTarget, launches_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -179,7 +179,7 @@ def cross_compile(launches: Sequence[Launch], gpu: Gpu, *, timeout: float = 900)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
     done = subprocess.run(
-        [sys.executable, "-m", "src.ops.triton.cross_compile", "--gpu", gpu.name],
+        [sys.executable, "-m", "benchmarks.cross_compile", "--gpu", gpu.name],
         input="\n".join(unique), capture_output=True, text=True, cwd=ROOT, env=env,
         timeout=timeout, check=False,
     )  # fmt: skip

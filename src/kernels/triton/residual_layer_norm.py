@@ -11,7 +11,7 @@ DeLighT's training step is launch-bound (docs/gpu.md). Here one program takes a 
 keeping s (in the sum's dtype, as PyTorch's ``layer_norm`` keeps its input) and each row's mean
 and r for the backward. The dropout mask m keeps element i when Philox's ``tl.rand(seed, i)`` is
 at or above p, the seed a tensor drawn on the input's device, per call or once for the dropout
-sites of a forward (:mod:`src.ops.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced
+sites of a forward (:mod:`src.kernels.triton.dropout_mask`: ``torch.manual_seed`` fixes it, a traced
 or replayed graph draws it anew; the masks differ from ``F.dropout``'s, their distribution does
 not), and the backward draws the mask again from the saved seed and site. With ``x_hat = c r``
 and ``g = dy w`` the sum's gradient is
@@ -37,13 +37,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import residual_layer_norm as contract
+from src.kernels.contracts.dropout import DropoutSeeds, site_seed
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
-from src.ops.contracts import residual_layer_norm as contract
-from src.ops.contracts.dropout import DropoutSeeds, site_seed
-from src.ops.triton.dropout_mask import kept
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.norm_columns import column_launch
+from src.kernels.triton.dropout_mask import kept
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.norm_columns import column_launch
 
 # a program's (rows x features) tile and warps on a GPU: the per-group norm's (its builds:
 # tests/ops/test_kernel_builds.py); speed to be measured by benchmarks/gpu_tune.py
@@ -184,7 +184,7 @@ def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
-    """The backward's column programs (:func:`~src.ops.triton.norm_columns.column_launch`)."""
+    """The backward's column programs (:func:`~src.kernels.triton.norm_columns.column_launch`)."""
     budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
     return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
 
@@ -254,7 +254,7 @@ def residual_layer_norm_forward(
 
     Shape:
         residual and branch (R, D) contiguous, the branch's rows in the order ``n0`` gives
-        (:mod:`src.ops.contracts.residual_layer_norm`), weight and bias (D,), seed (1,) int64
+        (:mod:`src.kernels.contracts.residual_layer_norm`), weight and bias (D,), seed (1,) int64
         (None for p = 0) -> ((R, D), (R, D), (R,), (R,))
     """
     rows, width = residual.shape

@@ -8,7 +8,7 @@ reads back three times (BN, PReLU, the grouped 1x1 conv) to make C channels:
     l[c] = sum_b w_local[c, b] a[3c + b]  (B, C, H, W)
 
 Here one program computes the three branches of its (channel x row x column) tile in registers
-(:func:`src.ops.triton.dim_conv.dim_conv_branches`), applies BN and PReLU per branch and writes
+(:func:`src.kernels.triton.dim_conv.dim_conv_branches`), applies BN and PReLU per branch and writes
 only l.
 The per-channel BN is an affine map ``z = scale * h + shift``; in training its batch statistics
 need every pixel first, so the forward is two passes over x (:func:`local_fusion_statistics`,
@@ -19,7 +19,7 @@ instead of keeping it:
    sum dz z [z <= 0] and the local conv's sum dl a, with ``dz = dl w_local (z > 0 ? 1 : alpha)``;
 2. :func:`local_fusion_grad_h`: BN's input gradient ``dh = p dz + q (h - mean) + r``
    (per-channel p, q, r from the sums), written once as DimConv's output gradient, which
-   :func:`src.ops.triton.dim_conv.dim_conv_backward` takes back to x and the three kernels.
+   :func:`src.kernels.triton.dim_conv.dim_conv_backward` takes back to x and the three kernels.
 
 Autograd keeps x instead of h, BN's output and PReLU's output (3C channels each). Per-channel
 sums are per-program partials summed by PyTorch, so they do not depend on the run; the DimConv
@@ -39,10 +39,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import dim_fuse as contract
+from src.kernels.contracts.dim_conv import output_like
 from src.kernels.dispatch import autocast_off, opaque_op
-from src.ops.contracts import dim_fuse as contract
-from src.ops.contracts.dim_conv import output_like
-from src.ops.fused_norm import (
+from src.kernels.fused_norm import (
     batch_norm_backward,
     batch_statistics,
     check_batch,
@@ -50,9 +50,9 @@ from src.ops.fused_norm import (
     running_affine,
     update_running_statistics,
 )
-from src.ops.triton.dim_conv import dim_conv_backward, dim_conv_branches, dim_conv_operands
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.stencil import launch_config, tile
+from src.kernels.triton.dim_conv import dim_conv_backward, dim_conv_branches, dim_conv_operands
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.stencil import launch_config, tile
 
 
 @triton.jit

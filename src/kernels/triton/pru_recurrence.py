@@ -29,9 +29,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts.pru_recurrence import GATES, check_recurrence_operands
 from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype
-from src.ops.contracts.pru_recurrence import GATES, check_recurrence_operands
-from src.ops.triton.launch import gpu_launch
+from src.kernels.triton.launch import gpu_launch
 
 BLOCK_GPU = 1024  # (b, m) elements per program; the kernels are memory-bound element-wise passes
 BLOCK_INTERPRETER = 1 << 16

@@ -3,7 +3,7 @@
 Each kernel module imports ``triton``, which is optional: the ops import a kernel module only
 where they launch it (``impl="triton"``, or ``"auto"`` on CUDA with Triton importable; the rule is
 :func:`src.kernels.dispatch.use_triton`). A kernel module imports its op's contract
-(:mod:`src.ops.contracts`), the dispatch rules (:mod:`src.kernels.dispatch`) and the launch
-configuration (:mod:`src.ops.triton.launch`, :mod:`src.ops.triton.stencil`), never the op module
-or the other back-ends.
+(:mod:`src.kernels.contracts`), the dispatch rules (:mod:`src.kernels.dispatch`) and the launch
+configuration (:mod:`src.kernels.triton.launch`, :mod:`src.kernels.triton.stencil`), never the op
+module or the other back-ends.
 """

@@ -29,11 +29,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import per_group_layer_norm as contract
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
-from src.ops.contracts import per_group_layer_norm as contract
-from src.ops.triton.launch import gpu_launch
-from src.ops.triton.norm_columns import column_launch
+from src.kernels.triton.launch import gpu_launch
+from src.kernels.triton.norm_columns import column_launch
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile
 # 8 warps, 16 elements per thread: with 4, the backward needed 128-168 registers per thread on an
@@ -163,7 +163,7 @@ def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
-    """The backward's column programs (:func:`~src.ops.triton.norm_columns.column_launch`)."""
+    """The backward's column programs (:func:`~src.kernels.triton.norm_columns.column_launch`)."""
     budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
     return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
 

@@ -1,10 +1,10 @@
 """Which GPU a Triton launch is configured for: the launching tensor's, or the one that launches
-on CPU tensors are recorded for (:mod:`src.ops.triton.cross_compile`).
+on CPU tensors are recorded for (:mod:`benchmarks.cross_compile`).
 
 Every Triton kernel asks :func:`gpu_launch` for its tile sizes, grid splits and 16-bit ``tl.dot``
 operands, and :func:`multi_processor_count` for the grids sized by the SMs. It imports no Triton:
-:mod:`src.ops.triton.cross_compile` imports it, and without Triton still says why it cannot
-compile (:func:`src.ops.triton.cross_compile.toolchain_missing`).
+:mod:`benchmarks.cross_compile` imports it, and without Triton still says why it cannot
+compile (:func:`benchmarks.cross_compile.toolchain_missing`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import Tensor
 @dataclass(frozen=True)
 class LaunchTarget:
     """The GPU that launches on CPU tensors are configured for while they are recorded to be
-    compiled for it (:mod:`src.ops.triton.cross_compile`)."""
+    compiled for it (:mod:`benchmarks.cross_compile`)."""
 
     arch: int  # compute capability x 10: 80 A100, 90 H100
     multi_processor_count: int
@@ -33,7 +33,7 @@ _launch_target: LaunchTarget | None = None
 @contextlib.contextmanager
 def launches_for(target: LaunchTarget) -> Iterator[None]:
     """Within the context, launches on CPU tensors take ``target``'s configuration: to record them
-    for compiling (:func:`src.ops.triton.cross_compile.recorded_launches`), or to run the GPU's
+    for compiling (:func:`benchmarks.cross_compile.recorded_launches`), or to run the GPU's
     tiles, grid splits and reductions in the interpreter."""
     global _launch_target
     previous, _launch_target = _launch_target, target

@@ -21,10 +21,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from src.kernels.contracts import relative_softmax as contract
 from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
-from src.ops.contracts import relative_softmax as contract
-from src.ops.triton.launch import gpu_launch
+from src.kernels.triton.launch import gpu_launch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the longest key row one program holds (in registers on a GPU); longer rows take the eager ops

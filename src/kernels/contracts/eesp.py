@@ -1,4 +1,4 @@
-"""The contract of EESP's pyramid in one Triton pass (:mod:`src.ops.triton.eesp`): the
+"""The contract of EESP's pyramid in one Triton pass (:mod:`src.kernels.triton.eesp`): the
 statistics, forward, backward-sums and grad_branches ops over the K dilated branches of the reduced
 map r, which none of them writes (see :mod:`src.ops.eesp` for the reference).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from src.ops.layout import memory_format_of
+from src.kernels.layout import memory_format_of
 
 STATISTICS_SCHEMA = "(Tensor r, Tensor weight, Tensor dilations, int stride, bool hff) -> Tensor"
 FORWARD_SCHEMA = (
