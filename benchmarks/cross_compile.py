@@ -38,7 +38,7 @@ import torch
 
 from src.kernels.triton.launch import LaunchTarget, launches_for
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)

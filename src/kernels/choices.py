@@ -45,10 +45,11 @@ from filelock import FileLock
 from src.kernels.environment import choices_file
 from src.utils.files import write_json
 
-OPS = Path(__file__).parents[1] / "ops"  # read as files, never imported
-KERNELS = OPS / "triton"  # the Triton kernels' sources: a change re-measures
-# the CPU paths' sources: the C++ kernels and the point-wise convolution's row products
-CPU_SOURCES = (OPS / "cpu", OPS / "pointwise_conv.py")
+HERE = Path(__file__).parent
+KERNELS = HERE / "triton"  # the Triton kernels' sources: a change re-measures
+# the CPU paths' sources: the C++ kernels and the point-wise convolution's row products (read as
+# files, never imported)
+CPU_SOURCES = (HERE / "cpu", HERE.parent / "ops" / "pointwise_conv.py")
 
 
 def cache_root() -> Path:

@@ -39,11 +39,14 @@ def test_choices_variable_overrides_the_cache_root(monkeypatch, tmp_path) -> Non
 
 
 def _declare_every_op() -> None:
-    """Import every module of src.ops: each declares the candidates of its choices."""
+    """Import every module of src.ops and src.kernels: each declares the candidates of its
+    choices (the GLT's weight gradient, for one, in its Triton kernels' module)."""
+    import src.kernels
     import src.ops
 
-    for module in pkgutil.walk_packages(src.ops.__path__, "src.ops."):
-        importlib.import_module(module.name)
+    for package in (src.ops, src.kernels):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            importlib.import_module(module.name)
 
 
 @pytest.mark.parametrize("path", sorted(choices.COMMITTED.glob("*.json")), ids=lambda p: p.stem)
@@ -114,3 +117,11 @@ def test_the_architecture_is_named_by_compute_capability(monkeypatch) -> None:
     assert choices.architecture() == "sm_90"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert choices.architecture() is None
+
+
+def test_the_signatures_hash_the_kernels_sources() -> None:
+    # a kernel's change must re-measure: the sources the signatures read are where the kernels are
+    triton_sources = sorted(choices.KERNELS.glob("*.py"))
+    assert len(triton_sources) >= 10 and choices.KERNELS / "group_linear.py" in triton_sources
+    cpp = sorted(choices.CPU_SOURCES[0].glob("*.cpp"))
+    assert len(cpp) >= 10 and all(path.exists() for path in choices.CPU_SOURCES)
