@@ -77,14 +77,17 @@ def declared_candidates() -> dict[str, tuple[str, ...]]:
     import importlib
     import pkgutil
 
+    import src.kernels
     import src.ops
     from src.kernels import declared
 
-    for module in pkgutil.walk_packages(src.ops.__path__, "src.ops."):
-        try:
-            importlib.import_module(module.name)
-        except ImportError:  # triton absent: the ops its kernels declare have no CUDA path then
-            pass
+    # the ops' modules and their kernels' (the GLT's weight gradient is declared beside its kernel)
+    for package in (src.ops, src.kernels):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            try:
+                importlib.import_module(module.name)
+            except ImportError:  # triton absent: the ops its kernels declare have no CUDA path
+                pass
     return {op: names for (op, device), names in declared().items() if device == "cuda"}
 
 

@@ -66,3 +66,12 @@ def test_a_store_without_gpu_choices_is_refused(tmp_path: Path, capsys) -> None:
     assert exit_.value.code == 2
     assert "holds no choices measured on a GPU" in capsys.readouterr().err
     assert not (tmp_path / "sm_90.json").exists()
+
+
+def test_the_kernels_choices_are_declared_too() -> None:
+    pytest.importorskip("triton")
+    from benchmarks.commit_choices import declared_candidates
+
+    candidates = declared_candidates()
+    # declared beside its Triton kernel (src/kernels/triton/group_linear.py), not in src/ops
+    assert "group_linear.weight_grad" in candidates and "group_linear" in candidates
