@@ -41,7 +41,7 @@ def test_two_checkouts_of_the_same_sources_share_one_build(
     """The build compiles copies in its own folder: the same command from every checkout."""
     builds = []
     for checkout in ("clone_a", "clone_b"):
-        folder = tmp_path / checkout / "src" / "ops" / "cpu"
+        folder = tmp_path / checkout / "src" / "kernels" / "cpu"
         folder.mkdir(parents=True)
         for path in cpu.SOURCES + cpu.HEADERS:
             (folder / path.name).write_bytes(path.read_bytes())
@@ -56,7 +56,7 @@ def test_two_checkouts_of_the_same_sources_share_one_build(
     assert all(s.parent == first["directory"] / "src" for s in staged)
     assert (first["directory"] / "src" / "common.h").read_bytes() == cpu.HEADERS[0].read_bytes()
     # a changed source is a new build folder, not a rebuild of this one
-    changed = tmp_path / "clone_b" / "src" / "ops" / "cpu" / "dice.cpp"
+    changed = tmp_path / "clone_b" / "src" / "kernels" / "cpu" / "dice.cpp"
     changed.write_bytes(changed.read_bytes() + b"\n// changed\n")
     assert cpu.cpu_kernels.__wrapped__() is True
     assert fake_load["directory"] != first["directory"]
