@@ -25,7 +25,8 @@ the median of ``--repeats`` runs reported:
   ``--compile-timeout`` (its first training step is the compile time).
 - ``dice``: one DiCE unit per distinct DiCENet s=1.0 stage shape, training step (forward and
   backward) and inference at the vision batch and precision, channels-last: DimConv and DimFuse's
-  local fusion as one Triton pass (``fused``, ``src/kernels/triton/dim_fuse.py``), DimConv's kernel
+  local fusion as one Triton pass (``fused``, ``src/kernels/dim_fuse/triton_kernel.py``), DimConv's
+  kernel
   followed by the eager local fusion (``kernel``), plain PyTorch (``reference``) and ``auto``;
   on CUDA each training entry also reports the peak memory its step allocates. On the CPU only
   ``auto`` and ``reference`` are timed. Then DiCENet's activation memory per image (what autograd
@@ -35,7 +36,7 @@ the median of ``--repeats`` runs reported:
   each weight shape of that DExTra unit, at its token counts, fp32 and bf16: the grouped-GEMM
   kernel in one pass over the tokens, the same kernel split over the tokens (split-K), and
   ``torch.bmm`` on strided views; the GLT's backward takes the faster of the last two per shape
-  (``src.kernels.triton.group_linear.weight_grad_method``). On the CPU only ``bmm`` runs.
+  (``src.kernels.group_linear.triton_kernel.weight_grad_method``). On the CPU only ``bmm`` runs.
 - ``amp``: every op and model above runs forward+backward under bf16 autocast (and fp16 on CUDA);
   each case reports ok, nonfinite (loss or a gradient) or the error it raised.
 
@@ -236,7 +237,7 @@ def dextra_part(s: Settings) -> list[dict]:
             ours = dextra_unit().to(s.device)
             reference = with_impl(copy.deepcopy(ours), "reference")
             # the kernel forced, where it runs natively (auto picks per shape between it and the
-            # reference, src.ops.group_linear.auto_path)
+            # reference, src.kernels.group_linear.auto_path)
             kernel = with_impl(copy.deepcopy(ours), "triton") if s.device.type == "cuda" else None
             shape = dextra_input_shape(tokens)
             x = torch.randn(*shape, device=s.device, requires_grad=True)
@@ -300,8 +301,8 @@ def dextra_part(s: Settings) -> list[dict]:
 def wgrad_part(s: Settings) -> list[dict]:
     kernels = s.device.type == "cuda" and triton_available()
     if kernels:
-        from src.kernels.triton.group_linear import _grouped_gemm, weight_grad_splitk
-    from src.kernels.triton.group_linear import weight_grad_bmm
+        from src.kernels.group_linear.triton_kernel import _grouped_gemm, weight_grad_splitk
+    from src.kernels.group_linear.triton_kernel import weight_grad_bmm
 
     rows = []
     for tokens in s.tokens:

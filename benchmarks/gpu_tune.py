@@ -121,23 +121,23 @@ from benchmarks.common import (
     with_impl,
 )
 from benchmarks.cross_compile import H100
-from src.kernels.triton import batch_norm_prelu as bn_prelu_kernels
-from src.kernels.triton import group_linear as glt_kernels
-from src.kernels.triton import per_group_layer_norm as grouped_norm_kernels
-from src.kernels.triton import relative_softmax as softmax_kernels
-from src.kernels.triton import residual_layer_norm as residual_norm_kernels
-from src.kernels.triton import shared_group_layer_norm as dextra_norm_kernels
+from src.kernels.batch_norm_prelu import batch_norm_prelu
+from src.kernels.batch_norm_prelu import triton_kernel as bn_prelu_kernels
+from src.kernels.group_linear import triton_kernel as glt_kernels
+from src.kernels.per_group_layer_norm import triton_kernel as grouped_norm_kernels
+from src.kernels.relative_softmax import relative_softmax
+from src.kernels.relative_softmax import triton_kernel as softmax_kernels
+from src.kernels.residual_layer_norm import residual_layer_norm
+from src.kernels.residual_layer_norm import triton_kernel as residual_norm_kernels
+from src.kernels.shared_group_layer_norm import triton_kernel as dextra_norm_kernels
 from src.kernels.triton import stencil as dim_conv_kernels
 from src.kernels.triton.launch import launches_for
 from src.models.espnetv2 import ESPNetv2Backbone
-from src.ops.batch_norm_prelu import batch_norm_prelu
 from src.ops.dextra import DExTra
 from src.ops.dice import DiCE
 from src.ops.eesp import EESP
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.relative_position import causal_memory_mask
-from src.ops.relative_softmax import relative_softmax
-from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 
 PRECISIONS = ("bf16", "fp32")  # bf16 first: the models train under bf16 autocast

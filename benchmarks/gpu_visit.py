@@ -75,13 +75,14 @@ PYTHON = sys.executable
 # the tests whose CUDA cases matter: kernels, autocast, models and resume on CUDA
 GPU_TESTS = (
     "tests/ops/test_group_linear.py", "tests/ops/test_dextra.py", "tests/ops/test_dim_conv.py",
-    "tests/ops/test_dice.py", "tests/ops/test_dim_fuse_kernel.py", "tests/ops/test_eesp_kernel.py",
-    "tests/ops/test_batch_norm_prelu_kernel.py", "tests/ops/test_per_group_layer_norm.py",
-    "tests/ops/test_relative_softmax_kernel.py", "tests/ops/test_relative_attention.py",
-    "tests/ops/test_kernel_autocast.py", "tests/ops/test_gpu_configured_kernels.py",
-    "tests/ops/test_awd_dropout.py", "tests/ops/test_autocast.py", "tests/ops/test_compile.py",
-    "tests/models/test_autocast.py", "tests/tasks/test_mixed_precision_training.py",
-    "tests/tasks/test_memory_format.py", "tests/test_gpu_ready_devices.py", "tests/test_train.py",
+    "tests/ops/test_dice.py", "tests/kernels/test_dim_fuse_kernel.py",
+    "tests/kernels/test_eesp_kernel.py", "tests/kernels/test_batch_norm_prelu_kernel.py",
+    "tests/ops/test_per_group_layer_norm.py", "tests/kernels/test_relative_softmax_kernel.py",
+    "tests/ops/test_relative_attention.py", "tests/kernels/test_kernel_autocast.py",
+    "tests/kernels/test_gpu_configured_kernels.py", "tests/ops/test_awd_dropout.py",
+    "tests/ops/test_autocast.py", "tests/ops/test_compile.py", "tests/models/test_autocast.py",
+    "tests/tasks/test_mixed_precision_training.py", "tests/tasks/test_memory_format.py",
+    "tests/test_gpu_ready_devices.py", "tests/test_train.py",
 )  # fmt: skip
 DRY_TESTS = ("tests/test_gpu_ready_devices.py",)
 

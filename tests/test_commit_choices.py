@@ -73,5 +73,5 @@ def test_the_kernels_choices_are_declared_too() -> None:
     from benchmarks.commit_choices import declared_candidates
 
     candidates = declared_candidates()
-    # declared beside its Triton kernel (src/kernels/triton/group_linear.py), not in src/ops
+    # declared beside its Triton kernel (src/kernels/group_linear/triton_kernel.py), not in src/ops
     assert "group_linear.weight_grad" in candidates and "group_linear" in candidates

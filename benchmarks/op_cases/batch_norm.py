@@ -2,7 +2,8 @@
 train), against ``nn.BatchNorm2d``, whose backward is ATen's kernel.
 
 The forward is ATen's in both (the row measures the call overhead); the forward+backward row is
-the two-pass channels-last backward of ``src/kernels/cpu/batch_norm.cpp`` on the CPU. On CUDA both
+the two-pass channels-last backward of ``src/kernels/batch_norm/batch_norm.cpp`` on the CPU. On
+CUDA both
 run ATen (cuDNN).
 """
 
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from benchmarks.op_cases import OpCase, dicenet_activations
-from src.ops.batch_norm import BatchNorm2d
+from src.kernels.batch_norm import BatchNorm2d
 
 
 def cases(device: torch.device) -> list[OpCase]:

@@ -1,5 +1,5 @@
 """BatchNorm + PReLU in training at DiCENet s = 1.0 shapes (batch 8, channels-last as the networks
-train): :func:`src.ops.batch_norm_prelu.batch_norm_prelu`, one fused op (the C++ kernels on the
+train): :func:`src.kernels.batch_norm_prelu.batch_norm_prelu`, one fused op (the C++ kernels on the
 CPU, the Triton kernels on CUDA), against the two modules one after the other (on the CPU each with
 its own backward kernel; cuDNN's BN and ATen's PReLU on CUDA). The forward row runs without
 autograd, where both are the two modules (it measures the call overhead).
@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from benchmarks.op_cases import OpCase, dicenet_activations
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import batch_norm_prelu
-from src.ops.prelu import PReLU
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.batch_norm_prelu import batch_norm_prelu
+from src.kernels.prelu import PReLU
 
 
 def cases(device: torch.device) -> list[OpCase]:

@@ -9,7 +9,7 @@ permuted copies of the input, permuted back, concatenated, then interleaved by a
 shuffle. The DiCE baseline is that DimConv followed by the same DimFuse module as ours.
 
 The "DimConv channels-last" rows take the layout the networks train in, where the CPU runs
-DimConv's C++ kernels (:mod:`src.ops.dim_conv_cpu`), against the eager path they replace
+DimConv's C++ kernels (:mod:`src.kernels.dim_conv`), against the eager path they replace
 (:func:`src.ops.dim_conv.dim_conv_reference`, the same weights and layout).
 """
 

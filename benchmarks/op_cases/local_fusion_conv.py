@@ -1,7 +1,7 @@
 """DimFuse's local-fusion convolution (grouped 1x1, 3C -> C) at DiCENet s = 1.0 shapes (batch 8,
 channels-last as the networks train), against ``F.conv2d`` with C groups (oneDNN on the CPU).
 
-On the CPU ours is the one-pass C++ kernels of :mod:`src.ops.local_fusion_conv`; on CUDA both
+On the CPU ours is the one-pass C++ kernels of :mod:`src.kernels.local_fusion_conv`; on CUDA both
 rows run ``F.conv2d``.
 """
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.op_cases import OpCase, dicenet_activations
-from src.ops.local_fusion_conv import local_fusion_conv
+from src.kernels.local_fusion_conv import local_fusion_conv
 
 
 def cases(device: torch.device) -> list[OpCase]:

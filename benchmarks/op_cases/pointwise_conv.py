@@ -1,6 +1,6 @@
 """DiCENet s = 1.0's point-wise convolutions (batch 8, channels-last as the networks train): a
 unit's reduction of its split half (a channel slice) at each stage, and a strided unit's C -> C
-at stage 2: :func:`src.ops.pointwise_conv.pointwise_conv`, products on the rows
+at stage 2: :func:`src.kernels.pointwise_conv.pointwise_conv`, products on the rows
 on the CPU, against ``F.conv2d`` (oneDNN). The forward row runs without autograd, where both are
 ``F.conv2d``; on CUDA both are cuDNN's.
 """
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.op_cases import DICENET_BATCH, OpCase
-from src.ops.pointwise_conv import pointwise_conv
+from src.kernels.pointwise_conv import pointwise_conv
 
 # (channels, height = width, the input is a split half) of those convolutions
 SHAPES = ((58, 28, True), (116, 14, True), (232, 7, True), (116, 28, False))

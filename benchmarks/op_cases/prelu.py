@@ -2,7 +2,7 @@
 ``F.prelu``, whose backward is ATen's kernel.
 
 The forward is ATen's in both (the row measures the call overhead); the forward+backward row is
-the one-pass backward of ``src/kernels/cpu/prelu.cpp`` on the CPU. On CUDA both run ATen.
+the one-pass backward of ``src/kernels/prelu/prelu.cpp`` on the CPU. On CUDA both run ATen.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.op_cases import OpCase, dicenet_activations
-from src.ops.prelu import prelu
+from src.kernels.prelu import prelu
 
 
 def cases(device: torch.device) -> list[OpCase]:

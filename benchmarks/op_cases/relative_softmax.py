@@ -2,7 +2,8 @@
 512 queries, a 512 memory: 1,024 keys), against the eager ops it replaces (pad-and-reshape shift,
 add, scale, causal mask, softmax).
 
-On the CPU ours is ``src/kernels/cpu/relative_softmax.cpp``, one pass each way; on CUDA both run the
+On the CPU ours is ``src/kernels/relative_softmax/relative_softmax.cpp``, one pass each way; on
+CUDA both run the
 eager ops (there the fused attention path takes the softmax).
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.op_cases import OpCase
+from src.kernels.relative_softmax import relative_softmax, relative_softmax_reference
 from src.ops.relative_position import causal_memory_mask
-from src.ops.relative_softmax import relative_softmax, relative_softmax_reference
 
 HEADS, QUERIES, MEMORY = 8, 512, 512
 SCALE = 32**-0.5  # d_head = 256 / 8

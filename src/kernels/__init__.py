@@ -20,6 +20,16 @@ to such a GPU measured goes in (docs/gpu.md), so ``impl="auto"`` times only what
 :mod:`.dispatch` also holds the rules of ``impl`` (:func:`use_triton`), of export, of autocast for
 the ops' own autograd Functions, and of the custom ops ``torch.compile`` sees as one node. The ops
 import this package; it imports only PyTorch and :mod:`src.utils`.
+
+Each op's paths sit together in its folder, ``<op>/``: the entry with its PyTorch reference
+(``__init__.py``), the Triton kernels (``triton_kernel.py``), the C++ kernels (``<op>.cpp``, built
+by :mod:`.cpu`) and the contract they share (``contract.py``). A contract defines, once, the schema
+of each custom op and its fake function (its outputs' metadata while ``torch.compile`` or
+``torch.export`` traces), the operand rules the paths share, and for a differentiable op the
+``setup_context`` its back-ends' backward rules read; it imports no path. The paths register their
+implementations under it: with :func:`src.kernels.custom_ops.autograd_op` a differentiable forward
+(its backward kernel as the autograd rule), with :func:`opaque_op` a kernel that an autograd rule
+or an autograd Function calls. docs/ops.md lists the folders.
 """
 
 from src.kernels.dispatch import (

@@ -46,10 +46,16 @@ from src.kernels.environment import choices_file
 from src.utils.files import write_json
 
 HERE = Path(__file__).parent
-KERNELS = HERE / "triton"  # the Triton kernels' sources: a change re-measures
-# the CPU paths' sources: the C++ kernels and the point-wise convolution's row products (read as
-# files, never imported)
-CPU_SOURCES = (HERE / "cpu", HERE.parent / "ops" / "pointwise_conv.py")
+# the Triton kernels' sources (each op's ``triton_*.py`` and the shared launch rules): a change
+# re-measures
+KERNELS = (*sorted(HERE.glob("*/triton_*.py")), *sorted((HERE / "triton").glob("*.py")))
+# the CPU paths' sources: each op's C++ kernel, the build and its header, and the point-wise
+# convolution's row products (read as files, never imported)
+CPU_SOURCES = (
+    *sorted(HERE.glob("*/*.cpp")),
+    *sorted((HERE / "cpu").glob("*.*")),
+    HERE / "pointwise_conv.py",
+)
 
 
 def cache_root() -> Path:
@@ -79,7 +85,7 @@ def signature() -> str:
         triton_version = "none"
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     sources = hashlib.sha256()
-    for path in sorted(KERNELS.glob("*.py")):
+    for path in KERNELS:
         sources.update(path.read_bytes())
     kernels = sources.hexdigest()[:16]
     return f"{gpu} | torch {torch.__version__} | triton {triton_version} | {kernels}"
@@ -91,10 +97,9 @@ def cpu_signature() -> str:
     it (``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` can lower them), this PyTorch, these
     kernels. The thread count is part of each choice's key."""
     sources = hashlib.sha256()
-    for root in CPU_SOURCES:
-        for path in sorted(root.glob("*.*")) if root.is_dir() else [root]:
-            if path.suffix in (".cpp", ".h", ".py"):
-                sources.update(path.read_bytes())
+    for path in CPU_SOURCES:
+        if path.suffix in (".cpp", ".h", ".py"):
+            sources.update(path.read_bytes())
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "all"
     return (
         f"{cpu_model()} | ATen {torch.backends.cpu.get_cpu_capability()} | oneDNN {onednn} | "

@@ -37,7 +37,7 @@ def autograd_op(
     output)`` keeps what the backward reads (``ctx.save_for_backward``, attributes), and
     ``backward(ctx, *grads)`` returns one gradient (or None) per input in schema order, calling
     the backward kernel as an :func:`~src.kernels.dispatch.opaque_op`. ``schema`` and ``fake``
-    come from the op's contract (:mod:`src.kernels.contracts`); the schema returns a Tensor or a
+    come from the op's contract (``src/kernels/<op>/contract.py``); the schema returns a Tensor or a
     tuple of them (an output the caller does not use, saved for the backward, is marked
     non-differentiable in ``setup_context``).
 

@@ -53,7 +53,7 @@ def exporting() -> bool:
     folded inference path) and no branch on a size that the graph leaves dynamic. The fast-path
     conditions of the ops ask :func:`use_triton`, :func:`opaque_op`'s call,
     :func:`src.kernels.cpu.cpu_kernels_loaded`, :func:`choose` and
-    :func:`src.ops.inference_folding.folded_inference`, which all ask this."""
+    :func:`src.kernels.inference_folding.folded_inference`, which all ask this."""
     if _EXPORT_CAPTURES or torch.compiler.is_exporting():
         return True
     if torch.compiler.is_compiling():  # strict torch.export traces with Dynamo's flag set too
@@ -139,7 +139,7 @@ def autocast_off(device_type: str) -> AbstractContextManager:
 def opaque_op(name: str, schema: str, fake: Callable[..., Any]) -> Callable[[F], F]:
     """Register the decorated function as the custom op ``name`` that ``torch.compile`` and
     ``torch.export`` see as one opaque node (``fake`` gives its outputs' metadata when tracing).
-    ``schema`` and ``fake`` are the op's contract, taken from :mod:`src.kernels.contracts`: a
+    ``schema`` and ``fake`` are the op's contract, taken from ``src/kernels/<op>/contract.py``: a
     reference and its kernels that compute the same thing register under one contract.
 
     The function returned calls the op while ``torch.compile`` traces and the function itself

@@ -33,8 +33,8 @@ from typing import NamedTuple
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from src.kernels.lstm import LSTM
 from src.ops.awd_dropout import call_with_weight_drop, embedding_dropout, locked_dropout
-from src.ops.lstm import LSTM
 from src.ops.pru import PRU, GroupedContextTransform
 from src.ops.pyramidal import PyramidalTransform
 

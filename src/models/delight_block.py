@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.contracts.dropout import DropoutSeeds
 from src.kernels.dispatch import check_impl
+from src.kernels.dropout import dropout
+from src.kernels.dropout.contract import DropoutSeeds
+from src.kernels.linear import linear
+from src.kernels.residual_layer_norm import residual_layer_norm
 from src.ops.dextra import DExTra
-from src.ops.dropout import dropout
-from src.ops.linear import linear
-from src.ops.residual_layer_norm import residual_layer_norm
 from src.ops.single_head_attention import (
     KeyValueCache,
     SingleHeadAttention,
@@ -206,7 +206,7 @@ class _DeLighTBlock(nn.Module):
         if self.normalize_before:
             return residual + dropout(branch, p, self.training)
         # dropout, sum and LayerNorm: one launch each way on CUDA where the kernel times faster
-        # (src/ops/residual_layer_norm.py)
+        # (src/kernels/residual_layer_norm/__init__.py)
         p = p if self.training else 0.0
         return residual_layer_norm(
             residual, branch, norm.weight, norm.bias, norm.eps, p=p, seeds=seeds, impl=self.impl
@@ -227,7 +227,7 @@ class _DeLighTBlock(nn.Module):
         return self._residual(x, h, self.self_attn_norm, self.dropout, seeds)
 
     def _feed_forward(self, x: Tensor, seeds: DropoutSeeds | None) -> Tensor:
-        # fc1 and fc2 on the GLT kernel where it times faster (src/ops/linear.py)
+        # fc1 and fc2 on the GLT kernel where it times faster (src/kernels/linear.py)
         h = F.silu(
             linear((self._pre(x, self.final_norm),), self.fc1, impl=self.impl)
         )  # (T, B, d_m / r)
@@ -256,7 +256,7 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         glt_shuffle: DExTra's feature shuffle between groups (official ``--no-glt-shuffle``
             turns it off).
         impl: the kernel paths of DExTra, the attention's projections and the FFN
-            (:func:`src.ops.linear.linear`): "auto" (Triton kernels on CUDA where they time
+            (:func:`src.kernels.linear.linear`): "auto" (Triton kernels on CUDA where they time
             faster), "triton" or "reference".
 
     Submodules: ``dextra`` (DExTra d_m -> d_o), ``self_attn`` (:class:`SingleHeadAttention`
@@ -267,7 +267,7 @@ class DeLighTEncoderBlock(_DeLighTBlock):
         x (T, B, d_m); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
         True) entries blocked; attn_bias (B, T, T) float added to the scores as it is (the pairs
         of packed rows: :mod:`src.models.packing`); seeds: the dropout seed the network's forward
-        shares among its blocks (:class:`~src.kernels.contracts.dropout.DropoutSeeds`), None for a
+        shares among its blocks (:class:`~src.kernels.dropout.contract.DropoutSeeds`), None for a
         seed per dropout -> (T, B, d_m)
     """
 

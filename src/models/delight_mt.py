@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels.contracts.dropout import DropoutSeeds
+from src.kernels.dropout.contract import DropoutSeeds
 from src.models.checks import check_dropout
 from src.models.delight_block import (
     DecoderBlockCache,
@@ -106,7 +106,7 @@ class DeLighTEmbedding(nn.Module):
         ``offset`` unpadded tokens precede ``tokens`` (incremental decoding); segments and
         positions (B, T) int64 of a packed batch (:class:`~src.models.packing.PackedRows`) or
         None; seeds: the dropout seed shared with the network's blocks
-        (:class:`~src.kernels.contracts.dropout.DropoutSeeds`) -> (B, T, d_model)
+        (:class:`~src.kernels.dropout.contract.DropoutSeeds`) -> (B, T, d_model)
     """
 
     def __init__(

@@ -26,6 +26,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.pooling import MaxPool2d
+from src.kernels.prelu import PReLU
 from src.models.dicenet import (
     DICENET_UNITS,
     DICENET_WIDTHS,
@@ -35,11 +39,7 @@ from src.models.dicenet import (
     widths_for,
 )
 from src.models.features import FeatureInfo
-from src.ops.batch_norm import BatchNorm2d
 from src.ops.dice import StridedDiCE, check_unit_options, dice_block, reduce_block
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.pooling import MaxPool2d
-from src.ops.prelu import PReLU
 
 LAYOUTS = ("mobilenet", "resnet")
 

@@ -28,12 +28,12 @@ from types import MappingProxyType
 import torch
 from torch import Tensor, nn
 
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.pointwise_conv import PointwiseConv2d
+from src.kernels.pooling import MaxPool2d
 from src.models.features import FeatureInfo
 from src.ops.dice import DiCEShuffleUnit, StridedDiCE, check_unit_options
 from src.ops.dim_conv import DimConv
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.pointwise_conv import PointwiseConv2d
-from src.ops.pooling import MaxPool2d
 
 # Output channels of level 1, level 2 (max pool), levels 3-5 and the grouped FC, by width s.
 # Thesis Table A.1 (s = 0.1, 0.2, 2.4; [116, 232, 464] x s in between) as rounded by the official

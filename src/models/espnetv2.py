@@ -25,14 +25,14 @@ from types import MappingProxyType
 import torch
 from torch import Tensor, nn
 
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.batch_norm_prelu import FusingSequential
 from src.kernels.dispatch import check_impl
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.prelu import PReLU
 from src.models.dicenet import init_conv_bn_linear, widths_for
 from src.models.features import FeatureInfo
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import FusingSequential
 from src.ops.eesp import EESP, EESPDownsampler, image_pyramid
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.prelu import PReLU
 
 # Output channels of levels 1-5 and of the last grouped 1x1 CBR, by width s. The official
 # ``espnetv2_config.py`` table (s = 0.5 ... 2.0); s = 1.75 is the 6th column of thesis Table 2.2

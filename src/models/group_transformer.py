@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from src.kernels.dispatch import check_impl
+from src.kernels.dropout import dropout
 from src.models.lm_head import AdaptiveHead
 from src.models.transformer_xl import (
     PAPER_PER_POSITION,
@@ -28,7 +29,6 @@ from src.models.transformer_xl import (
     check_memories,
     update_memories,
 )
-from src.ops.dropout import dropout
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward

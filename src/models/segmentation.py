@@ -22,12 +22,12 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.prelu import PReLU
 from src.models.dicenet import DiCENetBackbone, init_conv_bn_linear
 from src.models.espnetv2 import ESPNetv2Backbone
-from src.ops.batch_norm import BatchNorm2d
 from src.ops.epp import EfficientPyramidPooling, upsample
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.prelu import PReLU
 
 EPP_SCALES = (2.0, 1.5, 1.0, 0.5, 0.1)  # the decoder's pyramid (official ``EfficientPyrPool``)
 

@@ -54,14 +54,14 @@ from types import MappingProxyType
 import torch
 from torch import Tensor, nn
 
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.prelu import PReLU
 from src.models.dicenet import DiCENetBackbone
 from src.models.espnetv2 import HEAD_GROUPS, ESPNetv2Backbone
 from src.models.ssd_priors import BOXES_PER_LOCATION, prior_feature_sizes, ssd_priors
-from src.ops.batch_norm import BatchNorm2d
 from src.ops.dim_conv import DimConv
 from src.ops.epp import EfficientPyramidPooling, upsample
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.prelu import PReLU
 
 BACKBONES = ("espnetv2", "dicenet")
 EXTRA_CHANNELS = (512, 256, 128)  # extra6, extra7, extra8 (official ``config += [512, 256, 128]``)

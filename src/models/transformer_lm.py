@@ -34,12 +34,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from src.kernels.dropout import dropout
 from src.models.delight_lm import TiedOutputLanguageModel, tied_lookup
 from src.models.delight_mt import EMBEDDING_DIM
 from src.models.fairseq_init import PADDING_IDX
 from src.models.padding import keys_to_mask
 from src.ops.adaptive_io import AdaptiveInputSoftmax
-from src.ops.dropout import dropout
 from src.ops.sinusoidal_positions import sinusoidal_positions
 
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from src.kernels.dropout import dropout
 from src.models.lm_head import AdaptiveHead
-from src.ops.dropout import dropout
 from src.ops.positionwise_feedforward import PositionwiseFeedForward
 from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
 from src.ops.relative_position import ATTENTION_PATHS, relative_sinusoid

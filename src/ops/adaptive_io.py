@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels.dispatch import exporting
-from src.ops.dropout import dropout
+from src.kernels.dropout import dropout
 
 REDUCTIONS = ("sum", "mean", "none")
 

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from src.kernels.contracts.dropout import DropoutSeeds
 from src.kernels.dispatch import check_impl
-from src.ops.fan_out import fan_out
-from src.ops.group_linear import GroupLinear, interleaved_group_linear
-from src.ops.linear import linear
+from src.kernels.dropout.contract import DropoutSeeds
+from src.kernels.fan_out import fan_out
+from src.kernels.group_linear import interleaved_group_linear
+from src.kernels.linear import linear
+from src.ops.group_linear import GroupLinear
 from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
 
 SCHEDULES = ("official", "paper")
@@ -215,7 +216,8 @@ class DExTra(nn.Module):
 
     def _norm_swish(self, x: Tensor, groups: int, norm: nn.Module, seeds: DropoutSeeds) -> Tensor:
         # LayerNorm, swish and dropout as one op: on CUDA one fused launch each way where it
-        # times faster (src/kernels/triton/shared_group_layer_norm.py), the PyTorch ops elsewhere
+        # times faster (src/kernels/shared_group_layer_norm/triton_kernel.py), the PyTorch ops
+        # elsewhere
         p = self.dropout if self.training else 0.0
         return shared_group_layer_norm_swish(
             x, groups, norm.weight, norm.bias, norm.eps, p=p, seeds=seeds, impl=self.impl
@@ -246,7 +248,7 @@ class DExTra(nn.Module):
             )  # (N, out_l)
             y = self._norm_swish(y, norm.groups, norm, seeds)
         # output layer on concat(x0, y): (N, p + o) -> (N, o); on the GLT kernel it reads both in
-        # place (src/ops/linear.py)
+        # place (src/kernels/linear.py)
         out = linear((mixed[-1], y), self.output_layer, impl=self.impl)
         out = self._norm_swish(out, 1, self.output_norm, seeds)
         return out.reshape(*lead, self.out_features)

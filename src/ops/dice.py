@@ -37,22 +37,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels import Timer, autocast_dtype, choose, declare, size_bucket, use_triton
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.batch_norm_prelu import FusingSequential
 from src.kernels.cpu import cpu_kernels_loaded
 from src.kernels.fused_norm import batch_norm_factor, timed_pass
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import FusingSequential
-from src.ops.dim_conv import DimConv, resize_matrix
-from src.ops.dim_fuse import DimFuse, GlobalFusion, ablation_gate, local_fusion
-from src.ops.inference_folding import (
+from src.kernels.inference_folding import (
     ConvBNPReLU,
     batch_norm_affine,
     cached,
     conv_bn_prelu,
     folded_inference,
 )
-from src.ops.pointwise_conv import PointwiseConv2d
-from src.ops.pooling import AvgPool2d
-from src.ops.prelu import PReLU
+from src.kernels.pointwise_conv import PointwiseConv2d
+from src.kernels.pooling import AvgPool2d
+from src.kernels.prelu import PReLU
+from src.ops.dim_conv import DimConv, resize_matrix
+from src.ops.dim_fuse import DimFuse, GlobalFusion, ablation_gate, local_fusion
 from src.ops.shuffle import concat_shuffle
 
 SPATIAL_OPS = ("dimconv", "dwise")
@@ -83,15 +83,16 @@ class DiCE(nn.Module):
             thesis's DiCE and every released model); False fuses consecutive concatenated channels.
         impl: DimConv's ``"auto" | "reference" | "triton"``.
 
-    With ``impl="auto"``, in CPU inference (:func:`src.ops.inference_folding.folded_inference`)
+    With ``impl="auto"``, in CPU inference (:func:`src.kernels.inference_folding.folded_inference`)
     the forward is the same map with every BN folded: one call of the fused C++ kernel
-    (:meth:`_kernel_forward`, ``src/kernels/cpu/dice.cpp``, any input size) where it applies
+    (:meth:`_kernel_forward`, ``src/kernels/dice/dice.cpp``, any input size) where it applies
     (float32, C_out = C, the kernel built; ``cpu_kernel = False`` opts a unit out), else at the
     build size :meth:`_folded_forward`'s eager calls.
 
     Where DimConv's Triton kernel runs (CUDA, or ``impl="triton"``) at the build size, DimConv and
     the first half of DimFuse (BN, PReLU, grouped 1x1 conv: the local fusion) can run as one pass
-    that never writes DimConv's 3C channels (:mod:`src.kernels.triton.dim_fuse`): in training with
+    that never writes DimConv's 3C channels (:mod:`src.kernels.dim_fuse.triton_kernel`): in
+    training with
     BN's batch statistics (the backward recomputes them), in inference with the second BN and
     PReLU folded in too. ``impl="triton"`` always takes it, ``"auto"`` where
     :func:`local_fusion_path` measured it faster; ``local_fusion = False`` opts a unit out.
@@ -146,7 +147,7 @@ class DiCE(nn.Module):
             if x.shape[2:] == (conv.height, conv.width):
                 return self._folded_forward(x)
         if self._local_fusion_applies(x):
-            from src.kernels.triton.dim_fuse import local_fusion_triton
+            from src.kernels.dim_fuse.triton_kernel import local_fusion_triton
 
             fused = local_fusion_triton(x, *self._conv_weights(), **self._local_fusion_args())
             if self.training:  # inference folded the second BN and PReLU in (post)
@@ -160,7 +161,7 @@ class DiCE(nn.Module):
 
     def _local_fusion_applies(self, x: Tensor) -> bool:
         """Whether DimConv and DimFuse's local fusion run as one Triton pass
-        (:mod:`src.kernels.triton.dim_fuse`): DimConv's kernel would run (CUDA, or
+        (:mod:`src.kernels.dim_fuse.triton_kernel`): DimConv's kernel would run (CUDA, or
         ``impl="triton"``), interleaved, at the build size, BN tracking running statistics; in
         training, or in inference without autograd. ``impl="auto"`` takes it where
         :func:`local_fusion_path` chose it (while ``torch.compile`` traces, without timing: the
@@ -218,7 +219,8 @@ class DiCE(nn.Module):
         )
 
     def _kernel_forward(self, x: Tensor) -> Tensor:
-        """The folded forward as one call of the fused C++ kernel (``src/kernels/cpu/dice.cpp``), at
+        """The folded forward as one call of the fused C++ kernel (``src/kernels/dice/dice.cpp``),
+        at
         any input size: off the build size the height- and width-wise branches are resized as in
         :class:`DimConv` (the inputs here, the outputs back inside the kernel).
 
@@ -410,7 +412,8 @@ LOCAL_FUSION_CHOICE = declare("dice.local_fusion", ("fused", "unfused"))
 
 def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     """``impl="auto"`` on CUDA: "fused" (DimConv and the local fusion in one Triton pass,
-    :mod:`src.kernels.triton.dim_fuse`) or "unfused" (DimConv's own choice, then BN, PReLU and the
+    :mod:`src.kernels.dim_fuse.triton_kernel`) or "unfused" (DimConv's own choice, then BN, PReLU
+    and the
     grouped 1x1 conv), whichever was faster on the first call with this input shape (batch by
     :func:`~src.kernels.size_bucket`), dtype and mode (:func:`~src.kernels.choose`).
     Training times forward and backward, on copies of the running statistics and without touching
@@ -431,7 +434,7 @@ def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
     )  # fmt: skip
 
     def run(path: str) -> None:
-        from src.kernels.triton.dim_fuse import local_fusion_triton
+        from src.kernels.dim_fuse.triton_kernel import local_fusion_triton
 
         def fused(inputs: Tensor, args: dict) -> Tensor:
             return local_fusion_triton(inputs, *unit._conv_weights(), **args)

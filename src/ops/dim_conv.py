@@ -24,7 +24,8 @@ shrinks. Both resizes are applied as a small (n_out, n_in) matrix product, numer
 ``F.interpolate``/``F.adaptive_avg_pool2d`` along one axis, so the op traces and exports with
 plain matmuls (adaptive pooling to a non-divisor size has no ONNX form).
 
-The fused Triton kernel (:mod:`src.kernels.triton.dim_conv`) computes the three branches in one
+The fused Triton kernel (:mod:`src.kernels.dim_conv.triton_kernel`) computes the three branches in
+one
 launch and writes the interleaved output directly; it covers inputs at the build size, where no
 resizing happens. Other sizes always take the PyTorch reference.
 """
@@ -52,8 +53,8 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
+from src.kernels.dim_conv import dim_conv_cpu, dim_conv_cpu_applies
 from src.kernels.layout import is_channels_last
-from src.ops.dim_conv_cpu import dim_conv_cpu, dim_conv_cpu_applies
 
 
 class DimConv(nn.Module):
@@ -122,7 +123,7 @@ class DimConv(nn.Module):
         if kernel and self.impl == "auto":
             kernel = auto_path(x, weights, self.dilation, self.interleave) == "triton"
         if kernel:
-            from src.kernels.triton.dim_conv import dim_conv_triton
+            from src.kernels.dim_conv.triton_kernel import dim_conv_triton
 
             return dim_conv_triton(x, *weights, dilation=self.dilation, interleave=self.interleave)
         if (
@@ -172,7 +173,7 @@ def auto_path(
     )  # fmt: skip
 
     def run(path: str, x: Tensor, *weights: Tensor) -> Tensor:
-        from src.kernels.triton.dim_conv import dim_conv_triton
+        from src.kernels.dim_conv.triton_kernel import dim_conv_triton
 
         forward = dim_conv_triton if path == "triton" else dim_conv_reference
         return forward(x, *weights, dilation=dilation, interleave=interleave)

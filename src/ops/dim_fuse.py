@@ -21,13 +21,13 @@ from collections import OrderedDict
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.batch_norm_prelu import FusingSequential, batch_norm_prelu
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.local_fusion_conv import LocalFusionConv
+from src.kernels.pointwise_conv import PointwiseConv2d
+from src.kernels.prelu import PReLU, prelu
 from src.ops.dim_conv import dim_conv_reference
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.local_fusion_conv import LocalFusionConv
-from src.ops.pointwise_conv import PointwiseConv2d
-from src.ops.prelu import PReLU, prelu
 
 
 def spatial_cbr(channels: int, out_channels: int) -> ConvBNPReLU:
@@ -171,7 +171,7 @@ def local_fusion_reference(
     post: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Interleaved DimConv then DimFuse's local fusion, in plain PyTorch (the oracle of the fused
-    kernel, :func:`src.kernels.triton.dim_fuse.local_fusion_triton`):
+    kernel, :func:`src.kernels.dim_fuse.triton_kernel.local_fusion_triton`):
     ``conv1x1_groups=C(PReLU(BN(DimConv(x))))``, BN as ``F.batch_norm`` (``training`` uses and
     ``momentum`` updates the running statistics). ``post = (scale, shift, slope)`` appends the
     second BN folded to an affine map and its PReLU (inference).

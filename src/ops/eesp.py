@@ -23,11 +23,11 @@ and ``DownSampler``:
 
 "CBR" is conv (no bias) + BN + PReLU (per channel); AvgPool counts the padding.
 
-In CPU inference (:func:`src.ops.inference_folding.folded_inference`) with ``impl="auto"``, EESP
+In CPU inference (:func:`src.kernels.inference_folding.folded_inference`) with ``impl="auto"``, EESP
 folds its BNs into the 1x1 convolutions (run as batched matrix products) and computes the pyramid
-(K convolutions, HFF, BN, PReLU) in one call of the fused C++ kernel ``src/kernels/cpu/eesp.cpp``
+(K convolutions, HFF, BN, PReLU) in one call of the fused C++ kernel ``src/kernels/eesp/eesp.cpp``
 where it is built (else in eager calls); the same map up to float rounding. On CUDA the pyramid
-can run as one Triton pass (:mod:`src.kernels.triton.eesp`), in training too (``impl``,
+can run as one Triton pass (:mod:`src.kernels.eesp.triton_kernel`), in training too (``impl``,
 :func:`pyramid_path`).
 """
 
@@ -49,21 +49,21 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.kernels.cpu import cpu_kernels_loaded
+from src.kernels.depthwise_conv import DepthwiseConv2d
 from src.kernels.fused_norm import batch_norm_factor, timed_pass
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.batch_norm_prelu import FusingSequential, batch_norm_prelu
-from src.ops.depthwise_conv import DepthwiseConv2d
-from src.ops.inference_folding import (
+from src.kernels.inference_folding import (
     ConvBNPReLU,
     batch_norm_affine,
     cached,
     conv_bn,
     folded_inference,
 )
-from src.ops.pointwise_conv import PointwiseConv2d
-from src.ops.pooling import AvgPool2d
-from src.ops.prelu import PReLU, prelu
+from src.kernels.pointwise_conv import PointwiseConv2d
+from src.kernels.pooling import AvgPool2d
+from src.kernels.prelu import PReLU, prelu
 
 
 def depthwise_dilated_conv(
@@ -145,7 +145,8 @@ class EESP(nn.Module):
         hff: hierarchical feature fusion (thesis Table 2.5); False concatenates the branches as
             they are.
         impl: the pyramid's path: ``"auto"`` (on CUDA, per shape and mode the faster of the fused
-            Triton pass, :mod:`src.kernels.triton.eesp`, and the eager ops, :func:`pyramid_path`),
+            Triton pass, :mod:`src.kernels.eesp.triton_kernel`, and the eager ops,
+            :func:`pyramid_path`),
             ``"reference"`` or ``"triton"``.
 
     Shape:
@@ -229,7 +230,7 @@ class EESP(nn.Module):
             (B, n, H, W) -> (B, K n, H', W')
         """
         if self._fused_applies(reduced):
-            from src.kernels.triton.eesp import eesp_pyramid_triton
+            from src.kernels.eesp.triton_kernel import eesp_pyramid_triton
 
             return eesp_pyramid_triton(reduced, self._pyramid_weight(), **self._pyramid_args())
         fused = [self.transform[0](reduced)]
@@ -278,7 +279,8 @@ class EESP(nn.Module):
         )
 
     def _fused_applies(self, reduced: Tensor) -> bool:
-        """Whether the pyramid runs as one Triton pass (:mod:`src.kernels.triton.eesp`): CUDA (or
+        """Whether the pyramid runs as one Triton pass (:mod:`src.kernels.eesp.triton_kernel`):
+        CUDA (or
         ``impl="triton"``), a float dtype, BN tracking running statistics, depth-wise 3x3
         branches; in
         training, or in inference without autograd. ``impl="auto"`` takes it where
@@ -301,7 +303,8 @@ class EESP(nn.Module):
         return pyramid_path(self, reduced) == "fused"
 
     def _folded_pyramid(self, reduced: Tensor) -> Tensor:
-        """:meth:`_pyramid` in one call of the fused C++ kernel (``src/kernels/cpu/eesp.cpp``) where
+        """:meth:`_pyramid` in one call of the fused C++ kernel (``src/kernels/eesp/eesp.cpp``)
+        where
         it applies (float32, the kernel built, ``cpu_kernel`` set), else in eager calls."""
         if not (
             self.cpu_kernel
@@ -348,7 +351,7 @@ def eesp_pyramid_reference(
     eps: float,
 ) -> Tensor:
     """EESP's pyramid as functions of its parameters, in plain PyTorch (the oracle of the fused
-    pass, :func:`src.kernels.triton.eesp.eesp_pyramid_triton`): K depth-wise dilated 3x3
+    pass, :func:`src.kernels.eesp.triton_kernel.eesp_pyramid_triton`): K depth-wise dilated 3x3
     convolutions, hierarchical fusion, concatenation, ``F.batch_norm`` (``training`` uses and
     ``momentum`` updates the running statistics) and PReLU.
 
@@ -373,7 +376,8 @@ PYRAMID_CHOICE = declare("eesp.pyramid", ("fused", "eager"))
 
 
 def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:
-    """``impl="auto"`` on CUDA: "fused" (:mod:`src.kernels.triton.eesp`) or "eager" (the branch
+    """``impl="auto"`` on CUDA: "fused" (:mod:`src.kernels.eesp.triton_kernel`) or "eager" (the
+    branch
     convolutions, sums, concatenation, BN and PReLU as PyTorch ops), whichever was faster on the
     first call with this input shape (batch by :func:`~src.kernels.size_bucket`), dtype and mode
     (:func:`~src.kernels.choose`). Training times forward and backward on copies of the running
@@ -391,7 +395,7 @@ def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str
     )  # fmt: skip
 
     def run(path: str) -> None:
-        from src.kernels.triton.eesp import eesp_pyramid_triton
+        from src.kernels.eesp.triton_kernel import eesp_pyramid_triton
 
         pyramid = eesp_pyramid_triton if path == "fused" else eesp_pyramid_reference
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.batch_norm import BatchNorm2d
-from src.ops.inference_folding import ConvBNPReLU
-from src.ops.prelu import PReLU
+from src.kernels.batch_norm import BatchNorm2d
+from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.prelu import PReLU
 from src.ops.shuffle import channel_shuffle
 
 EPP_MIN_SIZE = 5  # the official branches never work below 5 x 5

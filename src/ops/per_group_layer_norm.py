@@ -24,9 +24,9 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
-from src.kernels.contracts import per_group_layer_norm as contract
 from src.kernels.cpu import cpu_kernels_loaded
 from src.kernels.custom_ops import autograd_op
+from src.kernels.per_group_layer_norm import contract as contract
 
 
 class PerGroupLayerNorm(nn.Module):
@@ -37,7 +37,8 @@ class PerGroupLayerNorm(nn.Module):
         groups: number of contiguous chunks normalised separately; 1 normalises the full width.
         eps: added to the unbiased standard deviation.
         impl: ``"auto"`` (on CUDA, per shape the faster of the fused Triton kernel,
-            :mod:`src.kernels.triton.per_group_layer_norm`, and the PyTorch path, :func:`auto_path`,
+            :mod:`src.kernels.per_group_layer_norm.triton_kernel`, and the PyTorch path,
+            :func:`auto_path`,
             its choice untimed under ``torch.compile``;
             on the CPU the fused C++ kernels, :func:`per_group_layer_norm_cpu`, where they are
             built, also under ``torch.compile``), ``"reference"`` (the PyTorch path,
@@ -84,7 +85,7 @@ class PerGroupLayerNorm(nn.Module):
         if kernel and self.impl == "auto":
             kernel = auto_path(*args) == "triton"
         if kernel:
-            from src.kernels.triton.per_group_layer_norm import per_group_layer_norm_triton
+            from src.kernels.per_group_layer_norm.triton_kernel import per_group_layer_norm_triton
 
             return per_group_layer_norm_triton(*args)
         return PerGroupLayerNormFunction.apply(*args)
@@ -231,7 +232,8 @@ def per_group_layer_norm_cpu(
     x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
 ) -> Tensor:
     """:class:`PerGroupLayerNorm` on the fused C++ kernels
-    (``src/kernels/cpu/per_group_layer_norm.cpp``), its CPU path where they are built, eager or
+    (``src/kernels/per_group_layer_norm/per_group_layer_norm.cpp``), its CPU path where they are
+    built, eager or
     traced: one pass over each group forward and one back, where
     :class:`PerGroupLayerNormFunction` runs about eight element-wise ATen passes forward and
     fourteen back. It keeps x in its own dtype and each group's mean and std, and recomputes the
@@ -281,7 +283,7 @@ def auto_path(
     )  # fmt: skip
 
     def run(path: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        from src.kernels.triton.per_group_layer_norm import per_group_layer_norm_triton
+        from src.kernels.per_group_layer_norm.triton_kernel import per_group_layer_norm_triton
 
         forward = per_group_layer_norm_triton if path == "triton" else per_group_layer_norm
         return forward(x, weight, bias, groups, eps)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from src.ops.dropout import dropout
+from src.kernels.dropout import dropout
 
 
 class PositionwiseFeedForward(nn.Module):

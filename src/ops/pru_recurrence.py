@@ -18,15 +18,17 @@ paths here:
 
 - :func:`pru_recurrence_reference`: that loop in PyTorch, the oracle of the others;
 - on the CPU, ``lightnets_cpu::pru_recurrence_forward`` / ``_backward``
-  (``src/kernels/cpu/pru_recurrence.cpp``): one call each way over the whole sequence. Per step, one
+  (``src/kernels/pru_recurrence/pru_recurrence.cpp``): one call each way over the whole sequence.
+  Per step, one
   parallel region whose tasks each multiply h_{t-1}'s group by its share of the weight (sgemm,
   or MKL's packed GEMM; a once-per-machine check picks one that runs: :func:`probed_gemm_mode`)
   and run the cell equations on the result while it is in cache;
   backward through time in the same call, keeping only the activated gates and the cells; the
   weight and bias gradients as one product over all T·B rows after the loop;
-- on CUDA, Triton: the time loop (:mod:`src.kernels.triton.pru_time_loop`), one launch each way
+- on CUDA, Triton: the time loop (:mod:`src.kernels.pru_recurrence.triton_time_loop`), one launch
+each way
   whose programs loop over the steps, or per step the cell kernels between cuBLAS products
-  (:mod:`src.kernels.triton.pru_recurrence`); :func:`triton_path` picks one.
+  (:mod:`src.kernels.pru_recurrence.triton_kernel`); :func:`triton_path` picks one.
 
 Every path is deterministic, and its gradients do not depend on the thread count.
 """
@@ -52,14 +54,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from src.kernels.choices import cpu_model
-from src.kernels.contracts.pru_recurrence import (
-    CPU_BACKWARD_SCHEMA,
-    CPU_SCHEMA,
-    GATES,
-    check_recurrence_operands,
-    cpu_grads_like,
-    cpu_like,
-)
 from src.kernels.cpu import cpu_kernels_loaded, current_build_directory, dispatch_mode_active
 from src.kernels.dispatch import (
     autocast_dtype,
@@ -71,6 +65,14 @@ from src.kernels.dispatch import (
     use_triton,
 )
 from src.kernels.environment import PRU_GEMM_ENV, cpu_path_mode, pru_gemm
+from src.kernels.pru_recurrence.contract import (
+    CPU_BACKWARD_SCHEMA,
+    CPU_SCHEMA,
+    GATES,
+    check_recurrence_operands,
+    cpu_grads_like,
+    cpu_like,
+)
 from src.kernels.timing import Timer, call_with_backward, detached, needs_backward
 from src.utils.files import write_json
 
@@ -488,10 +490,10 @@ TRITON_CHOICE = declare("pru_recurrence", TRITON_PATHS)
 def triton_recurrence(path: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     """The recurrence on Triton ``path``, with the contract of :func:`pru_recurrence_reference`."""
     if path == "time_loop":
-        from src.kernels.triton.pru_time_loop import pru_recurrence_time_loop
+        from src.kernels.pru_recurrence.triton_time_loop import pru_recurrence_time_loop
 
         return pru_recurrence_time_loop
-    from src.kernels.triton.pru_recurrence import pru_recurrence_triton
+    from src.kernels.pru_recurrence.triton_kernel import pru_recurrence_triton
 
     return pru_recurrence_triton
 

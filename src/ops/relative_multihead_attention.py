@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.ops.dropout import dropout
+from src.kernels.dropout import dropout
 from src.ops.relative_position import causal_memory_mask, relative_attention
 
 
@@ -43,7 +43,7 @@ class RelativeMultiHeadAttention(nn.Module):
     #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
     #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
     attention: str = "auto"
-    #: the eager attention's softmax (:func:`src.ops.relative_softmax.relative_softmax`): "auto"
+    #: the eager attention's softmax (:func:`src.kernels.relative_softmax.relative_softmax`): "auto"
     #: (the CPU kernel; on CUDA the measured faster of the Triton kernel and the eager ops),
     #: "reference" or "triton"
     impl: str = "auto"

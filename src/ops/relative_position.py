@@ -6,9 +6,10 @@ The score between query i and key j is
 
 with two learned biases u = ``r_w_bias``, v = ``r_r_bias`` and a key r_{i-j} for the relative
 distance. The distance keys are computed once for distances ``klen-1 ... 0`` and the second term is
-realigned with :func:`rel_shift` (:mod:`src.ops.relative_softmax`, whose CPU kernel also does the
+realigned with :func:`rel_shift` (:mod:`src.kernels.relative_softmax`, whose CPU kernel also does
+the
 softmax; on the CPU the whole attention is one autograd node,
-:mod:`src.ops.relative_attention_cpu`). Queries are the ``qlen`` current positions, keys the
+:mod:`src.kernels.relative_attention_cpu`). Queries are the ``qlen`` current positions, keys the
 ``mlen`` memory positions followed by the current ones; query i may see key j iff ``j <= mlen + i``.
 
 Layouts are batch-first: queries (B, H, T, d_head), keys (B, H, K, d_head), scores (B, H, T, K).
@@ -34,9 +35,9 @@ from src.kernels import (
     needs_backward,
     size_bucket,
 )
-from src.ops.dropout import dropout
-from src.ops.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
-from src.ops.relative_softmax import rel_shift, relative_softmax
+from src.kernels.dropout import dropout
+from src.kernels.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
+from src.kernels.relative_softmax import rel_shift, relative_softmax
 
 
 def relative_sinusoid(
@@ -163,10 +164,10 @@ def relative_attention(
             content scores, softmax and dropout happen inside the fused kernel (on CUDA the
             memory-efficient one, which also differentiates the bias); its dropout draws other
             random numbers than ``F.dropout``.
-        impl: the eager path's softmax (:func:`src.ops.relative_softmax.relative_softmax`):
+        impl: the eager path's softmax (:func:`src.kernels.relative_softmax.relative_softmax`):
             "auto", "reference" (the eager ops) or "triton". On the CPU, "auto" runs the whole
             attention as one node with reused score buffers
-            (:func:`src.ops.relative_attention_cpu.relative_attention_cpu`; not with attention
+            (:func:`src.kernels.relative_attention_cpu.relative_attention_cpu`; not with attention
             dropout in training).
 
     Shape:
@@ -235,9 +236,10 @@ def eager_relative_attention(
     impl: str = "auto",
 ) -> Tensor:
     """The eager path of :func:`relative_attention`: the two score products, the softmax
-    (:func:`src.ops.relative_softmax.relative_softmax` by ``impl``), dropout and the value product
+    (:func:`src.kernels.relative_softmax.relative_softmax` by ``impl``), dropout and the value
+    product
     as separate ops. On the CPU, :func:`relative_attention` runs the same ops in one node
-    (:func:`src.ops.relative_attention_cpu.relative_attention_cpu`) when it can.
+    (:func:`src.kernels.relative_attention_cpu.relative_attention_cpu`) when it can.
 
     Args:
         query_w: the queries plus the content bias (``q + r_w_bias``).

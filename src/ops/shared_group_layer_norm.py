@@ -24,8 +24,8 @@ from src.kernels import (
     size_bucket,
     use_triton,
 )
-from src.kernels.contracts.dropout import DropoutSeeds
-from src.ops.dropout import dropout
+from src.kernels.dropout import dropout
+from src.kernels.dropout.contract import DropoutSeeds
 
 
 class SharedGroupLayerNorm(nn.Module):
@@ -120,15 +120,17 @@ def shared_group_layer_norm_swish(
     dropout after each GLT (pass ``p=0`` outside training).
 
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtype, :func:`auto_path`) of the
-    fused Triton kernel (:mod:`src.kernels.triton.shared_group_layer_norm`: one launch each way, the
+    fused Triton kernel (:mod:`src.kernels.shared_group_layer_norm.triton_kernel`: one launch each
+    way, the
     output in x's dtype) and the PyTorch ops (under autocast
     ``layer_norm`` in float32, then ``silu``), while ``torch.compile`` traces that choice untimed
     (the eager steps' or the kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"``
     fix it.
     The kernel draws its dropout mask itself (Philox, from a seed tensor on x's device, also in a
     traced graph: the seed the dropout sites of the forward share when ``seeds`` is given, else
-    one drawn for this call; :mod:`src.kernels.triton.shared_group_layer_norm`), the PyTorch path
-    with :func:`src.ops.dropout.dropout`: the masks differ, their distribution does not.
+    one drawn for this call; :mod:`src.kernels.shared_group_layer_norm.triton_kernel`), the PyTorch
+    path
+    with :func:`src.kernels.dropout.dropout`: the masks differ, their distribution does not.
 
     Shape:
         x (..., d), weight and bias (d/g,) -> (..., d)
@@ -137,7 +139,7 @@ def shared_group_layer_norm_swish(
     if kernel and impl == "auto":
         kernel = auto_path(x, groups, weight, bias, eps) == "triton"
     if kernel:
-        from src.kernels.triton.shared_group_layer_norm import shared_group_layer_norm_triton
+        from src.kernels.shared_group_layer_norm.triton_kernel import shared_group_layer_norm_triton
 
         return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True, p, seeds)
     return _dropout(F.silu(shared_group_layer_norm(x, groups, weight, bias, eps)), p)
@@ -187,7 +189,7 @@ def auto_path(
     )  # fmt: skip
 
     def run(path: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        from src.kernels.triton.shared_group_layer_norm import shared_group_layer_norm_triton
+        from src.kernels.shared_group_layer_norm.triton_kernel import shared_group_layer_norm_triton
 
         if path == "triton":
             return shared_group_layer_norm_triton(x, groups, weight, bias, eps, True)

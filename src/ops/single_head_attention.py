@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels.dispatch import autocast_known, check_impl
-from src.ops.dropout import dropout
-from src.ops.linear import linear, linear_weights
+from src.kernels.dropout import dropout
+from src.kernels.linear import linear, linear_weights
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -102,7 +102,7 @@ class SingleHeadAttention(nn.Module):
         kv_features: width of the key/value input (the encoder output) for cross-attention;
             defaults to ``query_features``.
         dropout: on the attention probabilities.
-        impl: the projections' path (:func:`src.ops.linear.linear`): "auto" (the GLT kernel on
+        impl: the projections' path (:func:`src.kernels.linear.linear`): "auto" (the GLT kernel on
             CUDA where it times faster than ``nn.Linear``), "triton" or "reference".
 
     Parameters: self-attention ``qkv_proj`` Linear(d_o -> 3 d_o); cross-attention ``q_proj``
@@ -164,7 +164,7 @@ class SingleHeadAttention(nn.Module):
 
     def _project(self, x: Tensor, layer: nn.Linear) -> Tensor:
         # on CUDA the GLT kernel as one group where it times faster: no autocast casts of the
-        # weight and bias (src/ops/linear.py)
+        # weight and bias (src/kernels/linear.py)
         return linear((x,), layer, impl=self.impl)
 
     def _keys_values(self, key_value: Tensor | KeyValueCache) -> KeyValueCache:

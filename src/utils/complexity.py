@@ -52,7 +52,8 @@ def measure(module: nn.Module, example_input: Tensor | tuple) -> Complexity:
     becoming ``input_shape``.
 
     Autograd stays on: without it, eval-mode blocks take their folded inference path
-    (:mod:`src.ops.inference_folding`), which computes the same map with fewer, differently shaped
+    (:mod:`src.kernels.inference_folding`), which computes the same map with fewer, differently
+    shaped
     products; the papers count the network as defined.
     """
     was_training = module.training

@@ -70,6 +70,23 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.models.dicenet.GlobalFusion": "src.ops.dim_fuse.GlobalFusion",
     "src.models.dicenet.SpatialFusionBlock": "src.ops.dice.SpatialFusionBlock",
     "src.models.ssd.PyramidPoolingFusion": "src.ops.epp.EfficientPyramidPooling",
+    # the torch primitives' fast paths left the papers' concepts for src.kernels
+    "src.ops.batch_norm": "src.kernels.batch_norm",
+    "src.ops.batch_norm_prelu": "src.kernels.batch_norm_prelu",
+    "src.ops.prelu": "src.kernels.prelu",
+    "src.ops.depthwise_conv": "src.kernels.depthwise_conv",
+    "src.ops.local_fusion_conv": "src.kernels.local_fusion_conv",
+    "src.ops.dropout": "src.kernels.dropout",
+    "src.ops.residual_layer_norm": "src.kernels.residual_layer_norm",
+    "src.ops.relative_softmax": "src.kernels.relative_softmax",
+    "src.ops.fan_out": "src.kernels.fan_out",
+    "src.ops.pointwise_conv": "src.kernels.pointwise_conv",
+    "src.ops.pooling": "src.kernels.pooling",
+    "src.ops.linear": "src.kernels.linear",
+    "src.ops.inference_folding": "src.kernels.inference_folding",
+    "src.ops.lstm": "src.kernels.lstm",
+    "src.ops.relative_attention_cpu": "src.kernels.relative_attention_cpu",
+    "src.ops.dim_conv_cpu": "src.kernels.dim_conv",
 }
 # model arguments that loaded official weights, now task.init_checkpoint's job (src.compat)
 RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")

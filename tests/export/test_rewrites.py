@@ -8,8 +8,8 @@ from torch import nn
 
 from src.export.onnx import export_onnx, op_counts, parity, session
 from src.export.spec import ExportSpec
+from src.kernels.prelu import PReLU
 from src.ops.dim_conv import DimConv
-from src.ops.prelu import PReLU
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

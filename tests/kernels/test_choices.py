@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from src.kernels import choices, dispatch, environment, forget, timings
+from src.kernels import choices, cpu, dispatch, environment, forget, timings
 
 
 def test_choices_file_is_under_xdg_cache_home(monkeypatch, tmp_path) -> None:
@@ -75,7 +75,7 @@ def test_the_h100_table_gives_the_glt_weight_gradient_without_timing(
     """At DExTra's weight shapes (16,384 bf16 tokens) the table's bmm is taken before any timing
     on an sm_90 GPU; another shape, or a GPU without a table, is timed."""
     pytest.importorskip("triton")
-    from src.kernels.triton.group_linear import weight_grad_method
+    from src.kernels.group_linear.triton_kernel import weight_grad_method
 
     monkeypatch.delenv(environment.GLT_WEIGHT_GRAD_ENV, raising=False)
     monkeypatch.setattr(choices, "architecture", lambda: "sm_90")
@@ -121,7 +121,12 @@ def test_the_architecture_is_named_by_compute_capability(monkeypatch) -> None:
 
 def test_the_signatures_hash_the_kernels_sources() -> None:
     # a kernel's change must re-measure: the sources the signatures read are where the kernels are
-    triton_sources = sorted(choices.KERNELS.glob("*.py"))
-    assert len(triton_sources) >= 10 and choices.KERNELS / "group_linear.py" in triton_sources
-    cpp = sorted(choices.CPU_SOURCES[0].glob("*.cpp"))
-    assert len(cpp) >= 10 and all(path.exists() for path in choices.CPU_SOURCES)
+    kernels = Path(choices.__file__).parent
+    assert len(choices.KERNELS) >= 15 and all(path.exists() for path in choices.KERNELS)
+    assert kernels / "group_linear" / "triton_kernel.py" in choices.KERNELS
+    assert kernels / "triton" / "launch.py" in choices.KERNELS
+    cpp = [path for path in choices.CPU_SOURCES if path.suffix == ".cpp"]
+    # every C++ source the build compiles, and nothing else that is not a source
+    assert sorted(cpp) == sorted(cpu.SOURCES) and len(cpp) >= 12
+    assert all(path.exists() for path in choices.CPU_SOURCES)
+    assert kernels / "cpu" / "common.h" in choices.CPU_SOURCES

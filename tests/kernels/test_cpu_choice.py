@@ -19,11 +19,11 @@ import torch.nn.functional as F
 import src.ops.dim_conv
 import src.ops.relative_position
 from src.kernels import ATEN, OURS, choices, choose, chosen, dispatch, environment, forget, timing
+from src.kernels.batch_norm import BatchNorm2d
 from src.kernels.cpu import cpu_kernels_loaded
 from src.kernels.environment import cpu_path_mode, use_cpu_paths
-from src.ops.batch_norm import BatchNorm2d
+from src.kernels.pointwise_conv import pointwise_conv
 from src.ops.dim_conv import DimConv, dim_conv_reference
-from src.ops.pointwise_conv import pointwise_conv
 from tests.helpers import require_cpu_kernels
 
 

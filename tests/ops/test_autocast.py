@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from src.kernels.inference_folding import ConvBNPReLU
 from src.ops.dice import DiCE, DiCEShuffleUnit, StridedDiCE
 from src.ops.dim_fuse import DimFuse
 from src.ops.eesp import EESP, DepthwiseDilatedSeparableConv, EESPDownsampler
 from src.ops.group_attention import GroupAttention
 from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
-from src.ops.inference_folding import ConvBNPReLU
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.pru import PRU, GroupedContextTransform, PRUCell
 from src.ops.pyramidal import PyramidalTransform

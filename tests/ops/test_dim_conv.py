@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from src.ops.dim_conv import DimConv, auto_path, dim_conv_reference, resize_matrix
 from tests.helpers import path_timer
 
-triton_dim_conv = pytest.importorskip("src.kernels.triton.dim_conv")
+triton_dim_conv = pytest.importorskip("src.kernels.dim_conv.triton_kernel")
 
 from src.kernels.triton import stencil  # noqa: E402
 

@@ -11,12 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.ops.group_linear import (
-    GroupLinear,
-    group_linear,
-    group_linear_reference,
-    interleaved_group_linear,
-)
+from src.kernels.group_linear import group_linear, group_linear_reference, interleaved_group_linear
+from src.ops.group_linear import GroupLinear
 from tests.helpers import path_timer, tf32
 
 CUDA = torch.cuda.is_available()
@@ -242,7 +238,7 @@ def test_bad_sizes_raise() -> None:
 def test_split_k_grouped_gemm(splits: int, kernel_device: torch.device) -> None:
     """The weight-gradient product x^T dy split over the tokens: the sum of the float32 partials
     equals the one-pass product, and the column sums come out of the same programs."""
-    from src.kernels.triton.group_linear import _grouped_gemm
+    from src.kernels.group_linear.triton_kernel import _grouped_gemm
 
     torch.manual_seed(splits)
     tokens, groups, k, n = 300, 3, 5, 6  # 300 tokens: 10 blocks of 32, a ragged last split
@@ -266,7 +262,7 @@ def test_weight_gradient_methods_match_reference(
     mixer's two parts over enough tokens for split-K (bf16: within its rounding of the fp32
     sums)."""
     from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
-    from src.kernels.triton.group_linear import split_k_splits
+    from src.kernels.group_linear.triton_kernel import split_k_splits
 
     monkeypatch.setenv(GLT_WEIGHT_GRAD_ENV, method)
     torch.manual_seed(0)
@@ -293,7 +289,7 @@ def test_weight_gradient_methods_match_reference(
 def test_weight_gradient_method_is_measured_once_per_shape(monkeypatch, fresh_choices) -> None:
     """auto: the faster method by the timer, kept per shape and dtype; a bad setting is named."""
     from src.kernels.environment import GLT_WEIGHT_GRAD_ENV
-    from src.kernels.triton import group_linear as triton_glt
+    from src.kernels.group_linear import triton_kernel as triton_glt
 
     monkeypatch.delenv(GLT_WEIGHT_GRAD_ENV, raising=False)
     calls = []
@@ -321,7 +317,7 @@ def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torc
     shape and mode (the timer injected here; both candidates compute the same output, a training
     step on detached operands while autograd records)."""
     from src.kernels import chosen, timings
-    from src.ops import group_linear as glt
+    from src.kernels import group_linear as glt
 
     times = {"triton": 2.0, "reference": 1.0}
     outputs: dict = {}

@@ -1,5 +1,6 @@
 """Group-Transformer's per-group layer norm: the fused Triton kernel
-(``src/kernels/triton/per_group_layer_norm.py``) against the PyTorch path, forward and backward.
+(``src/kernels/per_group_layer_norm/triton_kernel.py``) against the PyTorch path, forward and
+backward.
 Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5: the two differ in summation order only. 16-bit inputs are normalised in
@@ -20,7 +21,7 @@ from src.ops.per_group_layer_norm import PerGroupLayerNorm, auto_path, per_group
 
 pytest.importorskip("triton")
 
-from src.kernels.triton.per_group_layer_norm import per_group_layer_norm_triton
+from src.kernels.per_group_layer_norm.triton_kernel import per_group_layer_norm_triton
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -3,16 +3,17 @@
 At batch 1 on a CPU, the eager forward of the thesis's units is bound by per-call costs, not
 arithmetic: a DiCE unit makes about twenty ATen calls, four of them oneDNN convolutions at 40-130
 us each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K + 2 more calls.
-The kernels here compute such a part in one call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
+The C++ kernels (each in its op's folder of :mod:`src.kernels`) compute such a part in one
+call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
 EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); both for
 inference. ``per_group_layer_norm.cpp`` is Group-Transformer's per-group layer norm, forward and
 backward, for training: eagerly about twenty-two element-wise ATen passes over each normalised
 tensor. ``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's
-(channels-last) in two (training; see :mod:`src.ops.prelu` and :mod:`src.ops.batch_norm`);
+(channels-last) in two (training; see :mod:`src.kernels.prelu` and :mod:`src.kernels.batch_norm`);
 ``batch_norm_prelu.cpp`` the two fused, forward and backward, for channels-last training
-(:mod:`src.ops.batch_norm_prelu`). ``relative_softmax.cpp`` is the attention probabilities of
+(:mod:`src.kernels.batch_norm_prelu`). ``relative_softmax.cpp`` is the attention probabilities of
 relative-position attention, forward and backward, in one pass each (see
-:mod:`src.ops.relative_softmax`).
+:mod:`src.kernels.relative_softmax`).
 
 The sources are compiled once per machine and PyTorch version with
 ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja are needed; about 50 s) into
@@ -56,19 +57,23 @@ from src.utils.files import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (
-    HERE / "dice.cpp",
-    HERE / "eesp.cpp",
-    HERE / "per_group_layer_norm.cpp",
-    HERE / "prelu.cpp",
-    HERE / "batch_norm.cpp",
-    HERE / "batch_norm_prelu.cpp",
-    HERE / "relative_softmax.cpp",
-    HERE / "local_fusion_convolution.cpp",
-    HERE / "dim_conv.cpp",
-    HERE / "depthwise_conv.cpp",
-    HERE / "pru_recurrence.cpp",
-    HERE / "dropout.cpp",
+# each op's C++ source sits in its folder of src/kernels beside its contract and its other paths
+SOURCES = tuple(
+    HERE.parent / op / f"{name}.cpp"
+    for op, name in (
+        ("dice", "dice"),
+        ("eesp", "eesp"),
+        ("per_group_layer_norm", "per_group_layer_norm"),
+        ("prelu", "prelu"),
+        ("batch_norm", "batch_norm"),
+        ("batch_norm_prelu", "batch_norm_prelu"),
+        ("relative_softmax", "relative_softmax"),
+        ("local_fusion_conv", "local_fusion_convolution"),
+        ("dim_conv", "dim_conv"),
+        ("depthwise_conv", "depthwise_conv"),
+        ("pru_recurrence", "pru_recurrence"),
+        ("dropout", "dropout"),
+    )
 )
 HEADERS = (HERE / "common.h",)
 

@@ -1,9 +1,10 @@
-"""Fused Triton kernels of the ops: ``<op>.py`` holds the kernels of :mod:`src.ops.<op>`.
+"""The launch rules the Triton kernels share: grids and per-device launch (:mod:`.launch`), the
+tiles of the stencil kernels (:mod:`.stencil`) and the norms' column sums (:mod:`.norm_columns`).
 
-Each kernel module imports ``triton``, which is optional: the ops import a kernel module only
-where they launch it (``impl="triton"``, or ``"auto"`` on CUDA with Triton importable; the rule is
+The kernels themselves sit beside their ops, ``src/kernels/<op>/triton_kernel.py``. Each imports
+``triton``, which is optional: an op imports its kernel module only where it launches it
+(``impl="triton"``, or ``"auto"`` on CUDA with Triton importable; the rule is
 :func:`src.kernels.dispatch.use_triton`). A kernel module imports its op's contract
-(:mod:`src.kernels.contracts`), the dispatch rules (:mod:`src.kernels.dispatch`) and the launch
-configuration (:mod:`src.kernels.triton.launch`, :mod:`src.kernels.triton.stencil`), never the op
-module or the other back-ends.
+(``src/kernels/<op>/contract.py``), the dispatch rules (:mod:`src.kernels.dispatch`) and these
+launch rules, never the op's concept or its other back-ends.
 """

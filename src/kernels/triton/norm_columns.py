@@ -4,8 +4,9 @@ summed over the rows inside the backward's own launch.
 Each column program owns ``COLUMN_BLOCK`` features and loops over every row, ``COLUMN_ROWS`` at a
 time, in a fixed order: no atomics, so the sums are the same on every run. The residual norm, the
 shared-group norm and the per-group norm launch them beside their row programs
-(:mod:`src.kernels.triton.residual_layer_norm`, :mod:`~src.kernels.triton.shared_group_layer_norm`,
-:mod:`~src.kernels.triton.per_group_layer_norm`).
+(:mod:`src.kernels.residual_layer_norm.triton_kernel`,
+:mod:`~src.kernels.shared_group_layer_norm.triton_kernel`,
+:mod:`~src.kernels.per_group_layer_norm.triton_kernel`).
 """
 
 from __future__ import annotations

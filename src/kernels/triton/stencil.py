@@ -1,5 +1,7 @@
-"""The tiles of the stencil kernels: DimConv (:mod:`src.kernels.triton.dim_conv`), DiCE's local
-fusion (:mod:`src.kernels.triton.dim_fuse`) and EESP's pyramid (:mod:`src.kernels.triton.eesp`).
+"""The tiles of the stencil kernels: DimConv (:mod:`src.kernels.dim_conv.triton_kernel`), DiCE's
+local
+fusion (:mod:`src.kernels.dim_fuse.triton_kernel`) and EESP's pyramid
+(:mod:`src.kernels.eesp.triton_kernel`).
 
 A program of these kernels covers a (channel x row x column) tile of one image of a (B, C, H, W)
 tensor: grid axis 0 walks the images and their blocks of rows, axis 1 the blocks of channels,
