@@ -76,7 +76,7 @@ def dextra_macs_per_token(unit: DExTra) -> int:
     plan = unit.plan
     glts = sum(
         d_in * d_out // g
-        for g, d_in, d_out in zip(plan.groups, plan.in_features, plan.out_features, strict=True)
+        for g, d_in, d_out in zip(plan.groups, plan.in_widths, plan.out_widths, strict=True)
     )
     return (
         unit.in_features * unit.in_proj_features
@@ -101,7 +101,7 @@ def cases(device: torch.device) -> list[OpCase]:
     out: list[OpCase] = []
     plan = unit.plan
     for layer in (1, DEPTH // 2 - 1):
-        g, d_in, d_out = plan.groups[layer], plan.in_features[layer], plan.out_features[layer]
+        g, d_in, d_out = plan.groups[layer], plan.in_widths[layer], plan.out_widths[layer]
         glt = GroupLinear(d_in, d_out, g, shuffle=True, impl="reference").to(device)
         x = torch.randn(rows, d_in, device=device, requires_grad=True)
         out.append(
@@ -115,7 +115,7 @@ def cases(device: torch.device) -> list[OpCase]:
                 flops=2 * rows * d_in * d_out // g,
             )
         )
-    g, d_out = unit.plan.groups[3], unit.plan.out_features[3]
+    g, d_out = unit.plan.groups[3], unit.plan.out_widths[3]
     norm = SharedGroupLayerNorm(d_out, g).to(device)
     y = torch.randn(rows, d_out, device=device, requires_grad=True)
     out.append(

@@ -23,10 +23,10 @@ Official names and layouts (README of the reference fixtures, "Parameter names a
   ``embed_tokens.map_layer.weight`` (the 128-wide table), ``embed_tokens.dextra_layer.*`` (the
   embedding ``DExTraUnit``), ``layers.<b>.*`` (the layers above) and the buffers ``version`` and
   ``embed_positions._float_tensor`` (dropped: the sinusoids are recomputed); the decoder adds
-  ``project_out_dim.weights`` (Linear d_m -> 128, no bias; absent when d_m = 128) and, without
-  ``share_decoder_input_output_embed``, ``embed_out.weights`` (Linear 128 -> V). Pre-norm models
-  (``encoder.layer_norm``, ``decoder.layer_norm``) and adaptive input/softmax are not built by
-  :class:`DeLighTEncoderDecoder` and are refused.
+  ``project_out_dim.weights`` (Linear d_model -> 128, no bias; absent when d_model = 128) and,
+  without ``share_decoder_input_output_embed``, ``embed_out.weights`` (Linear 128 -> V). Pre-norm
+  models (``encoder.layer_norm``, ``decoder.layer_norm``) and adaptive input/softmax are not built
+  by :class:`DeLighTEncoderDecoder` and are refused.
 - The language model (``delight_transformer_lm``): the decoder's names alone, its layers without
   encoder attention; the table is ``decoder.embed_tokens.map_layer.weight`` or, with adaptive
   input, ``map_layer.embeddings.<i>.weight`` and ``map_layer.projections.<i>.weight``. The adaptive
@@ -236,14 +236,14 @@ def _block_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(
                 f"DeLighT blocks are built with {key}={official!r}, the config has {config[key]!r}"
             )
-    d_m, reduction = int(config["embed_dim"]), int(config["ffn_red_factor"])
-    if "light_ffn_dim" in config and int(config["light_ffn_dim"]) != d_m // reduction:
+    d_model, reduction = int(config["embed_dim"]), int(config["ffn_red_factor"])
+    if "light_ffn_dim" in config and int(config["light_ffn_dim"]) != d_model // reduction:
         raise ValueError(
             f"light_ffn_dim {config['light_ffn_dim']} is not embed_dim / ffn_red_factor "
-            f"= {d_m} / {reduction}"
+            f"= {d_model} / {reduction}"
         )
     return {
-        "d_m": d_m,
+        "d_model": d_model,
         "width_multiplier": float(config["width_multiplier"]),
         "depth": int(config["dextra_depth"]),
         "max_groups": int(config["max_glt_groups"]),

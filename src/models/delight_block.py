@@ -1,14 +1,15 @@
 """The DeLighT block (thesis Sec. 5.3.2, App. B.1) and block-wise scaling (Sec. 5.3.3, Eq. 5.4).
 
-A block is: DeLighT transformation (DExTra, d_m -> d_o = d_m / 2) -> single-head attention of
-width d_o -> Linear(d_o -> d_m) -> residual; a decoder block then adds encoder-decoder attention
-(query from the d_m residual stream, no DExTra); last the light-weight FFN d_m -> d_m / r -> d_m
-(r = 4, swish) -> residual. Every sublayer is followed by a LayerNorm (post-norm, the official MT
-default) or, with ``normalize_before``, preceded by it on the branch (pre-norm, which the official
-LM forces). Dropout follows the official placement: on the attention probabilities, after the
-FFN activation, and on each branch before its residual sum.
+A block is: DeLighT transformation (DExTra, d_model -> d_o = d_model / 2) -> single-head attention
+of width d_o -> Linear(d_o -> d_model) -> residual; a decoder block then adds encoder-decoder
+attention (query from the d_model residual stream, no DExTra); last the light-weight FFN d_model ->
+d_ffn = d_model / r -> d_model (r = 4, swish) -> residual. The names of these widths against the
+thesis's symbols and the official code's: :mod:`src.models.delight_mt`. Every sublayer is followed
+by a LayerNorm (post-norm, the official MT default) or, with ``normalize_before``, preceded by it on
+the branch (pre-norm, which the official LM forces). Dropout follows the official placement: on the
+attention probabilities, after the FFN activation, and on each branch before its residual sum.
 
-Layout is time-major, (T, B, d_m), as in the official code (sacmehta/delight,
+Layout is time-major, (T, B, d_model), as in the official code (sacmehta/delight,
 ``delight_transformer_layer.py``).
 
 A decoder block also decodes incrementally (:meth:`DeLighTDecoderBlock.forward_step`): every
@@ -119,12 +120,12 @@ class _DeLighTBlock(nn.Module):
     """The parts encoder and decoder blocks share: DExTra + self-attention, and the light FFN.
 
     Shape:
-        (T, B, d_m) -> (T, B, d_m)
+        (T, B, d_model) -> (T, B, d_model)
     """
 
     def __init__(
         self,
-        d_m: int,
+        d_model: int,
         *,
         width_multiplier: float,
         depth: int,
@@ -143,11 +144,11 @@ class _DeLighTBlock(nn.Module):
         impl: str = "auto",
     ) -> None:
         super().__init__()
-        d_o = d_m // 2 if d_o is None else d_o
-        if d_m < 1 or d_o < 1 or ffn_reduction < 1 or d_m % ffn_reduction:
+        d_o = d_model // 2 if d_o is None else d_o
+        if d_model < 1 or d_o < 1 or ffn_reduction < 1 or d_model % ffn_reduction:
             raise ValueError(
-                f"need positive d_m and d_o and d_m divisible by ffn_reduction, got d_m={d_m}, "
-                f"d_o={d_o}, ffn_reduction={ffn_reduction}"
+                "need positive d_model and d_o and d_model divisible by ffn_reduction, got "
+                f"d_model={d_model}, d_o={d_o}, ffn_reduction={ffn_reduction}"
             )
         for name, p in (
             ("dropout", dropout),
@@ -157,16 +158,16 @@ class _DeLighTBlock(nn.Module):
         ):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
-        self.d_m = d_m
+        self.d_model = d_model
         self.d_o = d_o
-        self.d_ffn = d_m // ffn_reduction
+        self.d_ffn = d_model // ffn_reduction
         self.normalize_before = normalize_before
         self.dropout = dropout
         self.activation_dropout = activation_dropout
         self.ffn_dropout = ffn_dropout
         self.impl = check_impl(impl)
         self.dextra = DExTra(
-            d_m,
+            d_model,
             d_o,
             d_o,
             width_multiplier=width_multiplier,
@@ -178,11 +179,11 @@ class _DeLighTBlock(nn.Module):
             glt_shuffle=glt_shuffle,
             impl=impl,
         )
-        self.self_attn = SingleHeadAttention(d_o, d_o, d_m, dropout=attention_dropout, impl=impl)
-        self.self_attn_norm = nn.LayerNorm(d_m, eps=eps)
-        self.fc1 = nn.Linear(d_m, self.d_ffn)
-        self.fc2 = nn.Linear(self.d_ffn, d_m)
-        self.final_norm = nn.LayerNorm(d_m, eps=eps)
+        self.self_attn = SingleHeadAttention(d_model, d_o, dropout=attention_dropout, impl=impl)
+        self.self_attn_norm = nn.LayerNorm(d_model, eps=eps)
+        self.fc1 = nn.Linear(d_model, self.d_ffn)
+        self.fc2 = nn.Linear(self.d_ffn, d_model)
+        self.final_norm = nn.LayerNorm(d_model, eps=eps)
 
     def reset_parameters(self) -> None:
         for module in self.children():
@@ -190,7 +191,7 @@ class _DeLighTBlock(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"d_m={self.d_m}, d_o={self.d_o}, d_ffn={self.d_ffn}, "
+            f"d_model={self.d_model}, d_o={self.d_o}, d_ffn={self.d_ffn}, "
             f"normalize_before={self.normalize_before}, dropout={self.dropout}, "
             f"activation_dropout={self.activation_dropout}, ffn_dropout={self.ffn_dropout}"
         )
@@ -230,7 +231,7 @@ class _DeLighTBlock(nn.Module):
         # fc1 and fc2 on the GLT kernel where it times faster (src/kernels/linear.py)
         h = F.silu(
             linear((self._pre(x, self.final_norm),), self.fc1, impl=self.impl)
-        )  # (T, B, d_m / r)
+        )  # (T, B, d_model / r)
         h = linear((dropout(h, self.activation_dropout, self.training),), self.fc2, impl=self.impl)
         return self._residual(x, h, self.final_norm, self.ffn_dropout, seeds)
 
@@ -239,12 +240,12 @@ class DeLighTEncoderBlock(_DeLighTBlock):
     """A DeLighT encoder block: DExTra + single-head self-attention, then the light FFN.
 
     Args:
-        d_m: the model width.
+        d_model: the model width.
         width_multiplier: w^b of this block (see :func:`block_wise_scaling`).
         depth: N^b, the number of GLTs in its DExTra.
         max_groups: g_max (:func:`src.ops.dextra.dextra_max_groups`).
-        d_o: the attention width; d_m / 2 by default, as in every experiment.
-        ffn_reduction: r; the FFN's inner width is d_m / r.
+        d_o: the attention width; d_model / 2 by default, as in every experiment.
+        ffn_reduction: r; the FFN's inner width is d_model / r.
         normalize_before: pre-norm; False (post-norm) is the official MT default.
         dropout: on the attention branch before its residual sum.
         attention_dropout: on the attention probabilities.
@@ -259,16 +260,16 @@ class DeLighTEncoderBlock(_DeLighTBlock):
             (:func:`src.kernels.linear.linear`): "auto" (Triton kernels on CUDA where they time
             faster), "triton" or "reference".
 
-    Submodules: ``dextra`` (DExTra d_m -> d_o), ``self_attn`` (:class:`SingleHeadAttention`
-    d_o -> d_m), ``self_attn_norm``, ``fc1`` (d_m -> d_m / r), ``fc2`` (d_m / r -> d_m),
-    ``final_norm``.
+    Submodules: ``dextra`` (DExTra d_model -> d_o), ``self_attn`` (:class:`SingleHeadAttention`
+    d_o -> d_model), ``self_attn_norm``, ``fc1`` (d_model -> d_ffn = d_model / r), ``fc2``
+    (d_ffn -> d_model), ``final_norm``.
 
     Shape:
-        x (T, B, d_m); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
+        x (T, B, d_model); padding_mask (B, T) bool, True = pad; attn_mask (T, T), its nonzero (or
         True) entries blocked; attn_bias (B, T, T) float added to the scores as it is (the pairs
         of packed rows: :mod:`src.models.packing`); seeds: the dropout seed the network's forward
         shares among its blocks (:class:`~src.kernels.dropout.contract.DropoutSeeds`), None for a
-        seed per dropout -> (T, B, d_m)
+        seed per dropout -> (T, B, d_model)
     """
 
     def forward(
@@ -301,13 +302,13 @@ class DeLighTDecoderBlock(_DeLighTBlock):
     ``no_encoder_attn`` and pre-norm).
 
     Args:
-        d_m: the model width.
+        d_model: the model width.
         width_multiplier: w^b of this block (see :func:`block_wise_scaling`).
         depth: N^b, the number of GLTs in its DExTra.
         max_groups: g_max (:func:`src.ops.dextra.dextra_max_groups`).
         cross_attention: add the encoder-decoder attention sublayer.
-        d_o: the attention width; d_m / 2 by default.
-        ffn_reduction: r; the FFN's inner width is d_m / r.
+        d_o: the attention width; d_model / 2 by default.
+        ffn_reduction: r; the FFN's inner width is d_model / r.
         normalize_before: pre-norm (the official LM); False (post-norm) is the MT default.
         dropout: on each attention branch before its residual sum.
         attention_dropout: on the attention probabilities.
@@ -318,29 +319,29 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         eps: of every LayerNorm.
 
     Submodules: as :class:`DeLighTEncoderBlock`, plus with ``cross_attention`` ``encoder_attn``
-    (:class:`SingleHeadAttention`, query d_m, keys/values d_m, head d_o) and
+    (:class:`SingleHeadAttention`, query d_model, keys/values d_model, head d_o) and
     ``encoder_attn_norm``.
 
     Shape:
-        x (T, B, d_m); encoder_out (S, B, d_m), or its keys and values for this block already
-        projected (:func:`~src.ops.single_head_attention.encoder_keys_values`);
-        encoder_padding_mask (B, S) bool, True = pad; self_attn_mask (T, T) or (B, T, T)
-        additive float, the causal mask when None; self_attn_padding_mask (B, T) bool;
-        encoder_attn_mask (B, T, S) additive float (the pairs
-        of packed rows: :mod:`src.models.packing`); seeds as the encoder block's -> x (T, B, d_m)
-        and, with ``need_weights``, the encoder-attention probabilities (T, B, S), else None
+        x (T, B, d_model); encoder_out (S, B, d_model), or its keys and values for this block
+        already projected (:func:`~src.ops.single_head_attention.encoder_keys_values`);
+        encoder_padding_mask (B, S) bool, True = pad; self_attn_mask (T, T) or (B, T, T) additive
+        float, the causal mask when None; self_attn_padding_mask (B, T) bool;
+        encoder_attn_mask (B, T, S) additive float (the pairs of packed rows:
+        :mod:`src.models.packing`); seeds as the encoder block's -> x (T, B, d_model) and, with
+        ``need_weights``, the encoder-attention probabilities (T, B, S), else None
     """
 
-    def __init__(self, d_m: int, *, cross_attention: bool = True, **block_args: Any) -> None:
-        super().__init__(d_m, **block_args)
+    def __init__(self, d_model: int, *, cross_attention: bool = True, **block_args: Any) -> None:
+        super().__init__(d_model, **block_args)
         self.cross_attention = cross_attention
         if cross_attention:
             # the same attention dropout and LayerNorm eps as the self-attention sublayer
             self.encoder_attn = SingleHeadAttention(
-                d_m, self.d_o, d_m, cross_attention=True, dropout=self.self_attn.dropout,
+                d_model, self.d_o, cross_attention=True, dropout=self.self_attn.dropout,
                 impl=self.impl,
             )  # fmt: skip
-            self.encoder_attn_norm = nn.LayerNorm(d_m, eps=self.self_attn_norm.eps)
+            self.encoder_attn_norm = nn.LayerNorm(d_model, eps=self.self_attn_norm.eps)
 
     def forward(
         self,
@@ -387,8 +388,9 @@ class DeLighTDecoderBlock(_DeLighTBlock):
         step (``cache`` None) projects ``encoder_out``; later ones reuse its cached keys/values.
 
         Shape:
-            x (T, B, d_m), the new positions; encoder_out (S, B, d_m); encoder_padding_mask (B, S)
-            bool -> x (T, B, d_m) and the cache over all positions so far
+            x (T, B, d_model), the new positions; encoder_out (S, B, d_model);
+            encoder_padding_mask (B, S) bool -> x (T, B, d_model) and the cache over all positions
+            so far
         """
         if (encoder_out is not None) != self.cross_attention:
             raise ValueError(

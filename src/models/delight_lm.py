@@ -1,10 +1,10 @@
 """The DeLighT language model for WikiText-103 (thesis Ch. 5, Secs. 5.4.2 and 5.6, Table 5.4b).
 
 tokens -> adaptive input (128; or a plain 128-wide table scaled by sqrt(128)) -> per-sequence
-dropout -> embedding DExTra (in 128, p d_m/2, out d_m, w_m, N_min) -> + fairseq sinusoidal
-positions -> per-sequence dropout -> B = N_max pre-norm :class:`DeLighTDecoderBlock` without
-encoder attention (causal), with block-wise scaling (Eq. 5.4) -> ``project_out`` Linear(d_m -> 128,
-no bias) -> adaptive softmax tied to the adaptive input (or the tied plain table).
+dropout -> embedding DExTra (in 128, p d_model/2, out d_model, w_m, N_min) -> + fairseq sinusoidal
+positions -> per-sequence dropout -> B = N_max pre-norm :class:`DeLighTDecoderBlock` without encoder
+attention (causal), with block-wise scaling (Eq. 5.4) -> ``project_out`` Linear(d_model -> 128, no
+bias) -> adaptive softmax tied to the adaptive input (or the tied plain table).
 
 This follows the released code (sacmehta/delight, ``delight_transformer_lm.py``, arch
 ``delight_transformer_lm_wiki103``): the LM forces pre-norm ("training is not stable without
@@ -12,7 +12,7 @@ this") and has no LayerNorm after the last block (``no_decoder_final_norm``); th
 and softmax share every table and projection (:class:`AdaptiveInputSoftmax`), so the only
 output-only weight is the 2 x 128 cluster projection. With V = 267,744 (fairseq's WikiText-103
 dictionary) the parameter counts equal the official ``--print-stats`` totals, e.g. 99,247,668 for
-d_m 1024, N 4 -> 12, w_m 2 (Table 5.4b: 99 M).
+d_model 1024, N 4 -> 12, w_m 2 (Table 5.4b: 99 M).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from src.ops.sinusoidal_positions import sinusoidal_positions
 
 def wikitext103_dropout(d_model: int) -> float:
     """The official WT-103 rule for dropout, FFN, attention and DExTra dropout:
-    ``round(0.1 * d_m / 1024, 2)`` (d_m 1024 -> 0.1, 512 -> 0.05, 384 -> 0.04, 256 -> 0.03)."""
+    ``round(0.1 * d_model / 1024, 2)`` (d_model 1024 -> 0.1, 512 -> 0.05, 384 -> 0.04,
+    256 -> 0.03)."""
     return round(0.1 * d_model / 1024, 2)
 
 
@@ -118,7 +119,7 @@ class DeLighTLMEmbedding(nn.Module):
     Args:
         lookup: tokens (B, T) -> (B, T, embedding_dim).
         embedding_dim: the lookup's width.
-        d_model: d_m.
+        d_model: the model width.
         width_multiplier: w_m of the embedding DExTra.
         depth: N_min.
         max_groups: g_max.
@@ -175,7 +176,7 @@ class DeLighTLMEmbedding(nn.Module):
     def forward(self, tokens: Tensor, padding_mask: Tensor) -> Tensor:
         x = self.lookup(tokens) * self.embed_scale  # (B, T, 128)
         x = recurrent_dropout(x, self.embedding_dropout, self.training)
-        x = self.dextra(x)  # (B, T, d_m)
+        x = self.dextra(x)  # (B, T, d_model)
         positions = sinusoidal_positions(padding_mask, self.d_model, self.padding_idx)
         x = x + positions.to(x.dtype)
         return recurrent_dropout(x, self.position_dropout, self.training)
@@ -192,7 +193,7 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
 
     Args:
         vocab_size: V (fairseq dictionary order: specials, then words by descending count).
-        d_model: d_m.
+        d_model: the model width.
         n_min: N_min, the first block's DExTra depth and the embedding DExTra's.
         n_max: N_max, the last block's depth; B = N_max blocks unless ``num_blocks``.
         width_multiplier: w_m.
@@ -202,10 +203,10 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
         adaptive_factor: band i is ``embedding_dim / factor^i`` wide.
         embedding_dim: the lookup width and the width scored at the output (128).
         num_blocks: B; N_max when None.
-        max_groups: g_max; ``dextra_max_groups(d_model)`` (2^ceil(log2(d_m / 32))) when None.
+        max_groups: g_max; ``dextra_max_groups(d_model)`` (2^ceil(log2(d_model / 32))) when None.
         padding_idx: the pad token.
         dropout: on each branch before its residual sum; None: the official WT-103 rule
-            :func:`wikitext103_dropout` (``round(0.1 d_m / 1024, 2)``).
+            :func:`wikitext103_dropout` (``round(0.1 d_model / 1024, 2)``).
         attention_dropout: on the attention probabilities; None: the same rule.
         activation_dropout: after the light FFN's swish (0).
         ffn_dropout: on the FFN branch; None: the same rule.
@@ -216,7 +217,7 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
 
     Submodules: ``embedding`` (:class:`DeLighTLMEmbedding`; its ``lookup`` is the
     :class:`AdaptiveInputSoftmax` or an ``nn.Embedding``), ``blocks``, ``project_out`` (None when
-    d_m equals embedding_dim).
+    d_model equals embedding_dim).
 
     Shape:
         forward: tokens (B, T) int64 -> hidden (B, T, embedding_dim);
@@ -332,11 +333,11 @@ class DeLighTLanguageModel(TiedOutputLanguageModel):
             tokens (B, T) int64 -> (B, T, embedding_dim)
         """
         padding_mask = tokens.eq(self.padding_idx)  # (B, T)
-        x = self.embedding(tokens, padding_mask).transpose(0, 1)  # (T, B, d_m)
+        x = self.embedding(tokens, padding_mask).transpose(0, 1)  # (T, B, d_model)
         key_padding_mask = keys_to_mask(padding_mask)  # fairseq's rule (src.models.padding)
         for block in self.blocks:
-            x, _ = block(x, self_attn_padding_mask=key_padding_mask)  # (T, B, d_m), causal
-        x = x.transpose(0, 1)  # (B, T, d_m)
+            x, _ = block(x, self_attn_padding_mask=key_padding_mask)  # (T, B, d_model), causal
+        x = x.transpose(0, 1)  # (B, T, d_model)
         return x if self.project_out is None else self.project_out(x)
 
     def extra_repr(self) -> str:

@@ -1,20 +1,44 @@
 """The DeLighT encoder-decoder for machine translation (thesis Ch. 5, Secs. 5.3-5.4).
 
 Both sides start with a :class:`DeLighTEmbedding`: a 128-wide lookup table, scaled by sqrt(128),
-per-sequence dropout, a DeLighT transformation ("embedding DExTra") from 128 to d_m, then fixed
-sinusoidal positions and their dropout. The encoder stacks B :class:`DeLighTEncoderBlock`, the
-decoder B :class:`DeLighTDecoderBlock` with encoder attention, both with block-wise scaling
-(Eq. 5.4, B = N_max) and post-norm. The decoder then maps d_m back to 128 with a bias-free Linear
-and scores the vocabulary with the 128-wide lookup table (tied).
+per-sequence dropout, a DeLighT transformation ("embedding DExTra") from 128 to d_model, then
+fixed sinusoidal positions and their dropout. The encoder stacks B :class:`DeLighTEncoderBlock`,
+the decoder B :class:`DeLighTDecoderBlock` with encoder attention, both with block-wise scaling
+(Eq. 5.4, B = N_max) and post-norm. The decoder then maps d_model back to 128 with a bias-free
+Linear and scores the vocabulary with the 128-wide lookup table (tied).
+
+Each size has one name from the config (``conf/model/delight_*.yaml``) through the models, the
+blocks and the ops down to the kernels; the thesis's symbols and the official code's names are:
+
+=================================  ====================  ========================================
+thesis                             here                  official (sacmehta/delight)
+=================================  ====================  ========================================
+d_m, the model width               ``d_model``           ``--delight-emb-out-dim``; ``embed_dim``
+d_o = d_m / 2, attention width     ``d_o``               ``proj_dim``
+d_m / r, the light FFN's width     ``d_ffn``             ``light_ffn_dim``
+r = 4                              ``ffn_reduction``     ``--delight-{enc,dec}-ffn-red``
+w_m; w^b of block b                ``width_multiplier``  ``--delight-{enc,dec}-width-mult``
+N_min, N_max                       ``n_min``, ``n_max``  ``--delight-{enc,dec}-{min,max}-depth``
+N^b, block b's DExTra depth        ``depth``             ``dextra_depth``
+B, blocks a side                   ``num_blocks``        ``--delight-{enc,dec}-layers``
+g_max                              ``max_groups``        ``--delight-{enc,dec}-max-groups``
+d_max = w_m d_in, DExTra's widest  ``d_max``             ``max_features``
+the lookup width (128)             ``embedding_dim``     ``--delight-emb-map-dim``
+=================================  ====================  ========================================
+
+A DExTra's own widths keep the official ``DExTraUnit`` names: ``in_features`` (d_in),
+``in_proj_features`` (p) and ``out_features`` (o) are (d_model, d_o, d_o) in a block and
+(embedding_dim, d_model / 2, d_model) in the embedding. ``d_model`` rather than d_m because every
+text model's config takes that key (``model.d_model=320`` sizes DeLighT and the Transformer alike).
 
 This follows the released code (sacmehta/delight, ``delight_transformer.py`` and
-``dextra_emb.py``); the embedding DExTra and the d_m -> 128 projection are code details the thesis
-does not describe ([D] in the spec):
+``dextra_emb.py``); the embedding DExTra and the d_model -> 128 projection are code details the
+thesis does not describe ([D] in the spec):
 
-- Embedding DExTra: in = 128, p = d_m / 2, o = d_m, w = w_m, N = N_min, the blocks' g_max; so its
-  widest layer is w_m * 128, which can be narrower than d_m.
+- Embedding DExTra: in = 128, p = d_model / 2, o = d_model, w = w_m, N = N_min, the blocks' g_max;
+  so its widest layer is w_m * 128, which can be narrower than d_model.
 - Post-norm MT models have no LayerNorm after the last block of either side (the official one
-  exists only with ``normalize_before``), and no ``project_out`` when d_m = 128.
+  exists only with ``normalize_before``), and no ``project_out`` when d_model = 128.
 - ``share_all_embeddings`` (WMT) ties only the lookup table: each side keeps its own embedding
   DExTra. ``share_decoder_input_output_embed`` (every official MT arch) scores with the decoder's
   table; otherwise a bias-free Linear(128 -> V_tgt) does.
@@ -78,16 +102,17 @@ def recurrent_dropout(
 
 
 class DeLighTEmbedding(nn.Module):
-    """DeLighT's input embedding: lookup (128) -> DeLighT transformation -> + positions (d_m).
+    """DeLighT's input embedding: lookup (128) -> DeLighT transformation -> + positions (d_model).
 
     ``lookup[token] * sqrt(128)`` (the scale only for a plain table, as in MT) -> per-sequence
-    dropout -> DExTra(in=128, p=d_m/2, o=d_m, w=w_m, N=N_min) -> + fairseq sinusoidal positions
-    (:func:`sinusoidal_positions`: positions start at ``padding_idx + 1``, pads get zeros) ->
-    per-sequence dropout. Official ``DExTraEmb`` plus the encoder's/decoder's position step.
+    dropout -> DExTra(in=128, p=d_model/2, o=d_model, w=w_m, N=N_min) -> + fairseq sinusoidal
+    positions (:func:`sinusoidal_positions`: positions start at ``padding_idx + 1``, pads get
+    zeros) -> per-sequence dropout. Official ``DExTraEmb`` plus the encoder's/decoder's position
+    step.
 
     Args:
         num_embeddings: V, the vocabulary size.
-        d_model: d_m, the output width.
+        d_model: the model width, the output's.
         width_multiplier: w_m; the embedding DExTra's widest layer is about w_m * embedding_dim.
         depth: N, the embedding DExTra's depth (officially N_min).
         max_groups: g_max (officially the blocks' one).
@@ -164,10 +189,10 @@ class DeLighTEmbedding(nn.Module):
             padding_mask = tokens.eq(self.padding_idx)
         x = self.lookup(tokens) * self.embed_scale  # (B, T, 128)
         x = recurrent_dropout(x, self.embedding_dropout, self.training, segments)
-        x = self.dextra(x, seeds)  # (B, T, d_m)
+        x = self.dextra(x, seeds)  # (B, T, d_model)
         vectors = sinusoidal_positions(
             padding_mask, self.d_model, self.padding_idx, offset=offset, positions=positions
-        )  # (B, T, d_m)
+        )  # (B, T, d_model)
         x = x + vectors.to(x.dtype)
         return recurrent_dropout(x, self.position_dropout, self.training, segments)
 
@@ -243,15 +268,15 @@ class DeLighTEncoderDecoder(nn.Module):
 
     Encoder: :class:`DeLighTEmbedding` -> B :class:`DeLighTEncoderBlock` (post-norm, no final
     LayerNorm). Decoder: :class:`DeLighTEmbedding` -> B :class:`DeLighTDecoderBlock` with encoder
-    attention -> ``project_out`` Linear(d_m -> 128, no bias; absent when d_m = 128) -> logits
-    against the decoder's lookup table (``share_decoder_input_output_embed``) or a bias-free
-    ``output`` Linear(128 -> V_tgt). Block b has depth N^b and width multiplier w^b from
+    attention -> ``project_out`` Linear(d_model -> 128, no bias; absent when d_model = 128) ->
+    logits against the decoder's lookup table (``share_decoder_input_output_embed``) or a
+    bias-free ``output`` Linear(128 -> V_tgt). Block b has depth N^b and width multiplier w^b from
     :func:`block_wise_scaling` (Eq. 5.4, the official truncation and rounding; B = N_max).
 
     Args:
         src_vocab: V_src.
         tgt_vocab: V_tgt.
-        d_model: d_m.
+        d_model: the model width.
         n_min: N_min, the first block's DExTra depth and the embedding DExTra's.
         n_max: N_max, the last block's depth.
         width_multiplier: w_m, the first block's and the embedding DExTra's.
@@ -260,7 +285,7 @@ class DeLighTEncoderDecoder(nn.Module):
         share_decoder_input_output_embed: score with the decoder's lookup table (IWSLT and WMT).
         num_blocks: B, on each side; N_max when None, as in every official architecture.
         max_groups: g_max of every DExTra; ``dextra_max_groups(d_model)`` (the code's
-            2^ceil(log2(d_m / 32)), 16 for d_m = 384) when None.
+            2^ceil(log2(d_model / 32)), 16 for d_model = 384) when None.
         embedding_dim: the lookup tables' width.
         padding_idx: the pad token of both dictionaries.
         dropout: on each attention branch before its residual sum.
@@ -392,7 +417,7 @@ class DeLighTEncoderDecoder(nn.Module):
         seeds = DropoutSeeds()  # one seed drawn for the encoder's dropouts
         x = self.encoder_embedding(
             src_tokens, src_padding_mask, segments=segments, positions=positions, seeds=seeds
-        ).transpose(0, 1)  # (S, B, d_m)
+        ).transpose(0, 1)  # (S, B, d_model)
         # the masks as the additive ones the attention adds, built once for all blocks: the
         # padding (B, S), or each pair of a packed row within itself (B, S, S)
         dtype = self._attention_dtype()
@@ -445,14 +470,14 @@ class DeLighTEncoderDecoder(nn.Module):
         for block, keys_values in zip(self.decoder_blocks, encoder, strict=True):
             x, _ = block(
                 x, keys_values, bias, self_attn_mask=causal, encoder_attn_mask=across, seeds=seeds
-            )  # (T, B, d_m)
+            )  # (T, B, d_model)
         return self._output(x)
 
     def _encoder_keys_values(self, encoder_out: Tensor) -> list[KeyValueCache]:
         """Every decoder block's encoder-attention keys and values, from one product.
 
         Shape:
-            (S, B, d_model) -> one cache of key, value (S, B, d_m / 2) per block
+            (S, B, d_model) -> one cache of key, value (S, B, d_o) per block
         """
         return encoder_keys_values([b.encoder_attn for b in self.decoder_blocks], encoder_out)
 
@@ -488,7 +513,7 @@ class DeLighTEncoderDecoder(nn.Module):
         encoder = self._encoder_keys_values(encoder_out) if state is None else None
         caches = []
         for b, block in enumerate(self.decoder_blocks):
-            x, cache = block.forward_step(  # (T, B, d_m)
+            x, cache = block.forward_step(  # (T, B, d_model)
                 x,
                 encoder_out if encoder is None else encoder[b],
                 src_padding_mask,
@@ -505,7 +530,7 @@ class DeLighTEncoderDecoder(nn.Module):
         Shape:
             (T, B, d_model) -> (B, T, V_tgt)
         """
-        x = x.transpose(0, 1)  # (B, T, d_m)
+        x = x.transpose(0, 1)  # (B, T, d_model)
         if self.project_out is not None:
             x = self.project_out(x)  # (B, T, 128)
         if self.output is not None:
@@ -526,7 +551,7 @@ class DeLighTEncoderDecoder(nn.Module):
 
     def paper_macs(self, src_len: int = 20, tgt_len: int = 20) -> int:
         """Multiply-adds as the official profiler counts them (``--print-stats``; thesis Table
-        5.2 counts 20 source and 20 target tokens: 5.6 B at d_m 512 and 8.1 B at 640 on En-Fr).
+        5.2 counts 20 source and 20 target tokens: 5.6 B at d_model 512 and 8.1 B at 640 on En-Fr).
 
         - A linear map or GLT costs its weights plus biases per token it maps; LayerNorms,
           activations and lookups are free.

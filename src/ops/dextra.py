@@ -1,20 +1,21 @@
 """DExTra, the DeLighT transformation: a deep, light expand-reduce stack of GLTs with input mixing.
 
-DeLighT (Mehta et al., 2021, Sec. 3.1; thesis Ch. 5): an input layer projects the d_m-dimensional
-input to p features (x0); N group linear transformations (GLTs) then first expand the width towards
-d_max = w_m * d_m and reduce it again, each followed by feature shuffle, a per-group LayerNorm and
-swish; before every GLT the *input mixer* interleaves chunks of x0 with chunks of the previous GLT's
-output; an output layer maps concat(x0, last output) to o features.
+DeLighT (Mehta et al., 2021, Sec. 3.1; thesis Ch. 5): an input layer projects the d_in-dimensional
+input (d_model inside a DeLighT block) to p features (x0); N group linear transformations (GLTs)
+then first expand the width towards d_max = w_m * d_in and reduce it again, each followed by feature
+shuffle, a per-group LayerNorm and swish; before every GLT the *input mixer* interleaves chunks of
+x0 with chunks of the previous GLT's output; an output layer maps concat(x0, last output) to o
+features.
 
 This module follows the released code (sacmehta/delight), which differs from the thesis text:
 
 - Groups. Thesis Eq. 5.2: g^l = min(2^(l-1), g_max) for the ceil(N/2) expansion layers, so the first
   GLT has one group. Code: g^l = min(2^l, g_max), so it **starts at 2 groups**. Both mirror the list
   for the reduction layers (the middle entry twice when N is even).
-- Maximum groups. Thesis: g_max = ceil(d_m / 32). Code: 2^ceil(log2(d_m / 32)); they differ for
-  d_m = 384 (12 vs 16) and 640 (20 vs 32). See :func:`dextra_max_groups`.
-- Widths, the code's rule (both schedules here use it): int(linspace(p, w_m * d_in, ceil(N/2)))
-  mirrored, so d_max = w_m times the unit's *input* width, not w_m * p; every width but the last
+- Maximum groups. Thesis: g_max = ceil(d_model / 32). Code: 2^ceil(log2(d_model / 32)); they
+  differ for d_model = 384 (12 vs 16) and 640 (20 vs 32). See :func:`dextra_max_groups`.
+- Widths, the code's rule (both schedules here use it): int(linspace(p, d_max, ceil(N/2)))
+  mirrored, with d_max = w_m times the unit's *input* width, not w_m * p; every width but the last
   is rounded up to a multiple of max(g^l, g^(l+1), 8), and the last GLT outputs o.
 - The mixer mixes x0 (the projected input), not the raw input, and the output layer is
   Linear(o + p -> o) followed by LayerNorm and swish, like every other layer of the unit.
@@ -43,11 +44,11 @@ SCHEDULES = ("official", "paper")
 
 @dataclass(frozen=True)
 class DExTraSchedule:
-    """Per-GLT sizes of one DExTra unit: ``groups[l]``, ``in_features[l]``, ``out_features[l]``."""
+    """Per-GLT sizes of one DExTra unit: ``groups[l]``, ``in_widths[l]``, ``out_widths[l]``."""
 
     groups: tuple[int, ...]
-    in_features: tuple[int, ...]
-    out_features: tuple[int, ...]
+    in_widths: tuple[int, ...]
+    out_widths: tuple[int, ...]
 
 
 def _check_schedule(schedule: str) -> str:
@@ -56,13 +57,14 @@ def _check_schedule(schedule: str) -> str:
     return schedule
 
 
-def dextra_max_groups(d_m: int, *, schedule: str = "official") -> int:
-    """g_max for model width d_m: 2^ceil(log2(d_m/32)) (code) or ceil(d_m/32) (thesis)."""
-    if d_m < 1:
-        raise ValueError(f"d_m must be positive, got {d_m}")
+def dextra_max_groups(d_model: int, *, schedule: str = "official") -> int:
+    """g_max for the model width d_model: 2^ceil(log2(d_model/32)) (code) or ceil(d_model/32)
+    (thesis)."""
+    if d_model < 1:
+        raise ValueError(f"d_model must be positive, got {d_model}")
     if _check_schedule(schedule) == "paper":
-        return math.ceil(d_m / 32)
-    return 2 ** math.ceil(math.log2(d_m / 32)) if d_m > 32 else 1
+        return math.ceil(d_model / 32)
+    return 2 ** math.ceil(math.log2(d_model / 32)) if d_model > 32 else 1
 
 
 def _linspace(start: float, stop: float, num: int) -> list[float]:
@@ -75,11 +77,10 @@ def _linspace(start: float, stop: float, num: int) -> list[float]:
 
 
 def dextra_schedule(
-    in_features: int,
     in_proj_features: int,
+    d_max: float,
     out_features: int,
     *,
-    width_multiplier: float,
     depth: int,
     max_groups: int,
     schedule: str = "official",
@@ -87,24 +88,24 @@ def dextra_schedule(
     """Groups and widths of the N GLTs of a DExTra unit (see the module docstring).
 
     Args:
-        in_features: d_in, the unit's input width (d_m in a block); d_max = width_multiplier * d_in.
         in_proj_features: p, the width of x0 and of the first GLT's input.
+        d_max: the expanded width the widths widen towards, w_m * d_in (official
+            ``max_features``; a float, as the code computes it).
         out_features: o, the last GLT's output width.
-        width_multiplier: w_m.
         depth: N, the number of GLTs.
         max_groups: g_max.
         schedule: ``"official"`` (groups 2, 4, ...) or ``"paper"`` (groups 1, 2, ..., Eq. 5.2).
     """
-    if depth < 1 or max_groups < 1 or min(in_features, in_proj_features, out_features) < 1:
+    if depth < 1 or max_groups < 1 or min(in_proj_features, d_max, out_features) < 1:
         raise ValueError(
             f"need depth >= 1, max_groups >= 1 and positive widths, got depth={depth}, "
-            f"max_groups={max_groups}, in_features={in_features}, "
-            f"in_proj_features={in_proj_features}, out_features={out_features}"
+            f"max_groups={max_groups}, in_proj_features={in_proj_features}, d_max={d_max}, "
+            f"out_features={out_features}"
         )
     first = 0 if _check_schedule(schedule) == "paper" else 1
     n_expand = math.ceil(depth / 2)
     groups = [min(2 ** (first + layer), max_groups) for layer in range(n_expand)]
-    widths = [int(w) for w in _linspace(in_proj_features, width_multiplier * in_features, n_expand)]
+    widths = [int(w) for w in _linspace(in_proj_features, d_max, n_expand)]
     # reduction mirrors the expansion; with N even the widest layer appears twice
     keep = n_expand if depth % 2 == 0 else n_expand - 1
     groups += groups[:keep][::-1]
@@ -115,17 +116,19 @@ def dextra_schedule(
         out.append(math.ceil(width / multiple) * multiple)
     out.append(out_features)
     ins = [in_proj_features] + [width + in_proj_features for width in out[:-1]]
-    return DExTraSchedule(groups=tuple(groups), in_features=tuple(ins), out_features=tuple(out))
+    return DExTraSchedule(groups=tuple(groups), in_widths=tuple(ins), out_widths=tuple(out))
 
 
 class DExTra(nn.Module):
     """The DeLighT transformation (official semantics; README "DExTra semantics").
 
     Args:
-        in_features: d_in (d_m inside a DeLighT block, the embedding width in the embedding unit).
-        in_proj_features: p, the input layer's width (x0, mixed into every GLT input).
-        out_features: o, the unit's output width.
-        width_multiplier: w_m; the widest GLT has about w_m * in_features outputs.
+        in_features: d_in (d_model inside a DeLighT block, the lookup's embedding_dim in the
+            embedding unit).
+        in_proj_features: p, the input layer's width (x0, mixed into every GLT input): d_o in a
+            block, d_model / 2 in the embedding.
+        out_features: o, the unit's output width: d_o in a block, d_model in the embedding.
+        width_multiplier: w_m; the widest GLT has about d_max = w_m * in_features outputs.
         depth: N, the number of GLTs.
         max_groups: g_max (see :func:`dextra_max_groups`).
         schedule: ``"official"`` or ``"paper"`` group schedule (see :func:`dextra_schedule`).
@@ -159,15 +162,11 @@ class DExTra(nn.Module):
         glt_shuffle: bool = True,
     ) -> None:
         super().__init__()
+        d_max = width_multiplier * in_features
         plan = dextra_schedule(
-            in_features,
-            in_proj_features,
-            out_features,
-            width_multiplier=width_multiplier,
-            depth=depth,
-            max_groups=max_groups,
+            in_proj_features, d_max, out_features, depth=depth, max_groups=max_groups,
             schedule=schedule,
-        )
+        )  # fmt: skip
         mixed = plan.groups[1:] + (1,)
         bad = [
             (layer, g)
@@ -177,7 +176,7 @@ class DExTra(nn.Module):
         bad += [
             (layer, g)
             for layer, g in enumerate(plan.groups)
-            if plan.out_features[layer] % mixed[layer]
+            if plan.out_widths[layer] % mixed[layer]
         ]
         if bad:
             raise ValueError(
@@ -200,11 +199,11 @@ class DExTra(nn.Module):
         self.input_norm = nn.LayerNorm(in_proj_features, eps=eps)
         self.glts = nn.ModuleList(
             GroupLinear(d_in, d_out, g, shuffle=glt_shuffle, impl=impl)
-            for g, d_in, d_out in zip(plan.groups, plan.in_features, plan.out_features, strict=True)
+            for g, d_in, d_out in zip(plan.groups, plan.in_widths, plan.out_widths, strict=True)
         )
         self.glt_norms = nn.ModuleList(
             SharedGroupLayerNorm(d_out, g, eps=eps)
-            for g, d_out in zip(plan.groups, plan.out_features, strict=True)
+            for g, d_out in zip(plan.groups, plan.out_widths, strict=True)
         )
         self.output_layer = nn.Linear(in_proj_features + out_features, out_features)
         self.output_norm = nn.LayerNorm(out_features, eps=eps)
@@ -257,6 +256,6 @@ class DExTra(nn.Module):
         return (
             f"in_features={self.in_features}, in_proj_features={self.in_proj_features}, "
             f"out_features={self.out_features}, groups={self.plan.groups}, "
-            f"widths={self.plan.out_features}, schedule={self.schedule!r}, "
+            f"widths={self.plan.out_widths}, schedule={self.schedule!r}, "
             f"dropout={self.dropout}, impl={self.impl!r}, glt_shuffle={self.glt_shuffle}"
         )

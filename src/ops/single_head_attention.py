@@ -1,18 +1,18 @@
 """DeLighT's single-head attention (thesis Sec. 5.3.2, Eq. 5.3; Mehta et al., 2021, Sec. 3.2).
 
-After the DeLighT transformation has reduced the residual width d_m to d_o = d_m / 2, one head of
-width d_o attends: ``softmax(Q K^T / sqrt(d_o)) V``, and ``out_proj`` maps d_o back to d_m. The
-attention cost is O(d_o n^2), half that of a d_m-wide multi-head layer.
+After the DeLighT transformation has reduced the residual width d_model to d_o = d_model / 2, one
+head of width d_o attends: ``softmax(Q K^T / sqrt(d_o)) V``, and ``out_proj`` maps d_o back to
+d_model. The attention cost is O(d_o n^2), half that of a d_model-wide multi-head layer.
 
 Official semantics (sacmehta/delight, ``single_head_attention.py``), all reproduced here:
 
 - Self-attention projects its input with **one** Linear(d_o -> 3 d_o) whose output is split into
   q, k, v **in that order** (the official parameter is named ``linear_kqv``).
-- Encoder-decoder attention projects the query from the d_m residual stream (no DExTra) with
-  Linear(d_m -> d_o) and keys and values from the encoder output with Linear(d_m -> 2 d_o), split
-  (k, v).
-- q is scaled by d_o^-0.5 after its bias; an additive float mask is added to the scores, then
-  padded keys are filled with -inf; the softmax runs in float32 for 16-bit inputs (in the input
+- Encoder-decoder attention projects the query from the d_model residual stream (no DExTra) with
+  Linear(d_model -> d_o) and keys and values from the encoder output with Linear(d_model -> 2 d_o),
+  split (k, v).
+- q is scaled by d_o^-0.5 after its bias; an additive float mask is added to the scores and
+  padded keys get -inf; the softmax runs in float32 for 16-bit inputs (in the input
   dtype otherwise); dropout acts on the probabilities.
 
 Without ``need_weights`` the attention runs as PyTorch's fused ``scaled_dot_product_attention``
@@ -92,71 +92,60 @@ class KeyValueCache:
 class SingleHeadAttention(nn.Module):
     """One attention head of width d_o between a query stream and a key/value stream.
 
+    Self-attention attends over its input, the DExTra output of width d_o; encoder-decoder
+    attention takes its query from the residual stream and its keys and values from the encoder
+    output, both of width d_model. ``out_proj`` maps the head back to d_model.
+
     Args:
-        query_features: width of the query input: d_o for self-attention (the DExTra output),
-            d_m for encoder-decoder attention (the residual stream).
-        d_o: the head width.
-        out_features: d_m, the width ``out_proj`` maps back to.
+        d_model: the model width.
+        d_o: the head width (d_model / 2 in DeLighT).
         cross_attention: encoder-decoder attention (queries and keys/values from different
             streams, separate projections) instead of self-attention.
-        kv_features: width of the key/value input (the encoder output) for cross-attention;
-            defaults to ``query_features``.
         dropout: on the attention probabilities.
         impl: the projections' path (:func:`src.kernels.linear.linear`): "auto" (the GLT kernel on
             CUDA where it times faster than ``nn.Linear``), "triton" or "reference".
 
     Parameters: self-attention ``qkv_proj`` Linear(d_o -> 3 d_o); cross-attention ``q_proj``
-    Linear(query_features -> d_o) and ``kv_proj`` Linear(kv_features -> 2 d_o); ``out_proj``
-    Linear(d_o -> out_features). All with bias.
+    Linear(d_model -> d_o) and ``kv_proj`` Linear(d_model -> 2 d_o); ``out_proj``
+    Linear(d_o -> d_model). All with bias.
 
     Shape:
-        query (T, B, query_features); key_value (S, B, kv_features) for cross-attention (or its
-        keys and values already projected, a :class:`KeyValueCache` of (S, B, d_o)), None for
-        self-attention (S = T); key_padding_mask (B, S) bool, True = padded key, or the same as an
-        additive float mask (:func:`padding_bias`, built once for all layers); attn_mask (T, S)
-        or (B, T, S) float, added to the scores (e.g. the pairs of packed rows:
-        :mod:`src.models.packing`) -> output (T, B, out_features) and, with ``need_weights``, the
-        attention probabilities (T, B, S) (before dropout), else None.
+        query (T, B, d_o) for self-attention, (T, B, d_model) for cross-attention; key_value
+        (S, B, d_model) for cross-attention (or its keys and values already projected, a
+        :class:`KeyValueCache` of (S, B, d_o)), None for self-attention (S = T); key_padding_mask
+        (B, S) bool, True = padded key, or the same as an additive float mask
+        (:func:`padding_bias`, built once for all layers); attn_mask (T, S) or (B, T, S) float,
+        added to the scores (e.g. the pairs of packed rows: :mod:`src.models.packing`) -> output
+        (T, B, d_model) and, with ``need_weights``, the attention probabilities (T, B, S) (before
+        dropout), else None.
     """
 
     def __init__(
         self,
-        query_features: int,
+        d_model: int,
         d_o: int,
-        out_features: int,
         *,
         cross_attention: bool = False,
-        kv_features: int | None = None,
         dropout: float = 0.0,
         impl: str = "auto",
     ) -> None:
         super().__init__()
-        if min(query_features, d_o, out_features) < 1:
-            raise ValueError(
-                f"widths must be positive, got query_features={query_features}, d_o={d_o}, "
-                f"out_features={out_features}"
-            )
-        if kv_features is not None and not cross_attention:
-            raise ValueError(
-                f"kv_features ({kv_features}) is for cross-attention; self-attention projects "
-                "its query input"
-            )
+        if min(d_model, d_o) < 1:
+            raise ValueError(f"widths must be positive, got d_model={d_model}, d_o={d_o}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.query_features = query_features
+        self.d_model = d_model
         self.d_o = d_o
-        self.out_features = out_features
         self.cross_attention = cross_attention
-        self.kv_features = query_features if kv_features is None else kv_features
         self.dropout = dropout
         self.impl = check_impl(impl)
         self.scaling = d_o**-0.5
         if cross_attention:
-            self.q_proj = nn.Linear(query_features, d_o)
-            self.kv_proj = nn.Linear(self.kv_features, 2 * d_o)
+            self.q_proj = nn.Linear(d_model, d_o)
+            self.kv_proj = nn.Linear(d_model, 2 * d_o)
         else:
-            self.qkv_proj = nn.Linear(query_features, 3 * d_o)
-        self.out_proj = nn.Linear(d_o, out_features)
+            self.qkv_proj = nn.Linear(d_o, 3 * d_o)
+        self.out_proj = nn.Linear(d_o, d_model)
 
     def reset_parameters(self) -> None:
         for module in self.children():
@@ -171,7 +160,7 @@ class SingleHeadAttention(nn.Module):
         """Cross-attention's keys and values: the encoder output projected, or as given.
 
         Shape:
-            (S, B, kv_features) or a cache of (S, B, d_o) -> key, value (S, B, d_o)
+            (S, B, d_model) or a cache of (S, B, d_o) -> key, value (S, B, d_o)
         """
         if isinstance(key_value, KeyValueCache):
             if key_value.key.shape[-1] != self.d_o or key_value.value.shape[-1] != self.d_o:
@@ -220,10 +209,10 @@ class SingleHeadAttention(nn.Module):
         :meth:`forward` over the whole sequence at the new positions.
 
         Shape:
-            query (T, B, query_features); cache key/value (S', B, d_o); key_value
-            (S, B, kv_features), only for cross-attention's first step; key_padding_mask (B, S);
-            attn_mask (T, S), S counting the cached keys -> output (T, B, out_features) and the
-            cache of all S keys
+            query (T, B, d_o) for self-attention, (T, B, d_model) for cross-attention; cache
+            key/value (S', B, d_o); key_value (S, B, d_model), only for cross-attention's first
+            step; key_padding_mask (B, S); attn_mask (T, S), S counting the cached keys -> output
+            (T, B, d_model) and the cache of all S keys
         """
         if self.cross_attention:
             if (cache is None) == (key_value is None):
@@ -257,7 +246,7 @@ class SingleHeadAttention(nn.Module):
         """Scaled attention of projected queries over projected keys, then ``out_proj``.
 
         Shape:
-            q (T, B, d_o), k and v (S, B, d_o) -> output (T, B, out_features), probabilities
+            q (T, B, d_o), k and v (S, B, d_o) -> output (T, B, d_model), probabilities
             (T, B, S) or None
         """
         # (T, B, d_o) -> (B, T, d_o)
@@ -277,8 +266,10 @@ class SingleHeadAttention(nn.Module):
                 f"{(q.shape[0], q.shape[1], k.shape[1])}, got {tuple(attn_mask.shape)}"
             )
         p = self.dropout if self.training else 0.0
+        # the masks as one additive float mask, -inf on padded keys (B or 1, T or 1, S)
+        mask = _additive_mask(attn_mask, key_padding_mask, q.dtype)
         if need_weights:
-            out, probs = self._explicit(q * self.scaling, k, v, key_padding_mask, attn_mask, p)
+            out, probs = _explicit_attention(q * self.scaling, k, v, mask, p)
         else:
             # PyTorch's fused attention: one kernel each way on CUDA where the explicit form runs
             # about ten. It agrees with the explicit form to rounding in float32/float64, and for
@@ -287,49 +278,38 @@ class SingleHeadAttention(nn.Module):
             # scores unrounded where the explicit form rounds them to 16 bits first. It cannot
             # return probabilities. It scales q (the official code scales it after its bias) by
             # itself, which saves a launch each way and differs by rounding.
-            mask = _additive_mask(attn_mask, key_padding_mask, q.dtype)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling
             )
             probs = None
-        # out_proj on the (B, T, d_o) layout the attention wrote, then seen as (T, B, d_m): on a
+        # out_proj on the (B, T, d_o) layout the attention wrote, then seen as (T, B, d_model): on a
         # transposed input the projection would copy it first and add its bias separately
         out = self._project(out, self.out_proj).transpose(0, 1)
         return out, None if probs is None else probs.transpose(0, 1)  # (T, B, S)
 
-    def _explicit(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        key_padding_mask: Tensor | None,
-        attn_mask: Tensor | None,
-        p: float,
-    ) -> tuple[Tensor, Tensor]:
-        """The official computation.
-
-        Shape:
-            q (B, T, d), k and v (B, S, d) -> output (B, T, d), probabilities (B, T, S)
-        """
-        scores = torch.bmm(q, k.transpose(1, 2))  # (B, T, S)
-        if attn_mask is not None:
-            scores = scores + attn_mask.to(scores.dtype)
-        if key_padding_mask is not None and key_padding_mask.is_floating_point():
-            scores = scores + key_padding_mask[:, None, :].to(scores.dtype)
-        elif key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, :], float("-inf"))
-        # 16-bit scores overflow and lose the small probabilities: softmax in float32 as officially
-        softmax_dtype = torch.float32 if scores.dtype in _HALF else scores.dtype
-        probs = F.softmax(scores.to(softmax_dtype), dim=-1)
-        dropped = dropout(probs, p, training=True) if p > 0 else probs
-        return torch.bmm(dropped.to(v.dtype), v), probs
-
     def extra_repr(self) -> str:
         kind = "cross" if self.cross_attention else "self"
-        return (
-            f"{kind}, query_features={self.query_features}, kv_features={self.kv_features}, "
-            f"d_o={self.d_o}, out_features={self.out_features}, dropout={self.dropout}"
-        )
+        return f"{kind}, d_model={self.d_model}, d_o={self.d_o}, dropout={self.dropout}"
+
+
+def _explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float
+) -> tuple[Tensor, Tensor]:
+    """The official computation, which also gives the probabilities: scores of the scaled q,
+    plus ``mask`` (:func:`_additive_mask`), a softmax in float32 for 16-bit scores as officially
+    (16-bit scores overflow and lose the small probabilities), dropout, the weighted sum.
+
+    Shape:
+        q (B, T, d), k and v (B, S, d), mask (B or 1, T or 1, S) or None -> output (B, T, d),
+        probabilities (B, T, S)
+    """
+    scores = torch.bmm(q, k.transpose(1, 2))  # (B, T, S)
+    if mask is not None:
+        scores = scores + mask.to(scores.dtype)
+    softmax_dtype = torch.float32 if scores.dtype in _HALF else scores.dtype
+    probs = F.softmax(scores.to(softmax_dtype), dim=-1)
+    dropped = dropout(probs, p, training=True) if p > 0 else probs
+    return torch.bmm(dropped.to(v.dtype), v), probs
 
 
 def _additive_mask(
@@ -384,12 +364,12 @@ def encoder_keys_values(
     projection up to float rounding.
 
     Shape:
-        encoder_out (S, B, kv_features) -> L caches of key, value (S, B, d_o)
+        encoder_out (S, B, d_model) -> L caches of key, value (S, B, d_o)
     """
     first = attentions[0]
     if any(not a.cross_attention for a in attentions):
         raise ValueError("encoder keys and values are for cross-attention layers")
-    weight = torch.cat([a.kv_proj.weight for a in attentions])  # (L * 2 d_o, kv_features)
+    weight = torch.cat([a.kv_proj.weight for a in attentions])  # (L * 2 d_o, d_model)
     bias = torch.cat([a.kv_proj.bias for a in attentions])  # (L * 2 d_o,)
     kv = linear_weights((encoder_out,), weight, bias, impl=first.impl)  # (S, B, L * 2 d_o)
     # one split (one concatenation of gradients back): key then value of each layer in turn

@@ -103,8 +103,8 @@ def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torc
 
 def test_attention_projections_follow_impl(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
-    kernel = SingleHeadAttention(32, 16, 32, cross_attention=True, impl="triton").to(kernel_device)
-    reference = SingleHeadAttention(32, 16, 32, cross_attention=True, impl="reference")
+    kernel = SingleHeadAttention(32, 16, cross_attention=True, impl="triton").to(kernel_device)
+    reference = SingleHeadAttention(32, 16, cross_attention=True, impl="reference")
     reference.load_state_dict(kernel.state_dict())
     reference.to(kernel_device)
     query = torch.randn(5, 3, 32, device=kernel_device)
@@ -113,4 +113,4 @@ def test_attention_projections_follow_impl(kernel_device: torch.device) -> None:
     expected, _ = reference(query, memory)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="impl"):
-        SingleHeadAttention(32, 16, 32, impl="fast")
+        SingleHeadAttention(32, 16, impl="fast")

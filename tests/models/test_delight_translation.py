@@ -52,11 +52,11 @@ def _count(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def _build(row: dict[str, Any], d_m: int | None = None) -> DeLighTEncoderDecoder:
+def _build(row: dict[str, Any], d_model: int | None = None) -> DeLighTEncoderDecoder:
     return DeLighTEncoderDecoder(
         row["vocab_src"],
         row["vocab_tgt"],
-        d_model=row["d_m"] if d_m is None else d_m,
+        d_model=row["d_m"] if d_model is None else d_model,
         n_min=row["N_min"],
         n_max=row["N_max"],
         width_multiplier=row["w_m"],
@@ -96,8 +96,8 @@ def _dextra_structure(dextra: nn.Module) -> dict[str, list[int]]:
     plan = dextra.plan
     return {
         "groups": list(plan.groups),
-        "glt_in": list(plan.in_features),
-        "glt_out": list(plan.out_features),
+        "glt_in": list(plan.in_widths),
+        "glt_out": list(plan.out_widths),
     }
 
 
@@ -149,7 +149,7 @@ def test_mt_blocks_match_official(row: dict[str, Any]) -> None:
 @pytest.mark.parametrize("dims", _reference("mt_readme_dims_non_lookup"))
 def test_wmt14_en_de_widths_match_official(dims: dict[str, Any]) -> None:
     """The official README's WMT14 En-De widths: non-lookup and total parameters (V = 43736)."""
-    model = _build(_official_wmt14_en_de(), d_m=dims["d_m"])
+    model = _build(_official_wmt14_en_de(), d_model=dims["d_m"])
     total = sum(p.numel() for p in model.parameters())
     assert total - _lookup_params(model) == dims["non_lookup_params"]
     assert total == dims["total_en_de_V43736"]

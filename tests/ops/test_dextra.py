@@ -27,23 +27,20 @@ def _unit(
 
 
 def test_readme_schedule_examples() -> None:
-    four = dextra_schedule(256, 128, 128, width_multiplier=2, depth=4, max_groups=8)
+    # d_in 256, p = o = 128, w_m 2: d_max = 512
+    four = dextra_schedule(128, 512, 128, depth=4, max_groups=8)
     assert four.groups == (2, 4, 4, 2)
-    assert four.in_features == (128, 256, 640, 640)
-    assert four.out_features == (128, 512, 512, 128)
-    five = dextra_schedule(256, 128, 128, width_multiplier=2, depth=5, max_groups=8)
+    assert four.in_widths == (128, 256, 640, 640)
+    assert four.out_widths == (128, 512, 512, 128)
+    five = dextra_schedule(128, 512, 128, depth=5, max_groups=8)
     assert five.groups == (2, 4, 8, 4, 2)
-    assert five.out_features == (128, 320, 512, 320, 128)
+    assert five.out_widths == (128, 320, 512, 320, 128)
     # N = 2: no expansion at all
-    assert dextra_schedule(
-        256, 128, 128, width_multiplier=2, depth=2, max_groups=8
-    ).out_features == (128, 128)
+    assert dextra_schedule(128, 512, 128, depth=2, max_groups=8).out_widths == (128, 128)
 
 
 def test_paper_schedule_starts_at_one_group() -> None:
-    paper = dextra_schedule(
-        256, 128, 128, width_multiplier=2, depth=5, max_groups=8, schedule="paper"
-    )
+    paper = dextra_schedule(128, 512, 128, depth=5, max_groups=8, schedule="paper")
     assert paper.groups == (1, 2, 4, 2, 1)
     assert (dextra_max_groups(384), dextra_max_groups(384, schedule="paper")) == (16, 12)
     assert (dextra_max_groups(640), dextra_max_groups(640, schedule="paper")) == (32, 20)
@@ -155,9 +152,9 @@ def test_dextra_output_passes_layer_norm_and_swish() -> None:
 
 def test_bad_configurations_raise() -> None:
     with pytest.raises(ValueError, match="schedule must be one of"):
-        dextra_schedule(64, 32, 32, width_multiplier=2, depth=4, max_groups=4, schedule="thesis")
+        dextra_schedule(32, 128, 32, depth=4, max_groups=4, schedule="thesis")
     with pytest.raises(ValueError, match="depth=0"):
-        dextra_schedule(64, 32, 32, width_multiplier=2, depth=0, max_groups=4)
+        dextra_schedule(32, 128, 32, depth=0, max_groups=4)
     with pytest.raises(ValueError, match="cannot be built"):
         DExTra(64, 34, 32, width_multiplier=2, depth=4, max_groups=8)
     with pytest.raises(ValueError, match="dropout"):

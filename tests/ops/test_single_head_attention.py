@@ -18,12 +18,17 @@ T, S, B, D_O, D_M = 5, 6, 3, 16, 32
 
 def _self(dtype: torch.dtype = torch.float64) -> SingleHeadAttention:
     torch.manual_seed(0)
-    return SingleHeadAttention(D_O, D_O, D_M).to(dtype).eval()
+    return SingleHeadAttention(D_M, D_O).to(dtype).eval()
 
 
 def _cross(dtype: torch.dtype = torch.float64) -> SingleHeadAttention:
     torch.manual_seed(0)
-    return SingleHeadAttention(D_M, D_O, D_M, cross_attention=True).to(dtype).eval()
+    return SingleHeadAttention(D_M, D_O, cross_attention=True).to(dtype).eval()
+
+
+def _query_width(attention: SingleHeadAttention) -> int:
+    # self-attention reads the DExTra output (d_o), cross-attention the residual stream (d_model)
+    return attention.d_model if attention.cross_attention else attention.d_o
 
 
 def test_causal_attention_mask() -> None:
@@ -61,7 +66,7 @@ def test_projection_is_split_q_k_v_and_q_is_scaled_after_the_bias() -> None:
 @pytest.mark.parametrize("make", [_self, _cross])
 def test_fused_and_explicit_paths_agree(make) -> None:
     attention = make()
-    query = torch.randn(T, B, attention.query_features, dtype=torch.float64)
+    query = torch.randn(T, B, _query_width(attention), dtype=torch.float64)
     memory = torch.randn(S, B, D_M, dtype=torch.float64) if attention.cross_attention else None
     keys = S if attention.cross_attention else T
     pad = torch.zeros(B, keys, dtype=torch.bool)
@@ -108,7 +113,7 @@ def test_padded_keys_are_ignored(need_weights: bool) -> None:
 
 def test_backward_gives_finite_gradients() -> None:
     torch.manual_seed(0)
-    attention = SingleHeadAttention(D_M, D_O, D_M, cross_attention=True, dropout=0.1).train()
+    attention = SingleHeadAttention(D_M, D_O, cross_attention=True, dropout=0.1).train()
     query = torch.randn(T, B, D_M, requires_grad=True)
     memory = torch.randn(S, B, D_M, requires_grad=True)
     out, _ = attention(query, memory)
@@ -122,7 +127,7 @@ def test_bf16_autocast_is_close_to_float32(cross_attention: bool) -> None:
     width = D_M if cross_attention else D_O
 
     def make() -> SingleHeadAttention:
-        return SingleHeadAttention(width, D_O, D_M, cross_attention=cross_attention)
+        return SingleHeadAttention(D_M, D_O, cross_attention=cross_attention)
 
     def inputs() -> list[torch.Tensor]:
         memory = [torch.randn(S, B, D_M)] if cross_attention else []
@@ -140,7 +145,7 @@ def test_16_bit_fused_path_is_as_close_to_exact_as_the_official_form(make) -> No
     torch.manual_seed(1)
     exact = make()
     keys = S if exact.cross_attention else 4 * T
-    query = 3 * torch.randn(4 * T, B, exact.query_features, dtype=torch.float64)
+    query = 3 * torch.randn(4 * T, B, _query_width(exact), dtype=torch.float64)
     memory = 3 * torch.randn(S, B, D_M, dtype=torch.float64) if exact.cross_attention else None
     pad = torch.zeros(B, keys, dtype=torch.bool)
     pad[0, -2:] = True
@@ -167,8 +172,8 @@ def test_softmax_runs_in_float32_for_16_bit_inputs() -> None:
 
 
 def test_bad_arguments_raise() -> None:
-    with pytest.raises(ValueError, match="kv_features"):
-        SingleHeadAttention(D_O, D_O, D_M, kv_features=D_M)
+    with pytest.raises(ValueError, match="widths must be positive"):
+        SingleHeadAttention(D_M, 0)
     with pytest.raises(ValueError, match="needs key_value"):
         _cross()(torch.randn(T, B, D_M, dtype=torch.float64))
     with pytest.raises(ValueError, match="takes no key_value"):
@@ -205,7 +210,7 @@ def test_padding_bias_is_the_bool_mask_built_once(need_weights: bool) -> None:
 
 def test_encoder_keys_values_equal_each_layers_own_projection() -> None:
     torch.manual_seed(0)
-    layers = [SingleHeadAttention(D_M, D_O, D_M, cross_attention=True).double() for _ in range(3)]
+    layers = [SingleHeadAttention(D_M, D_O, cross_attention=True).double() for _ in range(3)]
     memory = torch.randn(S, B, D_M, dtype=torch.float64, requires_grad=True)
     query = torch.randn(T, B, D_M, dtype=torch.float64)
     caches = encoder_keys_values(layers, memory)

@@ -28,7 +28,7 @@ REFERENCE = {torch.float64: "output_float64", torch.float32: "output"}
 def _check_structure(block: torch.nn.Module, config: dict) -> None:
     assert list(block.dextra.plan.groups) == config["dextra"]["groups_per_layer"]
     assert [(layer["in"], layer["out"]) for layer in config["dextra"]["glt_layers"]] == list(
-        zip(block.dextra.plan.in_features, block.dextra.plan.out_features, strict=True)
+        zip(block.dextra.plan.in_widths, block.dextra.plan.out_widths, strict=True)
     )
     assert block.normalize_before == config["normalize_before"]
     assert sum(p.numel() for p in block.parameters()) == config["num_params"]

@@ -40,7 +40,7 @@ def test_dextra_matches_official(path: Path) -> None:
     unit = dextra_from_official(data["state_dict"], config)
     assert list(unit.plan.groups) == config["groups_per_layer"]
     assert [(layer["in"], layer["out"]) for layer in config["glt_layers"]] == list(
-        zip(unit.plan.in_features, unit.plan.out_features, strict=True)
+        zip(unit.plan.in_widths, unit.plan.out_widths, strict=True)
     )
     assert sum(p.numel() for p in unit.parameters()) == config["num_params"]
     _check(unit, data)
@@ -67,14 +67,13 @@ def test_schedule_matches_official_table(path: Path) -> None:
     assert rows
     for row in rows:
         plan = dextra_schedule(
-            row["in_features"],
             row["in_proj_features"],
+            row["width_multiplier"] * row["in_features"],  # d_max, official max_features
             row["out_features"],
-            width_multiplier=row["width_multiplier"],
             depth=row["N"],
             max_groups=row["max_groups"],
         )
-        assert (list(plan.groups), list(plan.in_features), list(plan.out_features)) == (
+        assert (list(plan.groups), list(plan.in_widths), list(plan.out_widths)) == (
             row["groups"],
             row["glt_in"],
             row["glt_out"],
