@@ -68,17 +68,9 @@ def time_loop_like(
 
 
 def time_loop_grads_like(
-    grad_output: Tensor,
-    grad_h_last: Tensor,
-    grad_c_last: Tensor,
-    output: Tensor,
-    cells: Tensor,
-    gates: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    weight: Tensor,
-    wanted: list[bool],
-) -> list[Tensor]:
+    grad_output: Tensor, grad_h_last: Tensor, grad_c_last: Tensor, output: Tensor, cells: Tensor,
+    gates: Tensor, h0: Tensor, c0: Tensor, weight: Tensor, wanted: list[bool],
+) -> list[Tensor]:  # fmt: skip
     """The time loop backward's outputs' metadata (its fake when traced): the gradients of
     (inputs, weight, bias, h0, c0) that ``wanted`` asks for, in that order."""
     groups, width = weight.shape[0], weight.shape[1]
