@@ -317,7 +317,7 @@ def env_part(visit: Visit) -> None:
 
 def cpu_check_part(visit: Visit, deadline: float) -> None:
     """The PRU recurrence's C++ kernel in each of its GEMM modes, each in a child process
-    (``python -m src.ops.pru_recurrence --check``), and the processor's instruction sets: the
+    (``benchmarks/pru_gemm_check.py``), and the processor's instruction sets: the
     packed mode died of SIGSEGV on visit 3's Intel Xeon (docs/gpu.md)."""
     flags: set[str] = set()
     model = platform.processor()
@@ -332,7 +332,7 @@ def cpu_check_part(visit: Visit, deadline: float) -> None:
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
     rows = []
     for mode in ("plain", "packed"):
-        run = visit.run(f"cpu_check_{mode}", [PYTHON, "-m", "src.ops.pru_recurrence", "--check",
+        run = visit.run(f"cpu_check_{mode}", [PYTHON, "benchmarks/pru_gemm_check.py", "--check",
                                               mode, "--threads", "4"], deadline,
                         env={"LIGHTNETS_PRU_GEMM": mode})  # fmt: skip
         code = run.returncode

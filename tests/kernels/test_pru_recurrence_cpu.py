@@ -1,5 +1,5 @@
 """The PRU recurrence's C++ kernels (``PRURecurrenceCpu``, the CPU path of
-:func:`src.ops.pru_recurrence.pru_recurrence`) against the float64 oracle, with MKL's packed
+:func:`src.kernels.pru_recurrence.pru_recurrence`) against the float64 oracle, with MKL's packed
 products and with plain sgemm: float32 outputs and gradients as close to it as the float32 PyTorch
 loop is, in every operand and for every mix of output gradients; gradients independent of the
 thread count; the whole sequence in one autograd node; every faulty operand rejected before memory
@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch import Tensor
 
-import src.ops.pru_recurrence as recurrence
+import src.kernels.pru_recurrence as recurrence
 from src.kernels.environment import PRU_GEMM_ENV
-from src.ops.pru_recurrence import (
+from src.kernels.pru_recurrence import (
     GEMM_MODES,
     PRURecurrenceCpu,
-    gemm_mode,
+    probed_gemm_mode,
     pru_recurrence,
     pru_recurrence_reference,
 )
@@ -56,7 +56,7 @@ def split_kernel(widths=None, mode: str | None = None):
     """``PRURecurrenceCpu`` with ``mode``'s products (default: this machine's) on P cut into
     levels of ``widths`` (default: the PTB pyramid's split, 3/4 and 1/4 of the units, whose
     boundary falls inside a task's chunk)."""
-    packed = (mode or gemm_mode()) == "packed"
+    packed = (mode or probed_gemm_mode()) == "packed"
 
     def kernel(inputs, weight, bias, h0, c0):
         hidden = inputs.shape[-1]
@@ -186,7 +186,7 @@ def _forward_arguments() -> list:
         h0,
         c0,
         True,
-        gemm_mode() == "packed",
+        probed_gemm_mode() == "packed",
     ]
 
 
@@ -321,6 +321,6 @@ def test_a_child_that_dies_is_reported_by_its_signal(monkeypatch):
 
 
 def test_the_chosen_mode_passes_its_check_in_a_child_process():
-    mode = gemm_mode()
+    mode = probed_gemm_mode()
     assert mode in GEMM_MODES
     assert recurrence._run_check(mode) is None

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from src.ops.pru_recurrence import pru_recurrence_reference
+from src.kernels.pru_recurrence import pru_recurrence_reference
 
 pytest.importorskip("triton")
 

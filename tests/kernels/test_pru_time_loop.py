@@ -26,7 +26,7 @@ from torch import Tensor
 from torch._dynamo.backends.debugging import aot_eager
 
 from src.kernels.dispatch import timings
-from src.ops.pru_recurrence import (
+from src.kernels.pru_recurrence import (
     TRITON_PATHS,
     pru_recurrence,
     pru_recurrence_reference,

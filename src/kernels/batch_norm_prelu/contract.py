@@ -20,28 +20,18 @@ BACKWARD_SCHEMA = (
 
 
 def forward_fake(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    slope: Tensor,
-    eps: float,
+    x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, eps: float,
     residual: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The forward kernels' outputs' metadata (C++ and Triton): y like x's (R, C) view, three
     float32 (C,)."""
     return (torch.empty_like(x), *(torch.empty_like(weight) for _ in range(3)))
 
 
 def backward_fake(
-    grad_y: Tensor,
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    slope: Tensor,
-    save_mean: Tensor,
-    save_invstd: Tensor,
-    residual: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    grad_y: Tensor, x: Tensor, weight: Tensor, bias: Tensor, slope: Tensor, save_mean: Tensor,
+    save_invstd: Tensor, residual: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """The backward kernels' outputs' metadata (C++ and Triton): grad_x like x's (R, C) view,
     three float32 (C,), and the residual's gradient like x (empty without a residual)."""
     vectors = (torch.empty_like(weight) for _ in range(3))

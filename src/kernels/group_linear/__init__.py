@@ -248,14 +248,8 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        weight, *parts = ctx.saved_tensors
-        wanted = ctx.needs_input_grad
-        bias_grad = ctx.has_bias and wanted[1]
-        with autocast_off(weight.device.type):
-            grads = glt_backward(
-                grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[3:]
-            )
-        return contract.unpack_glt_grads(grads, wanted, ctx.has_bias)
+        # inputs (weight, bias, shuffle, *parts)
+        return contract.glt_function_backward(ctx, grad_y, glt_backward, options=1)
 
 
 @opaque_op("lightnets::glt_backward", contract.BACKWARD_SCHEMA, contract.glt_grads_like)

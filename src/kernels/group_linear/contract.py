@@ -5,10 +5,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from src.kernels.dispatch import autocast_off
 
 FORWARD_SCHEMA = (
     "(Tensor[] parts, Tensor weight, Tensor? bias, bool shuffle, ScalarType dtype) -> Tensor"
@@ -28,14 +31,9 @@ def forward_fake(
 
 
 def glt_grads_like(
-    grad_y: Tensor,
-    weight: Tensor,
-    parts: Sequence[Tensor],
-    shuffle: bool,
-    weight_grad: bool,
-    bias_grad: bool,
-    part_grads: Sequence[bool],
-) -> list[Tensor]:
+    grad_y: Tensor, weight: Tensor, parts: Sequence[Tensor], shuffle: bool, weight_grad: bool,
+    bias_grad: bool, part_grads: Sequence[bool],
+) -> list[Tensor]:  # fmt: skip
     """Uninitialised gradients of a GLT backward op (its fake when traced): the wanted ones of
     (weight, bias, *parts), in that order.
 
@@ -50,16 +48,23 @@ def glt_grads_like(
     return grads
 
 
-def unpack_glt_grads(
-    grads: Sequence[Tensor], wanted: Sequence[bool], has_bias: bool
+def glt_function_backward(
+    ctx: Any, grad_y: Tensor, backward: Callable[..., list[Tensor]], options: int
 ) -> tuple[Tensor | None, ...]:
-    """The gradients of a GLT backward op, in the order of the Function's inputs.
-
-    ``grads`` holds only the wanted ones (weight, bias, parts); ``wanted`` is the Function's
-    ``needs_input_grad`` over (weight, bias, shuffle, *parts).
+    """The backward of a GLT autograd Function (the reference's, the Triton one's): its inputs are
+    (weight, bias, ``options`` arguments without a gradient, *parts), its saved tensors
+    (weight, *parts), with ``ctx.shuffle`` and ``ctx.has_bias``. ``backward`` is the path's
+    backward op (:data:`BACKWARD_SCHEMA`), run with autocast off (the operands already share the
+    products' dtype); its wanted gradients are returned in the Function's input order.
     """
+    weight, *parts = ctx.saved_tensors
+    wanted = ctx.needs_input_grad
+    bias_grad = ctx.has_bias and wanted[1]
+    part_grads = wanted[2 + options :]
+    with autocast_off(weight.device.type):
+        grads = backward(grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, part_grads)
     given = iter(grads)
     grad_w = next(given) if wanted[0] else None
-    grad_b = next(given) if has_bias and wanted[1] else None
-    grad_parts = [next(given) if want else None for want in wanted[3:]]
-    return (grad_w, grad_b, None, *grad_parts)
+    grad_b = next(given) if bias_grad else None
+    grad_parts = [next(given) if want else None for want in part_grads]
+    return (grad_w, grad_b, *[None] * options, *grad_parts)

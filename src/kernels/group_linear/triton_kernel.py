@@ -64,6 +64,22 @@ def _dot_operands(a, b, DOT_16: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(acc, a, b, DOT_16: tl.constexpr, WIDEN: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ b`` in float32: the blocks rounded as :func:`_dot_operands` says, widened to
+    float32 first where ``WIDEN`` (the interpreter's 16-bit products, :func:`_grouped_gemm`), the
+    product in IEEE float32 where ``IEEE`` (no TF32)."""
+    a, b = _dot_operands(a, b, DOT_16)
+    if WIDEN:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ptr, a1_ptr, b_ptr, bias_ptr, c_ptr, c1_ptr, colsum_ptr,
     R, T, T1, C, n_col_blocks, T_SPLIT, R0, C0,
@@ -114,14 +130,7 @@ def _grouped_gemm_kernel(
         )
         if COLSUM:
             col_sum += tl.sum(b.to(tl.float32), axis=0)
-        a, b = _dot_operands(a, b, DOT_16)
-        if WIDEN:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _accumulate(acc, a, b, DOT_16, WIDEN, IEEE)
     if HAS_A1:
         # the second part continues the reduction: B rows T .. T + T1
         a1_base = a1_ptr + group * s_a1g + rows[:, None] * s_a1r
@@ -137,14 +146,7 @@ def _grouped_gemm_kernel(
                 mask=(t[:, None] < T1) & (cols[None, :] < C),
                 other=0.0,
             )
-            a, b = _dot_operands(a, b, DOT_16)
-            if WIDEN:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = _accumulate(acc, a, b, DOT_16, WIDEN, IEEE)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + group * s_biasg + cols, mask=cols < C, other=0.0)
         # a float32 bias with a 16-bit output (autocast) is rounded to it first, as autocast's cast
@@ -340,18 +342,8 @@ class InterleavedGroupLinearTriton(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        weight, *parts = ctx.saved_tensors
-        wanted = ctx.needs_input_grad
-        bias_grad = ctx.has_bias and wanted[1]
-        with autocast_off(weight.device.type):
-            grads = glt_triton_backward(
-                grad_y, weight, parts, ctx.shuffle, wanted[0], bias_grad, wanted[4:]
-            )
-        # (weight, bias, shuffle, *parts) -> (weight, bias, shuffle, dtype, *parts)
-        grad_w, grad_b, _, *grad_parts = contract.unpack_glt_grads(
-            grads, wanted[:3] + wanted[4:], ctx.has_bias
-        )
-        return grad_w, grad_b, None, None, *grad_parts
+        # inputs (weight, bias, shuffle, dtype, *parts)
+        return contract.glt_function_backward(ctx, grad_y, glt_triton_backward, options=2)
 
 
 @opaque_op("lightnets::glt_triton", contract.FORWARD_SCHEMA, contract.forward_fake)
@@ -387,13 +379,9 @@ def glt_triton_backward(
     bias_grad: bool,
     part_grads: Sequence[bool],
 ) -> list[Tensor]:
-    """Backward of :class:`InterleavedGroupLinearTriton`: the wanted gradients of
-    (weight, bias, *parts), in that order
-    (:func:`src.kernels.group_linear.contract.glt_grads_like`).
-
-    Shape:
-        grad_y (N, g*n), weight (g, k, n), parts (N, d_j) -> [(g, k, n)], [(g, n)], [(N, d_j)]...
-    """
+    """Backward of :class:`InterleavedGroupLinearTriton`: the reference's
+    (:func:`src.kernels.group_linear.glt_backward`) by the kernels, into the gradients the
+    contract lays out (:func:`~src.kernels.group_linear.contract.glt_grads_like`)."""
     groups = weight.shape[0]
     # (N, g*n) read in place as (N, g, n)
     dy = _grouped_view(grad_y.contiguous(), groups, shuffle)

@@ -1,13 +1,10 @@
-"""The contract of the PRU's recurrence (:mod:`src.ops.pru_recurrence`): its operands' shapes,
-which the reference, the C++ kernels and the Triton kernels
-(:mod:`src.kernels.pru_recurrence.triton_kernel`) all take. The C++ kernels are called inside an
-autograd
-Function eagerly and, traced, as the custom ops ``lightnets::pru_recurrence_cpu`` (differentiable)
-and ``lightnets::pru_recurrence_cpu_backward``; the per-step Triton ones inside an autograd
-Function; the time-loop kernels (:mod:`src.kernels.pru_recurrence.triton_time_loop`) are the custom
-ops
-``lightnets::pru_time_loop`` (differentiable) and ``lightnets::pru_time_loop_backward``. Their
-schemas and fakes are here.
+"""The contract of the PRU's recurrence (:mod:`src.kernels.pru_recurrence`): its operands' shapes,
+which the reference, the C++ kernels and the Triton kernels (:mod:`.triton_kernel`) all take. The
+C++ kernels are called inside an autograd Function eagerly and, traced, as the custom ops
+``lightnets::pru_recurrence_cpu`` (differentiable) and ``lightnets::pru_recurrence_cpu_backward``;
+the per-step Triton ones inside an autograd Function; the time-loop kernels
+(:mod:`.triton_time_loop`) are the custom ops ``lightnets::pru_time_loop`` (differentiable) and
+``lightnets::pru_time_loop_backward``. Their schemas and fakes are here.
 """
 
 from __future__ import annotations
@@ -71,17 +68,9 @@ def time_loop_like(
 
 
 def time_loop_grads_like(
-    grad_output: Tensor,
-    grad_h_last: Tensor,
-    grad_c_last: Tensor,
-    output: Tensor,
-    cells: Tensor,
-    gates: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    weight: Tensor,
-    wanted: list[bool],
-) -> list[Tensor]:
+    grad_output: Tensor, grad_h_last: Tensor, grad_c_last: Tensor, output: Tensor, cells: Tensor,
+    gates: Tensor, h0: Tensor, c0: Tensor, weight: Tensor, wanted: list[bool],
+) -> list[Tensor]:  # fmt: skip
     """The time loop backward's outputs' metadata (its fake when traced): the gradients of
     (inputs, weight, bias, h0, c0) that ``wanted`` asks for, in that order."""
     groups, width = weight.shape[0], weight.shape[1]

@@ -1,7 +1,7 @@
 """The PRU's recurrence on CUDA: per step, the grouped context product by cuBLAS and the cell
 equations in one Triton launch; backward through time the same way round.
 
-The contract and its oracle are :mod:`src.ops.pru_recurrence`. Forward, step t is
+The contract and its oracle are :mod:`src.kernels.pru_recurrence`. Forward, step t is
 
     context = bmm(h_{t-1} chunks (g, B, w), W)           (g, B, 4w), cuBLAS, no bias
     a = P_t + (context + bias)                           (B, 4, M), gates (f, g, i, o)
@@ -23,6 +23,8 @@ refused here with a TypeError.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -257,25 +259,45 @@ class PRURecurrenceTriton(torch.autograd.Function):
 def pru_recurrence_triton(
     inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """All steps of the recurrence by the cell kernels; the contract of
-    :func:`src.ops.pru_recurrence.pru_recurrence_reference`, differentiable in every operand.
+    """All steps of the recurrence by the cell kernels (:func:`fused_recurrence`).
+
+    Shape:
+        as :func:`fused_recurrence`
+    """
+    return fused_recurrence(
+        "the fused PRU recurrence", "pru_recurrence_triton", PRURecurrenceTriton.apply,
+        inputs, weight, bias, h0, c0,
+    )  # fmt: skip
+
+
+def fused_recurrence(
+    what: str,
+    op: str,
+    run: Callable[..., tuple[Tensor, Tensor, Tensor]],
+    inputs: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    h0: Tensor,
+    c0: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """All steps of the recurrence by ``run``, one of the fused paths (``what``, named ``op`` in
+    dtype errors), on its operands as :func:`kernel_operands` gives them; the contract of
+    :func:`src.kernels.pru_recurrence.pru_recurrence_reference`, differentiable in every operand.
 
     Under ``torch.autocast`` the operands are first cast to its dtype (float32 parameters keep
     float32 gradients). An empty sequence (T = 0) passes the state through; an empty batch
-    (B M = 0) is refused (:func:`src.ops.pru_recurrence.pru_recurrence` leaves it to the
+    (B M = 0) is refused (:func:`src.kernels.pru_recurrence.pru_recurrence` leaves it to the
     reference).
 
     Shape:
         inputs (T, B, 4, M), weight (g, w, 4w) with M = g w, bias (g, 4w) or None, h0 and c0
         (B, M), all float32, bfloat16 or float16 -> output (T, B, M), h_T (B, M), c_T (B, M)
     """
-    steps, operands = kernel_operands(
-        "the fused PRU recurrence", "pru_recurrence_triton", inputs, weight, bias, h0, c0
-    )
+    steps, operands = kernel_operands(what, op, inputs, weight, bias, h0, c0)
     if steps == 0:  # no step: the state passes through, as the reference's loop leaves it
         inputs, _, _, h0, c0 = operands
         return inputs.new_empty(0, *h0.shape), h0, c0
-    return PRURecurrenceTriton.apply(*operands)
+    return run(*operands)
 
 
 def kernel_operands(

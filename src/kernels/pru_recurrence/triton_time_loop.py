@@ -1,6 +1,6 @@
 """The PRU's recurrence on CUDA as one Triton launch each way: the kernels loop over time.
 
-The contract and its oracle are :mod:`src.ops.pru_recurrence`. The recurrent product is the
+The contract and its oracle are :mod:`src.kernels.pru_recurrence`. The recurrent product is the
 context GLT, block-diagonal over the g groups: group j's units of h_t depend on group j's units of
 h_{t-1} only (``h_j @ W_j``), and every (b, m) on row b alone. So one program per (group, tile of
 batch rows) runs all T steps of its block of the state, and no program waits on another: the grid
@@ -45,7 +45,7 @@ from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.kernels.pru_recurrence import contract as contract
 from src.kernels.pru_recurrence.contract import GATES
-from src.kernels.pru_recurrence.triton_kernel import _tanh, kernel_operands
+from src.kernels.pru_recurrence.triton_kernel import _tanh, fused_recurrence
 from src.kernels.triton.launch import gpu_launch
 
 BLOCK_B_GPU = 16  # batch rows of one program: tl.dot's smallest tile; more rows, fewer programs
@@ -412,23 +412,20 @@ def time_loop_backward(
 def pru_recurrence_time_loop(
     inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """All steps of the recurrence by the time-loop kernels, one launch each way; the contract of
-    :func:`src.ops.pru_recurrence.pru_recurrence_reference`, differentiable in every operand.
-
-    Under ``torch.autocast`` the operands are first cast to its dtype (float32 parameters keep
-    float32 gradients). An empty sequence (T = 0) passes the state through; an empty batch
-    (B M = 0) is refused.
+    """All steps of the recurrence by the time-loop kernels, one launch each way
+    (:func:`~src.kernels.pru_recurrence.triton_kernel.fused_recurrence`).
 
     Shape:
-        inputs (T, B, 4, M), weight (g, w, 4w) with M = g w, bias (g, 4w) or None, h0 and c0
-        (B, M), all float32, bfloat16 or float16 -> output (T, B, M), h_T (B, M), c_T (B, M)
+        as :func:`~src.kernels.pru_recurrence.triton_kernel.fused_recurrence`
     """
-    steps, operands = kernel_operands(
-        "the PRU time loop", "pru_recurrence_time_loop", inputs, weight, bias, h0, c0
+    return fused_recurrence(
+        "the PRU time loop", "pru_recurrence_time_loop", _time_loop, inputs, weight, bias, h0, c0
     )
-    inputs, weight, bias, h0, c0 = operands
-    if steps == 0:  # no step: the state passes through, as the reference's loop leaves it
-        return inputs.new_empty(0, *h0.shape), h0, c0
+
+
+def _time_loop(
+    inputs: Tensor, weight: Tensor, bias: Tensor | None, h0: Tensor, c0: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     # the cells and gates are kept only for a gradient to come
     save = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (inputs, weight, bias, h0, c0)
