@@ -98,12 +98,7 @@ class GroupAttention(RelativeAttentionSublayer):
         return (intra.unflatten(-1, (self.groups, self.d_group)) + inter.unsqueeze(-2)).flatten(-2)
 
     def forward(
-        self,
-        h: Tensor,
-        r: Tensor,
-        r_w_bias: Tensor,
-        r_r_bias: Tensor,
-        memory: Tensor | None = None,
+        self, h: Tensor, r: Tensor, r_w_bias: Tensor, r_r_bias: Tensor, memory: Tensor | None = None
     ) -> Tensor:
         batch, qlen, _ = h.shape
         mlen = 0 if memory is None else memory.shape[1]

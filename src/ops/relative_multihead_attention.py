@@ -71,12 +71,7 @@ class RelativeMultiHeadAttention(RelativeAttentionSublayer):
             module.reset_parameters()
 
     def forward(
-        self,
-        h: Tensor,
-        r: Tensor,
-        r_w_bias: Tensor,
-        r_r_bias: Tensor,
-        memory: Tensor | None = None,
+        self, h: Tensor, r: Tensor, r_w_bias: Tensor, r_r_bias: Tensor, memory: Tensor | None = None
     ) -> Tensor:
         batch, qlen, d_model = h.shape
         context = h if memory is None else torch.cat([memory, h], dim=1)  # (B, K, D)

@@ -29,20 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.kernels import (
-    ATEN,
-    OURS,
-    Timer,
-    autocast_dtype,
-    candidate_steps,
-    choose,
-    declare,
-    needs_backward,
-    size_bucket,
-)
+from src.kernels import ATEN, OURS, autocast_dtype, choose, declare, size_bucket
 from src.kernels.dropout import dropout
 from src.kernels.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
 from src.kernels.relative_softmax import rel_shift, relative_softmax
+from src.kernels.timing import Timer, candidate_steps, needs_backward
 
 #: how :func:`attend` computes: "eager" (scores, softmax and the value product as separate PyTorch
 #: ops) or "sdpa" (``F.scaled_dot_product_attention`` with the position term as an additive bias);
@@ -59,12 +50,10 @@ def attend(
     with probability ``dropatt`` in training, on the path ``path`` and ``impl`` choose.
 
     Args:
-        query_w: the queries plus the content bias (``q + r_w_bias``).
-        query_r: the queries plus the position bias (``q + r_r_bias``).
-        k, v: content keys and values of the memory and current positions.
-        rk: distance keys for distances ``K-1 ... 0``.
-        mask: True where a query must not see a key, or None.
-        scale: the scores' scale, ``1/sqrt(d_head)``.
+        query_w, query_r, k, v, rk, mask, scale: as in
+            :func:`src.kernels.relative_attention_cpu.relative_attention_cpu` (the queries plus
+            the content bias u and the position bias v, the keys, values and distance keys, the
+            mask and ``1/sqrt(d_head)``).
         dropatt: dropout probability on the attention probabilities.
         training: apply ``dropatt``.
         path: "eager", "sdpa" or "auto" (see :data:`ATTENTION_PATHS`). "sdpa" gives the same map:

@@ -29,16 +29,9 @@ from src.kernels.norm_paths import affine_covered, rows, triton_or_reference
 
 
 def residual_layer_norm(
-    residual: Tensor,
-    branch: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    eps: float = 1e-5,
-    *,
-    p: float = 0.0,
-    seeds: DropoutSeeds | None = None,
-    impl: str = "auto",
-) -> Tensor:
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5, *,
+    p: float = 0.0, seeds: DropoutSeeds | None = None, impl: str = "auto",
+) -> Tensor:  # fmt: skip
     """``layer_norm(residual + dropout(branch, p))`` over the last axis (pass ``p=0`` outside
     training).
 

@@ -13,18 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.kernels import (
-    Timer,
-    autocast_dtype,
-    check_impl,
-    declare,
-    needs_backward,
-    size_bucket,
-    use_triton,
-)
+from src.kernels import autocast_dtype, check_impl, declare, needs_backward, size_bucket, use_triton
 from src.kernels.dropout import dropout
 from src.kernels.dropout.contract import DropoutSeeds
 from src.kernels.norm_paths import affine_covered, rows, triton_or_reference
+from src.kernels.timing import Timer
 
 
 def shared_group_layer_norm(
@@ -62,16 +55,9 @@ def _float(t: Tensor | None) -> Tensor | None:
 
 
 def shared_group_layer_norm_swish(
-    x: Tensor,
-    groups: int,
-    weight: Tensor,
-    bias: Tensor,
-    eps: float = 1e-5,
-    *,
-    p: float = 0.0,
-    seeds: DropoutSeeds | None = None,
-    impl: str = "auto",
-) -> Tensor:
+    x: Tensor, groups: int, weight: Tensor, bias: Tensor, eps: float = 1e-5, *, p: float = 0.0,
+    seeds: DropoutSeeds | None = None, impl: str = "auto",
+) -> Tensor:  # fmt: skip
     """``dropout(silu(shared_group_layer_norm(x, ...)), p)``: DExTra's norm, activation and
     dropout after each GLT (pass ``p=0`` outside training).
 
