@@ -129,6 +129,7 @@ from src.kernels.relative_softmax import relative_softmax
 from src.kernels.relative_softmax import triton_kernel as softmax_kernels
 from src.kernels.residual_layer_norm import residual_layer_norm
 from src.kernels.residual_layer_norm import triton_kernel as residual_norm_kernels
+from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.kernels.shared_group_layer_norm import triton_kernel as dextra_norm_kernels
 from src.kernels.triton import stencil as dim_conv_kernels
 from src.kernels.triton.launch import launches_for
@@ -138,7 +139,6 @@ from src.ops.dice import DiCE
 from src.ops.eesp import EESP
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.relative_position import causal_memory_mask
-from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 
 PRECISIONS = ("bf16", "fp32")  # bf16 first: the models train under bf16 autocast
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

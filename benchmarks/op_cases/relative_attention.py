@@ -13,11 +13,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.op_cases import OpCase
-from src.ops.relative_position import (
-    causal_memory_mask,
-    eager_relative_attention,
-    relative_attention,
-)
+from src.kernels.relative_attention import eager_relative_attention
+from src.ops.relative_position import causal_memory_mask, relative_attention
 
 HEADS, QUERIES, MEMORY, D_HEAD = 8, 512, 512, 32
 

@@ -27,14 +27,9 @@ from src.kernels.relative_softmax import KERNEL_DTYPES
 
 
 def fused_attention_applies(
-    query_w: Tensor,
-    query_r: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rk: Tensor,
-    mask: Tensor | None,
+    query_w: Tensor, query_r: Tensor, k: Tensor, v: Tensor, rk: Tensor, mask: Tensor | None,
     dropout: bool,
-) -> bool:
+) -> bool:  # fmt: skip
     """Whether :func:`relative_attention_cpu` computes this call: CPU tensors in eager mode, no
     attention dropout, (B, H, T, d) queries against (B, H, K, d) keys and values and (H, K, d)
     distance keys with K >= T >= 1, a (T, K) bool mask or none, one kernel dtype after autocast,
@@ -68,14 +63,9 @@ def fused_attention_applies(
 
 
 def relative_attention_cpu(
-    query_w: Tensor,
-    query_r: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rk: Tensor,
-    mask: Tensor | None,
+    query_w: Tensor, query_r: Tensor, k: Tensor, v: Tensor, rk: Tensor, mask: Tensor | None,
     scale: float,
-) -> Tensor:
+) -> Tensor:  # fmt: skip
     """``softmax(mask(-inf, (query_w k^T + rel_shift(query_r rk^T)) * scale)) v``, one
     autograd node.
 
@@ -106,15 +96,9 @@ class RelativeAttentionCpuFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx,
-        query_w: Tensor,
-        query_r: Tensor,
-        k: Tensor,
-        v: Tensor,
-        rk: Tensor,
-        mask: Tensor | None,
-        scale: float,
-    ) -> Tensor:  # type: ignore[override]
+        ctx, query_w: Tensor, query_r: Tensor, k: Tensor, v: Tensor, rk: Tensor,
+        mask: Tensor | None, scale: float,
+    ) -> Tensor:  # type: ignore[override]  # fmt: skip
         batch, heads, qlen, d_head = query_w.shape
         klen = k.shape[-2]
         rows = (batch * heads, qlen, klen)

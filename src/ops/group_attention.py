@@ -19,10 +19,10 @@ from src.kernels.dropout import dropout
 from src.kernels.linear import linear
 from src.ops.group_linear import GroupLinear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
-from src.ops.relative_position import causal_memory_mask, relative_attention
+from src.ops.relative_position import RelativeAttentionSublayer
 
 
-class GroupAttention(nn.Module):
+class GroupAttention(RelativeAttentionSublayer):
     """One pre-norm group-attention sublayer with Transformer-XL memory and relative positions.
 
     ``out = h + dropout(o)`` where, with ``a = norm_g(h)`` and ``c = norm(cat(memory, h))``,
@@ -41,6 +41,10 @@ class GroupAttention(nn.Module):
         inter_group: keep the inter-group query and output maps; False is the paper's ablation
             without inter-group operations in the attention (intra-group maps only).
 
+    The attention's paths are the knobs ``attention`` and ``impl``
+    (:class:`~src.ops.relative_position.RelativeAttentionSublayer`), ``impl`` also the inter-group
+    maps'.
+
     Parameters: ``q_norm`` (per-group norm), ``kv_norm`` (full-width norm), ``q_net``, ``r_net``,
     ``o_net`` (GroupLinear D -> D, no bias), ``inter_q_net``, ``inter_o_net`` (Linear D -> D/G, no
     bias), ``kv_net`` (Linear D -> 2D, no bias: keys then values). Weights ``2D^2 + 5D^2/G`` plus
@@ -50,14 +54,6 @@ class GroupAttention(nn.Module):
         h (B, T, D), r (M + T, D) relative-position vectors for distances ``M+T-1 ... 0``,
         r_w_bias and r_r_bias (H, d_head), memory (B, M, D) or None -> (B, T, D)
     """
-
-    #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
-    #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
-    attention: str = "auto"
-    #: the eager attention's softmax (:func:`src.kernels.relative_softmax.relative_softmax`): "auto"
-    #: (the CPU kernel; on CUDA the measured faster of the Triton kernel and the eager ops),
-    #: "reference" or "triton"
-    impl: str = "auto"
 
     def __init__(
         self,
@@ -102,12 +98,7 @@ class GroupAttention(nn.Module):
         return (intra.unflatten(-1, (self.groups, self.d_group)) + inter.unsqueeze(-2)).flatten(-2)
 
     def forward(
-        self,
-        h: Tensor,
-        r: Tensor,
-        r_w_bias: Tensor,
-        r_r_bias: Tensor,
-        memory: Tensor | None = None,
+        self, h: Tensor, r: Tensor, r_w_bias: Tensor, r_r_bias: Tensor, memory: Tensor | None = None
     ) -> Tensor:
         batch, qlen, _ = h.shape
         mlen = 0 if memory is None else memory.shape[1]
@@ -130,20 +121,7 @@ class GroupAttention(nn.Module):
         k, v = kv.view(batch, klen, 2, *heads).permute(2, 0, 3, 1, 4)
         rk = self.r_net(r).view(klen, *heads).transpose(0, 1)  # (K, D) -> (H, K, d_head)
 
-        mask = causal_memory_mask(qlen, mlen, device=h.device)
-        attended = relative_attention(
-            q,
-            k,
-            v,
-            rk,
-            r_w_bias,
-            r_r_bias,
-            mask=mask,
-            dropatt=self.dropatt,
-            training=self.training,
-            path=self.attention,
-            impl=self.impl,
-        )  # (B, H, T, d_head)
+        attended = self.attend(q, k, v, rk, r_w_bias, r_r_bias)  # (B, H, T, d_head), causal
         ov = attended.transpose(1, 2).reshape(batch, qlen, self.d_model)  # (B, T, D), group-major
 
         o = self.o_net(ov)

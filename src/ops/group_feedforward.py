@@ -56,16 +56,7 @@ class GroupFeedForward(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if groups < 1 or d_model % groups or d_inner % groups:
-            raise ValueError(
-                f"d_model ({d_model}) and d_inner ({d_inner}) must be divisible by "
-                f"groups ({groups})"
-            )
-        if inter_group and (d_model // groups) % groups:
-            raise ValueError(
-                f"the inter-group shuffle needs d_model / groups ({d_model // groups}) divisible "
-                f"by groups ({groups})"
-            )
+        _check_widths(d_model, d_inner, groups, inter_group)
         self.d_model = d_model
         self.d_inner = d_inner
         self.groups = groups
@@ -103,4 +94,17 @@ class GroupFeedForward(nn.Module):
         return (
             f"d_model={self.d_model}, d_inner={self.d_inner}, groups={self.groups}, "
             f"inter_group={self.inter_group}, dropout={self.dropout}"
+        )
+
+
+def _check_widths(d_model: int, d_inner: int, groups: int, inter_group: bool) -> None:
+    """ValueError unless ``groups`` divides D and d_inner, and D / G too with the inter path."""
+    if groups < 1 or d_model % groups or d_inner % groups:
+        raise ValueError(
+            f"d_model ({d_model}) and d_inner ({d_inner}) must be divisible by groups ({groups})"
+        )
+    if inter_group and (d_model // groups) % groups:
+        raise ValueError(
+            f"the inter-group shuffle needs d_model / groups ({d_model // groups}) divisible "
+            f"by groups ({groups})"
         )

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels.dropout import dropout
-from src.ops.relative_position import causal_memory_mask, relative_attention
+from src.ops.relative_position import RelativeAttentionSublayer
 
 
-class RelativeMultiHeadAttention(nn.Module):
+class RelativeMultiHeadAttention(RelativeAttentionSublayer):
     """Transformer-XL relative multi-head attention sublayer (kimiyoung's
     ``RelPartialLearnable...``).
 
@@ -32,6 +32,9 @@ class RelativeMultiHeadAttention(nn.Module):
         dropatt: dropout on the attention probabilities.
         pre_norm: normalise the sublayer input (memory included) instead of the residual sum.
 
+    The attention's paths are the knobs ``attention`` and ``impl``
+    (:class:`~src.ops.relative_position.RelativeAttentionSublayer`).
+
     Parameters: ``qkv_net`` (Linear D -> 3D, rows q, k, v), ``r_net``, ``o_net`` (Linear D -> D),
     all without bias, and ``norm`` (LayerNorm D): ``5D^2 + 2D``.
 
@@ -39,14 +42,6 @@ class RelativeMultiHeadAttention(nn.Module):
         h (B, T, D), r (M + T, D) distance vectors for ``M+T-1 ... 0``, r_w_bias and r_r_bias
         (H, d_head), memory (B, M, D) or None -> (B, T, D)
     """
-
-    #: :func:`src.ops.relative_position.relative_attention`'s path: "auto" (on CUDA the measured
-    #: faster of PyTorch's fused attention and the eager ops; eager on the CPU), "eager" or "sdpa"
-    attention: str = "auto"
-    #: the eager attention's softmax (:func:`src.kernels.relative_softmax.relative_softmax`): "auto"
-    #: (the CPU kernel; on CUDA the measured faster of the Triton kernel and the eager ops),
-    #: "reference" or "triton"
-    impl: str = "auto"
 
     def __init__(
         self,
@@ -76,12 +71,7 @@ class RelativeMultiHeadAttention(nn.Module):
             module.reset_parameters()
 
     def forward(
-        self,
-        h: Tensor,
-        r: Tensor,
-        r_w_bias: Tensor,
-        r_r_bias: Tensor,
-        memory: Tensor | None = None,
+        self, h: Tensor, r: Tensor, r_w_bias: Tensor, r_r_bias: Tensor, memory: Tensor | None = None
     ) -> Tensor:
         batch, qlen, d_model = h.shape
         context = h if memory is None else torch.cat([memory, h], dim=1)  # (B, K, D)
@@ -101,19 +91,7 @@ class RelativeMultiHeadAttention(nn.Module):
         # (B, K, 2D) -> (B, K, 2, H, d_head) -> (2, B, H, K, d_head)
         k, v = kv.view(batch, klen, 2, *heads).permute(2, 0, 3, 1, 4)
         rk = self.r_net(r).view(klen, *heads).transpose(0, 1)  # (K, D) -> (H, K, d_head)
-        attended = relative_attention(
-            q,
-            k,
-            v,
-            rk,
-            r_w_bias,
-            r_r_bias,
-            mask=causal_memory_mask(qlen, mlen, device=h.device),
-            dropatt=self.dropatt,
-            training=self.training,
-            path=self.attention,
-            impl=self.impl,
-        )  # (B, H, T, d_head)
+        attended = self.attend(q, k, v, rk, r_w_bias, r_r_bias)  # (B, H, T, d_head), causal
         o = self.o_net(attended.transpose(1, 2).reshape(batch, qlen, d_model))  # (B, T, D)
         out = h + dropout(o, p=self.dropout, training=self.training)
         return out if self.pre_norm else self.norm(out)

@@ -19,9 +19,9 @@ from torch import Tensor
 
 from src.kernels.relative_softmax import relative_softmax
 from src.kernels.residual_layer_norm import residual_layer_norm
+from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.pru_recurrence import pru_recurrence
-from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 from tests.helpers import recording_backend, require_cpu_kernels
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -231,10 +231,10 @@ AUTO_CASES = {
     "residual_layer_norm": ("src.kernels.residual_layer_norm", KERNEL_CHOSEN,
                             lambda: _residual_norm("auto")("cpu"),
                             "lightnets.residual_layer_norm.default"),
-    "shared_group_layer_norm": ("src.ops.shared_group_layer_norm", KERNEL_CHOSEN,
+    "shared_group_layer_norm": ("src.kernels.shared_group_layer_norm", KERNEL_CHOSEN,
                                 lambda: _shared_group_norm("auto")("cpu"),
                                 "lightnets.shared_group_layer_norm.default"),
-    "per_group_layer_norm": ("src.ops.per_group_layer_norm",
+    "per_group_layer_norm": ("src.kernels.per_group_layer_norm",
                              {**KERNEL_CHOSEN, "cpu_kernels_loaded": lambda: False},
                              lambda: _per_group_norm("auto")("cpu"),
                              "lightnets.per_group_layer_norm.default"),

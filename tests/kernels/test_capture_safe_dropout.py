@@ -28,9 +28,12 @@ from torch import Tensor
 from src.kernels.dropout import dropout
 from src.kernels.dropout.contract import DropoutSeeds
 from src.kernels.residual_layer_norm import residual_layer_norm
+from src.kernels.shared_group_layer_norm import (
+    shared_group_layer_norm,
+    shared_group_layer_norm_swish,
+)
 from src.models.delight_mt import DeLighTEncoderDecoder
 from src.ops.dextra import DExTra
-from src.ops.shared_group_layer_norm import shared_group_layer_norm, shared_group_layer_norm_swish
 from tests.helpers import OpCounter, recording_backend, require_cpu_kernels
 
 P = 0.4

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import src.kernels.relative_attention
 import src.ops.dim_conv
 import src.ops.relative_position
 from src.kernels import ATEN, OURS, choices, choose, chosen, dispatch, environment, forget, timing
@@ -254,9 +255,9 @@ def test_relative_attention_runs_the_winner_with_the_same_numbers(
     require_cpu_kernels()
     monkeypatch.setattr(dispatch, "cpu_times", _slow(_other(winner)))
     ran: list[str] = []
-    fused = src.ops.relative_position.relative_attention_cpu
+    fused = src.kernels.relative_attention.relative_attention_cpu
     monkeypatch.setattr(
-        src.ops.relative_position,
+        src.kernels.relative_attention,
         "relative_attention_cpu",
         lambda *a: ran.append("fused") or fused(*a),
     )
@@ -271,7 +272,7 @@ def test_relative_attention_runs_the_winner_with_the_same_numbers(
     assert len(ran) == (2 if winner == OURS else 1)  # timed once, run again if chosen
     assert list(chosen("relative_attention", "cpu").values()) == [winner]
     scale = 0.5  # 1 / sqrt(d_head 4)
-    expected = src.ops.relative_position.eager_relative_attention(
+    expected = src.kernels.relative_attention.eager_relative_attention(
         q + r_w.unsqueeze(-2), q + r_r.unsqueeze(-2), k, v, rk, mask, scale
     )
     torch.testing.assert_close(y, expected, rtol=0, atol=0)

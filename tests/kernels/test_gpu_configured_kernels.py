@@ -32,6 +32,7 @@ from src.kernels.per_group_layer_norm.triton_kernel import _column_launch as _no
 from src.kernels.per_group_layer_norm.triton_kernel import _launch as _norm_launch
 from src.kernels.residual_layer_norm import residual_layer_norm
 from src.kernels.residual_layer_norm.triton_kernel import _column_launch as _residual_column_launch
+from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.kernels.shared_group_layer_norm.triton_kernel import _column_launch as _group_column_launch
 from src.kernels.triton.launch import launches_for
 from src.kernels.triton.stencil import launch_config
@@ -41,7 +42,7 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
-from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 from tests.helpers import randomise_norms
 
 pytestmark = pytest.mark.skipif(

@@ -37,6 +37,7 @@ from src.kernels.linear import linear
 from src.kernels.prelu import PReLU
 from src.kernels.relative_softmax import relative_softmax
 from src.kernels.residual_layer_norm import residual_layer_norm
+from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.dice import DiCE
 from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
@@ -44,7 +45,6 @@ from src.ops.group_linear import GroupLinear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from src.ops.pru_recurrence import pru_recurrence
 from src.ops.relative_position import causal_memory_mask
-from src.ops.shared_group_layer_norm import shared_group_layer_norm_swish
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

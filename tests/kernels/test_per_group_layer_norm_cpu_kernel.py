@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import src.ops.per_group_layer_norm
-from src.ops.per_group_layer_norm import (
-    PerGroupLayerNorm,
+import src.kernels.per_group_layer_norm
+from src.kernels.per_group_layer_norm import (
     PerGroupLayerNormFunction,
-    per_group_layer_norm,
     per_group_layer_norm_cpu,
+    per_group_layer_norm_reference,
 )
+from src.ops.per_group_layer_norm import PerGroupLayerNorm
 from tests.helpers import KIND_FAULTS, SHAPE_FAULTS, assert_rejected, require_cpu_kernels
 
 EPS = 1e-6
@@ -52,7 +52,7 @@ SHAPES = [((4, 7, 256), 2), ((3, 5, 1024), 4), ((2, 3, 512), 8), ((9, 32), 1), (
 @pytest.mark.parametrize("shape,groups", SHAPES)
 def test_float32_matches_the_pytorch_path_and_autograd(shape: tuple[int, ...], groups: int) -> None:
     got = _run(per_group_layer_norm_cpu, shape, groups, torch.float32)
-    for oracle in (PerGroupLayerNormFunction.apply, per_group_layer_norm):
+    for oracle in (PerGroupLayerNormFunction.apply, per_group_layer_norm_reference):
         want = _run(oracle, shape, groups, torch.float32)
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape and g.dtype == w.dtype
@@ -104,7 +104,7 @@ def test_it_keeps_x_in_its_dtype_and_two_statistics_per_group() -> None:
 def test_module_runs_the_kernels_eagerly_on_the_cpu(
     impl: str, built: bool, function: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(src.ops.per_group_layer_norm, "cpu_kernels_loaded", lambda: built)
+    monkeypatch.setattr(src.kernels.per_group_layer_norm, "cpu_kernels_loaded", lambda: built)
     norm = PerGroupLayerNorm(16, 4, impl=impl)
     y = norm(torch.randn(3, 16, requires_grad=True))
     assert type(y.grad_fn).__name__ == function

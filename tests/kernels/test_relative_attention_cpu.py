@@ -17,11 +17,8 @@ from torch import Tensor
 
 import src.kernels.relative_attention_cpu
 from src.kernels.cpu.scratch import release_scratch, scratch
-from src.ops.relative_position import (
-    causal_memory_mask,
-    eager_relative_attention,
-    relative_attention,
-)
+from src.kernels.relative_attention import eager_relative_attention
+from src.ops.relative_position import causal_memory_mask, relative_attention
 from tests.helpers import require_cpu_kernels
 
 NODE = "RelativeAttentionCpuFunctionBackward"

@@ -212,7 +212,7 @@ def test_attention_trains_through_the_kernel(
             seen.append(type(prob.grad_fn).__name__)
             return prob
 
-        monkeypatch.setattr(src.ops.relative_position, "relative_softmax", spy)
+        monkeypatch.setattr(src.kernels.relative_attention, "relative_softmax", spy)
         torch.manual_seed(0)  # the same dropout draws for both
         out = relative_attention(
             *inputs, mask=causal_memory_mask(T, M), path="eager", dropatt=0.2, training=True

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from src.ops.dextra import DExTra
-from src.ops.shared_group_layer_norm import (
+from src.kernels.shared_group_layer_norm import (
     auto_path,
     shared_group_layer_norm,
     shared_group_layer_norm_swish,
 )
+from src.ops.dextra import DExTra
 
 pytest.importorskip("triton")
 

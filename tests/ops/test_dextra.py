@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from benchmarks.op_cases.delight import step_by_step_dextra, step_by_step_group_norm
+from src.kernels.shared_group_layer_norm import shared_group_layer_norm
 from src.ops.dextra import DExTra, dextra_max_groups, dextra_schedule
-from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 
 
 def _unit(

@@ -1,5 +1,6 @@
 """The per-group norm's written-out backward (``PerGroupLayerNormFunction``, the eager PyTorch path
-of ``PerGroupLayerNorm``) against autograd through the plain passes (``per_group_layer_norm``):
+of ``PerGroupLayerNorm``) against autograd through the plain passes
+(``per_group_layer_norm_reference``):
 float64 gradcheck, float32 values and gradients within 1e-5 relative, 16-bit inputs normalised in
 float32 with gradients in their own dtype, and finite gradients on constant groups."""
 
@@ -8,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from src.ops.per_group_layer_norm import (
+from src.kernels.per_group_layer_norm import (
     PerGroupLayerNormFunction,
-    per_group_layer_norm,
     per_group_layer_norm_cpu,
+    per_group_layer_norm_reference,
 )
 from tests.helpers import require_cpu_kernels
 
@@ -36,7 +37,7 @@ def test_gradcheck(groups: int) -> None:
 @pytest.mark.parametrize("shape,groups", [((4, 7, 64), 4), ((9, 32), 1), ((2, 5, 96), 8)])
 def test_values_and_gradients_match_autograd(shape: tuple[int, ...], groups: int) -> None:
     results = []
-    for fn in (PerGroupLayerNormFunction.apply, per_group_layer_norm):
+    for fn in (PerGroupLayerNormFunction.apply, per_group_layer_norm_reference):
         torch.manual_seed(0)  # the same leaves and probe for both
         leaves = _leaves(shape, torch.float32)
         probe = torch.randn(shape)
@@ -50,7 +51,7 @@ def test_values_and_gradients_match_autograd(shape: tuple[int, ...], groups: int
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16_bit_inputs(dtype: torch.dtype) -> None:
     results = []
-    for fn in (PerGroupLayerNormFunction.apply, per_group_layer_norm):
+    for fn in (PerGroupLayerNormFunction.apply, per_group_layer_norm_reference):
         torch.manual_seed(0)
         x, weight, bias = _leaves((3, 5, 32), dtype)
         y = fn(x, weight, bias, 2, 1e-6)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from src.kernels.relative_attention import attention_path
 from src.ops.group_attention import GroupAttention
 from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
-from src.ops.relative_position import attention_path, causal_memory_mask, relative_attention
+from src.ops.relative_position import causal_memory_mask, relative_attention
 from tests.helpers import tf32
 
 CUDA = torch.cuda.is_available()
@@ -88,9 +89,11 @@ def test_sdpa_dropout_keeps_shape_and_scale() -> None:
 
 def test_auto_is_eager_on_the_cpu_and_timed_once_per_shape(fresh_choices) -> None:
     operands = [t.detach() for t in _operands(2, 2, 4, 4, 8)]
+    q, k, v, rk, u, w = operands
+    biased = (q + u.unsqueeze(-2), q + w.unsqueeze(-2), k, v, rk)  # the queries with u and v
     mask = causal_memory_mask(4, 4, device=DEVICE)
     if not CUDA:
-        assert attention_path(*operands, mask, 0.0, False) == "eager"
+        assert attention_path(*biased, mask, 8**-0.5, 0.0, False) == "eager"
     timed: list[str] = []
 
     def timer(fn: Callable[[], object]) -> float:
@@ -98,8 +101,8 @@ def test_auto_is_eager_on_the_cpu_and_timed_once_per_shape(fresh_choices) -> Non
         timed.append("x")
         return 2.0 if len(timed) == 1 else 1.0  # "eager" first, then "sdpa" (faster)
 
-    assert attention_path(*operands, mask, 0.0, False, timer) == "sdpa"
-    assert attention_path(*operands, mask, 0.0, False, timer) == "sdpa"
+    assert attention_path(*biased, mask, 8**-0.5, 0.0, False, timer) == "sdpa"
+    assert attention_path(*biased, mask, 8**-0.5, 0.0, False, timer) == "sdpa"
     assert len(timed) == 2
     with pytest.raises(ValueError, match="path must be one of"):
         relative_attention(*operands, mask=mask, path="flash")

@@ -1,16 +1,24 @@
-"""The contract of Group-Transformer's per-group layer norm (:mod:`src.ops.per_group_layer_norm`):
-the forward and backward ops over (R, D) rows, which the C++ kernels
-(``src/kernels/per_group_layer_norm/per_group_layer_norm.cpp``) and the Triton ones
+"""The contract of Group-Transformer's per-group layer norm
+(:mod:`src.kernels.per_group_layer_norm`): the forward and backward ops over (R, D) rows, which the
+C++ kernels (``src/kernels/per_group_layer_norm/per_group_layer_norm.cpp``) and the Triton ones
 (:mod:`src.kernels.per_group_layer_norm.triton_kernel`) both compute. The forward is
-differentiable, its
-backward rule (:func:`keep_for_backward`, then the back-end's backward op) keeps x in its dtype and
-the (row, group) statistics.
+differentiable, its backward rule (:func:`keep_for_backward`, then the back-end's backward op)
+keeps x in its dtype and the (row, group) statistics; :func:`forward_op` registers a back-end's
+pair under it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import torch
 from torch import Tensor
+
+from src.kernels.custom_ops import autograd_op
+from src.kernels.dispatch import autocast_off
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 FORWARD_SCHEMA = (
     "(Tensor x, Tensor weight, Tensor bias, int groups, float eps) -> (Tensor, Tensor, Tensor)"
@@ -55,3 +63,22 @@ def keep_for_backward(ctx, inputs: tuple, output: tuple) -> None:
     ctx.mark_non_differentiable(mean, std)
     ctx.save_for_backward(x, weight, mean, std)
     ctx.eps = eps
+
+
+def forward_op(
+    name: str, backward: Callable[..., tuple[Tensor, Tensor, Tensor]]
+) -> Callable[[F], F]:
+    """Register a back-end's forward (``FORWARD_SCHEMA``) as the differentiable custom op ``name``
+    (:func:`~src.kernels.custom_ops.autograd_op`), its autograd rule the back-end's ``backward``
+    op (``BACKWARD_SCHEMA``, an :func:`~src.kernels.dispatch.opaque_op`) on what
+    :func:`keep_for_backward` kept, with autocast off."""
+
+    def grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, mean, std = ctx.saved_tensors
+        with autocast_off(x.device.type):
+            grad_x, grad_w, grad_b = backward(grad_y.contiguous(), x, weight, mean, std, ctx.eps)
+        return grad_x, grad_w, grad_b, None, None
+
+    return autograd_op(
+        name, FORWARD_SCHEMA, forward_fake, setup_context=keep_for_backward, backward=grads
+    )

@@ -1,8 +1,9 @@
 """Fused per-group layer norm: Group-Transformer's norm in one launch each way.
 
-:class:`src.ops.per_group_layer_norm.PerGroupLayerNorm` as written in PyTorch is six element-wise
-passes forward (mean, centre, std, add eps, divide, affine) and about twice that backward; the
-model runs five such norms per layer. Here one program normalises a block of rows of one group:
+Group-Transformer's per-group norm (:mod:`src.kernels.per_group_layer_norm`) as written in PyTorch
+is six element-wise passes forward (mean, centre, std, add eps, divide, affine) and about twice
+that backward; the model runs five such norms per layer. Here one program normalises a block of
+rows of one group:
 
     c = x_g - mean(x_g),  s = sqrt(sum(c^2) / (n - 1)),  r = 1 / (s + eps),  y = c r w + b
 
@@ -29,22 +30,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.kernels.custom_ops import autograd_op
 from src.kernels.dispatch import autocast_off, opaque_op
 from src.kernels.per_group_layer_norm import contract as contract
 from src.kernels.triton.launch import gpu_launch
 from src.kernels.triton.norm_columns import column_launch
+from src.kernels.triton.norm_rows import DTYPES, row_launch
 
 ELEMENTS_GPU = 4096  # elements of one program's (rows x group width) tile
 # 8 warps, 16 elements per thread: with 4, the backward needed 128-168 registers per thread on an
 # A100 or H100 (occupancy 0.19-0.25); with 8, 64-80 (0.38-0.50; docs/gpu.md). Speed: to be measured.
 WARPS_GPU = 8
-ELEMENTS_INTERPRETER = 1 << 16
 # features of one backward program that sums the weight and bias gradients over every row: D / 32
 # such programs beside the row programs, instead of two reductions after them. Speed: to be
 # measured
 COLUMN_BLOCK_GPU = 32
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -153,19 +152,17 @@ def _norm_bwd_kernel(
 
 
 def _launch(rows: int, width: int, groups: int, on_gpu: bool) -> tuple[tuple[int, int], dict]:
-    block_n = triton.next_power_of_2(width)
-    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_n))
-    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n}
-    if on_gpu:
-        meta["num_warps"] = WARPS_GPU
-    return (triton.cdiv(rows, block_r), groups), meta
+    blocks, meta = row_launch(
+        rows, width, on_gpu=on_gpu, elements_gpu=ELEMENTS_GPU, warps_gpu=WARPS_GPU
+    )
+    return (blocks, groups), meta
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
     """The backward's column programs (:func:`~src.kernels.triton.norm_columns.column_launch`)."""
-    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
+    return column_launch(
+        rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements_gpu=ELEMENTS_GPU
+    )
 
 
 @opaque_op(
@@ -195,22 +192,7 @@ def per_group_layer_norm_backward(
     return grad_x, grad_w, grad_b
 
 
-def _per_group_layer_norm_grads(ctx, grad_y: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
-    x, weight, mean, std = ctx.saved_tensors
-    with autocast_off(x.device.type):
-        grad_x, grad_w, grad_b = per_group_layer_norm_backward(
-            grad_y.contiguous(), x, weight, mean, std, ctx.eps
-        )
-    return grad_x, grad_w, grad_b, None, None
-
-
-@autograd_op(
-    "lightnets::per_group_layer_norm",
-    contract.FORWARD_SCHEMA,
-    contract.forward_fake,
-    setup_context=contract.keep_for_backward,
-    backward=_per_group_layer_norm_grads,
-)
+@contract.forward_op("lightnets::per_group_layer_norm", per_group_layer_norm_backward)
 def per_group_layer_norm_forward(
     x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -232,7 +214,8 @@ def per_group_layer_norm_forward(
 def per_group_layer_norm_triton(
     x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float
 ) -> Tensor:
-    """The fused norm; the contract of :func:`src.ops.per_group_layer_norm.per_group_layer_norm`.
+    """The fused norm; the contract of
+    :func:`src.kernels.per_group_layer_norm.per_group_layer_norm_reference`.
 
     Shape:
         x (..., D) float32/float16/bfloat16, weight and bias (D,) float32 -> (..., D)

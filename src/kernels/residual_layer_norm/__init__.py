@@ -11,16 +11,13 @@ each shape and keeps the faster.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from src.kernels import (
     Timer,
     autocast_dtype,
-    candidate_steps,
     check_impl,
-    choose,
     declare,
     needs_backward,
     size_bucket,
@@ -28,21 +25,13 @@ from src.kernels import (
 )
 from src.kernels.dropout import dropout
 from src.kernels.dropout.contract import DropoutSeeds
-
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from src.kernels.norm_paths import affine_covered, rows, triton_or_reference
 
 
 def residual_layer_norm(
-    residual: Tensor,
-    branch: Tensor,
-    weight: Tensor,
-    bias: Tensor,
-    eps: float = 1e-5,
-    *,
-    p: float = 0.0,
-    seeds: DropoutSeeds | None = None,
-    impl: str = "auto",
-) -> Tensor:
+    residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5, *,
+    p: float = 0.0, seeds: DropoutSeeds | None = None, impl: str = "auto",
+) -> Tensor:  # fmt: skip
     """``layer_norm(residual + dropout(branch, p))`` over the last axis (pass ``p=0`` outside
     training).
 
@@ -60,8 +49,8 @@ def residual_layer_norm(
     Shape:
         residual and branch (..., d), weight and bias (d,) -> (..., d)
     """
-    kernel = use_triton(check_impl(impl), residual) and _kernel_covers(
-        residual, branch, weight, bias
+    kernel = use_triton(check_impl(impl), residual) and (
+        residual.shape == branch.shape and affine_covered(weight, bias, residual, branch)
     )
     if kernel and impl == "auto":
         kernel = auto_path(residual, branch, weight, bias, eps) == "triton"
@@ -79,17 +68,6 @@ def _reference(
     return F.layer_norm(total, (total.shape[-1],), weight, bias, eps)
 
 
-def _kernel_covers(residual: Tensor, branch: Tensor, weight: Tensor, bias: Tensor) -> bool:
-    """The fused kernel's inputs: an affine, everything in float32 or 16 bits, equal shapes."""
-    return (
-        weight is not None
-        and bias is not None
-        and residual.shape == branch.shape
-        and all(t.dtype in _KERNEL_DTYPES for t in (residual, branch, weight))
-        and bias.dtype == weight.dtype
-    )
-
-
 CHOICE = declare("residual_layer_norm", ("triton", "reference"))
 
 
@@ -101,17 +79,15 @@ def auto_path(
     eps: float,
     timer: Timer | None = None,
 ) -> str:
-    """``impl="auto"`` on CUDA: "triton" or "reference" for :func:`residual_layer_norm`,
-    whichever call (a training step when autograd wants the backward) ran faster on the first call
-    with this shape (rows by :func:`~src.kernels.size_bucket`), dtypes and mode
-    (:func:`~src.kernels.choose`). Both are deterministic; deterministic mode takes the kernel.
+    """``impl="auto"`` on CUDA: the fused kernel or the PyTorch ops for :func:`residual_layer_norm`
+    (:func:`~src.kernels.norm_paths.triton_or_reference`), keyed by rows, width, the two inputs'
+    dtypes, autocast's, the device and whether autograd wants the backward.
 
     Shape:
         residual and branch (..., d), weight and bias (d,)
     """
-    rows = residual.numel() // max(residual.shape[-1], 1)
     key = (
-        size_bucket(rows), residual.shape[-1], residual.dtype, branch.dtype,
+        size_bucket(rows(residual)), residual.shape[-1], residual.dtype, branch.dtype,
         autocast_dtype(residual.device.type), str(residual.device),
         needs_backward(residual, branch, weight, bias),
     )  # fmt: skip
@@ -123,8 +99,4 @@ def auto_path(
             return residual_layer_norm_triton(*operands, eps)
         return _reference(*operands, eps, 0.0)
 
-    def candidates() -> dict:
-        names = ("triton", "reference")
-        return candidate_steps(run, names, residual, branch, weight, bias)
-
-    return choose(CHOICE, key, candidates, default="triton", timer=timer)
+    return triton_or_reference(CHOICE, key, run, (residual, branch, weight, bias), timer)

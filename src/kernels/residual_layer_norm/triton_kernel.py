@@ -45,17 +45,16 @@ from src.kernels.dropout.triton_kernel import kept
 from src.kernels.residual_layer_norm import contract as contract
 from src.kernels.triton.launch import gpu_launch
 from src.kernels.triton.norm_columns import column_launch
+from src.kernels.triton.norm_rows import DTYPES, layer_norm_tile, row_launch
 
 # a program's (rows x features) tile and warps on a GPU: the per-group norm's (its builds:
 # tests/kernels/test_kernel_builds.py); speed to be measured by benchmarks/gpu_tune.py
 ELEMENTS_GPU = 2048
 WARPS_GPU = 8
-ELEMENTS_INTERPRETER = 1 << 16
 # features of one backward program that sums the weight and bias gradients over every row: D / 32
 # such programs (10 at DeLighT MT's d_m = 320) beside the row programs, instead of a reduction
 # launch after them. Speed: to be measured (benchmarks/gpu_tune.py)
 COLUMN_BLOCK_GPU = 32
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -87,16 +86,24 @@ def _residual_norm_fwd_kernel(
     s = s.to(s_ptr.dtype.element_ty)
     tl.store(s_ptr + offsets, s, mask=m)
     # normalised as stored, as PyTorch normalises the sum it has rounded to its dtype
-    s = s.to(tl.float32)
-    mean = tl.sum(s, axis=1) / D
-    c = tl.where(m, s - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(c * c, axis=1) / D + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = c * rstd[:, None] * w[None, :] + b[None, :]
+    y, mean, rstd = layer_norm_tile(s.to(tl.float32), m, w_ptr, b_ptr, cols, col_ok, D, eps)
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=m)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _residual_norm_grad_tile(s_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, R, D):
+    """A tile of ``rows``, its features ``cols``: (offsets, in-bounds mask, x_hat, dy, rstd),
+    x_hat and dy zero outside the tensor."""
+    row_ok = rows < R
+    m = row_ok[:, None] & (cols < D)[None, :]
+    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    s = tl.load(s_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
+    mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+    return offsets, m, tl.where(m, (s - mean[:, None]) * rstd[:, None], 0.0), dy, rstd
 
 
 @triton.jit
@@ -112,14 +119,10 @@ def _residual_norm_affine_grads(
     acc_b = tl.zeros((COLUMN_ROWS, COLUMN_BLOCK), dtype=tl.float32)
     for r0 in range(0, R, COLUMN_ROWS):
         rows = r0 + tl.arange(0, COLUMN_ROWS)
-        row_ok = rows < R
-        m = row_ok[:, None] & col_ok[None, :]
-        offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        s = tl.load(s_ptr + offsets, mask=m, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-        acc_w += dy * tl.where(m, (s - mean[:, None]) * rstd[:, None], 0.0)
+        _, _, x_hat, dy, _ = _residual_norm_grad_tile(
+            s_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, R, D
+        )
+        acc_w += dy * x_hat
         acc_b += dy
     tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
     tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
@@ -132,16 +135,10 @@ def _residual_norm_input_grads(
 ):  # fmt: skip
     rows = program * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < R
-    col_ok = cols < D
-    m = row_ok[:, None] & col_ok[None, :]
-    offsets = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    s = tl.load(s_ptr + offsets, mask=m, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offsets, mask=m, other=0.0).to(tl.float32)
-    mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    x_hat = tl.where(m, (s - mean[:, None]) * rstd[:, None], 0.0)
+    offsets, m, x_hat, dy, rstd = _residual_norm_grad_tile(
+        s_ptr, dy_ptr, mean_ptr, rstd_ptr, rows, cols, R, D
+    )
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
     g = dy * w[None, :]
     ds = rstd[:, None] * (
         g - (tl.sum(g, axis=1) / D)[:, None] - x_hat * (tl.sum(g * x_hat, axis=1) / D)[:, None]
@@ -175,19 +172,17 @@ def _residual_norm_bwd_kernel(
 
 
 def _launch(rows: int, width: int, on_gpu: bool) -> tuple[tuple[int], dict]:
-    block_n = triton.next_power_of_2(width)
-    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_n))
-    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n}
-    if on_gpu:
-        meta["num_warps"] = WARPS_GPU
-    return (triton.cdiv(rows, block_r),), meta
+    blocks, meta = row_launch(
+        rows, width, on_gpu=on_gpu, elements_gpu=ELEMENTS_GPU, warps_gpu=WARPS_GPU
+    )
+    return (blocks,), meta
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
     """The backward's column programs (:func:`~src.kernels.triton.norm_columns.column_launch`)."""
-    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
+    return column_launch(
+        rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements_gpu=ELEMENTS_GPU
+    )
 
 
 @opaque_op(

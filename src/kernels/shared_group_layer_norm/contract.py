@@ -1,9 +1,8 @@
 """The contract of DeLighT's per-group LayerNorm with its swish
-(:mod:`src.ops.shared_group_layer_norm`): the forward and backward ops over (R, D) rows, which the
-Triton kernels (:mod:`src.kernels.shared_group_layer_norm.triton_kernel`) compute. The dropout
-mask's seed
-is a tensor (:mod:`src.kernels.dropout.contract`), None without dropout, and ``site`` the dropout
-site's index among those sharing it.
+(:mod:`src.kernels.shared_group_layer_norm`): the forward and backward ops over (R, D) rows, which
+the Triton kernels (:mod:`src.kernels.shared_group_layer_norm.triton_kernel`) compute. The dropout
+mask's seed is a tensor (:mod:`src.kernels.dropout.contract`), None without dropout, and ``site``
+the dropout site's index among those sharing it.
 """
 
 from __future__ import annotations

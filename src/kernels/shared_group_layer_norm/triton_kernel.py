@@ -36,7 +36,6 @@ way in a graph ``torch.compile`` traces.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -48,18 +47,17 @@ from src.kernels.dropout.triton_kernel import kept
 from src.kernels.shared_group_layer_norm import contract as contract
 from src.kernels.triton.launch import gpu_launch
 from src.kernels.triton.norm_columns import column_launch
+from src.kernels.triton.norm_rows import DTYPES, layer_norm_tile, row_launch
 
 ELEMENTS_GPU = 2048  # elements of one program's (rows x group width) tile
 # 8 warps, 8 elements per thread: built for an A100 or H100 at DeLighT's widths
 # (tests/kernels/test_kernel_builds.py), tiles of 4,096 elements needed 80-140 registers per thread
 # (occupancy 0.12-0.38), tiles of 2,048 need 32-80 (0.38-1.00). Speed: to be measured.
 WARPS_GPU = 8
-ELEMENTS_INTERPRETER = 1 << 16
 # group features of one backward program that sums the shared weight and bias gradients over
 # every row and group: d / (g 16) such programs beside the row programs, instead of a reduction
 # launch after them. Speed: to be measured (benchmarks/gpu_tune.py)
 COLUMN_BLOCK_GPU = 16
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -76,13 +74,8 @@ def _norm_swish_fwd_kernel(
     m = row_ok[:, None] & col_ok[None, :]
     offsets = rows.to(tl.int64)[:, None] * D + (group * n + cols)[None, :]
     x = tl.load(x_ptr + offsets, mask=m, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / n
-    c = tl.where(m, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(c * c, axis=1) / n + eps)
-    # one affine of the group width, shared by every group
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    z = c * rstd[:, None] * w[None, :] + b[None, :]
+    # one affine of the group width, shared by every group: its features are ``cols``
+    z, mean, rstd = layer_norm_tile(x, m, w_ptr, b_ptr, cols, col_ok, n, eps)
     if SWISH:
         z = z * tl.sigmoid(z)
     if DROPOUT:
@@ -188,19 +181,14 @@ def _norm_swish_bwd_kernel(
 
 def _launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
     """Row blocks of a launch, and the tile (BLOCK_R rows of one group's ``width`` features)."""
-    block_n = triton.next_power_of_2(width)
-    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_n))
-    meta = {"BLOCK_R": block_r, "BLOCK_N": block_n}
-    if on_gpu:
-        meta["num_warps"] = WARPS_GPU
-    return triton.cdiv(rows, block_r), meta
+    return row_launch(rows, width, on_gpu=on_gpu, elements_gpu=ELEMENTS_GPU, warps_gpu=WARPS_GPU)
 
 
 def _column_launch(rows: int, width: int, on_gpu: bool) -> tuple[int, dict]:
     """The backward's column programs (:func:`~src.kernels.triton.norm_columns.column_launch`)."""
-    budget = ELEMENTS_GPU if on_gpu else ELEMENTS_INTERPRETER
-    return column_launch(rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements=budget)
+    return column_launch(
+        rows, width, on_gpu=on_gpu, block_gpu=COLUMN_BLOCK_GPU, elements_gpu=ELEMENTS_GPU
+    )
 
 
 @opaque_op(
@@ -287,7 +275,7 @@ def shared_group_layer_norm_triton(
     seeds: DropoutSeeds | None = None,
 ) -> Tensor:  # fmt: skip
     """The fused norm (and swish, and dropout with probability p); the contract of
-    :func:`src.ops.shared_group_layer_norm.shared_group_layer_norm` (then ``F.silu`` and
+    :func:`src.kernels.shared_group_layer_norm.shared_group_layer_norm` (then ``F.silu`` and
     dropout), with the output in x's dtype. The dropout mask is Philox's from a seed tensor on
     x's device (the forward's shared seed and this site's index from ``seeds``, else a seed of its
     own), not ``F.dropout``'s; the backward draws it again.

@@ -1,5 +1,6 @@
 """The launch rules the Triton kernels share: grids and per-device launch (:mod:`.launch`), the
-tiles of the stencil kernels (:mod:`.stencil`) and the norms' column sums (:mod:`.norm_columns`).
+tiles of the stencil kernels (:mod:`.stencil`), the norms' row programs (:mod:`.norm_rows`) and
+their column sums (:mod:`.norm_columns`).
 
 The kernels themselves sit beside their ops, ``src/kernels/<op>/triton_kernel.py``. Each imports
 ``triton``, which is optional: an op imports its kernel module only where it launches it
