@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels.dispatch import check_impl
+from src.kernels.pru_recurrence import pru_recurrence
 from src.ops.group_linear import GroupLinear
-from src.ops.pru_recurrence import pru_recurrence
 from src.ops.pyramidal import GATES, PyramidalTransform
 
 
@@ -122,8 +122,8 @@ class PRUCell(nn.Module):
         bias: learn the biases of both transforms.
         split: the pyramid's output split, ``"official"`` or ``"paper"``.
         residual: the pyramid's residual; None (official) when N == M.
-        impl: the recurrence's path over a sequence (:func:`src.ops.pru_recurrence.pru_recurrence`):
-            "auto", "reference" or "triton".
+        impl: the recurrence's path over a sequence
+            (:func:`src.kernels.pru_recurrence.pru_recurrence`): "auto", "reference" or "triton".
 
     Shape:
         x (B, N) or (N,); hx = (h, c) each (B, M) or (M,), zeros when omitted -> (h, c) each (B, M)
@@ -176,7 +176,7 @@ class PRUCell(nn.Module):
 
         The pyramidal transformation does not depend on h, so it runs once over all steps, as one
         large product; the steps' context GLTs and cell equations are
-        :func:`src.ops.pru_recurrence.pru_recurrence` (one C++ call each way on the CPU).
+        :func:`src.kernels.pru_recurrence.pru_recurrence` (one C++ call each way on the CPU).
 
         Shape:
             x (T, B, N), hx = (h_0, c_0) each (B, M) -> output (T, B, M), (h_T, c_T) each (B, M)

@@ -87,6 +87,7 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.ops.lstm": "src.kernels.lstm",
     "src.ops.relative_attention_cpu": "src.kernels.relative_attention_cpu",
     "src.ops.dim_conv_cpu": "src.kernels.dim_conv",
+    "src.ops.pru_recurrence": "src.kernels.pru_recurrence",
 }
 # model arguments that loaded official weights, now task.init_checkpoint's job (src.compat)
 RETIRED_MODEL_KEYS = ("pretrained", "backbone_weights")

@@ -17,11 +17,11 @@ import pytest
 import torch
 from torch import Tensor
 
+from src.kernels.pru_recurrence import pru_recurrence
 from src.kernels.relative_softmax import relative_softmax
 from src.kernels.residual_layer_norm import residual_layer_norm
 from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
-from src.ops.pru_recurrence import pru_recurrence
 from tests.helpers import recording_backend, require_cpu_kernels
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -35,6 +35,7 @@ from src.kernels.batch_norm_prelu import batch_norm_prelu
 from src.kernels.group_linear import interleaved_group_linear
 from src.kernels.linear import linear
 from src.kernels.prelu import PReLU
+from src.kernels.pru_recurrence import pru_recurrence
 from src.kernels.relative_softmax import relative_softmax
 from src.kernels.residual_layer_norm import residual_layer_norm
 from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
@@ -43,7 +44,6 @@ from src.ops.dim_conv import DimConv
 from src.ops.eesp import EESP
 from src.ops.group_linear import GroupLinear
 from src.ops.per_group_layer_norm import PerGroupLayerNorm
-from src.ops.pru_recurrence import pru_recurrence
 from src.ops.relative_position import causal_memory_mask
 
 triton = pytest.importorskip("triton")

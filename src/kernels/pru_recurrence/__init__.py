@@ -1,6 +1,6 @@
 """The PRU's recurrence as an op: its reference, its paths and the choice among them.
 
-:mod:`src.ops.pru_recurrence` is the concept (the paper's equations over a sequence); this is the
+:class:`src.ops.pru.PRUCell` is the concept (the paper's equations over a sequence); this is the
 op it runs. Given the pyramid's output P for all steps, what is left per step is sequential:
 
     a_t = P_t + GLT(h_{t-1})                    (B, 4, M), gates (f, g, i, o)
