@@ -33,23 +33,25 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
-from src.kernels.dim_conv import contract as contract
-from src.kernels.dispatch import (
+from src.kernels import (
     ATEN,
     OURS,
+    Timer,
     autocast_dtype,
     autocast_off,
     autocast_operands,
+    candidate_steps,
     choose,
     declare,
     exporting,
+    needs_backward,
     opaque_op,
     size_bucket,
     use_triton,
 )
+from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
+from src.kernels.dim_conv import contract as contract
 from src.kernels.layout import is_channels_last
-from src.kernels.timing import Timer, candidate_steps, needs_backward
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 Weights = tuple[Tensor, Tensor, Tensor]
