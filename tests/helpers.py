@@ -15,10 +15,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import src.ops.dice
+import src.kernels.dice
 import src.ops.eesp
 from src.kernels.cpu import cpu_kernels
-from src.ops.dice import DiCE
 from src.ops.eesp import EESP
 
 
@@ -85,10 +84,11 @@ def use_inference_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path in PyTorch calls)."""
     if path == "kernel":
         require_cpu_kernels()
-        monkeypatch.setattr(DiCE, "_folded_forward", _forbid_in_inference(DiCE._folded_forward))
+        folded_forward = _forbid_in_inference(src.kernels.dice.folded_forward)
+        monkeypatch.setattr(src.kernels.dice, "folded_forward", folded_forward)
         monkeypatch.setattr(EESP, "_pyramid", _forbid_in_inference(EESP._pyramid))
     elif path == "eager":
-        monkeypatch.setattr(src.ops.dice, "cpu_kernels_loaded", lambda: False)
+        monkeypatch.setattr(src.kernels.dice, "cpu_kernels_loaded", lambda: False)
         monkeypatch.setattr(src.ops.eesp, "cpu_kernels_loaded", lambda: False)
     else:
         raise ValueError(f"path must be 'kernel' or 'eager', got {path!r}")
@@ -151,7 +151,7 @@ def saved_bytes(module: nn.Module, x: Tensor) -> int:
 
 
 def own_running_statistics(args: dict) -> dict:
-    """A fused unit's arguments (``_local_fusion_args`` / ``_pyramid_args``) with copies of its BN
+    """A fused unit's arguments (``local_fusion_args`` / ``_pyramid_args``) with copies of its BN
     running statistics, so that two paths given them update their own."""
     return {**args, **{k: args[k].clone() for k in ("running_mean", "running_var")}}
 

@@ -10,7 +10,7 @@ shuffle. The DiCE baseline is that DimConv followed by the same DimFuse module a
 
 The "DimConv channels-last" rows take the layout the networks train in, where the CPU runs
 DimConv's C++ kernels (:mod:`src.kernels.dim_conv`), against the eager path they replace
-(:func:`src.ops.dim_conv.dim_conv_reference`, the same weights and layout).
+(:func:`src.kernels.dim_conv.dim_conv_reference`, the same weights and layout).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from benchmarks.op_cases import OpCase
+from src.kernels.dim_conv import dim_conv_reference
 from src.ops.dice import DiCE
-from src.ops.dim_conv import DimConv, dim_conv_reference
+from src.ops.dim_conv import DimConv
 
 BATCH = 8
 SHAPES = ((24, 56), (116, 28), (232, 14), (464, 7))  # (channels, height = width)

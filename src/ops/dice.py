@@ -30,29 +30,17 @@ the others are a :class:`SpatialFusionBlock` in place of the :class:`DiCE` and a
 
 from __future__ import annotations
 
-import functools
-
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from src.kernels import Timer, autocast_dtype, choose, declare, size_bucket, use_triton
 from src.kernels.batch_norm import BatchNorm2d
 from src.kernels.batch_norm_prelu import FusingSequential
-from src.kernels.cpu import cpu_kernels_loaded
-from src.kernels.fused_norm import batch_norm_factor, timed_pass
-from src.kernels.inference_folding import (
-    ConvBNPReLU,
-    batch_norm_affine,
-    cached,
-    conv_bn_prelu,
-    folded_inference,
-)
+from src.kernels.dice import dice_path
+from src.kernels.inference_folding import ConvBNPReLU, conv_bn_prelu
 from src.kernels.pointwise_conv import PointwiseConv2d
 from src.kernels.pooling import AvgPool2d
 from src.kernels.prelu import PReLU
-from src.ops.dim_conv import DimConv, resize_matrix
-from src.ops.dim_fuse import DimFuse, GlobalFusion, ablation_gate, local_fusion
+from src.ops.dim_conv import DimConv
+from src.ops.dim_fuse import DimFuse, GlobalFusion, ablation_gate
 from src.ops.shuffle import concat_shuffle
 
 SPATIAL_OPS = ("dimconv", "dwise")
@@ -83,19 +71,10 @@ class DiCE(nn.Module):
             thesis's DiCE and every released model); False fuses consecutive concatenated channels.
         impl: DimConv's ``"auto" | "reference" | "triton"``.
 
-    With ``impl="auto"``, in CPU inference (:func:`src.kernels.inference_folding.folded_inference`)
-    the forward is the same map with every BN folded: one call of the fused C++ kernel
-    (:meth:`_kernel_forward`, ``src/kernels/dice/dice.cpp``, any input size) where it applies
-    (float32, C_out = C, the kernel built; ``cpu_kernel = False`` opts a unit out), else at the
-    build size :meth:`_folded_forward`'s eager calls.
-
-    Where DimConv's Triton kernel runs (CUDA, or ``impl="triton"``) at the build size, DimConv and
-    the first half of DimFuse (BN, PReLU, grouped 1x1 conv: the local fusion) can run as one pass
-    that never writes DimConv's 3C channels (:mod:`src.kernels.dim_fuse.triton_kernel`): in
-    training with
-    BN's batch statistics (the backward recomputes them), in inference with the second BN and
-    PReLU folded in too. ``impl="triton"`` always takes it, ``"auto"`` where
-    :func:`local_fusion_path` measured it faster; ``local_fusion = False`` opts a unit out.
+    Where they apply, the forward takes the same map on fused kernels (:mod:`src.kernels.dice`): in
+    CPU inference with every BN folded (the C++ kernel, or eager calls), and where DimConv's Triton
+    kernel runs, DimConv and DimFuse's local fusion in one Triton pass. The class attributes
+    ``cpu_kernel`` and ``local_fusion`` switch them off.
 
     Shape:
         (B, C, H, W) -> (B, C_out, H, W), any H and W (see :class:`DimConv`).
@@ -134,325 +113,10 @@ class DiCE(nn.Module):
         _reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
-        conv = self.dim_conv
-        if (
-            folded_inference(self, x)
-            and conv.impl == "auto"
-            and conv.interleave
-            and x.dim() == 4
-            and x.shape[1] == conv.channels
-        ):
-            if self._kernel_applies(x) and cpu_kernels_loaded():
-                return self._kernel_forward(x)
-            if x.shape[2:] == (conv.height, conv.width):
-                return self._folded_forward(x)
-        if self._local_fusion_applies(x):
-            from src.kernels.dim_fuse.triton_kernel import local_fusion_triton
-
-            fused = local_fusion_triton(x, *self._conv_weights(), **self._local_fusion_args())
-            if self.training:  # inference folded the second BN and PReLU in (post)
-                fused = self.dim_fuse.local[2](self.dim_fuse.local[1](fused))
-            return self.dim_fuse.global_fusion(fused)
+        fused = dice_path(self, x)  # the kernels' fused path for this input, if one applies
+        if fused is not None:
+            return fused(x)
         return self.dim_fuse(self.dim_conv(x))
-
-    def _conv_weights(self) -> tuple[Tensor, Tensor, Tensor]:
-        conv = self.dim_conv
-        return conv.weight_channel, conv.weight_height, conv.weight_width
-
-    def _local_fusion_applies(self, x: Tensor) -> bool:
-        """Whether DimConv and DimFuse's local fusion run as one Triton pass
-        (:mod:`src.kernels.dim_fuse.triton_kernel`): DimConv's kernel would run (CUDA, or
-        ``impl="triton"``), interleaved, at the build size, BN tracking running statistics; in
-        training, or in inference without autograd. ``impl="auto"`` takes it where
-        :func:`local_fusion_path` chose it (while ``torch.compile`` traces, without timing: the
-        eager steps' choice or the default)."""
-        conv, fuse = self.dim_conv, self.dim_fuse
-        norm = fuse.norm
-        if not (
-            self.local_fusion
-            and use_triton(conv.impl, x)  # first: on the CPU it ends the check
-            and conv.interleave
-            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)  # the kernel's
-            and x.dim() == 4
-            and tuple(x.shape[1:]) == (conv.channels, conv.height, conv.width)
-            and norm.track_running_stats
-            and norm.affine
-            and norm.training == fuse.local[1].training == self.training
-            and (self.training or not torch.is_grad_enabled())
-        ):
-            return False
-        if conv.impl == "triton":
-            return True
-        return local_fusion_path(self, x) == "fused"
-
-    def _local_fusion_args(self, *, advance: bool = True) -> dict:
-        """Keyword arguments of :func:`src.ops.dim_fuse.local_fusion_reference` for this unit's
-        state. In training ``advance`` counts the batch in BN's ``num_batches_tracked`` and resolves
-        ``momentum=None`` (a cumulative average) as ``nn.BatchNorm2d`` does."""
-        fuse = self.dim_fuse
-        norm = fuse.norm
-        momentum = batch_norm_factor(norm, advance=advance and self.training)
-        args = {
-            "dilation": self.dim_conv.dilation,
-            "running_mean": norm.running_mean,
-            "running_var": norm.running_var,
-            "weight": norm.weight,
-            "bias": norm.bias,
-            "alpha": fuse.act.weight,
-            "w_local": fuse.local[0].weight,
-            "training": self.training,
-            "momentum": momentum,
-            "eps": norm.eps,
-        }
-        if not self.training:
-            scale, shift = batch_norm_affine(fuse.local[1])
-            args["post"] = (scale, shift, fuse.local[2].weight.expand(fuse.channels))
-        return args
-
-    def _kernel_applies(self, x: Tensor) -> bool:
-        """Whether the fused C++ kernel covers this unit: float32, depth-wise global fusion."""
-        spatial = self.dim_fuse.spatial[0]
-        return (
-            self.cpu_kernel
-            and x.dtype == torch.float32
-            and spatial.groups == spatial.out_channels == x.shape[1]
-        )
-
-    def _kernel_forward(self, x: Tensor) -> Tensor:
-        """The folded forward as one call of the fused C++ kernel (``src/kernels/dice/dice.cpp``),
-        at
-        any input size: off the build size the height- and width-wise branches are resized as in
-        :class:`DimConv` (the inputs here, the outputs back inside the kernel).
-
-        Shape:
-            (B, C, H, W) -> (B, C, H, W)
-        """
-        conv = self.dim_conv
-        x = x.contiguous()
-        height, width = x.shape[2:]
-        (to_height, from_height, to_width, from_width, *operands) = self._kernel_operands(
-            height, width
-        )
-        # (H_b, H) @ (B, C, H, W) -> (B, C, H_b, W); (B, C, H, W) @ (W, W_b) -> (B, C, H, W_b)
-        x_height = x if height == conv.height else torch.matmul(to_height, x)
-        x_width = x if width == conv.width else torch.matmul(x, to_width.t())
-        return torch.ops.lightnets_cpu.dice_forward(
-            x,
-            x_height,
-            x_width,
-            from_height,
-            from_width,
-            *operands,
-            conv.kernel_size,
-            *conv.dilation,
-        )
-
-    def _kernel_operands(self, height: int, width: int) -> tuple[Tensor, ...]:
-        """The resize matrices and folded tensors in the kernel's layout (see ``dice.cpp``) for an
-        (H, W) input, cached like :meth:`_folded` (one entry per input size)."""
-        conv = self.dim_conv
-
-        def build() -> tuple[Tensor, ...]:
-            folded = self._folded()
-            (w_channel, b_channel, a_channel, w_height, w_width) = folded[:5]
-            per_channel = (b_channel, a_channel, *folded[5:16], *folded[17:19])
-            c, k, h_b, w_b = conv.channels, conv.kernel_size, conv.height, conv.width
-            kk, half, (d_c, d_h, _) = k * k, (k - 1) // 2, conv.dilation
-            # the padded row lengths of the height- and width-wise branches' grids: at the build
-            # size one set of planes padded for all branches, else each branch's own
-            if (height, width) == (h_b, w_b):
-                pitch_h = pitch_w = width + 2 * half * max(d_c, d_h)
-            else:
-                pitch_h, pitch_w = width + 2 * half * d_h, w_b
-            options = {"dtype": w_channel.dtype, "device": w_channel.device}
-            return (
-                resize_matrix(height, h_b, **options),  # (H_b, H)
-                resize_matrix(h_b, height, **options),  # (H, H_b)
-                resize_matrix(width, w_b, **options),  # (W_b, W)
-                resize_matrix(w_b, width, **options),  # (W, W_b)
-                w_channel.reshape(c, kk).contiguous(),
-                # a weight per output position of each branch's grid, (kk, rows, pitch): the
-                # height-wise kernel of row r, the width-wise one of column q (0 on pad columns)
-                w_height.reshape(h_b, kk).t()[:, :, None].expand(kk, h_b, pitch_h).contiguous(),
-                F.pad(w_width.reshape(w_b, kk).t(), (0, pitch_w - w_b))[:, None, :]
-                .expand(kk, height, pitch_w)
-                .contiguous(),
-                torch.stack([t.reshape(c) for t in per_channel]),  # (15, C), rows as in dice.cpp
-                folded[16].reshape(c, 9).contiguous(),
-                folded[19],
-                folded[20],
-            )
-
-        return cached(self, build, name=f"_kernel{height}x{width}")
-
-    def _folded(self) -> tuple[Tensor, ...]:
-        conv, fuse = self.dim_conv, self.dim_fuse
-        local_conv, local_bn, local_act = fuse.local
-        spatial_conv, spatial_bn, spatial_act = fuse.spatial
-
-        def build() -> tuple[Tensor, ...]:
-            c = conv.channels
-            # DimFuse's BN + PReLU over the interleaved 3C channels, as (C, branch)
-            scale, shift = (t.view(c, 3) for t in batch_norm_affine(fuse.norm))
-            slope = fuse.act.weight.view(c, 3)
-            local_scale, local_shift = batch_norm_affine(local_bn)
-            local = local_conv.weight.view(c, 3) * local_scale[:, None]  # (C, branch)
-            s_scale, s_shift = batch_norm_affine(spatial_bn)
-
-            def per_channel(t: Tensor) -> Tensor:
-                return t.contiguous().view(c, 1, 1)  # (C,) -> (C, 1, 1), broadcast over (H, W)
-
-            return (
-                conv.weight_channel * scale[:, 0, None, None, None],
-                shift[:, 0].contiguous(),
-                slope[:, 0].contiguous(),
-                conv.weight_height,
-                # kernel axes (height, channel) -> (channel, height): the width-wise conv runs on
-                # the (C, H) plane, see _folded_forward
-                conv.weight_width.transpose(2, 3).contiguous(),
-                per_channel(scale[:, 1]),
-                per_channel(shift[:, 1]),
-                slope[:, 1].contiguous(),
-                per_channel(scale[:, 2]),
-                per_channel(shift[:, 2]),
-                slope[:, 2].contiguous(),
-                per_channel(local[:, 0]),
-                per_channel(local[:, 1]),
-                per_channel(local[:, 2]),
-                per_channel(local_shift),
-                local_act.weight,
-                spatial_conv.weight * s_scale[:, None, None, None],
-                s_shift,
-                spatial_act.weight,
-                # the gate's 1x1 convs as (in, out) matrices: (C, C // 4), (C // 4, C_out)
-                fuse.gate[1].weight.flatten(1).t().contiguous(),
-                fuse.gate[3].weight.flatten(1).t().contiguous(),
-            )
-
-        return cached(self, build)
-
-    def _folded_forward(self, x: Tensor) -> Tensor:
-        """The inference forward at the build size, with every BN folded (same map as forward).
-
-        DimConv's interleaved 3C tensor is never built: each branch gets DimFuse's BN (folded into
-        the channel-wise kernel, an affine map for the other two) and PReLU, and the local fusion
-        (3 -> 1 per channel) is two fused multiply-adds. The width- and height-wise convolutions
-        run as depth-wise convolutions on channels-last *views*: a (B, C, H, W) tensor is, read as
-        (B, W, C, H), channels-last with W channels over the (C, H) plane (no copy); its
-        transpose (B, C, W, H), one copy, is likewise (B, H, C, W) channels-last. oneDNN's
-        depth-wise convolution is about twice as fast channels-last, and this avoids the permute
-        copies of the reference.
-
-        Shape:
-            (B, C, H_b, W_b) -> (B, C_out, H_b, W_b)
-        """
-        (
-            w_channel,
-            b_channel,
-            a_channel,
-            w_height,
-            w_width,
-            s_height,
-            t_height,
-            a_height,
-            s_width,
-            t_width,
-            a_width,
-            l_channel,
-            l_height,
-            l_width,
-            l_shift,
-            a_local,
-            w_spatial,
-            b_spatial,
-            a_spatial,
-            w_gate_in,
-            w_gate_out,
-        ) = self._folded()
-        conv = self.dim_conv
-        height, width = x.shape[2:]
-        half = (conv.kernel_size - 1) // 2
-        d_c, d_h, d_w = conv.dilation
-        y_c = F.conv2d(x, w_channel, b_channel, padding=half * d_c, dilation=d_c, groups=x.shape[1])
-        a_c = F.prelu(y_c, a_channel)
-        # width-wise: (B, C, H, W) read as (B, W, C, H) -> conv -> back to (B, C, H, W)
-        y_w = F.conv2d(
-            x.permute(0, 3, 1, 2), w_width, padding=half * d_w, dilation=d_w, groups=width
-        ).permute(0, 2, 3, 1)
-        # the branch BNs as affine maps written over the fresh conv outputs
-        a_w = F.prelu(torch.addcmul(t_width, y_w, s_width, out=y_w), a_width)
-        # height-wise: (B, C, W, H) read as (B, H, C, W) -> conv -> back to (B, C, W, H)
-        x_t = x.transpose(2, 3).contiguous()  # (B, C, W, H)
-        y_h = F.conv2d(
-            x_t.permute(0, 3, 1, 2), w_height, padding=half * d_h, dilation=d_h, groups=height
-        ).permute(0, 2, 3, 1)
-        a_h = F.prelu(torch.addcmul(t_height, y_h, s_height, out=y_h), a_height)  # (B, C, W, H)
-        # local fusion with its BN: (B, C, H, W) x 3 -> (B, C, H, W)
-        fused = torch.addcmul(l_shift, a_c, l_channel, out=a_c)
-        fused = fused.addcmul_(a_w, l_width).addcmul_(a_h.transpose(2, 3), l_height)
-        fused = F.prelu(fused, a_local)
-        spatial_conv = self.dim_fuse.spatial[0]
-        spatial = F.conv2d(
-            fused,
-            w_spatial,
-            b_spatial,
-            spatial_conv.stride,
-            spatial_conv.padding,
-            spatial_conv.dilation,
-            spatial_conv.groups,
-        )
-        spatial = F.prelu(spatial, a_spatial)
-        # channel gate: (B, C) -> (B, C // 4) -> (B, C_out)
-        gate = torch.sigmoid(torch.relu_(fused.mean((2, 3)) @ w_gate_in) @ w_gate_out)
-        return spatial.mul_(gate[:, :, None, None])
-
-
-LOCAL_FUSION_CHOICE = declare("dice.local_fusion", ("fused", "unfused"))
-
-
-def local_fusion_path(unit: DiCE, x: Tensor, timer: Timer | None = None) -> str:
-    """``impl="auto"`` on CUDA: "fused" (DimConv and the local fusion in one Triton pass,
-    :mod:`src.kernels.dim_fuse.triton_kernel`) or "unfused" (DimConv's own choice, then BN, PReLU
-    and the
-    grouped 1x1 conv), whichever was faster on the first call with this input shape (batch by
-    :func:`~src.kernels.size_bucket`), dtype and mode (:func:`~src.kernels.choose`).
-    Training times forward and backward, on copies of the running statistics and without touching
-    the parameters' gradients; inference times the forward.
-
-    Under ``torch.use_deterministic_algorithms(True)`` training takes "unfused" (the fused
-    backward adds DimConv's weight gradient with float atomics) and inference "fused".
-
-    Shape:
-        x (B, C, H_b, W_b)
-    """
-    device = x.device.type
-    autocast = autocast_dtype(device)
-    conv = unit.dim_conv
-    key = (
-        size_bucket(x.shape[0]), *x.shape[1:], x.dtype, autocast, conv.dilation, unit.training,
-        str(x.device),
-    )  # fmt: skip
-
-    def run(path: str) -> None:
-        from src.kernels.dim_fuse.triton_kernel import local_fusion_triton
-
-        def fused(inputs: Tensor, args: dict) -> Tensor:
-            return local_fusion_triton(inputs, *unit._conv_weights(), **args)
-
-        def unfused(inputs: Tensor, args: dict) -> Tensor:
-            return local_fusion(conv(inputs), **{k: v for k, v in args.items() if k != "dilation"})
-
-        forward = fused if path == "fused" else unfused
-        timed_pass(unit, x, forward, unit._local_fusion_args(advance=False))
-
-    def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("fused", "unfused")}
-
-    deterministic = "unfused" if unit.training else "fused"
-    return choose(
-        LOCAL_FUSION_CHOICE, key, candidates,
-        default=deterministic, reference="unfused", timer=timer,
-    )  # fmt: skip
 
 
 class SpatialFusionBlock(nn.Module):

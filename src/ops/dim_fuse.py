@@ -11,6 +11,9 @@ DiCENet (thesis ch. 3, Sec. 3.3.1, Fig. 3.3), as in the official ``DICE`` layer:
 
 BN and PReLU act per channel on whatever order the input has; with the official concat-then-shuffle
 layout the converter permutes their parameters (``src.compat.edgenets``).
+
+The local fusion as a function of its parameters, with DimConv before it in one Triton pass, is
+:mod:`src.kernels.dim_fuse`; the DiCE unit chooses that path (:mod:`src.kernels.dice`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from src.kernels.batch_norm import BatchNorm2d
@@ -26,8 +28,7 @@ from src.kernels.batch_norm_prelu import FusingSequential, batch_norm_prelu
 from src.kernels.inference_folding import ConvBNPReLU
 from src.kernels.local_fusion_conv import LocalFusionConv
 from src.kernels.pointwise_conv import PointwiseConv2d
-from src.kernels.prelu import PReLU, prelu
-from src.ops.dim_conv import dim_conv_reference
+from src.kernels.prelu import PReLU
 
 
 def spatial_cbr(channels: int, out_channels: int) -> ConvBNPReLU:
@@ -150,78 +151,3 @@ class DimFuse(nn.Module):
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, out_channels={self.out_channels}"
-
-
-def local_fusion_reference(
-    x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
-    *,
-    dilation: tuple[int, int, int],
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    weight: Tensor,
-    bias: Tensor,
-    alpha: Tensor,
-    w_local: Tensor,
-    training: bool,
-    momentum: float,
-    eps: float,
-    post: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> Tensor:
-    """Interleaved DimConv then DimFuse's local fusion, in plain PyTorch (the oracle of the fused
-    kernel, :func:`src.kernels.dim_fuse.triton_kernel.local_fusion_triton`):
-    ``conv1x1_groups=C(PReLU(BN(DimConv(x))))``, BN as ``F.batch_norm`` (``training`` uses and
-    ``momentum`` updates the running statistics). ``post = (scale, shift, slope)`` appends the
-    second BN folded to an affine map and its PReLU (inference).
-
-    Shape:
-        x (B, C, H, W); DimConv weights as :class:`src.ops.dim_conv.DimConv`'s; running
-        statistics, weight, bias, alpha (3C,); w_local (C, 3, 1, 1); post three (C,)
-        -> (B, C, H, W)
-    """
-    h = dim_conv_reference(
-        x, weight_channel, weight_height, weight_width, dilation=dilation, interleave=True
-    )
-    return local_fusion(
-        h,
-        running_mean=running_mean,
-        running_var=running_var,
-        weight=weight,
-        bias=bias,
-        alpha=alpha,
-        w_local=w_local,
-        training=training,
-        momentum=momentum,
-        eps=eps,
-        post=post,
-    )
-
-
-def local_fusion(
-    h: Tensor,
-    *,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    weight: Tensor,
-    bias: Tensor,
-    alpha: Tensor,
-    w_local: Tensor,
-    training: bool,
-    momentum: float,
-    eps: float,
-    post: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> Tensor:
-    """DimFuse's local fusion of DimConv's interleaved output h, as functions of its parameters
-    (see :func:`local_fusion_reference`).
-
-    Shape:
-        h (B, 3C, H, W) -> (B, C, H, W)
-    """
-    z = F.batch_norm(h, running_mean, running_var, weight, bias, training, momentum, eps)
-    local = F.conv2d(prelu(z, alpha), w_local, groups=h.shape[1] // 3)
-    if post is not None:
-        scale, shift, slope = post
-        local = F.prelu(local * scale[:, None, None] + shift[:, None, None], slope)
-    return local

@@ -16,15 +16,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import src.kernels.dim_conv
 import src.kernels.relative_attention
 import src.ops.dim_conv
 import src.ops.relative_position
 from src.kernels import ATEN, OURS, choices, choose, chosen, dispatch, environment, forget, timing
 from src.kernels.batch_norm import BatchNorm2d
 from src.kernels.cpu import cpu_kernels_loaded
+from src.kernels.dim_conv import dim_conv_reference
 from src.kernels.environment import cpu_path_mode, use_cpu_paths
 from src.kernels.pointwise_conv import pointwise_conv
-from src.ops.dim_conv import DimConv, dim_conv_reference
+from src.ops.dim_conv import DimConv
 from tests.helpers import require_cpu_kernels
 
 
@@ -178,10 +180,13 @@ def test_dim_conv_runs_the_winner(auto, monkeypatch, winner, grad) -> None:
     require_cpu_kernels()
     monkeypatch.setattr(dispatch, "cpu_times", _slow(_other(winner)))
     calls: list[str] = []
-    kernel = src.ops.dim_conv.dim_conv_cpu
-    monkeypatch.setattr(
-        src.ops.dim_conv, "dim_conv_cpu", lambda *a, **k: calls.append("kernel") or kernel(*a, **k)
-    )
+    kernel = src.kernels.dim_conv.dim_conv_cpu
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append("kernel")
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(src.kernels.dim_conv, "dim_conv_cpu", counted)
     dim_conv = DimConv(8, 5, 6)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(2, 8, 5, 6, generator=gen).contiguous(memory_format=torch.channels_last)

@@ -1,6 +1,6 @@
 """DimConv on the CPU kernels (``src/kernels/dim_conv/__init__.py``,
 ``src/kernels/dim_conv/dim_conv.cpp``)
-against the eager path (:func:`src.ops.dim_conv.dim_conv_reference`) and its float64 evaluation.
+against the eager path (:func:`src.kernels.dim_conv.dim_conv_reference`) and its float64 evaluation.
 
 Tolerances: the output and the input gradient sum at most 3 k^2 float32 products per element and
 round once to the operands' dtype: within 1e-6 of the float64 result relative to the largest
@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 import src.kernels.dim_conv
-from src.kernels.dim_conv import dim_conv_cpu
-from src.ops.dim_conv import DimConv, dim_conv_reference
+from src.kernels.dim_conv import dim_conv_cpu, dim_conv_reference
+from src.ops.dim_conv import DimConv
 from src.utils.complexity import measure
 from tests.helpers import (
     KIND_FAULTS,

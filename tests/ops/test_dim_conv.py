@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.ops.dim_conv import DimConv, auto_path, dim_conv_reference, resize_matrix
+from src.kernels.dim_conv import auto_path, dim_conv_reference, resize_matrix
+from src.ops.dim_conv import DimConv
 from tests.helpers import path_timer
 
 triton_dim_conv = pytest.importorskip("src.kernels.dim_conv.triton_kernel")
@@ -177,8 +178,7 @@ def test_module_dispatch(kernel_device: torch.device) -> None:
 def test_auto_path_is_measured_once_per_shape(fresh_choices, kernel_device: torch.device) -> None:
     """The kernel and the reference compute the same output; the faster (injected timer) is kept
     per input shape."""
-    from src.kernels import chosen
-    from src.ops import dim_conv
+    from src.kernels import chosen, dim_conv
 
     times = {"triton": 1.0, "reference": 2.0}
     outputs: dict = {}

@@ -23,7 +23,8 @@ Every tensor is addressed through its own strides, so a channels-last network (t
 layout) is read and written in place: a channels-last input gives a channels-last output and input
 gradient, and neither direction makes a contiguous copy.
 
-Only inputs at the layer's build size (H = H_b, W = W_b) come here; see :mod:`src.ops.dim_conv`.
+Only inputs at the layer's build size (H = H_b, W = W_b) come here; see
+:func:`src.kernels.dim_conv.dim_conv`.
 """
 
 from __future__ import annotations
@@ -404,7 +405,8 @@ def dim_conv_triton(
     dilation: tuple[int, int, int] = (1, 1, 1),
     interleave: bool = True,
 ) -> Tensor:
-    """Fused DimConv at the build size; the contract of :func:`src.ops.dim_conv.dim_conv_reference`.
+    """Fused DimConv at the build size; the contract of
+    :func:`src.kernels.dim_conv.dim_conv_reference`.
 
     Under ``torch.autocast`` the convolutions run in its dtype, as ``F.conv2d``'s (and so the
     reference's) do: the operands are cast to it first (float32 weights keep float32 gradients).

@@ -1,7 +1,7 @@
 """The contract of DiCE's local fusion in one Triton pass
 (:mod:`src.kernels.dim_fuse.triton_kernel`): the
 statistics, forward, backward-sums and grad_h ops over DimConv's output, which none of them
-writes (see :mod:`src.ops.dim_fuse` for the reference).
+writes (see :mod:`src.kernels.dim_fuse` for the reference).
 """
 
 from __future__ import annotations

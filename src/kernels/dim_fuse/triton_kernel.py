@@ -381,7 +381,7 @@ def local_fusion_triton(
     eps: float,
     post: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """The fused pass; the contract of :func:`src.ops.dim_fuse.local_fusion_reference`.
+    """The fused pass; the contract of :func:`src.kernels.dim_fuse.local_fusion_reference`.
 
     ``training`` normalises with the batch statistics and, when running statistics are given,
     updates them in place as ``F.batch_norm`` does (``momentum`` is the resolved factor, unbiased
