@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 import src.kernels.dim_conv
 import src.kernels.relative_attention
-import src.ops.dim_conv
 import src.ops.relative_position
 from src.kernels import ATEN, OURS, choices, choose, chosen, dispatch, environment, forget, timing
 from src.kernels.batch_norm import BatchNorm2d
