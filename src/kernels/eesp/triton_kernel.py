@@ -46,6 +46,17 @@ from src.kernels.triton.stencil import launch_config, tile
 
 
 @triton.jit
+def _output_tile(
+    r_ptr, sr_b, C, HO, WO,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """This program's image b and (channel, row, column) output tile (:func:`tile`), the image's
+    start in r, and the mask of the tile's pixels inside the (K n, H', W') output."""
+    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
+    return b, c, i, j, r_ptr + b * sr_b, (c < C) & (i < HO) & (j < WO)
+
+
+@triton.jit
 def _fused_branch(
     f, r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w,
     HFF: tl.constexpr, STRIDE: tl.constexpr,
@@ -113,9 +124,7 @@ def _pyramid_fwd_kernel(
     K: tl.constexpr, HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    m = (c < C) & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     out = y_ptr + b * sy_b + c * sy_c + i * sy_h + j * sy_w
     f = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
     for k in tl.static_range(K):
@@ -136,9 +145,7 @@ def _pyramid_stats_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs over b, rows and columns, 2, K C): sum f and sum f^2 of this tile
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    m = (c < C) & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row = part_ptr + (tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)) * (2 * K * C)
     f = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
@@ -160,9 +167,7 @@ def _pyramid_bwd_sums_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs, 3, K C): sum dz, sum dz (f - mean), sum dout z [z <= 0] (PReLU)
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    m = (c < C) & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     grad = g_ptr + b * sg_b + c * sg_c + i * sg_h + j * sg_w
     c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row = part_ptr + (tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)) * (3 * K * C)
@@ -209,9 +214,7 @@ def _pyramid_grad_branches_kernel(
     K: tl.constexpr, HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    m = (c < C) & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     grad = g_ptr + b * sg_b + c * sg_c + i * sg_h + j * sg_w
     out = dy_ptr + b * sy_b + c * sy_c + i * sy_h + j * sy_w
     total = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
