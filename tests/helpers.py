@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import src.kernels.dice
-import src.ops.eesp
+import src.kernels.eesp
 from src.kernels.cpu import cpu_kernels
 from src.ops.eesp import EESP
 
@@ -89,7 +89,7 @@ def use_inference_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(EESP, "_pyramid", _forbid_in_inference(EESP._pyramid))
     elif path == "eager":
         monkeypatch.setattr(src.kernels.dice, "cpu_kernels_loaded", lambda: False)
-        monkeypatch.setattr(src.ops.eesp, "cpu_kernels_loaded", lambda: False)
+        monkeypatch.setattr(src.kernels.eesp, "cpu_kernels_loaded", lambda: False)
     else:
         raise ValueError(f"path must be 'kernel' or 'eager', got {path!r}")
 
@@ -151,7 +151,7 @@ def saved_bytes(module: nn.Module, x: Tensor) -> int:
 
 
 def own_running_statistics(args: dict) -> dict:
-    """A fused unit's arguments (``local_fusion_args`` / ``_pyramid_args``) with copies of its BN
+    """A fused unit's arguments (``local_fusion_args`` / ``pyramid_args``) with copies of its BN
     running statistics, so that two paths given them update their own."""
     return {**args, **{k: args[k].clone() for k in ("running_mean", "running_var")}}
 

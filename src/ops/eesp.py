@@ -23,47 +23,28 @@ and ``DownSampler``:
 
 "CBR" is conv (no bias) + BN + PReLU (per channel); AvgPool counts the padding.
 
-In CPU inference (:func:`src.kernels.inference_folding.folded_inference`) with ``impl="auto"``, EESP
-folds its BNs into the 1x1 convolutions (run as batched matrix products) and computes the pyramid
-(K convolutions, HFF, BN, PReLU) in one call of the fused C++ kernel ``src/kernels/eesp/eesp.cpp``
-where it is built (else in eager calls); the same map up to float rounding. On CUDA the pyramid
-can run as one Triton pass (:mod:`src.kernels.eesp.triton_kernel`), in training too (``impl``,
-:func:`pyramid_path`).
+The fused paths a unit can take are in :mod:`src.kernels.eesp`: on CUDA the pyramid (K
+convolutions, HFF, BN, PReLU) as one Triton pass, in training too (``impl``,
+:func:`src.kernels.eesp.pyramid_path`); in CPU inference with ``impl="auto"`` the BNs folded into
+the 1x1 convolutions and the pyramid in one call of the C++ kernel ``src/kernels/eesp/eesp.cpp``
+where it is built (``cpu_kernel``); the same map up to float rounding.
 """
 
 from __future__ import annotations
-
-import functools
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from src.kernels import (
-    Timer,
-    autocast_dtype,
-    check_impl,
-    choose,
-    declare,
-    size_bucket,
-    use_triton,
-)
+from src.kernels import check_impl
 from src.kernels.batch_norm import BatchNorm2d
 from src.kernels.batch_norm_prelu import FusingSequential, batch_norm_prelu
-from src.kernels.cpu import cpu_kernels_loaded
 from src.kernels.depthwise_conv import DepthwiseConv2d
-from src.kernels.fused_norm import batch_norm_factor, timed_pass
-from src.kernels.inference_folding import (
-    ConvBNPReLU,
-    batch_norm_affine,
-    cached,
-    conv_bn,
-    folded_inference,
-)
+from src.kernels.eesp import folded_forward, fused_pyramid
+from src.kernels.inference_folding import ConvBNPReLU
 from src.kernels.pointwise_conv import PointwiseConv2d
 from src.kernels.pooling import AvgPool2d
-from src.kernels.prelu import PReLU, prelu
+from src.kernels.prelu import PReLU
 
 
 def depthwise_dilated_conv(
@@ -131,6 +112,13 @@ def eesp_dilations(branches: int, r_lim: int) -> tuple[int, ...]:
 DOWN_METHODS = ("esp", "avg")
 
 
+def _reset_children(module: nn.Module) -> None:
+    """Re-initialise every convolution, BN and PReLU under ``module``."""
+    for child in module.modules():
+        if isinstance(child, (nn.Conv2d, nn.BatchNorm2d, nn.PReLU)):
+            child.reset_parameters()
+
+
 class EESP(nn.Module):
     """Extremely efficient spatial pyramid of depth-wise dilated separable convolutions.
 
@@ -146,14 +134,15 @@ class EESP(nn.Module):
             they are.
         impl: the pyramid's path: ``"auto"`` (on CUDA, per shape and mode the faster of the fused
             Triton pass, :mod:`src.kernels.eesp.triton_kernel`, and the eager ops,
-            :func:`pyramid_path`),
-            ``"reference"`` or ``"triton"``.
+            :func:`src.kernels.eesp.pyramid_path`; in CPU inference the folded path,
+            :func:`src.kernels.eesp.folded_forward`), ``"reference"`` or ``"triton"``.
 
     Shape:
         (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
     """
 
-    #: take the fused C++ kernel for the pyramid in CPU inference (False: eager calls)
+    #: take the fused C++ kernel for the pyramid in CPU inference (False: eager calls;
+    #: :func:`src.kernels.eesp.cpu_pyramid`)
     cpu_kernel: bool = True
 
     def __init__(
@@ -200,26 +189,19 @@ class EESP(nn.Module):
         self.act = PReLU(out_channels)
 
     def reset_parameters(self) -> None:
-        for module in self.modules():
-            if isinstance(module, (nn.Conv2d, nn.BatchNorm2d, nn.PReLU)):
-                module.reset_parameters()
+        _reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
-        reduced = self.reduce(x)  # (B, n, H, W)
-        if self.impl == "auto" and folded_inference(self, x):
-            pyramid = self._folded_pyramid(reduced)
-            merged = conv_bn(self.merge[0], self.merge[1], pyramid)  # a fresh tensor
-            if self.stride == 2 and self.down_method == "avg":
-                return merged
-            if merged.shape == x.shape:
-                merged += x
-            return F.prelu(merged, self.act.weight)
-        pyramid = self._pyramid(reduced)
+        fused = folded_forward(self, x)  # CPU inference: BNs folded, the pyramid in one C++ call
+        if fused is not None:
+            return fused
+        reduced = self.reduce(x)  # reduce, a grouped 1x1 CBR: (B, n, H, W)
+        pyramid = self._pyramid(reduced)  # split, transform, HFF, BN + PReLU: (B, K n, H', W')
         if self.stride == 2 and self.down_method == "avg":
-            return self.merge(pyramid)
+            return self.merge(pyramid)  # the down-sampler adds its own shortcuts and PReLU
         conv, norm = self.merge
-        merged = conv(pyramid)
-        # BN, the residual and PReLU as one op where it applies
+        merged = conv(pyramid)  # merge (expand), a grouped 1x1 conv: (B, C_out, H', W')
+        # BN, the residual (where the shapes agree) and PReLU, as one op where it applies
         residual = x if merged.shape == x.shape else None
         return batch_norm_prelu(merged, norm, self.act, residual=residual)
 
@@ -229,102 +211,16 @@ class EESP(nn.Module):
         Shape:
             (B, n, H, W) -> (B, K n, H', W')
         """
-        if self._fused_applies(reduced):
-            from src.kernels.eesp.triton_kernel import eesp_pyramid_triton
-
-            return eesp_pyramid_triton(reduced, self._pyramid_weight(), **self._pyramid_args())
-        fused = [self.transform[0](reduced)]
+        fused = fused_pyramid(self, reduced)  # one Triton pass where it applies
+        if fused is not None:
+            return fused
+        # K depth-wise dilated convolutions of the reduced map, in ascending dilation
+        outputs = [self.transform[0](reduced)]
         for conv in self.transform[1:]:
             # hierarchical feature fusion: branch k adds the fused output of branch k - 1
-            fused.append(conv(reduced) + fused[-1] if self.hff else conv(reduced))
-        # K x (B, n, H', W') -> (B, K n, H', W')
-        return batch_norm_prelu(torch.cat(fused, dim=1), self.fuse_norm, self.fuse_act)
-
-    def _pyramid_weight(self) -> Tensor:
-        """The K depth-wise kernels stacked (differentiably).
-
-        Shape:
-            (K, n, 9)
-        """
-        return torch.stack([conv.weight.reshape(-1, 9) for conv in self.transform])
-
-    def _pyramid_args(self, *, advance: bool = True) -> dict:
-        """Keyword arguments of :func:`eesp_pyramid_reference` for this unit's state; in training
-        ``advance`` counts the batch in BN's ``num_batches_tracked``."""
-        norm = self.fuse_norm
-        return {
-            "dilations": self.dilations,
-            "stride": self.stride,
-            "hff": self.hff,
-            "running_mean": norm.running_mean,
-            "running_var": norm.running_var,
-            "norm_weight": norm.weight,
-            "norm_bias": norm.bias,
-            "alpha": self.fuse_act.weight.expand(self.out_channels),
-            "training": self.training,
-            "momentum": batch_norm_factor(norm, advance=advance and self.training),
-            "eps": norm.eps,
-        }
-
-    def _depthwise_branches(self) -> bool:
-        """Whether every branch is the depth-wise 3x3 the fused kernels compute (an ablation may
-        replace them by dense convolutions, see ``src.models.espnetv2.EESPAblation``)."""
-        n = self.out_channels // len(self.dilations)
-        return all(
-            conv.kernel_size == (3, 3)
-            and conv.groups == conv.in_channels == conv.out_channels == n
-            and conv.dilation == conv.padding == (d, d)
-            and conv.stride == (self.stride, self.stride)
-            for conv, d in zip(self.transform, self.dilations, strict=True)
-        )
-
-    def _fused_applies(self, reduced: Tensor) -> bool:
-        """Whether the pyramid runs as one Triton pass (:mod:`src.kernels.eesp.triton_kernel`):
-        CUDA (or
-        ``impl="triton"``), a float dtype, BN tracking running statistics, depth-wise 3x3
-        branches; in
-        training, or in inference without autograd. ``impl="auto"`` takes it where
-        :func:`pyramid_path` chose it (while ``torch.compile`` traces, without timing: the eager
-        steps' choice or the default)."""
-        norm = self.fuse_norm
-        if not (
-            use_triton(self.impl, reduced)  # first: on the CPU it ends the check
-            and reduced.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and reduced.dim() == 4
-            and norm.track_running_stats
-            and norm.affine
-            and norm.training == self.training
-            and (self.training or not torch.is_grad_enabled())
-            and self._depthwise_branches()
-        ):
-            return False
-        if self.impl == "triton":
-            return True
-        return pyramid_path(self, reduced) == "fused"
-
-    def _folded_pyramid(self, reduced: Tensor) -> Tensor:
-        """:meth:`_pyramid` in one call of the fused C++ kernel (``src/kernels/eesp/eesp.cpp``)
-        where
-        it applies (float32, the kernel built, ``cpu_kernel`` set), else in eager calls."""
-        if not (
-            self.cpu_kernel
-            and reduced.dtype == torch.float32
-            and self._depthwise_branches()
-            and cpu_kernels_loaded()
-        ):
-            return self._pyramid(reduced)
-
-        def build() -> tuple[Tensor, Tensor]:
-            scale, shift = batch_norm_affine(self.fuse_norm)
-            weight = torch.stack([conv.weight.reshape(-1, 9) for conv in self.transform])
-            return weight, torch.stack((scale, shift, self.fuse_act.weight))  # (K, n, 9), (3, K n)
-
-        weight, affine = cached(
-            self, build, (*self.transform, self.fuse_norm, self.fuse_act), name="_pyramid"
-        )
-        return torch.ops.lightnets_cpu.eesp_pyramid(
-            reduced.contiguous(), weight, self.dilations, self.stride, affine, self.hff
-        )
+            outputs.append(conv(reduced) + outputs[-1] if self.hff else conv(reduced))
+        # K x (B, n, H', W') -> (B, K n, H', W'), then BN and PReLU
+        return batch_norm_prelu(torch.cat(outputs, dim=1), self.fuse_norm, self.fuse_act)
 
     def extra_repr(self) -> str:
         return (
@@ -332,82 +228,6 @@ class EESP(nn.Module):
             f"stride={self.stride}, dilations={self.dilations}, down_method={self.down_method!r}, "
             f"hff={self.hff}, impl={self.impl!r}"
         )
-
-
-def eesp_pyramid_reference(
-    r: Tensor,
-    weight: Tensor,
-    *,
-    dilations: Sequence[int],
-    stride: int,
-    hff: bool,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    norm_weight: Tensor,
-    norm_bias: Tensor,
-    alpha: Tensor,
-    training: bool,
-    momentum: float,
-    eps: float,
-) -> Tensor:
-    """EESP's pyramid as functions of its parameters, in plain PyTorch (the oracle of the fused
-    pass, :func:`src.kernels.eesp.triton_kernel.eesp_pyramid_triton`): K depth-wise dilated 3x3
-    convolutions, hierarchical fusion, concatenation, ``F.batch_norm`` (``training`` uses and
-    ``momentum`` updates the running statistics) and PReLU.
-
-    Shape:
-        r (B, n, H, W); weight (K, n, 9); running statistics, norm_weight, norm_bias, alpha (K n,)
-        -> (B, K n, ceil(H / stride), ceil(W / stride))
-    """
-    channels = r.shape[1]
-    fused: list[Tensor] = []
-    for k, d in enumerate(dilations):
-        kernel = weight[k].view(channels, 1, 3, 3)
-        y = F.conv2d(r, kernel, stride=stride, padding=d, dilation=d, groups=channels)
-        fused.append(y + fused[-1] if hff and fused else y)
-    z = F.batch_norm(
-        torch.cat(fused, dim=1), running_mean, running_var, norm_weight, norm_bias, training,
-        momentum, eps,
-    )  # fmt: skip
-    return prelu(z, alpha)
-
-
-PYRAMID_CHOICE = declare("eesp.pyramid", ("fused", "eager"))
-
-
-def pyramid_path(unit: EESP, reduced: Tensor, timer: Timer | None = None) -> str:
-    """``impl="auto"`` on CUDA: "fused" (:mod:`src.kernels.eesp.triton_kernel`) or "eager" (the
-    branch
-    convolutions, sums, concatenation, BN and PReLU as PyTorch ops), whichever was faster on the
-    first call with this input shape (batch by :func:`~src.kernels.size_bucket`), dtype and mode
-    (:func:`~src.kernels.choose`). Training times forward and backward on copies of the running
-    statistics, without touching the parameters' gradients; inference times the forward. Under
-    ``torch.use_deterministic_algorithms(True)`` it is "eager".
-
-    Shape:
-        reduced (B, n, H, W)
-    """
-    device = reduced.device.type
-    autocast = autocast_dtype(device)
-    key = (
-        size_bucket(reduced.shape[0]), *reduced.shape[1:], reduced.dtype, autocast,
-        unit.dilations, unit.stride, unit.hff, unit.training, str(reduced.device),
-    )  # fmt: skip
-
-    def run(path: str) -> None:
-        from src.kernels.eesp.triton_kernel import eesp_pyramid_triton
-
-        pyramid = eesp_pyramid_triton if path == "fused" else eesp_pyramid_reference
-
-        def forward(inputs: Tensor, args: dict) -> Tensor:
-            return pyramid(inputs, unit._pyramid_weight(), **args)
-
-        timed_pass(unit, reduced, forward, unit._pyramid_args(advance=False))
-
-    def candidates() -> dict:
-        return {path: functools.partial(run, path) for path in ("fused", "eager")}
-
-    return choose(PYRAMID_CHOICE, key, candidates, default="eager", reference="eager", timer=timer)
 
 
 class EESPDownsampler(nn.Module):
@@ -464,9 +284,7 @@ class EESPDownsampler(nn.Module):
         self.act = PReLU(out_channels)
 
     def reset_parameters(self) -> None:
-        for module in self.modules():
-            if isinstance(module, (nn.Conv2d, nn.BatchNorm2d, nn.PReLU)):
-                module.reset_parameters()
+        _reset_children(self)
 
     def forward(self, x: Tensor, image: Tensor | None = None) -> Tensor:
         pooled = self.pool(x)  # (B, C_in, H/2, W/2)

@@ -248,7 +248,7 @@ AUTO_CASES = {
                          "lightnets.batch_norm_prelu_forward_triton.default"),
     "dice_local_fusion": ("src.kernels.dice", {"local_fusion_path": "fused"}, _dice,
                           "lightnets.local_fusion_forward.default"),
-    "eesp_pyramid": ("src.ops.eesp", {"pyramid_path": "fused"}, _eesp,
+    "eesp_pyramid": ("src.kernels.eesp", {"pyramid_path": "fused"}, _eesp,
                      "lightnets.eesp_pyramid_forward.default"),
 }  # fmt: skip
 

@@ -1,8 +1,8 @@
 """EESP's pyramid in one Triton pass (``src/kernels/eesp/triton_kernel.py``) against the PyTorch
-reference
-(``eesp_pyramid_reference``): output, BN running statistics, and the gradients of the reduced input
-and of every parameter, in training (batch statistics) and inference (running statistics). Without
-CUDA the kernels run in Triton's interpreter on CPU tensors.
+reference (``eesp_pyramid(..., impl="reference")``): output, BN running statistics, and the
+gradients of the reduced input and of every parameter, in training (batch statistics) and
+inference (running statistics). Without CUDA the kernels run in Triton's interpreter on CPU
+tensors.
 
 float32 tolerance: kernel and reference differ in summation order and in how BN's variance is
 formed (E[f^2] - E[f]^2 from float64 partial sums here, Welford in PyTorch): 1e-5 relative.
@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from src.ops.eesp import EESP, EESPDownsampler, eesp_pyramid_reference, pyramid_path
+from src.kernels.eesp import eesp_pyramid, pyramid_args, pyramid_path, pyramid_weight
+from src.ops.eesp import EESP, EESPDownsampler
 
 pytest.importorskip("triton")
 
-from src.kernels.eesp.triton_kernel import eesp_pyramid_triton
 from tests.helpers import own_running_statistics, randomise_norms, saved_bytes, tf32
 
 CUDA = torch.cuda.is_available()
@@ -29,14 +29,15 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 def _args(unit: EESP, *, training: bool) -> dict:
     unit.train(training)
-    return own_running_statistics(unit._pyramid_args(advance=False))
+    return own_running_statistics(pyramid_args(unit, advance=False))
 
 
-def _run(fn: Callable[..., Tensor], unit: EESP, r: Tensor, args: dict) -> list[Tensor]:
-    """Output, running statistics after the call, and the gradients of r, the K kernels, BN's
-    weight and bias and the PReLU slopes under the loss sum(output * probe)."""
+def _run(impl: str, unit: EESP, r: Tensor, args: dict) -> list[Tensor]:
+    """:func:`eesp_pyramid` with ``impl``: output, running statistics after the call, and the
+    gradients of r, the K kernels, BN's weight and bias and the PReLU slopes under the loss
+    sum(output * probe)."""
     r = r.detach().requires_grad_()
-    out = fn(r, unit._pyramid_weight(), **args)
+    out = eesp_pyramid(r, pyramid_weight(unit), **args, impl=impl)
     probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
     leaves = [r, *(conv.weight for conv in unit.transform), unit.fuse_norm.weight,
               unit.fuse_norm.bias, unit.fuse_act.weight]  # fmt: skip
@@ -70,8 +71,8 @@ def test_training_pass_matches_reference(
     r = torch.randn(2, c_out // 4, h, w, device=kernel_device)
     if channels_last:
         r = r.to(memory_format=torch.channels_last)
-    got = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
-    want = _run(eesp_pyramid_reference, unit, r, _args(unit, training=True))
+    got = _run("triton", unit, r, _args(unit, training=True))
+    want = _run("reference", unit, r, _args(unit, training=True))
     assert got[0].shape == (2, c_out, -(-h // stride), -(-w // stride))
     assert got[0].is_contiguous(memory_format=torch.channels_last) == channels_last
     names = ["out", "running_mean", "running_var", "r", "w_0", "w_1", "w_2", "w_3"]
@@ -91,8 +92,8 @@ def test_training_pass_over_many_small_tiles(
     torch.manual_seed(0)
     unit = randomise_norms(EESP(8, 16, stride=2)).to(kernel_device)
     r = torch.randn(1, 4, 13, 7, device=kernel_device)
-    got = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
-    want = _run(eesp_pyramid_reference, unit, r, _args(unit, training=True))
+    got = _run("triton", unit, r, _args(unit, training=True))
+    want = _run("reference", unit, r, _args(unit, training=True))
     for a, e in zip(got, want, strict=True):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=2e-5)
 
@@ -127,8 +128,8 @@ def test_inference_pass_matches_reference(kernel_device: torch.device) -> None:
     unit = randomise_norms(EESP(8, 16, stride=2)).to(kernel_device).eval()
     r = torch.randn(2, 4, 7, 6, device=kernel_device)
     with torch.no_grad():
-        got = eesp_pyramid_triton(r, unit._pyramid_weight(), **_args(unit, training=False))
-        want = eesp_pyramid_reference(r, unit._pyramid_weight(), **_args(unit, training=False))
+        weight, args = pyramid_weight(unit), _args(unit, training=False)
+        got, want = (eesp_pyramid(r, weight, **args, impl=impl) for impl in ("triton", "reference"))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -150,9 +151,11 @@ def test_inference_pass_refuses_autograd(kernel_device: torch.device) -> None:
     unit = EESP(16, 16).to(kernel_device)
     r = torch.randn(1, 4, 5, 5, device=kernel_device)
     with pytest.raises(RuntimeError, match="no backward with running statistics"):
-        eesp_pyramid_triton(r, unit._pyramid_weight(), **_args(unit, training=False))
+        eesp_pyramid(r, pyramid_weight(unit), **_args(unit, training=False), impl="triton")
     with pytest.raises(ValueError, match="more than 1 value per channel"):
-        eesp_pyramid_triton(r[:, :, :1, :1], unit._pyramid_weight(), **_args(unit, training=True))
+        eesp_pyramid(
+            r[:, :, :1, :1], pyramid_weight(unit), **_args(unit, training=True), impl="triton"
+        )
 
 
 def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None:
@@ -164,9 +167,9 @@ def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None
     torch.manual_seed(0)
     unit = randomise_norms(EESP(16, 16)).to(kernel_device)
     r = torch.randn(2, 4, 6, 7, device=kernel_device)
-    want = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
+    want = _run("triton", unit, r, _args(unit, training=True))
     with torch.autocast(kernel_device.type, dtype=torch.bfloat16):
-        got = _run(eesp_pyramid_triton, unit, r, _args(unit, training=True))
+        got = _run("triton", unit, r, _args(unit, training=True))
     assert got[0].dtype == torch.bfloat16
     u = 2.0**-8
     for i, (a, e) in enumerate(zip(got, want, strict=True)):

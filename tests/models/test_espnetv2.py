@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from src.kernels.eesp import depthwise_branches
 from src.models.espnetv2 import ESPNETV2_WIDTHS, EESPAblation, ESPNetv2, ESPNetv2Backbone
 from src.utils.complexity import count_params
 
@@ -131,4 +132,4 @@ def test_ablation_inference_matches_the_training_time_forward(conv_type: str) ->
         folded = model(x)
     plain = model(x)
     torch.testing.assert_close(folded, plain, rtol=1e-4, atol=1e-4)
-    assert model.backbone.level3[0]._depthwise_branches() == (conv_type != "dilated")
+    assert depthwise_branches(model.backbone.level3[0]) == (conv_type != "dilated")

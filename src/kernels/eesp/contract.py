@@ -1,6 +1,6 @@
 """The contract of EESP's pyramid in one Triton pass (:mod:`src.kernels.eesp.triton_kernel`): the
 statistics, forward, backward-sums and grad_branches ops over the K dilated branches of the reduced
-map r, which none of them writes (see :mod:`src.ops.eesp` for the reference).
+map r, which none of them writes (the reference is :func:`src.kernels.eesp.eesp_pyramid`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Autograd keeps r instead of BN's input and output (K n channels each). Per-chann
 per-program partials summed by PyTorch, so they do not depend on the run. In inference (running
 statistics) it is one pass. Accumulation is float32 for every input dtype, and BN and PReLU are
 applied in float32 under autocast too (eager autocast runs PReLU in the low precision); the output
-is in the input's dtype.
+is in the input's dtype. The entry, with the operands' checks and the running statistics' update,
+is :func:`src.kernels.eesp.eesp_pyramid` (``impl="triton"``).
 """
 
 from __future__ import annotations
@@ -37,32 +38,35 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
+from src.kernels.dispatch import autocast_off, opaque_op
 from src.kernels.eesp import contract as contract
-from src.kernels.fused_norm import (
-    batch_norm_backward,
-    batch_statistics,
-    check_batch,
-    refuse_autograd,
-    running_affine,
-    update_running_statistics,
-)
+from src.kernels.fused_norm import batch_norm_backward, batch_statistics
 from src.kernels.triton.launch import gpu_launch
 from src.kernels.triton.stencil import launch_config, tile
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+@triton.jit
+def _output_tile(
+    r_ptr, sr_b, C, HO, WO,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """This program's image b and (channel, row, column) output tile (:func:`tile`), the image's
+    start in r, and the mask of the tile's pixels inside the (K n, H', W') output."""
+    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
+    return b, c, i, j, r_ptr + b * sr_b, (c < C) & (i < HO) & (j < WO)
 
 
 @triton.jit
-def _branch(
-    r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w,
-    STRIDE: tl.constexpr,
+def _fused_branch(
+    f, r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w,
+    HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    """Branch k's depth-wise 3x3 response at output pixels (i, j) of channels c, in float32."""
+    """f_k at output pixels (i, j) of channels c, in float32: branch k's depth-wise 3x3 response
+    y_k added to f = f_{k-1} (HFF), or y_k alone without HFF."""
     d = tl.load(dil_ptr + k)
     c_ok = c < C
-    acc = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
+    y = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
     for u in tl.static_range(3):
         for v in tl.static_range(3):
             hs = i * STRIDE + (u - 1) * d
@@ -70,17 +74,45 @@ def _branch(
             m = c_ok & (hs >= 0) & (hs < H) & (ws >= 0) & (ws < W)
             xv = tl.load(r_img + c * sr_c + hs * sr_h + ws * sr_w, mask=m, other=0.0)
             wv = tl.load(w_ptr + (k * C + c) * 9 + (u * 3 + v), mask=c_ok, other=0.0)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)
-    return acc
+            y += xv.to(tl.float32) * wv.to(tl.float32)
+    return f + y if HFF else y
 
 
 @triton.jit
-def _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, ok):
-    """Channel idx's BN scale and shift and PReLU slope, each (BLOCK_C, 1, 1)."""
-    s = tl.load(scale_ptr + idx, mask=ok, other=0.0)
-    t = tl.load(shift_ptr + idx, mask=ok, other=0.0)
-    alpha = tl.load(alpha_ptr + idx, mask=ok, other=0.0)
-    return s, t, alpha
+def _normalised_branch(
+    f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, k, c, i, j, C, H, W,
+    sr_c, sr_h, sr_w,
+    HFF: tl.constexpr, STRIDE: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """f_k (:func:`_fused_branch`), BN's output ``z_k = scale f_k + shift`` and the PReLU slopes
+    of its channels k n + c, (BLOCK_C, 1, 1)."""
+    f = _fused_branch(f, r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w, HFF,
+                      STRIDE, BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
+    idx = k * C + c
+    c_ok = c < C
+    s = tl.load(scale_ptr + idx, mask=c_ok, other=0.0)
+    t = tl.load(shift_ptr + idx, mask=c_ok, other=0.0)
+    alpha = tl.load(alpha_ptr + idx, mask=c_ok, other=0.0)
+    return f, f * s + t, alpha
+
+
+@triton.jit
+def _branch_output_grad(
+    f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, grad,
+    k, c, i, j, m, C, H, W, sr_c, sr_h, sr_w, sg_c,
+    HFF: tl.constexpr, STRIDE: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    """f_k, z_k (:func:`_normalised_branch`), the output gradient dout at this tile, PReLU's input
+    gradient ``dz = dout (z > 0 ? 1 : alpha)`` and the centred ``f_k - mean``."""
+    f, z, alpha = _normalised_branch(
+        f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, k, c, i, j, C, H, W,
+        sr_c, sr_h, sr_w, HFF, STRIDE, BLOCK_C, BLOCK_H, BLOCK_W,
+    )  # fmt: skip
+    mu = tl.load(mean_ptr + k * C + c, mask=c < C, other=0.0)
+    g = tl.load(grad + (k * C) * sg_c, mask=m, other=0.0).to(tl.float32)
+    return f, z, g, tl.where(z > 0, g, alpha * g), f - mu
 
 
 @triton.jit
@@ -92,19 +124,14 @@ def _pyramid_fwd_kernel(
     K: tl.constexpr, HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    c_ok = c < C
-    m = c_ok & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     out = y_ptr + b * sy_b + c * sy_c + i * sy_h + j * sy_w
     f = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
     for k in tl.static_range(K):
-        y = _branch(r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w, STRIDE,
-                    BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
-        f = f + y if HFF else y
-        idx = k * C + c
-        s, t, alpha = _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, c_ok)
-        z = f * s + t
+        f, z, alpha = _normalised_branch(
+            f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, k, c, i, j, C, H, W,
+            sr_c, sr_h, sr_w, HFF, STRIDE, BLOCK_C, BLOCK_H, BLOCK_W,
+        )  # fmt: skip
         z = tl.where(z > 0, z, alpha * z)
         tl.store(out + (k * C) * sy_c, z.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -118,16 +145,13 @@ def _pyramid_stats_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs over b, rows and columns, 2, K C): sum f and sum f^2 of this tile
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    m = (c < C) & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row = part_ptr + (tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)) * (2 * K * C)
     f = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
     for k in tl.static_range(K):
-        y = _branch(r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w, STRIDE,
-                    BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
-        f = f + y if HFF else y
+        f = _fused_branch(f, r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w, HFF,
+                          STRIDE, BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
         v = tl.where(m, f, 0.0)
         tl.store(row + k * C + c1, tl.sum(tl.sum(v, axis=2), axis=1), mask=c1 < C)
         tl.store(row + (K + k) * C + c1, tl.sum(tl.sum(v * v, axis=2), axis=1), mask=c1 < C)
@@ -143,26 +167,17 @@ def _pyramid_bwd_sums_kernel(
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     # partials (programs, 3, K C): sum dz, sum dz (f - mean), sum dout z [z <= 0] (PReLU)
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    c_ok = c < C
-    m = c_ok & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     grad = g_ptr + b * sg_b + c * sg_c + i * sg_h + j * sg_w
     c1 = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row = part_ptr + (tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)) * (3 * K * C)
     f = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
     for k in tl.static_range(K):
-        y = _branch(r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w, STRIDE,
-                    BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
-        f = f + y if HFF else y
-        idx = k * C + c
-        s, t, alpha = _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, c_ok)
-        mu = tl.load(mean_ptr + idx, mask=c_ok, other=0.0)
-        g = tl.load(grad + (k * C) * sg_c, mask=m, other=0.0).to(tl.float32)
-        z = f * s + t
-        positive = z > 0
-        dz = tl.where(positive, g, alpha * g)
-        sums = (dz, dz * (f - mu), tl.where(positive, 0.0, g * z))
+        f, z, g, dz, centred = _branch_output_grad(
+            f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, grad,
+            k, c, i, j, m, C, H, W, sr_c, sr_h, sr_w, sg_c, HFF, STRIDE, BLOCK_C, BLOCK_H, BLOCK_W,
+        )  # fmt: skip
+        sums = (dz, dz * centred, tl.where(z > 0, 0.0, g * z))
         for q in tl.static_range(3):
             part = tl.sum(tl.sum(tl.where(m, sums[q], 0.0), axis=2), axis=1)
             tl.store(row + (q * K + k) * C + c1, part, mask=c1 < C)
@@ -170,26 +185,22 @@ def _pyramid_bwd_sums_kernel(
 
 @triton.jit
 def _branch_grads(
-    r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, p_ptr, q_ptr, rr_ptr,
-    grad, k, c, i, j, m, f, C, H, W, sr_c, sr_h, sr_w, sg_c,
+    f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, p_ptr, q_ptr, rr_ptr,
+    grad, k, c, i, j, m, C, H, W, sr_c, sr_h, sr_w, sg_c,
     HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
     """Branch k's running sum f_k and BN's input gradient df_k at this tile."""
-    c_ok = c < C
-    y = _branch(r_img, w_ptr, dil_ptr, k, c, i, j, C, H, W, sr_c, sr_h, sr_w, STRIDE,
-                BLOCK_C, BLOCK_H, BLOCK_W)  # fmt: skip
-    f = f + y if HFF else y
+    f, _, _, dz, centred = _branch_output_grad(
+        f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, grad,
+        k, c, i, j, m, C, H, W, sr_c, sr_h, sr_w, sg_c, HFF, STRIDE, BLOCK_C, BLOCK_H, BLOCK_W,
+    )  # fmt: skip
     idx = k * C + c
-    s, t, alpha = _norm_params(scale_ptr, shift_ptr, alpha_ptr, idx, c_ok)
-    mu = tl.load(mean_ptr + idx, mask=c_ok, other=0.0)
+    c_ok = c < C
     p = tl.load(p_ptr + idx, mask=c_ok, other=0.0)
     q = tl.load(q_ptr + idx, mask=c_ok, other=0.0)
     r = tl.load(rr_ptr + idx, mask=c_ok, other=0.0)
-    g = tl.load(grad + (k * C) * sg_c, mask=m, other=0.0).to(tl.float32)
-    z = f * s + t
-    dz = tl.where(z > 0, g, alpha * g)
-    return f, p * dz + q * (f - mu) + r
+    return f, p * dz + q * centred + r
 
 
 @triton.jit
@@ -203,9 +214,7 @@ def _pyramid_grad_branches_kernel(
     K: tl.constexpr, HFF: tl.constexpr, STRIDE: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
 ):  # fmt: skip
-    b, c, i, j = tile(C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
-    r_img = r_ptr + b * sr_b
-    m = (c < C) & (i < HO) & (j < WO)
+    b, c, i, j, r_img, m = _output_tile(r_ptr, sr_b, C, HO, WO, BLOCK_C, BLOCK_H, BLOCK_W)
     grad = g_ptr + b * sg_b + c * sg_c + i * sg_h + j * sg_w
     out = dy_ptr + b * sy_b + c * sy_c + i * sy_h + j * sy_w
     total = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
@@ -213,8 +222,8 @@ def _pyramid_grad_branches_kernel(
         f = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
         for k in tl.static_range(K):
             f, df = _branch_grads(
-                r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, p_ptr, q_ptr,
-                rr_ptr, grad, k, c, i, j, m, f, C, H, W, sr_c, sr_h, sr_w, sg_c, HFF, STRIDE,
+                f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, p_ptr, q_ptr,
+                rr_ptr, grad, k, c, i, j, m, C, H, W, sr_c, sr_h, sr_w, sg_c, HFF, STRIDE,
                 BLOCK_C, BLOCK_H, BLOCK_W,
             )  # fmt: skip
             total += df
@@ -222,8 +231,8 @@ def _pyramid_grad_branches_kernel(
     prefix = tl.zeros((BLOCK_C, BLOCK_H, BLOCK_W), dtype=tl.float32)
     for k in tl.static_range(K):
         f, df = _branch_grads(
-            r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, p_ptr, q_ptr,
-            rr_ptr, grad, k, c, i, j, m, f, C, H, W, sr_c, sr_h, sr_w, sg_c, HFF, STRIDE,
+            f, r_img, w_ptr, dil_ptr, scale_ptr, shift_ptr, alpha_ptr, mean_ptr, p_ptr, q_ptr,
+            rr_ptr, grad, k, c, i, j, m, C, H, W, sr_c, sr_h, sr_w, sg_c, HFF, STRIDE,
             BLOCK_C, BLOCK_H, BLOCK_W,
         )  # fmt: skip
         dy = total - prefix if HFF else df
@@ -417,56 +426,30 @@ def _conv_backward(
     return grad_r, grad_weight
 
 
-def eesp_pyramid_triton(
-    r: Tensor,
-    weight: Tensor,
-    *,
-    dilations: Sequence[int],
-    stride: int,
-    hff: bool,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    norm_weight: Tensor,
-    norm_bias: Tensor,
-    alpha: Tensor,
-    training: bool,
-    momentum: float,
-    eps: float,
-) -> Tensor:
-    """The fused pyramid; the contract of :func:`src.ops.eesp.eesp_pyramid_reference`.
-
-    ``training`` normalises with the batch statistics and, when running statistics are given,
-    updates them in place as ``F.batch_norm`` does (``momentum`` is the resolved factor, unbiased
-    variance). Otherwise the running statistics are used and there is no backward: an inference
-    pass.
+def pyramid_training(
+    r: Tensor, weight: Tensor, gamma: Tensor, beta: Tensor, alpha: Tensor,
+    dilations: tuple[int, ...], stride: int, hff: bool, eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The training pass (BN's batch statistics), differentiable in r, the kernels, gamma, beta
+    and alpha; with the batch mean and biased variance for the running statistics.
 
     Shape:
-        r (B, n, H, W); weight (K, n, 9) (the K depth-wise 3x3 kernels); running statistics,
-        norm_weight, norm_bias, alpha (K n,) -> (B, K n, ceil(H / stride), ceil(W / stride))
+        r (B, n, H, W) any strides, weight (K, n, 9) contiguous, gamma, beta, alpha (K n,)
+        float32 -> (B, K n, H', W') in r's dtype and memory format, two (K n,)
     """
-    (r, weight) = autocast_operands(r.device.type, r, weight)
-    dtype = check_same_dtype("EESP pyramid", r=r, weight=weight)
-    if dtype not in DTYPES:
-        raise TypeError(f"the fused EESP pyramid takes {DTYPES}, got {dtype}")
-    branches = weight.shape[0]
-    if weight.shape != (branches, r.shape[1], 9) or len(dilations) != branches:
-        raise ValueError(
-            f"weight must be (K, n, 9) = (K, {r.shape[1]}, 9) with K dilations, got "
-            f"{tuple(weight.shape)} and {tuple(dilations)}"
-        )
-    gamma, beta, alpha = (t.float().contiguous() for t in (norm_weight, norm_bias, alpha))
-    _, _, out_h, out_w = contract.output_shape(r, branches, stride)
-    count = r.shape[0] * out_h * out_w
-    if training:
-        check_batch(count, r.shape)
-        y, mean, var = _PyramidFunction.apply(
-            r, weight.contiguous(), gamma, beta, alpha, tuple(int(d) for d in dilations),
-            stride, hff, eps,
-        )  # fmt: skip
-        update_running_statistics(running_mean, running_var, mean, var, count, momentum)
-        return y
-    refuse_autograd("EESP pyramid", r, weight, norm_weight, norm_bias, alpha)
-    scale, shift = running_affine(running_mean, running_var, gamma, beta, eps)
-    dil = _dilation_tensor(tuple(int(d) for d in dilations), r.device)
+    return _PyramidFunction.apply(r, weight, gamma, beta, alpha, dilations, stride, hff, eps)
+
+
+def pyramid_inference(
+    r: Tensor, weight: Tensor, scale: Tensor, shift: Tensor, alpha: Tensor,
+    dilations: tuple[int, ...], stride: int, hff: bool,
+) -> Tensor:  # fmt: skip
+    """The inference pass, BN as the per-channel ``scale`` and ``shift``; no backward.
+
+    Shape:
+        r (B, n, H, W) any strides, weight (K, n, 9) contiguous, scale, shift, alpha (K n,)
+        float32 -> (B, K n, H', W') in r's dtype and memory format
+    """
+    dil = _dilation_tensor(dilations, r.device)
     with autocast_off(r.device.type):
-        return pyramid_forward(r, weight.contiguous(), dil, scale, shift, alpha, stride, hff)
+        return pyramid_forward(r, weight, dil, scale, shift, alpha, stride, hff)
