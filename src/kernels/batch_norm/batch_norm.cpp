@@ -28,12 +28,7 @@
 
 namespace {
 
-using lightnets::check_channel_vectors;
-using lightnets::check_dense;
-using lightnets::check_like_rows;
-using lightnets::load;
-using lightnets::row_blocks;
-using lightnets::store;
+using namespace lightnets;  // the shared helpers of common.h
 
 // (R, C): sums[block] = per-channel (sum dy, sum dy (x - m)) over the block's rows, as two rows
 template <typename T>

@@ -38,13 +38,7 @@
 
 namespace {
 
-using lightnets::check_channel_vectors;
-using lightnets::check_dense;
-using lightnets::check_like_rows;
-using lightnets::load;
-using lightnets::prelu;
-using lightnets::row_blocks;
-using lightnets::store;
+using namespace lightnets;  // the shared helpers of common.h
 
 // rows [begin, end) of (R, C) as parallel_for chunks of at least 32K elements
 template <typename Fn>

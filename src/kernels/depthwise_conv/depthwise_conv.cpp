@@ -36,15 +36,7 @@
 
 namespace {
 
-using lightnets::check_dense;
-using lightnets::check_shape;
-using lightnets::dispatch_float;
-using lightnets::dtype_name;
-using lightnets::load;
-using lightnets::multiply_add;
-using lightnets::row_blocks;
-using lightnets::store;
-using lightnets::store_row;
+using namespace lightnets;  // the shared helpers of common.h
 
 struct Geometry {
   int64_t B, H, W, C, OH, OW, k, stride, padding, dilation;

@@ -6,7 +6,7 @@
 //   y_w = width-wise conv   (a kernel per column over the (C, H) plane)
 //   f   = PReLU(l_s + l_c PReLU(y_c) + l_h PReLU(s_h y_h + t_h) + l_w PReLU(s_w y_w + t_w))
 //   out = PReLU(depth-wise 3x3 conv(f) + b_s) * sigmoid(ReLU(mean_hw(f) G_in) G_out)
-// which is DiCE's folded inference forward (src/ops/dice.py). Off the build size (H_b, W_b), the
+// which is DiCE's folded inference forward (src/kernels/dice). Off the build size (H_b, W_b), the
 // height-wise branch runs on x resized to H_b rows (x_height, resized by the caller) and its output
 // is resized back to H rows here (resize_height, (H, H_b)); likewise the width-wise branch with
 // W_b columns. The eager path makes about twenty ATen calls per unit (four oneDNN convolutions
@@ -37,12 +37,7 @@
 
 namespace {
 
-using lightnets::axpy;
-using lightnets::check_operand;
-using lightnets::check_shape;
-using lightnets::kMaxReach;
-using lightnets::pad_plane;
-using lightnets::prelu;
+using namespace lightnets;  // the shared helpers of common.h
 
 // Rows of the (15, C) per-channel table.
 enum Row {

@@ -6,7 +6,7 @@
 // PReLU:
 //   out[:, k n + j] = PReLU(s[k n + j] * (sum_{k' <= k} conv_{k'}(x[:, j])) + t[k n + j])
 // (the sum runs over k' = k alone without HFF), which is the middle of EESP.forward in
-// src/ops/eesp.py. Eagerly those are 2K + 2 ATen calls, K of them oneDNN convolutions with a
+// src/kernels/eesp. Eagerly those are 2K + 2 ATen calls, K of them oneDNN convolutions with a
 // fixed cost well above their arithmetic on these maps; here one padded copy of a channel's plane
 // serves all K branches, and the running sum stays in a row buffer.
 //
@@ -25,12 +25,7 @@
 
 namespace {
 
-using lightnets::axpy;
-using lightnets::check_operand;
-using lightnets::check_shape;
-using lightnets::kMaxReach;
-using lightnets::pad_plane;
-using lightnets::prelu;
+using namespace lightnets;  // the shared helpers of common.h
 
 at::Tensor eesp_pyramid(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef dilations,
                         int64_t stride, const at::Tensor& affine, bool hff) {

@@ -28,14 +28,7 @@
 
 namespace {
 
-using lightnets::check_dense;
-using lightnets::check_shape;
-using lightnets::dispatch_float;
-using lightnets::dtype_name;
-using lightnets::load;
-using lightnets::multiply_add;
-using lightnets::row_blocks;
-using lightnets::store;
+using namespace lightnets;  // the shared helpers of common.h
 
 // rows per task of the forward and of the input gradient: about 32k elements of x
 int64_t row_grain(int64_t width) {

@@ -8,7 +8,7 @@
 // g = grad_y * weight, the backward writes
 //   grad_x = dc - mean(dc),  dc = inv g - n sum(g n) / ((W - 1) max(s, tiny))
 //   grad_weight = sum over rows of grad_y n,  grad_bias = sum over rows of grad_y
-// which is PerGroupLayerNormFunction's backward in src/ops/per_group_layer_norm.py. Eagerly those
+// which is PerGroupLayerNormFunction's backward in src/kernels/per_group_layer_norm. Eagerly those
 // are about eight ATen passes forward and fourteen backward over (N, D) tensors; here a group's W
 // values stay in cache between its passes. The weight and bias gradients are summed over a fixed
 // split of the rows (a function of N only), so that they do not depend on the thread count.
@@ -33,11 +33,8 @@
 
 namespace {
 
-using lightnets::check_dense;
-using lightnets::check_operand;
-using lightnets::check_shape;
-
-using lightnets::kRowBlocks;  // the weight and bias gradients' row blocks
+using namespace lightnets;  // the shared helpers of common.h (kRowBlocks: the weight and
+                            // bias gradients' row blocks)
 
 // sum of v[0..n) with eight independent partial sums, so that the loop vectorises without
 // reassociation flags

@@ -28,11 +28,7 @@
 
 namespace {
 
-using lightnets::check_dense;
-using lightnets::check_shape;
-using lightnets::load;
-using lightnets::row_blocks;
-using lightnets::store;
+using namespace lightnets;  // the shared helpers of common.h
 
 // grad_x of one run of n elements sharing slope a; returns sum of min(x, 0) grad_y over the run.
 // Branch-free: built without trapping math, the comparison is a vector select (with branches, 4 ns

@@ -1,5 +1,5 @@
 // The PRU's recurrence over a whole sequence, forward and backward through time, in one call each
-// (src/ops/pru_recurrence.py). For T steps of B rows, M = g w hidden units and gates (f, g, i, o):
+// (src/kernels/pru_recurrence). For T steps of B rows, M = g w hidden units and gates (f, g, i, o):
 //   a_t = P_t + GLT(h_{t-1}) + b,  c_t = s(a_f) c_{t-1} + s(a_i) tanh(a_g),  h_t = s(a_o) tanh(c_t)
 // where group j of the GLT is h_{t-1}[:, j w : (j + 1) w] @ W_j, W_j (w, 4w), gate q's block its
 // columns q w .. (q + 1) w.
@@ -10,7 +10,7 @@
 // products are plain sgemm calls, or MKL's packed GEMM on matrices packed once per call
 // (cblas_sgemm_pack): on an AMD EPYC both take the same time at PTB's sizes (forward 44 ms,
 // backward 81 ms at B = 20, T = 70) and packing costs 1 ms a call more at B = 1, T = 5; the
-// packed routines died of SIGSEGV on an Intel Xeon. src/ops/pru_recurrence.py checks each mode
+// packed routines died of SIGSEGV on an Intel Xeon. src/kernels/pru_recurrence checks each mode
 // once per machine, plain first.
 //
 // Backward, task (j, k-chunk) of step t first forms the recurrent gradient of its chunk of h_t,
@@ -65,8 +65,7 @@ int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));
 
 namespace {
 
-using lightnets::check_dense;
-using lightnets::exp_nonpositive;
+using namespace lightnets;  // the shared helpers of common.h
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
 constexpr int64_t kGates = 4;
@@ -338,7 +337,7 @@ PackedBuffers& packed_buffers() {
 // A call's weight operands, one per task, in the buffers given back to the pool when the call
 // ends. Packed (MKL's internal layout, cblas_sgemm_pack) or plain (a row-major matrix for sgemm):
 // both give the same products; plain is the fallback where MKL's packed routines fail
-// (src/ops/pru_recurrence.py probes them once per machine). Forward, task (j, chunk) multiplies by
+// (src/kernels/pru_recurrence probes them once per machine). Forward, task (j, chunk) multiplies by
 // W_j's columns {q w + k0 .. q w + k0 + n : q < 4} gathered into a (w, 4n) matrix; backward by
 // W_j^T's columns k0 .. k0 + n, (4w, n), which plain mode reads from W in place.
 class TaskWeights {

@@ -46,11 +46,7 @@
 
 namespace {
 
-using lightnets::check_dense;
-using lightnets::dtype_name;
-using lightnets::exp_nonpositive;
-using lightnets::load;
-using lightnets::store;
+using namespace lightnets;  // the shared helpers of common.h
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
