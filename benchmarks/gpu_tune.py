@@ -57,8 +57,8 @@ cases; ``--md PATH`` the Markdown.
 
 ``--dry`` runs the sweep on the CPU in Triton's interpreter (``TRITON_INTERPRET=1``) at tiny
 shapes, one per case, with at most two values per global and one repeat, every launch configured
-as for an H100 (:func:`src.kernels.triton.launches_for`) so that the globals reach the launches. Its
-times mean nothing: it checks the plumbing (``tests/test_gpu_tune.py``).
+as for an H100 (:func:`src.kernels.triton.launch.launches_for`) so that the globals reach the
+launches. Its times mean nothing: it checks the plumbing (``tests/test_gpu_tune.py``).
 
     python benchmarks/gpu_tune.py [--budget 120] [--cases glt glt_wgrad dice eesp bn_prelu
         grouped_norm relative_softmax dextra_norm residual_norm] [--precisions bf16 fp32]
