@@ -3,9 +3,8 @@ queries, a 512 memory: 1,024 keys), the score products to the value product, aga
 path it replaces on the CPU (the same products and softmax kernel as separate ops, each
 (B, H, T, K) tensor a fresh allocation).
 
-On the CPU ours is ``src/kernels/relative_attention_cpu.py``, one autograd node with its score
-buffers
-reused; on CUDA both run the eager path (the node is for the CPU).
+On the CPU ours is ``src/kernels/relative_attention/one_node_cpu.py``, one autograd node with its
+score buffers reused; on CUDA both run the eager path (the node is for the CPU).
 """
 
 from __future__ import annotations

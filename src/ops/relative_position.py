@@ -145,7 +145,7 @@ def relative_attention(
         impl: the eager path's softmax (:func:`src.kernels.relative_softmax.relative_softmax`):
             "auto", "reference" (the eager ops) or "triton". On the CPU, "auto" runs the whole
             attention as one node where it applies and measured faster
-            (:func:`src.kernels.relative_attention_cpu.relative_attention_cpu`).
+            (:func:`src.kernels.relative_attention.one_node_cpu.relative_attention_cpu`).
 
     Shape:
         q (B, H, T, d_head), k and v (B, H, K, d_head), rk (H, K, d_head), biases (H, d_head),

@@ -85,7 +85,8 @@ RENAMED_TARGETS: dict[str, str] = {
     "src.ops.linear": "src.kernels.linear",
     "src.ops.inference_folding": "src.kernels.inference_folding",
     "src.ops.lstm": "src.kernels.lstm",
-    "src.ops.relative_attention_cpu": "src.kernels.relative_attention_cpu",
+    "src.ops.relative_attention_cpu": "src.kernels.relative_attention.one_node_cpu",
+    "src.kernels.relative_attention_cpu": "src.kernels.relative_attention.one_node_cpu",
     "src.ops.dim_conv_cpu": "src.kernels.dim_conv",
     "src.ops.pru_recurrence": "src.kernels.pru_recurrence",
 }

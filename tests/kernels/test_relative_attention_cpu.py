@@ -1,7 +1,7 @@
-"""Relative attention on the CPU as one autograd node (``src/kernels/relative_attention_cpu.py``)
-and
-its score buffers (``src/kernels/cpu/scratch.py``); the in-place softmax kernels it calls are tested
-with the others in ``test_relative_softmax.py``.
+"""Relative attention on the CPU as one autograd node
+(``src/kernels/relative_attention/one_node_cpu.py``) and its score buffers
+(``src/kernels/cpu/scratch.py``); the in-place softmax kernels it calls are tested with the others
+in ``test_relative_softmax.py``.
 
 The node runs the eager path's ops (:func:`eager_relative_attention` with the softmax kernel) in
 the same order and dtype, so the output and all six gradients must equal that path's bit for bit.
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-import src.kernels.relative_attention_cpu
+import src.kernels.relative_attention.one_node_cpu
 from src.kernels.cpu.scratch import release_scratch, scratch
 from src.kernels.relative_attention import eager_relative_attention
 from src.ops.relative_position import causal_memory_mask, relative_attention
@@ -198,7 +198,8 @@ def test_scratch_grows_and_is_reused() -> None:
 
 
 def test_kernels_unbuilt_take_the_eager_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(src.kernels.relative_attention_cpu, "cpu_kernels_loaded", lambda: False)
+    one_node = src.kernels.relative_attention.one_node_cpu
+    monkeypatch.setattr(one_node, "cpu_kernels_loaded", lambda: False)
     inputs = _inputs(1, 2, 4, 2, 4)
     out = relative_attention(*inputs, mask=causal_memory_mask(4, 2))
     assert type(out.grad_fn).__name__ != NODE

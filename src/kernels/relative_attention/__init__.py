@@ -12,8 +12,8 @@ on one of three paths:
   relative softmax (:func:`src.kernels.relative_softmax.relative_softmax`), dropout and the value
   product;
 - on the CPU, the same ops as one autograd node with reused score buffers
-  (:func:`src.kernels.relative_attention_cpu.relative_attention_cpu`) where it applies, when it
-  measured faster for the shape (:func:`cpu_path`);
+  (:func:`.one_node_cpu.relative_attention_cpu`) where it applies, when it measured faster for the
+  shape (:func:`cpu_path`);
 - ``F.scaled_dot_product_attention`` with the position term as an additive bias
   (:func:`sdpa_relative_attention`), which ``path="auto"`` times against the eager ops on CUDA
   (:func:`attention_path`).
@@ -31,7 +31,10 @@ from torch import Tensor
 
 from src.kernels import ATEN, OURS, autocast_dtype, choose, declare, size_bucket
 from src.kernels.dropout import dropout
-from src.kernels.relative_attention_cpu import fused_attention_applies, relative_attention_cpu
+from src.kernels.relative_attention.one_node_cpu import (
+    fused_attention_applies,
+    relative_attention_cpu,
+)
 from src.kernels.relative_softmax import rel_shift, relative_softmax
 from src.kernels.timing import Timer, candidate_steps, needs_backward
 
@@ -51,7 +54,7 @@ def attend(
 
     Args:
         query_w, query_r, k, v, rk, mask, scale: as in
-            :func:`src.kernels.relative_attention_cpu.relative_attention_cpu` (the queries plus
+            :func:`.one_node_cpu.relative_attention_cpu` (the queries plus
             the content bias u and the position bias v, the keys, values and distance keys, the
             mask and ``1/sqrt(d_head)``).
         dropatt: dropout probability on the attention probabilities.
@@ -93,7 +96,7 @@ def eager_relative_attention(
     """The eager path of :func:`attend`: the two score products, the softmax
     (:func:`src.kernels.relative_softmax.relative_softmax` by ``impl``), dropout and the value
     product as separate ops. On the CPU, :func:`attend` runs the same ops in one node
-    (:func:`src.kernels.relative_attention_cpu.relative_attention_cpu`) when it can.
+    (:func:`src.kernels.relative_attention.one_node_cpu.relative_attention_cpu`) when it can.
 
     Shape:
         as :func:`attend`
