@@ -26,12 +26,11 @@ the median of ``--repeats`` runs reported:
 - ``dice``: one DiCE unit per distinct DiCENet s=1.0 stage shape, training step (forward and
   backward) and inference at the vision batch and precision, channels-last: DimConv and DimFuse's
   local fusion as one Triton pass (``fused``, ``src/kernels/dim_fuse/triton_kernel.py``), DimConv's
-  kernel
-  followed by the eager local fusion (``kernel``), plain PyTorch (``reference``) and ``auto``;
-  on CUDA each training entry also reports the peak memory its step allocates. On the CPU only
-  ``auto`` and ``reference`` are timed. Then DiCENet's activation memory per image (what autograd
-  keeps for the backward, fp32) on each path; with ``TRITON_INTERPRET=1`` the CPU run includes
-  the kernel paths here too (the figure does not depend on the device).
+  kernel followed by the eager local fusion (``kernel``), plain PyTorch (``reference``) and
+  ``auto``; on CUDA each training entry also reports the peak memory its step allocates. On the CPU
+  only ``auto`` and ``reference`` are timed. Then DiCENet's activation memory per image (what
+  autograd keeps for the backward, fp32) on each path; with ``TRITON_INTERPRET=1`` the CPU run
+  includes the kernel paths here too (the figure does not depend on the device).
 - ``wgrad``: the GLT weight gradient dW = x^T dy (with dy's column sums, the bias gradient) for
   each weight shape of that DExTra unit, at its token counts, fp32 and bf16: the grouped-GEMM
   kernel in one pass over the tokens, the same kernel split over the tokens (split-K), and

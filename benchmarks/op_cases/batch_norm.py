@@ -2,9 +2,8 @@
 train), against ``nn.BatchNorm2d``, whose backward is ATen's kernel.
 
 The forward is ATen's in both (the row measures the call overhead); the forward+backward row is
-the two-pass channels-last backward of ``src/kernels/batch_norm/batch_norm.cpp`` on the CPU. On
-CUDA both
-run ATen (cuDNN).
+the two-pass channels-last backward of ``src/kernels/batch_norm/batch_norm.cpp`` on the CPU. On CUDA
+both run ATen (cuDNN).
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 512 queries, a 512 memory: 1,024 keys), against the eager ops it replaces (pad-and-reshape shift,
 add, scale, causal mask, softmax).
 
-On the CPU ours is ``src/kernels/relative_softmax/relative_softmax.cpp``, one pass each way; on
-CUDA both run the
-eager ops (there the fused attention path takes the softmax).
+On the CPU ours is ``src/kernels/relative_softmax/relative_softmax.cpp``, one pass each way; on CUDA
+both run the eager ops (there the fused attention path takes the softmax).
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ from src.kernels.environment import choices_file
 from src.utils.files import write_json
 
 HERE = Path(__file__).parent
-# the Triton kernels' sources (each op's ``triton_*.py`` and the shared launch rules): a change
-# re-measures
+# the Triton kernels' sources, each op's ``triton_*.py`` and the shared launch rules: a change to
+# any of them re-measures
 KERNELS = (*sorted(HERE.glob("*/triton_*.py")), *sorted((HERE / "triton").glob("*.py")))
 # the CPU paths' sources: each op's C++ kernel, the build and its header, and the point-wise
 # convolution's row products (read as files, never imported)

@@ -53,8 +53,7 @@ def measure(module: nn.Module, example_input: Tensor | tuple) -> Complexity:
 
     Autograd stays on: without it, eval-mode blocks take their folded inference path
     (:mod:`src.kernels.inference_folding`), which computes the same map with fewer, differently
-    shaped
-    products; the papers count the network as defined.
+    shaped products; the papers count the network as defined.
     """
     was_training = module.training
     module.eval()

@@ -1,6 +1,5 @@
 """The Triton BatchNorm + PReLU kernels (``src/kernels/batch_norm_prelu/triton_kernel.py``) against
-a
-float64 oracle, the C++ kernels and the two modules: compiled on CUDA when a GPU is present, in
+a float64 oracle, the C++ kernels and the two modules: compiled on CUDA when a GPU is present, in
 Triton's interpreter otherwise, there also with an H100's tiles (128 channels, 32 rows a tile,
 several row tiles summed per program).
 

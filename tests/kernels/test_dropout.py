@@ -1,8 +1,7 @@
 """The hashed dropout of the CPU (``src/kernels/dropout/__init__.py``): the masks' rate and
-independence,
-the kept values' scale, the backward's mask equal to the forward's, the seed from PyTorch's
-generator, masks independent of the thread count, and ``F.dropout`` where the kernel does not
-apply."""
+independence, the kept values' scale, the backward's mask equal to the forward's, the seed from
+PyTorch's generator, masks independent of the thread count, and ``F.dropout`` where the kernel does
+not apply."""
 
 from __future__ import annotations
 

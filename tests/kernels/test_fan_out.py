@@ -1,6 +1,6 @@
 """A tensor fed to several layers (src/kernels/fan_out/__init__.py): its gradient is the sum of
-theirs, one
-Triton launch per eight terms (Triton's interpreter on the CPU) against autograd's adds."""
+theirs, one Triton launch per eight terms (Triton's interpreter on the CPU) against autograd's
+adds."""
 
 from __future__ import annotations
 

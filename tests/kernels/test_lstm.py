@@ -1,6 +1,5 @@
 """``src.kernels.lstm.LSTM``: ``nn.LSTM`` with a float32 fallback under CPU autocast where the CPU
-has
-no 16-bit LSTM kernel."""
+has no 16-bit LSTM kernel."""
 
 from __future__ import annotations
 

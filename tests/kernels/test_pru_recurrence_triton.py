@@ -1,6 +1,5 @@
 """The PRU recurrence's Triton cell kernels (``src/kernels/pru_recurrence/triton_kernel.py``;
-compiled on
-CUDA, Triton's interpreter on the CPU) against the PyTorch loop, forward and backward.
+compiled on CUDA, Triton's interpreter on the CPU) against the PyTorch loop, forward and backward.
 
 Tolerances: in float32 both paths compute the same equations in float32 and differ only in the
 rounding of tanh and sigmoid (a few ulp), in the order of the bias addition inside the product, and

@@ -1,6 +1,6 @@
 """The PRU recurrence's time-loop kernels (``src/kernels/pru_recurrence/triton_time_loop.py``;
-compiled on
-CUDA, Triton's interpreter on the CPU) against the PyTorch loop in float64, forward and backward.
+compiled on CUDA, Triton's interpreter on the CPU) against the PyTorch loop in float64, forward and
+backward.
 
 Tolerances: the kernels compute in float32 what the oracle computes in float64; over these
 shapes the largest gap measured is 1.6e-6 (h_0's gradient, values up to 5), so rtol and atol 1e-5

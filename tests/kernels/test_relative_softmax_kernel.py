@@ -1,7 +1,6 @@
 """The relative softmax's Triton kernels (``src/kernels/relative_softmax/triton_kernel.py``;
-compiled on
-CUDA, Triton's interpreter on the CPU) against the eager ops, forward and backward, and how
-``impl="auto"`` chooses on CUDA.
+compiled on CUDA, Triton's interpreter on the CPU) against the eager ops, forward and backward, and
+how ``impl="auto"`` chooses on CUDA.
 
 Tolerances: the scores are formed with the eager ops' roundings, so the float32 probabilities
 differ by the exponential's and the division's rounding only, within 4 ulp (2^-21 relative) of the

@@ -1,7 +1,6 @@
 """The post-norm residual ``LayerNorm(residual + dropout(branch))`` as one Triton kernel
 (``src/kernels/residual_layer_norm/triton_kernel.py``) against the PyTorch ops, forward and
-backward.
-Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
+backward. Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5 (of the largest value, for the parameter gradients, which sum over every
 row): the two differ in summation order only.

@@ -1,7 +1,6 @@
 """DeLighT's per-group LayerNorm and swish as one Triton kernel
 (``src/kernels/shared_group_layer_norm/triton_kernel.py``) against the PyTorch ops, forward and
-backward.
-Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
+backward. Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5 (of the largest value, for the parameter gradients, which sum over every row
 and group): the two differ in summation order only. A 16-bit input gives a 16-bit output (the

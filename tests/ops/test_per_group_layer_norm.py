@@ -1,7 +1,6 @@
 """Group-Transformer's per-group layer norm: the fused Triton kernel
 (``src/kernels/per_group_layer_norm/triton_kernel.py``) against the PyTorch path, forward and
-backward.
-Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
+backward. Without CUDA the kernel runs in Triton's interpreter on CPU tensors.
 
 float32 tolerance 1e-5: the two differ in summation order only. 16-bit inputs are normalised in
 float32 by both from the same rounded values, so outputs and parameter gradients agree to float32

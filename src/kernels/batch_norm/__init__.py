@@ -7,11 +7,10 @@ The map, the running statistics and the forward are ``nn.BatchNorm2d``'s (ATen's
 CPU kernel is 2.5-6x slower there than for a contiguous input (2.1-2.9 vs 1.2 ms for a
 (4, 116, 56, 56) float32 gradient on 2 cores). ``lightnets_cpu::batch_norm_backward``
 (``src/kernels/batch_norm/batch_norm.cpp``) reads x as rows of channels, sums both per-channel
-reductions
-in one pass and writes the input gradient in a second, with the sums in a fixed order (independent
-of the thread count). The gradients equal ATen's up to float32 summation order. For contiguous
-inputs ATen's backward was as fast or faster, so they keep it; for channels-last ones the faster of
-the two is measured per shape on first use (:func:`_path`).
+reductions in one pass and writes the input gradient in a second, with the sums in a fixed order
+(independent of the thread count). The gradients equal ATen's up to float32 summation order. For
+contiguous inputs ATen's backward was as fast or faster, so they keep it; for channels-last ones the
+faster of the two is measured per shape on first use (:func:`_path`).
 
 ATen's kernels also run on CUDA, in eval mode and without autograd, without an affine transform,
 for float16 or float64 inputs, a 16-bit weight, and where the CPU kernels cannot be built.

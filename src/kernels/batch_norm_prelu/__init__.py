@@ -2,30 +2,26 @@
 CBR unit of DiCENet and ESPNetv2.
 
 The map is ``act(norm(x))`` for a :class:`src.kernels.batch_norm.BatchNorm2d` ``norm`` and a
-per-channel
-:class:`src.kernels.prelu.PReLU` ``act``, with the same running statistics (momentum, cumulative
-average, ``num_batches_tracked``). Unfused, BN writes its output z, PReLU reads z and writes y,
-and autograd keeps x and z; the backward runs BN's two passes after PReLU's one.
+per-channel :class:`src.kernels.prelu.PReLU` ``act``, with the same running statistics (momentum,
+cumulative average, ``num_batches_tracked``). Unfused, BN writes its output z, PReLU reads z and
+writes y, and autograd keeps x and z; the backward runs BN's two passes after PReLU's one.
 ``lightnets_cpu::batch_norm_prelu_forward`` (``src/kernels/batch_norm_prelu/batch_norm_prelu.cpp``)
-reads x twice
-(the statistics, then y) and keeps only x; the backward recomputes z and takes two passes. One
-autograd node replaces two, which also halves the per-call cost of the small layers. With a
-``residual`` r the map is ``act(norm(x) + r)``, an EESP unit's output (ESPNetv2), r's gradient
-PReLU's input gradient: the addition costs no pass of its own either way. The outputs
-equal the unfused ones to float32 rounding (the statistics are summed in another order); in
-bfloat16 z is not rounded to bfloat16 between the two, and under autocast the slope is not
-either.
+reads x twice (the statistics, then y) and keeps only x; the backward recomputes z and takes two
+passes. One autograd node replaces two, which also halves the per-call cost of the small layers.
+With a ``residual`` r the map is ``act(norm(x) + r)``, an EESP unit's output (ESPNetv2), r's
+gradient PReLU's input gradient: the addition costs no pass of its own either way. The outputs equal
+the unfused ones to float32 rounding (the statistics are summed in another order); in bfloat16 z is
+not rounded to bfloat16 between the two, and under autocast the slope is not either.
 
 On CUDA the same two ops are Triton kernels (:mod:`src.kernels.batch_norm_prelu.triton_kernel`,
-float32,
-float16 or bfloat16 input), taken where ``impl="auto"`` timed them faster than cuDNN's BN and
-ATen's PReLU for the shape (:func:`auto_path`). The fused op applies in training with autograd, to
-a channels-last input, an ``nn.BatchNorm2d`` (or ours) with float32 affine parameters, and a
+float32, float16 or bfloat16 input), taken where ``impl="auto"`` timed them faster than cuDNN's BN
+and ATen's PReLU for the shape (:func:`auto_path`). The fused op applies in training with autograd,
+to a channels-last input, an ``nn.BatchNorm2d`` (or ours) with float32 affine parameters, and a
 per-channel float32 slope; everywhere else (eval, no autograd, NCHW, a BatchNorm subclass with a
-forward of its own, another dtype under autocast) the two modules run as they are.
-``torch.compile`` traces the Function with the kernels as opaque nodes: the C++ ones on the CPU,
-on CUDA the Triton ones where ``impl="auto"`` chose them (untimed while tracing: the eager steps'
-choice or the kernels) or ``impl="triton"``.
+forward of its own, another dtype under autocast) the two modules run as they are. ``torch.compile``
+traces the Function with the kernels as opaque nodes: the C++ ones on the CPU, on CUDA the Triton
+ones where ``impl="auto"`` chose them (untimed while tracing: the eager steps' choice or the
+kernels) or ``impl="triton"``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
 """Fused C++ kernels for the CPU, built on first use by PyTorch's extension builder.
 
 At batch 1 on a CPU, the eager forward of the thesis's units is bound by per-call costs, not
-arithmetic: a DiCE unit makes about twenty ATen calls, four of them oneDNN convolutions at 40-130
-us each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K + 2 more calls.
-The C++ kernels (each in its op's folder of :mod:`src.kernels`) compute such a part in one
-call: ``dice.cpp`` the DiCE unit, ``eesp.cpp`` the
-EESP pyramid (its 1x1 convolutions are GEMMs, which PyTorch already runs well); both for
-inference. ``per_group_layer_norm.cpp`` is Group-Transformer's per-group layer norm, forward and
-backward, for training: eagerly about twenty-two element-wise ATen passes over each normalised
-tensor. ``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one pass and BatchNorm's
-(channels-last) in two (training; see :mod:`src.kernels.prelu` and :mod:`src.kernels.batch_norm`);
-``batch_norm_prelu.cpp`` the two fused, forward and backward, for channels-last training
-(:mod:`src.kernels.batch_norm_prelu`). ``relative_softmax.cpp`` is the attention probabilities of
-relative-position attention, forward and backward, in one pass each (see
+arithmetic: a DiCE unit makes about twenty ATen calls, four of them oneDNN convolutions at 40-130 us
+each on maps of 7x7 to 28x28, and an EESP unit's pyramid K convolutions and K + 2 more calls. The
+C++ kernels (each in its op's folder of :mod:`src.kernels`) compute such a part in one call:
+``dice.cpp`` the DiCE unit, ``eesp.cpp`` the EESP pyramid (its 1x1 convolutions are GEMMs, which
+PyTorch already runs well); both for inference. ``per_group_layer_norm.cpp`` is Group-Transformer's
+per-group layer norm, forward and backward, for training: eagerly about twenty-two element-wise ATen
+passes over each normalised tensor. ``prelu.cpp`` and ``batch_norm.cpp`` are PReLU's backward in one
+pass and BatchNorm's (channels-last) in two (training; see :mod:`src.kernels.prelu` and
+:mod:`src.kernels.batch_norm`); ``batch_norm_prelu.cpp`` the two fused, forward and backward, for
+channels-last training (:mod:`src.kernels.batch_norm_prelu`). ``relative_softmax.cpp`` is the
+attention probabilities of relative-position attention, forward and backward, in one pass each (see
 :mod:`src.kernels.relative_softmax`).
 
 The sources are compiled once per machine and PyTorch version with

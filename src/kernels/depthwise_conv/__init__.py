@@ -9,9 +9,9 @@ CPU backward of a dilated kernel on a channels-last input differs: oneDNN's took
 of an ESPNetv2 s=1.0 training step. Undilated, oneDNN's backward was as fast or faster (0.8 vs
 1.3 ms for the (4, 64, 56, 56) map at dilation 1), so it keeps it.
 ``lightnets_cpu::depthwise_conv_backward`` (``src/kernels/depthwise_conv/depthwise_conv.cpp``)
-gathers each
-input element's taps along the contiguous channels and sums the weight and bias gradients per fixed
-block of rows (in float32, the blocks in order), so they do not depend on the thread count.
+gathers each input element's taps along the contiguous channels and sums the weight and bias
+gradients per fixed block of rows (in float32, the blocks in order), so they do not depend on the
+thread count.
 
 ``F.conv2d`` runs on CUDA (cuDNN), without autograd, for contiguous inputs, float64, dilation 1,
 unequal strides, paddings or dilations along the two axes, non-square kernels, under a

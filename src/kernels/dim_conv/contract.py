@@ -2,8 +2,7 @@
 
 The C++ kernels (:mod:`src.kernels.dim_conv`) read a channels-last input as its (B, H, W, C) view
 and write the output the same way; the Triton kernels (:mod:`src.kernels.dim_conv.triton_kernel`)
-take
-(B, C, H, W) tensors of any strides and give the output in x's memory format. Their forward ops
+take (B, C, H, W) tensors of any strides and give the output in x's memory format. Their forward ops
 share a schema; each has its own fake, and its own backward.
 """
 

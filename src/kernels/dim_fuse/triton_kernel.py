@@ -9,12 +9,10 @@ reads back three times (BN, PReLU, the grouped 1x1 conv) to make C channels:
 
 Here one program computes the three branches of its (channel x row x column) tile in registers
 (:func:`src.kernels.dim_conv.triton_kernel.dim_conv_branches`), applies BN and PReLU per branch and
-writes
-only l.
-The per-channel BN is an affine map ``z = scale * h + shift``; in training its batch statistics
-need every pixel first, so the forward is two passes over x (:func:`local_fusion_statistics`,
-then :func:`local_fusion_forward` with the batch scale and shift) and the backward recomputes h
-instead of keeping it:
+writes only l. The per-channel BN is an affine map ``z = scale * h + shift``; in training its batch
+statistics need every pixel first, so the forward is two passes over x
+(:func:`local_fusion_statistics`, then :func:`local_fusion_forward` with the batch scale and shift)
+and the backward recomputes h instead of keeping it:
 
 1. :func:`local_fusion_backward_sums`: per channel, sum dz, sum dz (h - mean), PReLU's
    sum dz z [z <= 0] and the local conv's sum dl a, with ``dz = dl w_local (z > 0 ? 1 : alpha)``;

@@ -4,9 +4,8 @@
 use MKL's vectorised generator (AMD's) runs element by element from one locked Mersenne Twister:
 about 4 ns an element, a quarter of a small DeLighT's training step (its DExTra units drop out
 after every GLT). ``lightnets_cpu::dropout_forward`` (``src/kernels/dropout/dropout.cpp``) keeps
-element
-i when a keyed 32-bit mix of i is at or above p 2^32, the key a 64-bit seed drawn from PyTorch's
-default generator as a tensor (:func:`src.kernels.dropout.contract.draw_seed`), so
+element i when a keyed 32-bit mix of i is at or above p 2^32, the key a 64-bit seed drawn from
+PyTorch's default generator as a tensor (:func:`src.kernels.dropout.contract.draw_seed`), so
 ``torch.manual_seed`` fixes the masks as it fixes ``F.dropout``'s and a graph traced by
 ``torch.compile`` draws a new one on every call; the backward regenerates the mask from the saved
 seed (nothing else is stored). The masks differ from ``bernoulli_``'s draws (another generator),

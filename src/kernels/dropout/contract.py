@@ -1,6 +1,5 @@
 """The contract of the dropouts whose masks a kernel draws from a seed (:mod:`src.kernels.dropout`
-on
-the CPU, the fused norms' Triton kernels): the seed they take, and the hashed dropout's ops.
+on the CPU, the fused norms' Triton kernels): the seed they take, and the hashed dropout's ops.
 
 A kernel keeps or drops element i by a function of (seed, i), and its backward draws the same mask
 again from the same seed instead of storing it. The seed is a one-element int64 tensor drawn on the

@@ -5,10 +5,9 @@ Eq. 5.2). Autograd sums the N + 1 gradients of x0 one ``add`` at a time, N launc
 backward; DeLighT MT's 24 units spend 108 launches there, the largest count of ATen launches of
 its step on the kernels (docs/gpu.md). :func:`fan_out` hands the layers one alias of x0 each and
 sums their gradients with one kernel (:mod:`src.kernels.fan_out.triton_kernel`) where the Triton
-paths
-run; elsewhere, and while ``torch.compile`` traces (a traced graph has no launch cost per op to
-save: it is replayed, or fused by the compiler), the layers read x0 itself and autograd sums.
-The sum is the same up to float rounding: the kernel adds in float32 and rounds once.
+paths run; elsewhere, and while ``torch.compile`` traces (a traced graph has no launch cost per op
+to save: it is replayed, or fused by the compiler), the layers read x0 itself and autograd sums. The
+sum is the same up to float rounding: the kernel adds in float32 and rounds once.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 :class:`src.ops.group_linear.GroupLinear` is the layer; this is the op it runs,
 ``y_i = x_i @ W_i + b_i`` per group, with its Triton kernels (:mod:`.triton_kernel`) and the
-contract
-they share with the reference (:mod:`.contract`). :func:`interleaved_group_linear` reads its input
-in parts in place (DeLighT's input mixer; :mod:`src.kernels.linear` runs a dense layer on it).
+contract they share with the reference (:mod:`.contract`). :func:`interleaved_group_linear` reads
+its input in parts in place (DeLighT's input mixer; :mod:`src.kernels.linear` runs a dense layer on
+it).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def interleaved_group_linear(
     dtype = _product_dtype(device_type, parts)
     kernel = use_triton(impl, parts[0]) and (impl == "triton" or dtype in TRITON_DTYPES)
     # under autocast the kernel takes float32 operands (parameters, the residual stream) as they
-    # are and rounds them to the product's dtype as it loads them: no casts, and float32
-    # gradients written directly
+    # are and rounds them to the product's dtype as it loads them: no casts, and the float32
+    # gradients are written directly
     mixed = (
         kernel
         and dtype != torch.float32
@@ -221,13 +221,12 @@ class InterleavedGroupLinearFunction(torch.autograd.Function):
     (g, N, n) result out as (N, n, g), which is the feature shuffle, as its one copy (plain:
     (N, g, n)). Batched, not a loop of g products and a stack: 0.08 vs 0.16 ms for a g = 4,
     256 -> 256 layer over 512 rows and 2.7 vs 8.9 ms for a g = 16, 512 -> 1024 one over 4,096 rows
-    (fp32, 2 cores), with the same sums. The backward
-    (:func:`glt_backward`) undoes the shuffle with one transpose inside each row,
-    (N, n, g) -> (N, g, n), sums the bias gradient over its rows, and computes the input and weight
-    gradients of each part as one batched product over the groups each, the input gradient written
-    straight into its (N, d_j) chunks (batched products beat a loop of g calls there: 7.4 vs
-    11.0 ms for the weight gradient of a g = 16 layer over 4,096 rows on 2 cores), except the
-    weight gradient in 16 bits on the CPU, which is one product per group.
+    (fp32, 2 cores), with the same sums. The backward (:func:`glt_backward`) undoes the shuffle with
+    one transpose inside each row, (N, n, g) -> (N, g, n), sums the bias gradient over its rows, and
+    computes the input and weight gradients of each part as one batched product over the groups
+    each, the input gradient written straight into its (N, d_j) chunks (batched products beat a loop
+    of g calls there: 7.4 vs 11.0 ms for the weight gradient of a g = 16 layer over 4,096 rows on 2
+    cores), except the weight gradient in 16 bits on the CPU, which is one product per group.
 
     The forward is plain PyTorch, which ``torch.compile`` and ``torch.export`` trace; the backward
     is the custom op ``lightnets::glt_backward``, opaque to them, since its products write into

@@ -6,10 +6,9 @@ group c reads the three dimension-wise responses of channel c. oneDNN runs it as
 convolution, which on 2 cores took 0.15 ms forward and 0.41 ms backward for a 4 x 348 x 14 x 14
 channels-last input, several times a pass over the map, and about a tenth of a DiCENet s=1.0
 training step in all. On the CPU, for channels-last inputs, ``lightnets_cpu::local_fusion_
-convolution`` and its backward (``src/kernels/local_fusion_conv/local_fusion_convolution.cpp``)
-read each row of
-channels once per direction. Sums run in float32; the weight gradient is summed per fixed block of
-rows and the blocks in order, so it does not depend on the thread count.
+convolution`` and its backward (``src/kernels/local_fusion_conv/local_fusion_convolution.cpp``) read
+each row of channels once per direction. Sums run in float32; the weight gradient is summed per
+fixed block of rows and the blocks in order, so it does not depend on the thread count.
 
 ``F.conv2d`` runs on CUDA (where DiCE's fused Triton pass replaces the whole local fusion, see
 :class:`src.ops.dice.DiCE`), for contiguous inputs, for float64 and where the CPU kernels cannot be

@@ -169,8 +169,7 @@ def per_group_layer_norm_cpu(
 ) -> Tensor:
     """:func:`per_group_layer_norm` on the fused C++ kernels
     (``src/kernels/per_group_layer_norm/per_group_layer_norm.cpp``), its CPU path where they are
-    built, eager or
-    traced: one pass over each group forward and one back, where
+    built, eager or traced: one pass over each group forward and one back, where
     :class:`PerGroupLayerNormFunction` runs about eight element-wise ATen passes forward and
     fourteen back. It keeps x in its own dtype and each group's mean and std, and recomputes the
     normalised values in the backward, the same formulas as :class:`PerGroupLayerNormFunction`.

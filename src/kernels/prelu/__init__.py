@@ -6,10 +6,9 @@ The map is ``F.prelu``'s: ``y = x`` where ``x > 0``, else ``a_c * x``, one slope
 and sums it afterwards, at about 2 ns an element on 2 cores, cache-warm: 26 ms of a 160 ms
 DiCENet s=1.0 training step (4 images of 224², float32). ``lightnets_cpu::prelu_backward``
 (``src/kernels/prelu/prelu.cpp``) reads x and the output gradient once, writes the input gradient
-and
-sums the slope gradient as it goes. Several passes of ATen ops instead (ReLU's gradient, ``lerp``,
-``clamp``, ``mul``, ``sum``) were 2.6x faster on a warm tensor but no faster in the network,
-where each pass streams its tensors from memory.
+and sums the slope gradient as it goes. Several passes of ATen ops instead (ReLU's gradient,
+``lerp``, ``clamp``, ``mul``, ``sum``) were 2.6x faster on a warm tensor but no faster in the
+network, where each pass streams its tensors from memory.
 
 The input gradient is ATen's bit for bit; the slope gradient is summed in float32 in a fixed order
 (per plane or block of rows, then in order), so it does not depend on the thread count.

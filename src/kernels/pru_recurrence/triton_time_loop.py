@@ -14,8 +14,7 @@ reading h_{t-1} back from the output it wrote one step earlier (h_0 at t = 0) in
 BLOCK_K, W_j from memory (PTB's group is 350 x 1400, far beyond registers; it stays in L2), and
 c_{t-1} from the cells. A barrier between steps makes the step's stores visible to all the
 program's threads. Like the per-step kernels (:mod:`src.kernels.pru_recurrence.triton_kernel`) it
-keeps the
-activated gates and the cells when a gradient is wanted, else two cells in turn.
+keeps the activated gates and the cells when a gradient is wanted, else two cells in turn.
 
 Backward, t = T - 1 .. 0, the same grid: the output gradient plus the recurrent one
 (``dG_{t+1} @ W_j^T``, the incoming gradient of h_T at the last step) and the carried cell

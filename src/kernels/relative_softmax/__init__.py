@@ -6,15 +6,13 @@ softmax, each a pass over a (B, H, T, K) tensor, and about six more passes backw
 zero-filled buffers of the pad's and the slice's gradients). At the enwik8 sizes (8 heads, 512
 queries, 1,024 keys) those passes were about 40% of a CPU training step of either model. On the
 CPU, ``lightnets_cpu::relative_softmax_forward`` / ``_backward``
-(``src/kernels/relative_softmax/relative_softmax.cpp``) do each direction in one pass over the
-rows, with
-``rel_shift``'s realignment (and its exact adjoint) folded into the indexing; the scores are
+(``src/kernels/relative_softmax/relative_softmax.cpp``) do each direction in one pass over the rows,
+with ``rel_shift``'s realignment (and its exact adjoint) folded into the indexing; the scores are
 rounded as the eager ops round them, so the probabilities differ from the eager ones by the
-exponential's rounding only (a few float32 ulp; one bfloat16 ulp at most). On CUDA, a Triton
-kernel does the same, one launch each way (:mod:`src.kernels.relative_softmax.triton_kernel`),
-where it
-measures faster than the eager ops; float64 and other mask shapes take the eager ops. All paths
-are deterministic.
+exponential's rounding only (a few float32 ulp; one bfloat16 ulp at most). On CUDA, a Triton kernel
+does the same, one launch each way (:mod:`src.kernels.relative_softmax.triton_kernel`), where it
+measures faster than the eager ops; float64 and other mask shapes take the eager ops. All paths are
+deterministic.
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ def relative_softmax(
         mask: True where a query must not see a key, or None.
         scale: the score scale, ``1/sqrt(d_head)``.
         impl: "auto": on the CPU the C++ kernels where they apply, on CUDA the faster of the
-            Triton kernels (:mod:`src.kernels.relative_softmax.triton_kernel`) and the eager ops
-            for this
-            shape (:func:`auto_path`; while ``torch.compile`` traces, that choice untimed);
+            Triton kernels (:mod:`src.kernels.relative_softmax.triton_kernel`) and the eager ops for
+            this shape (:func:`auto_path`; while ``torch.compile`` traces, that choice untimed);
             "triton" or "reference" (the eager ops) to fix it.
         timer: times the candidates of ``impl="auto"`` on CUDA (default: CUDA events).
 

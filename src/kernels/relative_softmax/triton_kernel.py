@@ -1,6 +1,5 @@
 """The relative-attention softmax (:mod:`src.kernels.relative_softmax`) in one launch forward and
-one
-backward: a program per query row of one head reads the content scores and, through the
+one backward: a program per query row of one head reads the content scores and, through the
 realignment's indexing, the position scores, and writes the probabilities; backward, it reads the
 output gradient and the probabilities and writes the content gradient and the position gradient
 (the realignment's exact adjoint, as scattered stores that never collide).

@@ -4,9 +4,8 @@ Every sublayer of a post-norm Transformer block ends so (Vaswani et al., 2017, S
 blocks with ``normalize_before`` off, the official default). The PyTorch path is exactly that:
 :func:`src.kernels.dropout.dropout`, the add and ``F.layer_norm``. On CUDA the fused kernel
 (:mod:`src.kernels.residual_layer_norm.triton_kernel`) does all three in one launch each way, where
-PyTorch
-launches five or six; ``impl="auto"`` times both on the first call of
-each shape and keeps the faster.
+PyTorch launches five or six; ``impl="auto"`` times both on the first call of each shape and keeps
+the faster.
 """
 
 from __future__ import annotations

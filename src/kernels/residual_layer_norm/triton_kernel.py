@@ -12,9 +12,8 @@ keeping s (in the sum's dtype, as PyTorch's ``layer_norm`` keeps its input) and 
 and r for the backward. The dropout mask m keeps element i when Philox's ``tl.rand(seed, i)`` is
 at or above p, the seed a tensor drawn on the input's device, per call or once for the dropout
 sites of a forward (:mod:`src.kernels.dropout.triton_kernel`: ``torch.manual_seed`` fixes it, a
-traced
-or replayed graph draws it anew; the masks differ from ``F.dropout``'s, their distribution does
-not), and the backward draws the mask again from the saved seed and site. With ``x_hat = c r``
+traced or replayed graph draws it anew; the masks differ from ``F.dropout``'s, their distribution
+does not), and the backward draws the mask again from the saved seed and site. With ``x_hat = c r``
 and ``g = dy w`` the sum's gradient is
 
     ds = r (g - mean(g) - x_hat mean(g x_hat))

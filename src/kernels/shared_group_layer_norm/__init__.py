@@ -63,16 +63,13 @@ def shared_group_layer_norm_swish(
 
     ``impl="auto"`` runs, on CUDA, the faster (per shape and dtype, :func:`auto_path`) of the
     fused Triton kernel (:mod:`src.kernels.shared_group_layer_norm.triton_kernel`: one launch each
-    way, the
-    output in x's dtype) and the PyTorch ops (under autocast
-    ``layer_norm`` in float32, then ``silu``), while ``torch.compile`` traces that choice untimed
-    (the eager steps' or the kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"``
-    fix it.
-    The kernel draws its dropout mask itself (Philox, from a seed tensor on x's device, also in a
-    traced graph: the seed the dropout sites of the forward share when ``seeds`` is given, else
-    one drawn for this call; :mod:`src.kernels.shared_group_layer_norm.triton_kernel`), the PyTorch
-    path
-    with :func:`src.kernels.dropout.dropout`: the masks differ, their distribution does not.
+    way, the output in x's dtype) and the PyTorch ops (under autocast ``layer_norm`` in float32,
+    then ``silu``), while ``torch.compile`` traces that choice untimed (the eager steps' or the
+    kernel); the PyTorch ops elsewhere. ``"triton"`` / ``"reference"`` fix it. The kernel draws
+    its dropout mask itself (Philox, from a seed tensor on x's device, also in a traced graph: the
+    seed the dropout sites of the forward share when ``seeds`` is given, else one drawn for this
+    call; :mod:`src.kernels.shared_group_layer_norm.triton_kernel`), the PyTorch path with
+    :func:`src.kernels.dropout.dropout`: the masks differ, their distribution does not.
 
     Shape:
         x (..., d), weight and bias (d/g,) -> (..., d)

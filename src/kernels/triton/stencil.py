@@ -1,6 +1,5 @@
 """The tiles of the stencil kernels: DimConv (:mod:`src.kernels.dim_conv.triton_kernel`), DiCE's
-local
-fusion (:mod:`src.kernels.dim_fuse.triton_kernel`) and EESP's pyramid
+local fusion (:mod:`src.kernels.dim_fuse.triton_kernel`) and EESP's pyramid
 (:mod:`src.kernels.eesp.triton_kernel`).
 
 A program of these kernels covers a (channel x row x column) tile of one image of a (B, C, H, W)
