@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from src.kernels.dispatch import check_impl
 from src.kernels.dropout import dropout
+from src.kernels.relative_attention import ATTENTION_PATHS
 from src.models.lm_head import AdaptiveHead
 from src.models.transformer_xl import (
     PAPER_PER_POSITION,
@@ -34,7 +35,7 @@ from src.ops.group_embedding import GroupEmbedding
 from src.ops.group_feedforward import GroupFeedForward
 from src.ops.positionwise_feedforward import PositionwiseFeedForward
 from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
-from src.ops.relative_position import ATTENTION_PATHS, RelativePositionTable, relative_sinusoid
+from src.ops.relative_position import RelativePositionTable, relative_sinusoid
 
 
 class GroupTransformer(AdaptiveHead, nn.Module):

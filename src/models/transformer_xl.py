@@ -21,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from src.kernels.dropout import dropout
+from src.kernels.relative_attention import ATTENTION_PATHS
 from src.models.lm_head import AdaptiveHead
 from src.ops.positionwise_feedforward import PositionwiseFeedForward
 from src.ops.relative_multihead_attention import RelativeMultiHeadAttention
-from src.ops.relative_position import ATTENTION_PATHS, relative_sinusoid
+from src.ops.relative_position import relative_sinusoid
 
 # Per-position attention cost (x d_model MACs per token) of the paper's FLOP convention; the
 # reference params.json fits it to the published numbers (any value in 654..658 works).

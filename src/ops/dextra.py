@@ -36,8 +36,9 @@ from src.kernels.dropout.contract import DropoutSeeds
 from src.kernels.fan_out import fan_out
 from src.kernels.group_linear import interleaved_group_linear
 from src.kernels.linear import linear
+from src.kernels.shared_group_layer_norm import shared_group_layer_norm_swish
 from src.ops.group_linear import GroupLinear
-from src.ops.shared_group_layer_norm import SharedGroupLayerNorm, shared_group_layer_norm_swish
+from src.ops.shared_group_layer_norm import SharedGroupLayerNorm
 
 SCHEDULES = ("official", "paper")
 

@@ -22,7 +22,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from src.kernels.relative_attention import ATTENTION_PATHS as ATTENTION_PATHS  # the models'
 from src.kernels.relative_attention import attend
 from src.kernels.relative_softmax import rel_shift
 
@@ -140,8 +139,9 @@ def relative_attention(
         mask: True where a query must not see a key (e.g. :func:`causal_memory_mask`), or None.
         dropatt: dropout probability on the attention probabilities.
         training: apply ``dropatt``.
-        path: "eager", "sdpa" or "auto" (:data:`ATTENTION_PATHS`; on CUDA "auto" times PyTorch's
-            fused attention against the eager ops): :func:`src.kernels.relative_attention.attend`.
+        path: "eager", "sdpa" or "auto" (:data:`src.kernels.relative_attention.ATTENTION_PATHS`;
+            on CUDA "auto" times PyTorch's fused attention against the eager ops):
+            :func:`src.kernels.relative_attention.attend`.
         impl: the eager path's softmax (:func:`src.kernels.relative_softmax.relative_softmax`):
             "auto", "reference" (the eager ops) or "triton". On the CPU, "auto" runs the whole
             attention as one node where it applies and measured faster

@@ -15,9 +15,6 @@ import torch
 from torch import Tensor, nn
 
 from src.kernels.shared_group_layer_norm import shared_group_layer_norm
-from src.kernels.shared_group_layer_norm import (
-    shared_group_layer_norm_swish as shared_group_layer_norm_swish,  # src.ops.dextra's import
-)
 
 
 class SharedGroupLayerNorm(nn.Module):
