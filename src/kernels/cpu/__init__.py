@@ -56,24 +56,8 @@ from src.utils.files import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-# each op's C++ source sits in its folder of src/kernels beside its contract and its other paths
-SOURCES = tuple(
-    HERE.parent / op / f"{name}.cpp"
-    for op, name in (
-        ("dice", "dice"),
-        ("eesp", "eesp"),
-        ("per_group_layer_norm", "per_group_layer_norm"),
-        ("prelu", "prelu"),
-        ("batch_norm", "batch_norm"),
-        ("batch_norm_prelu", "batch_norm_prelu"),
-        ("relative_softmax", "relative_softmax"),
-        ("local_fusion_conv", "local_fusion_convolution"),
-        ("dim_conv", "dim_conv"),
-        ("depthwise_conv", "depthwise_conv"),
-        ("pru_recurrence", "pru_recurrence"),
-        ("dropout", "dropout"),
-    )
-)
+# each op's C++ source sits in its folder of src/kernels, beside its contract and its other paths
+SOURCES = tuple(sorted(HERE.parent.glob("*/*.cpp")))
 HEADERS = (HERE / "common.h",)
 
 
