@@ -74,7 +74,7 @@ def cases(device: torch.device) -> list[OpCase]:
                 op="DimConv channels-last",
                 shape=shape,
                 ours=lambda m=dim_conv, x=x_last: m(x),
-                baseline=lambda w=weights, x=x_last: dim_conv_reference(x, *w),
+                baseline=lambda w=weights, x=x_last: dim_conv_reference(x, w),
             )
         )
 

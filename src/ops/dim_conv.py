@@ -101,14 +101,9 @@ class DimConv(nn.Module):
             nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
 
     def forward(self, x: Tensor) -> Tensor:
+        weights = (self.weight_channel, self.weight_height, self.weight_width)
         return dim_conv(
-            x,
-            self.weight_channel,
-            self.weight_height,
-            self.weight_width,
-            dilation=self.dilation,
-            interleave=self.interleave,
-            impl=self.impl,
+            x, weights, dilation=self.dilation, interleave=self.interleave, impl=self.impl
         )
 
     def extra_repr(self) -> str:

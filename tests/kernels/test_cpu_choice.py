@@ -196,7 +196,7 @@ def test_dim_conv_runs_the_winner(auto, monkeypatch, winner, grad) -> None:
     assert len(calls) == (2 if winner == OURS else 1)
     weights = (dim_conv.weight_channel, dim_conv.weight_height, dim_conv.weight_width)
     with torch.set_grad_enabled(grad):
-        expected = dim_conv_reference(x, *weights, dilation=(1, 1, 1), interleave=True)
+        expected = dim_conv_reference(x, weights, dilation=(1, 1, 1), interleave=True)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
     assert list(chosen("dim_conv", "cpu")) == [
         (2, 8, 5, 6, torch.float32, None, (1, 1, 1), True, grad, torch.get_num_threads())

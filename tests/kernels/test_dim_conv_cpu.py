@@ -71,7 +71,7 @@ def _grads(fn, conv: DimConv, x: Tensor, probe: Tensor) -> tuple:
 
 def _reference(conv: DimConv):
     return lambda x: dim_conv_reference(
-        x, *_weights(conv), dilation=conv.dilation, interleave=conv.interleave
+        x, _weights(conv), dilation=conv.dilation, interleave=conv.interleave
     )
 
 
@@ -182,8 +182,8 @@ def test_flop_counter_counts_the_three_convolutions(kernels: None) -> None:
 
 def test_dim_conv_cpu_leaves_other_dtypes_to_the_caller(kernels: None) -> None:
     conv, x, _ = _module(CONFIGS[0])
-    assert dim_conv_cpu(x.double(), *_weights(conv), dilation=(1, 1, 1), interleave=True) is None
-    mixed = dim_conv_cpu(x.bfloat16(), *_weights(conv), dilation=(1, 1, 1), interleave=True)
+    assert dim_conv_cpu(x.double(), _weights(conv), dilation=(1, 1, 1), interleave=True) is None
+    mixed = dim_conv_cpu(x.bfloat16(), _weights(conv), dilation=(1, 1, 1), interleave=True)
     assert mixed is None
 
 

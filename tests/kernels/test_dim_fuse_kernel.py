@@ -47,7 +47,7 @@ def _run(fn: Callable[..., Tensor], unit: DiCE, x: Tensor, args: dict) -> list[T
     """Output, running statistics after the call, and the gradients of x and the parameters under
     the loss sum(output * probe)."""
     x = x.detach().requires_grad_()
-    out = fn(x, *conv_weights(unit), **args)
+    out = fn(x, conv_weights(unit), **args)
     probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
     grads = torch.autograd.grad(out, [x, *_leaves(unit)], probe)
     return [out, args["running_mean"], args["running_var"], *grads]
@@ -108,8 +108,8 @@ def test_inference_pass_folds_the_second_norm(kernel_device: torch.device) -> No
     unit = randomise_norms(DiCE(8, 8, 6, 7)).to(kernel_device).eval()
     x = torch.randn(2, 8, 6, 7, device=kernel_device)
     with torch.no_grad():
-        got = local_fusion_triton(x, *conv_weights(unit), **_args(unit, training=False))
-        want = local_fusion_reference(x, *conv_weights(unit), **_args(unit, training=False))
+        got = local_fusion_triton(x, conv_weights(unit), **_args(unit, training=False))
+        want = local_fusion_reference(x, conv_weights(unit), **_args(unit, training=False))
         # the unit's own eager local fusion: BN, PReLU, grouped conv, BN, PReLU
         fuse = unit.dim_fuse
         eager = fuse.local(fuse.act(fuse.norm(unit.dim_conv(x))))
@@ -161,19 +161,19 @@ def test_inference_pass_refuses_autograd(kernel_device: torch.device) -> None:
     unit = DiCE(4, 4, 4, 4).to(kernel_device).eval()
     x = torch.randn(1, 4, 4, 4, device=kernel_device)
     with pytest.raises(RuntimeError, match="no backward with running statistics"):
-        local_fusion_triton(x, *conv_weights(unit), **_args(unit, training=False))
+        local_fusion_triton(x, conv_weights(unit), **_args(unit, training=False))
     # any trainable operand counts, the local weights alone too
     unit.requires_grad_(False)
     unit.dim_fuse.local[0].weight.requires_grad_(True)
     with pytest.raises(RuntimeError, match="no backward with running statistics"):
-        local_fusion_triton(x, *conv_weights(unit), **_args(unit, training=False))
+        local_fusion_triton(x, conv_weights(unit), **_args(unit, training=False))
 
 
 def test_training_pass_needs_two_values_per_channel(kernel_device: torch.device) -> None:
     unit = DiCE(4, 4, 1, 1).to(kernel_device)
     x = torch.randn(1, 4, 1, 1, device=kernel_device)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
-        local_fusion_triton(x, *conv_weights(unit), **_args(unit, training=True))
+        local_fusion_triton(x, conv_weights(unit), **_args(unit, training=True))
 
 
 def test_bfloat16_autocast_within_tolerance(kernel_device: torch.device) -> None:

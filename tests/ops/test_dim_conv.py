@@ -46,9 +46,9 @@ def _official_dim_conv(x: torch.Tensor, wc, wh, ww, dilation=(1, 1, 1)) -> torch
 def test_reference_matches_the_official_formulation(k: int, dilation: tuple[int, int, int]) -> None:
     x = torch.randn(2, 6, 7, 9)
     weights = _weights(6, 7, 9, k)
-    out = dim_conv_reference(x, *weights, dilation=dilation)
+    out = dim_conv_reference(x, weights, dilation=dilation)
     torch.testing.assert_close(out, _official_dim_conv(x, *weights, dilation))
-    concat = dim_conv_reference(x, *weights, dilation=dilation, interleave=False)
+    concat = dim_conv_reference(x, weights, dilation=dilation, interleave=False)
     torch.testing.assert_close(F.channel_shuffle(concat, 3), out)
 
 
@@ -57,9 +57,9 @@ def test_reference_keeps_a_channels_last_layout(interleave: bool) -> None:
     # the same values as from a contiguous input, laid out as the Triton kernel lays them out
     x = torch.randn(2, 6, 7, 9)
     weights = _weights(6, 7, 9)
-    want = dim_conv_reference(x, *weights, dilation=(1, 2, 1), interleave=interleave)
+    want = dim_conv_reference(x, weights, dilation=(1, 2, 1), interleave=interleave)
     got = dim_conv_reference(
-        x.to(memory_format=torch.channels_last), *weights, dilation=(1, 2, 1), interleave=interleave
+        x.to(memory_format=torch.channels_last), weights, dilation=(1, 2, 1), interleave=interleave
     )
     assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)  # oneDNN's layouts may round apart
@@ -90,8 +90,8 @@ def test_triton_matches_reference_fp32(
     x = torch.randn(*shape, device=kernel_device, requires_grad=True)
     weights = _weights(c, h, w, k, device=kernel_device)
     kwargs = {"dilation": dilation, "interleave": interleave}
-    out = triton_dim_conv.dim_conv_triton(x, *weights, **kwargs)
-    ref = dim_conv_reference(x, *weights, **kwargs)
+    out = triton_dim_conv.dim_conv_triton(x, weights, **kwargs)
+    ref = dim_conv_reference(x, weights, **kwargs)
     # float32 on both sides, summed in another order (see the kernel_device fixture)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)
@@ -119,8 +119,8 @@ def test_triton_reads_any_layout(
     x_ref = x.detach().contiguous().requires_grad_()
     weights = _weights(10, 5, 7, device=kernel_device)
     kwargs = {"dilation": (1, 2, 1), "interleave": interleave}
-    out = triton_dim_conv.dim_conv_triton(x, *weights, **kwargs)
-    ref = dim_conv_reference(x_ref, *weights, **kwargs)
+    out = triton_dim_conv.dim_conv_triton(x, weights, **kwargs)
+    ref = dim_conv_reference(x_ref, weights, **kwargs)
     assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # a channels-last output gradient, as the next layer of a channels-last network hands back
@@ -137,13 +137,13 @@ def test_triton_bf16_within_bf16_tolerance(kernel_device: torch.device) -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 6, 5, 7, dtype=torch.bfloat16, device=kernel_device, requires_grad=True)
     weights = _weights(6, 5, 7, dtype=torch.bfloat16, device=kernel_device)
-    out = triton_dim_conv.dim_conv_triton(x, *weights)
+    out = triton_dim_conv.dim_conv_triton(x, weights)
     assert out.dtype == torch.bfloat16
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, [x, *weights], grad)
     x32 = x.detach().float().requires_grad_()
     w32 = [w.detach().float().requires_grad_() for w in weights]
-    ref = dim_conv_reference(x32, *w32)
+    ref = dim_conv_reference(x32, tuple(w32))
     want = torch.autograd.grad(ref, [x32, *w32], grad.float())
     # bf16 keeps 8 bits: inputs are rounded once, outputs once more; accumulation is fp32
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=5e-2)
@@ -162,12 +162,12 @@ def test_module_dispatch(kernel_device: torch.device) -> None:
     x = torch.randn(1, 4, 5, 6, device=kernel_device)
     out = layer(x)
     assert _ran_triton(out)
-    torch.testing.assert_close(out, dim_conv_reference(x, *weights))
+    torch.testing.assert_close(out, dim_conv_reference(x, weights))
     # off the build size the resizing reference runs, whatever impl says
     other = torch.randn(1, 4, 7, 3, device=kernel_device)
     out = layer(other)
     assert not _ran_triton(out)
-    torch.testing.assert_close(out, dim_conv_reference(other, *weights))
+    torch.testing.assert_close(out, dim_conv_reference(other, weights))
     # auto: on a CUDA tensor the path measured faster for the shape, the reference on a CPU tensor
     layer.impl = "auto"
     measured = kernel_device.type == "cuda" and auto_path(x, weights, (1, 1, 1), True) == "triton"
@@ -230,7 +230,7 @@ def test_reference_gradcheck(size: tuple[int, int]) -> None:
     x = torch.randn(1, 3, *size, dtype=torch.float64, requires_grad=True)
     weights = (layer.weight_channel, layer.weight_height, layer.weight_width)
     assert torch.autograd.gradcheck(
-        lambda x, *w: dim_conv_reference(x, *w, dilation=layer.dilation), (x, *weights)
+        lambda x, *w: dim_conv_reference(x, w, dilation=layer.dilation), (x, *weights)
     )
 
 
@@ -261,8 +261,8 @@ def test_triton_on_cuda_matches_reference(
     _, c, h, w = shape
     x = torch.randn(*shape, device=kernel_device, requires_grad=True)
     weights = _weights(c, h, w, device=kernel_device)
-    layer_out = triton_dim_conv.dim_conv_triton(x, *weights)
-    ref = dim_conv_reference(x, *weights)
+    layer_out = triton_dim_conv.dim_conv_triton(x, weights)
+    ref = dim_conv_reference(x, weights)
     torch.testing.assert_close(layer_out, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(ref)
     got = torch.autograd.grad(layer_out, [x, *weights], grad)

@@ -76,7 +76,7 @@ def local_fusion_forward(unit: nn.Module, x: Tensor) -> Tensor:
     from src.kernels.dim_fuse.triton_kernel import local_fusion_triton
 
     fuse = unit.dim_fuse
-    fused = local_fusion_triton(x, *conv_weights(unit), **local_fusion_args(unit))
+    fused = local_fusion_triton(x, conv_weights(unit), **local_fusion_args(unit))
     if unit.training:  # inference folded the second BN and PReLU in (post)
         fused = fuse.local[2](fuse.local[1](fused))
     return fuse.global_fusion(fused)
@@ -109,13 +109,18 @@ def _local_fusion_applies(unit: nn.Module, x: Tensor) -> bool:
 
 
 def local_fusion_args(unit: nn.Module, *, advance: bool = True) -> dict:
-    """Keyword arguments of :func:`src.kernels.dim_fuse.local_fusion_reference` for the unit's
-    state. In training ``advance`` counts the batch in BN's ``num_batches_tracked`` and resolves
-    ``momentum=None`` (a cumulative average) as ``nn.BatchNorm2d`` does."""
+    """Keyword arguments of :func:`src.kernels.dim_fuse.local_fusion_reference` for the unit:
+    DimConv's dilation and the :class:`~src.kernels.dim_fuse.LocalFusionState`. In training
+    ``advance`` counts the batch in BN's ``num_batches_tracked`` and resolves ``momentum=None`` (a
+    cumulative average) as ``nn.BatchNorm2d`` does."""
     fuse = unit.dim_fuse
     norm = fuse.norm
     momentum = batch_norm_factor(norm, advance=advance and unit.training)
-    args = {
+    post = None
+    if not unit.training:
+        scale, shift = batch_norm_affine(fuse.local[1])
+        post = (scale, shift, fuse.local[2].weight.expand(fuse.channels))
+    return {
         "dilation": unit.dim_conv.dilation,
         "running_mean": norm.running_mean,
         "running_var": norm.running_var,
@@ -126,11 +131,8 @@ def local_fusion_args(unit: nn.Module, *, advance: bool = True) -> dict:
         "training": unit.training,
         "momentum": momentum,
         "eps": norm.eps,
+        "post": post,
     }
-    if not unit.training:
-        scale, shift = batch_norm_affine(fuse.local[1])
-        args["post"] = (scale, shift, fuse.local[2].weight.expand(fuse.channels))
-    return args
 
 
 LOCAL_FUSION_CHOICE = declare("dice.local_fusion", ("fused", "unfused"))
@@ -162,7 +164,7 @@ def local_fusion_path(unit: nn.Module, x: Tensor, timer: Timer | None = None) ->
         from src.kernels.dim_fuse.triton_kernel import local_fusion_triton
 
         def fused(inputs: Tensor, args: dict) -> Tensor:
-            return local_fusion_triton(inputs, *conv_weights(unit), **args)
+            return local_fusion_triton(inputs, conv_weights(unit), **args)
 
         def unfused(inputs: Tensor, args: dict) -> Tensor:
             return local_fusion(conv(inputs), **{k: v for k, v in args.items() if k != "dilation"})

@@ -51,17 +51,15 @@ from src.kernels import (
 )
 from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.dim_conv import contract as contract
+from src.kernels.dim_conv.contract import Weights
 from src.kernels.layout import is_channels_last
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-Weights = tuple[Tensor, Tensor, Tensor]
 
 
 def dim_conv(
     x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
+    weights: Weights,
     *,
     dilation: tuple[int, int, int] = (1, 1, 1),
     interleave: bool = True,
@@ -74,12 +72,12 @@ def dim_conv(
     reference runs, whatever ``impl`` says.
 
     Shape:
-        x (B, C, H, W), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
-        weight_width (W_b, 1, k, k) -> (B, 3C, H, W)
+        x (B, C, H, W), weights as :data:`~src.kernels.dim_conv.contract.Weights`
+        -> (B, 3C, H, W)
     """
+    weight_channel, weight_height, weight_width = weights
     if x.dim() != 4 or x.shape[1] != weight_channel.shape[0]:
         raise ValueError(f"expected (B, {weight_channel.shape[0]}, H, W), got {tuple(x.shape)}")
-    weights = (weight_channel, weight_height, weight_width)
     path = "reference"
     if use_triton(impl, x) and x.shape[-2:] == (weight_height.shape[0], weight_width.shape[0]):
         path = "triton" if impl == "triton" else auto_path(x, weights, dilation, interleave)
@@ -91,7 +89,7 @@ def dim_conv(
 def _run(
     path: str,
     x: Tensor,
-    weights: tuple[Tensor, ...],
+    weights: Weights,
     dilation: tuple[int, int, int],
     interleave: bool,
 ) -> Tensor:
@@ -100,14 +98,10 @@ def _run(
     if path == "triton":
         from src.kernels.dim_conv.triton_kernel import dim_conv_triton
 
-        return dim_conv_triton(x, *weights, dilation=dilation, interleave=interleave)
-    y = (
-        dim_conv_cpu(x, *weights, dilation=dilation, interleave=interleave)
-        if path == OURS
-        else None
-    )
+        return dim_conv_triton(x, weights, dilation=dilation, interleave=interleave)
+    y = dim_conv_cpu(x, weights, dilation=dilation, interleave=interleave) if path == OURS else None
     if y is None:
-        y = dim_conv_reference(x, *weights, dilation=dilation, interleave=interleave)
+        y = dim_conv_reference(x, weights, dilation=dilation, interleave=interleave)
     return y
 
 
@@ -150,7 +144,7 @@ def auto_path(
     )  # fmt: skip
 
     def run(path: str, x: Tensor, *weights: Tensor) -> Tensor:
-        return _run(path, x, weights, dilation, interleave)
+        return _run(path, x, tuple(weights), dilation, interleave)
 
     def candidates() -> dict:
         return candidate_steps(run, PATHS[device], x, *weights)
@@ -234,9 +228,7 @@ def resize_axis(x: Tensor, dim: int, size: int) -> Tensor:
 
 def dim_conv_reference(
     x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
+    weights: Weights,
     *,
     dilation: tuple[int, int, int] = (1, 1, 1),
     interleave: bool = True,
@@ -253,12 +245,10 @@ def dim_conv_reference(
     convolutions and products one by one, and the output is in that dtype.
 
     Shape:
-        x (B, C, H, W), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
-        weight_width (W_b, 1, k, k) -> (B, 3C, H, W), channels-last if x is
+        x (B, C, H, W), weights as :data:`~src.kernels.dim_conv.contract.Weights`
+        -> (B, 3C, H, W), channels-last if x is
     """
-    x, weight_channel, weight_height, weight_width = autocast_operands(
-        x.device.type, x, weight_channel, weight_height, weight_width
-    )
+    x, weight_channel, weight_height, weight_width = autocast_operands(x.device.type, x, *weights)
     channels, height, width = x.shape[1:]
     h_b, w_b = weight_height.shape[0], weight_width.shape[0]
     half = (weight_channel.shape[-1] - 1) // 2
@@ -306,9 +296,7 @@ def _cpu_applies(x: Tensor, weights: Weights) -> bool:
 
 def dim_conv_cpu(
     x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
+    weights: Weights,
     *,
     dilation: tuple[int, int, int],
     interleave: bool,
@@ -319,16 +307,16 @@ def dim_conv_cpu(
     gradients).
 
     Shape:
-        x (B, C, H, W) channels-last, weight_channel (C, 1, k, k), weight_height (H, 1, k, k),
-        weight_width (W, 1, k, k) -> (B, 3C, H, W) channels-last
+        x (B, C, H, W) channels-last, weights as :data:`~src.kernels.dim_conv.contract.Weights`
+        (H = H_b, W = W_b) -> (B, 3C, H, W) channels-last
     """
-    operands = autocast_operands("cpu", x, weight_channel, weight_height, weight_width)
+    operands = autocast_operands("cpu", x, *weights)
     if operands[0].dtype not in KERNEL_DTYPES or any(
         w.dtype != operands[0].dtype for w in operands[1:]
     ):
         return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in operands):
-        return DimConvCpuFunction.apply(*operands, dilation, interleave)
+        return DimConvCpuFunction.apply(operands[0], dilation, interleave, *operands[1:])
     x_rows, *weights = _kernel_views(*operands)
     y = dim_conv_forward(x_rows, *weights, list(dilation), interleave)
     return y.permute(0, 3, 1, 2)
@@ -381,20 +369,15 @@ def dim_conv_backward(
 
 
 class DimConvCpuFunction(torch.autograd.Function):
-    """Both directions of DimConv by the CPU kernels, on a channels-last x."""
+    """Both directions of DimConv by the CPU kernels, on a channels-last x; the three weights
+    last, as autograd's inputs."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx,
-        x: Tensor,
-        weight_channel: Tensor,
-        weight_height: Tensor,
-        weight_width: Tensor,
-        dilation: tuple[int, int, int],
-        interleave: bool,
+        ctx, x: Tensor, dilation: tuple[int, int, int], interleave: bool, *weights: Tensor
     ) -> Tensor:
         with autocast_off("cpu"):  # the operands share a dtype already
-            views = _kernel_views(x, weight_channel, weight_height, weight_width)
+            views = _kernel_views(x, *weights)
             y = dim_conv_forward(*views, list(dilation), interleave)
         ctx.save_for_backward(*views)
         ctx.dilation, ctx.interleave = list(dilation), interleave
@@ -405,7 +388,7 @@ class DimConvCpuFunction(torch.autograd.Function):
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         x, *weights = ctx.saved_tensors
         wanted = ctx.needs_input_grad
-        weight_grad = any(wanted[1:4])
+        weight_grad = any(wanted[3:])
         # a copy only if autograd's layout differs from the output's
         grad_rows = grad_y.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
         grad_x, *grad_weights = dim_conv_backward(
@@ -413,10 +396,10 @@ class DimConvCpuFunction(torch.autograd.Function):
         )
         return (
             grad_x.permute(0, 3, 1, 2) if wanted[0] else None,
+            None,
+            None,
             *(
                 g.to(w.dtype).unsqueeze(1) if want else None
-                for g, w, want in zip(grad_weights, weights, wanted[1:4], strict=True)
+                for g, w, want in zip(grad_weights, weights, wanted[3:], strict=True)
             ),
-            None,
-            None,
         )

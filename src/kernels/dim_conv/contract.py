@@ -8,12 +8,14 @@ share a schema; each has its own fake, and its own backward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
 from src.kernels.layout import memory_format_of
+
+Weights = tuple[Tensor, Tensor, Tensor]
+"""DimConv's three kernels as one argument: channel-wise (C, 1, k, k), height-wise (H_b, 1, k, k)
+and width-wise (W_b, 1, k, k), H_b x W_b the layer's build size."""
 
 FORWARD_SCHEMA = (
     "(Tensor x, Tensor weight_channel, Tensor weight_height, Tensor weight_width, int[] dilation, "
@@ -37,33 +39,19 @@ def output_like(x: Tensor) -> Tensor:
     return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
 
 
-def forward_fake(
-    x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
-    dilation: Sequence[int],
-    interleave: bool,
-) -> Tensor:
-    """The Triton forward's output metadata: :func:`output_like` x."""
+def forward_fake(x: Tensor, *_weights_and_options: object) -> Tensor:
+    """The Triton forward's output metadata (arguments as :data:`FORWARD_SCHEMA` lists them):
+    :func:`output_like` x."""
     return output_like(x)
 
 
-def backward_fake(
-    grad_y: Tensor,
-    x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
-    dilation: Sequence[int],
-    interleave: bool,
-    input_grad: bool,
-    weight_grads: bool,
-) -> list[Tensor]:
-    """The Triton backward's outputs' metadata: the wanted gradients, like x and the weights."""
+def backward_fake(grad_y: Tensor, x: Tensor, *weights_and_options: object) -> list[Tensor]:
+    """The Triton backward's outputs' metadata (arguments as :data:`BACKWARD_SCHEMA` lists them):
+    the wanted gradients, like x and the three weights."""
+    *weights, _dilation, _interleave, input_grad, weight_grads = weights_and_options
     grads = [torch.empty_like(x)] if input_grad else []
     if weight_grads:
-        grads += [torch.empty_like(w) for w in (weight_channel, weight_height, weight_width)]
+        grads += [torch.empty_like(w) for w in weights]
     return grads
 
 

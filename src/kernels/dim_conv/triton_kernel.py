@@ -37,6 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 from src.kernels.dim_conv import contract as contract
+from src.kernels.dim_conv.contract import Weights
 from src.kernels.dispatch import autocast_off, autocast_operands, check_same_dtype, opaque_op
 from src.kernels.triton.launch import gpu_launch
 from src.kernels.triton.stencil import launch_config, tile
@@ -255,20 +256,14 @@ class _DimConvFunction(torch.autograd.Function):
     ``lightnets::dim_conv_triton`` and ``lightnets::dim_conv_triton_backward``, so that
     ``torch.compile`` traces this Function without looking into a launch (it cannot trace one in
     the interpreter). The operands share one dtype (:func:`dim_conv_triton` applied autocast's
-    rule)."""
+    rule); the three weights come last, as autograd's inputs."""
 
     @staticmethod
     def forward(
-        ctx,
-        x: Tensor,
-        weight_channel: Tensor,
-        weight_height: Tensor,
-        weight_width: Tensor,
-        dilation: tuple[int, int, int],
-        interleave: bool,
+        ctx, x: Tensor, dilation: tuple[int, int, int], interleave: bool, *weights: Tensor
     ) -> Tensor:
         # x is read through its strides (NCHW, channels-last or any view): no copy
-        weights = [w.contiguous() for w in (weight_channel, weight_height, weight_width)]
+        weights = [w.contiguous() for w in weights]
         with autocast_off(x.device.type):
             y = dim_conv_forward(x, *weights, dilation, interleave)
         ctx.save_for_backward(x, *weights)
@@ -280,7 +275,7 @@ class _DimConvFunction(torch.autograd.Function):
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:
         x, wc, wh, ww = ctx.saved_tensors
         want_x = ctx.needs_input_grad[0]
-        want_w = any(ctx.needs_input_grad[1:4])
+        want_w = any(ctx.needs_input_grad[3:])
         with autocast_off(x.device.type):
             grads = dim_conv_backward(
                 grad_y, x, wc, wh, ww, ctx.dilation, ctx.interleave, want_x, want_w
@@ -288,7 +283,7 @@ class _DimConvFunction(torch.autograd.Function):
         given = iter(grads)
         grad_x = next(given) if want_x else None
         grad_wc, grad_wh, grad_ww = (next(given) for _ in range(3)) if want_w else (None,) * 3
-        return grad_x, grad_wc, grad_wh, grad_ww, None, None
+        return grad_x, None, None, grad_wc, grad_wh, grad_ww
 
 
 @opaque_op("lightnets::dim_conv_triton", contract.FORWARD_SCHEMA, contract.forward_fake)
@@ -365,17 +360,15 @@ def dim_conv_backward(
     return grads
 
 
-def dim_conv_operands(
-    op: str, x: Tensor, weight_channel: Tensor, weight_height: Tensor, weight_width: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def dim_conv_operands(op: str, x: Tensor, weights: Weights) -> tuple[Tensor, Weights]:
     """The operands of a fused DimConv pass (``op`` names it in errors) as the kernels take them:
     x at the build size of the height- and width-wise kernels, cast by autocast's rule, all of one
     dtype in :data:`DTYPES`; ValueError or TypeError otherwise.
 
     Shape:
-        x (B, C, H_b, W_b), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
-        weight_width (W_b, 1, k, k)
+        x (B, C, H_b, W_b), weights as :data:`~src.kernels.dim_conv.contract.Weights`
     """
+    weight_channel, weight_height, weight_width = weights
     height, width = x.shape[-2:]
     if (weight_height.shape[0], weight_width.shape[0]) != (height, width):
         raise ValueError(
@@ -393,14 +386,12 @@ def dim_conv_operands(
     )
     if dtype not in DTYPES:
         raise TypeError(f"the fused {op} takes {DTYPES}, got {dtype}")
-    return x, weight_channel, weight_height, weight_width
+    return x, (weight_channel, weight_height, weight_width)
 
 
 def dim_conv_triton(
     x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
+    weights: Weights,
     *,
     dilation: tuple[int, int, int] = (1, 1, 1),
     interleave: bool = True,
@@ -414,12 +405,8 @@ def dim_conv_triton(
     accumulated in float32.
 
     Shape:
-        x (B, C, H_b, W_b), weight_channel (C, 1, k, k), weight_height (H_b, 1, k, k),
-        weight_width (W_b, 1, k, k) -> (B, 3C, H_b, W_b)
+        x (B, C, H_b, W_b), weights as :data:`~src.kernels.dim_conv.contract.Weights`
+        -> (B, 3C, H_b, W_b)
     """
-    x, weight_channel, weight_height, weight_width = dim_conv_operands(
-        "DimConv", x, weight_channel, weight_height, weight_width
-    )
-    return _DimConvFunction.apply(
-        x, weight_channel, weight_height, weight_width, tuple(dilation), interleave
-    )
+    x, weights = dim_conv_operands("DimConv", x, weights)
+    return _DimConvFunction.apply(x, tuple(dilation), interleave, *weights)

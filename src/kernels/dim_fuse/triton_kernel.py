@@ -34,12 +34,14 @@ released model) at the build size.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from src.kernels.dim_conv.contract import output_like
+from src.kernels.dim_conv.contract import Weights, output_like
 from src.kernels.dim_conv.triton_kernel import (
     dim_conv_backward,
     dim_conv_branches,
@@ -57,6 +59,11 @@ from src.kernels.fused_norm import (
 )
 from src.kernels.triton.launch import gpu_launch
 from src.kernels.triton.stencil import launch_config, tile
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from src.kernels.dim_fuse import LocalFusionState
 
 
 @triton.jit
@@ -363,58 +370,45 @@ class _LocalFusionFunction(torch.autograd.Function):
 
 def local_fusion_triton(
     x: Tensor,
-    weight_channel: Tensor,
-    weight_height: Tensor,
-    weight_width: Tensor,
+    weights: Weights,
     *,
     dilation: tuple[int, int, int],
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    weight: Tensor,
-    bias: Tensor,
-    alpha: Tensor,
-    w_local: Tensor,
-    training: bool,
-    momentum: float,
-    eps: float,
-    post: tuple[Tensor, Tensor, Tensor] | None = None,
+    **state: Unpack[LocalFusionState],
 ) -> Tensor:
     """The fused pass; the contract of :func:`src.kernels.dim_fuse.local_fusion_reference`.
 
-    ``training`` normalises with the batch statistics and, when running statistics are given,
-    updates them in place as ``F.batch_norm`` does (``momentum`` is the resolved factor, unbiased
-    variance). Otherwise the running statistics are used, ``post`` (DimFuse's second BN as scale
-    and shift, and its PReLU slope) may be folded in, and there is no backward: an inference pass.
+    ``state["training"]`` normalises with the batch statistics and, when running statistics are
+    given, updates them in place as ``F.batch_norm`` does (unbiased variance). Otherwise the
+    running statistics are used, ``state["post"]`` may be folded in, and there is no backward: an
+    inference pass.
 
     Shape:
-        x (B, C, H_b, W_b); DimConv weights (C | H_b | W_b, 1, k, k); running statistics, weight,
-        bias, alpha (3C,); w_local (C, 3, 1, 1); post three (C,) -> (B, C, H_b, W_b)
+        x (B, C, H_b, W_b); weights, DimConv's (:data:`~src.kernels.dim_conv.contract.Weights`);
+        state as :class:`src.kernels.dim_fuse.LocalFusionState` -> (B, C, H_b, W_b)
     """
+    training, post, eps = state["training"], state["post"], state["eps"]
+    running_mean, running_var = state["running_mean"], state["running_var"]
     if post is not None and training:
         raise ValueError("post (the second BN folded) is for inference; it needs training=False")
-    x, weight_channel, weight_height, weight_width = dim_conv_operands(
-        "DimConv + local fusion", x, weight_channel, weight_height, weight_width
-    )
+    x, weights = dim_conv_operands("DimConv + local fusion", x, weights)
     # BN, PReLU and the local weights in float32, as the eager ops keep them under autocast
-    gamma, beta, alpha = (t.float().contiguous() for t in (weight, bias, alpha))
-    w_local = w_local.float().reshape(-1)
+    gamma, beta, alpha = (state[name].float().contiguous() for name in ("weight", "bias", "alpha"))
+    w_local = state["w_local"].float().reshape(-1)
     dilation = tuple(int(d) for d in dilation)
     count = x.shape[0] * x.shape[2] * x.shape[3]
     if training:
         check_batch(count, x.shape)
         local, mean, var = _LocalFusionFunction.apply(
-            x, weight_channel, weight_height, weight_width, gamma, beta, alpha, w_local,
-            dilation, eps,
-        )  # fmt: skip
-        update_running_statistics(running_mean, running_var, mean, var, count, momentum)
+            x, *weights, gamma, beta, alpha, w_local, dilation, eps
+        )
+        update_running_statistics(running_mean, running_var, mean, var, count, state["momentum"])
         return local
     refuse_autograd(
-        "DimConv + local fusion", x, weight_channel, weight_height, weight_width, gamma, beta,
-        alpha, w_local, *(post or ()),
-    )  # fmt: skip
+        "DimConv + local fusion", x, *weights, gamma, beta, alpha, w_local, *(post or ())
+    )
     scale, shift = running_affine(running_mean, running_var, gamma, beta, eps)
     post_args = [t.float().contiguous() for t in post] if post is not None else []
-    weights = [w.contiguous() for w in (weight_channel, weight_height, weight_width)]
+    weights = [w.contiguous() for w in weights]
     with autocast_off(x.device.type):
         return local_fusion_forward(
             x, *weights, scale, shift, alpha, w_local, post_args, list(dilation)
