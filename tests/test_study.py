@@ -1,5 +1,7 @@
-"""study.py: the learning-rate grid grows at its edges, the chosen rate runs at three seeds, the
-faster model runs again at equal time, and the report's verdicts follow the numbers.
+"""study.py: the learning-rate grid grows at its edges, tuned stages cross it or follow it, the
+chosen settings run at fresh seeds (more where the verdict is undecided), the faster model runs
+again at equal time, the statistics (Welch, margins, Holm) are right, and the report's verdicts
+follow the numbers.
 
 The runs are simulated (a runner that writes what ``train.py`` writes: ``metrics.json`` and the CSV
 log); one real ``train.py`` run checks the command line the study builds."""
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from src.commands.study.claims import Claim, ModelSpec, load_claim, load_claims
-from src.commands.study.report import claim_section, collect, cost_line, fmt
+from src.commands.study.claims import Claim, ModelSpec, TuneStage, load_claim, load_claims
+from src.commands.study.plan import plan
+from src.commands.study.report import claim_section, collect, cost_line, fmt, recipe
 from src.commands.study.runner import (
     RunKey,
     RunResult,
@@ -31,7 +34,7 @@ from src.commands.study.runner import (
     read_run,
     subprocess_runner,
 )
-from src.commands.study.stats import mean_curve, verdict
+from src.commands.study.stats import decide, holm, mean_curve, welch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +43,7 @@ def spec(name: str, lrs=(1e-3, 2e-3, 4e-3), length: int = 10) -> ModelSpec:
     return ModelSpec(name, (f"experiment={name}",), tuple(lrs), "trainer.max_epochs", length)
 
 
-def claim(kind: str = "better", higher: bool = True, a=None, b=None) -> Claim:
+def claim(kind: str = "better", higher: bool = True, a=None, b=None, margin=0.0) -> Claim:
     return Claim(
         name="toy",
         title="A vs B",
@@ -50,8 +53,10 @@ def claim(kind: str = "better", higher: bool = True, a=None, b=None) -> Claim:
         higher_is_better=higher,
         kind=kind,
         models=(a or spec("A"), b or spec("B")),
-        seeds=(1, 2, 3),
+        seeds=(2, 3, 4),
         lr_key="task.optimizer.lr",
+        margin=margin,
+        would_change="More data.",
     )
 
 
@@ -96,10 +101,13 @@ def tiny_charlm() -> ModelSpec:
 
 class FakeRunner:
     """Model A's validation loss is lowest at lr 8e-3 (beyond its first grid), B's at 2e-3; A
-    scores 2 points higher; A takes twice B's time per update."""
+    scores ``gap`` points higher; A takes twice B's time per update. Seeds spread the scores by
+    0.1 a seed (B's in the other order where ``gap`` is small, so the verdict is undecided)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gap: float = 2.0) -> None:
+        self.gap = gap
         self.calls: list[tuple[str, float, int, int]] = []
+        self.keys: list[RunKey] = []
         self.prepared: list[str] = []
 
     def __call__(self, claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
@@ -107,9 +115,12 @@ class FakeRunner:
             self.prepared.append(key.model.name)
             return
         self.calls.append((key.model.name, key.lr, key.seed, key.length))
+        self.keys.append(key)
         best = 8e-3 if key.model.name == "A" else 2e-3
         val = 1.0 + abs(math.log2(key.lr / best)) * 0.1
-        score = (12.0 if key.model.name == "A" else 10.0) + 0.1 * key.seed + 0.01 * key.length
+        spread = 0.1 * key.seed if key.model.name == "A" or self.gap > 1 else 0.1 * (7 - key.seed)
+        base = 10.0 + (self.gap if key.model.name == "A" else 0.0)
+        score = base + spread + 0.01 * key.length
         per_update = 2.0 if key.model.name == "A" else 1.0
         write_run(run_dir, val, score, per_update * 10 * key.length, 10 * key.length)
 
@@ -117,11 +128,11 @@ class FakeRunner:
 def test_the_grid_grows_until_the_best_rate_is_inside(tmp_path: Path) -> None:
     runner = FakeRunner()
     toy = claim()
-    grids = Study(tmp_path, runner).tune(toy)
+    tuned = Study(tmp_path, runner).tune(toy)
     # A's best (8e-3) was beyond the edge: the grid grew to 8e-3 and then to 1.6e-2
-    assert grids["A"] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
-    assert grids["B"] == [1e-3, 2e-3, 4e-3]
-    assert Study(tmp_path, runner).chosen_lr(toy, toy.a, grids["A"]) == 8e-3
+    assert [k.lr for k in tuned["A"].tried] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    assert [k.lr for k in tuned["B"].tried] == [1e-3, 2e-3, 4e-3]
+    assert (tuned["A"].lr, tuned["B"].lr) == (8e-3, 2e-3)
     # only seed 1 in the grid, each run once
     assert {c[2] for c in runner.calls} == {1}
     assert len(runner.calls) == len(set(runner.calls)) == 8
@@ -129,24 +140,27 @@ def test_the_grid_grows_until_the_best_rate_is_inside(tmp_path: Path) -> None:
 
 def test_the_grid_stops_after_its_extensions(tmp_path: Path) -> None:
     runner = FakeRunner()
-    grids = Study(tmp_path, runner, extend=1).tune(claim())
-    assert grids["A"] == [1e-3, 2e-3, 4e-3, 8e-3]
+    tuned = Study(tmp_path, runner, extend=1).tune(claim())
+    assert [k.lr for k in tuned["A"].tried] == [1e-3, 2e-3, 4e-3, 8e-3]
 
 
-def test_a_claim_runs_seeds_at_the_chosen_rate_and_the_faster_model_at_equal_time(
+def test_a_claim_runs_fresh_seeds_at_the_chosen_rate_and_the_faster_model_at_equal_time(
     tmp_path: Path,
 ) -> None:
     runner = FakeRunner()
     toy = claim()
-    Study(tmp_path, runner).run_claim(toy)
+    decided = Study(tmp_path, runner).run_claim(toy)
     seeds = {(name, lr, seed) for name, lr, seed, length in runner.calls if length == 10}
-    assert {("A", 8e-3, s) for s in (1, 2, 3)} <= seeds
-    assert {("B", 2e-3, s) for s in (1, 2, 3)} <= seeds
+    assert {("A", 8e-3, s) for s in (2, 3, 4)} <= seeds
+    assert {("B", 2e-3, s) for s in (2, 3, 4)} <= seeds
+    # seed 1 tuned the rates; the verdict's seeds are fresh, and three decide it (no 5, 6)
+    assert ("A", 8e-3, 1) in seeds and not any(s in (5, 6) for _, _, s in seeds)
+    assert decided.seeds == (2, 3, 4)
     # B trains twice as fast per update: it runs again, twice as long, at its rate and every seed
     longer = sorted(
         (name, lr, seed, length) for name, lr, seed, length in runner.calls if length != 10
     )
-    assert longer == [("B", 2e-3, 1, 20), ("B", 2e-3, 2, 20), ("B", 2e-3, 3, 20)]
+    assert longer == [("B", 2e-3, 2, 20), ("B", 2e-3, 3, 20), ("B", 2e-3, 4, 20)]
     # each model's data was prepared once, first; resuming runs nothing again
     assert runner.prepared == ["A", "B"]
     before = len(runner.calls)
@@ -163,55 +177,227 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert sides is not None
     a, b = sides
     assert (a.lr, b.lr) == (8e-3, 2e-3)
-    assert [r.metrics["test/score"] for r in a.runs] == pytest.approx([12.2, 12.3, 12.4])
+    assert [r.metrics["test/score"] for r in a.runs] == pytest.approx([12.3, 12.4, 12.5])
     assert b.equal_length == 20 and len(b.equal_time) == 3
-    section, row = claim_section(toy, sides, None)
-    # A - B = 2.0 with a std of 0.1 each: far beyond two standard errors (0.16)
-    assert (
-        "**Verdict: holds.** A − B = +2.00 test/score, higher is better (two standard errors: 0.16)"
-        in section
-    )
-    assert "12.30 ± 0.10" in section and "10.30 ± 0.10" in section
+    section, row = claim_section(toy, sides, None, kept=True)
+    # A - B = 2.0 with a std of 0.1 each: Welch's interval 2 +- t(0.975, 4) * 0.0816 = +-0.227
+    assert "**Verdict: holds** (after Holm's correction over the claims: holds)" in section
+    assert "Welch 95% interval +2.00 [+1.77, +2.23] (df 4.0, p 0.000)" in section
+    assert "12.40 ± 0.10" in section and "10.40 ± 0.10" in section
     # small metrics (bpc, accuracy) keep a third decimal: their differences are hundredths
     assert fmt(1.6789, 0.0123) == "1.679 ± 0.012" and fmt(87.704, 1.13) == "87.70 ± 1.13"
     # B at equal time scores 0.1 more (10 more epochs x 0.01): A - B = +1.90
-    assert "A − B = +1.90 (two standard errors 0.16): holds." in section
+    assert "A given B's" not in section and "+1.90 [+1.67, +2.13]: holds." in section
     assert "| 0.008 |" in section and "| 0.002 |" in section  # both inside their grids
     assert "grid edge" not in section
+    assert "**What would change this verdict.** More data." in section
+    # no per-example outputs in the fake runs: no bootstrap interval
+    assert "no paired bootstrap" in section
     assert (
         "| 2000 |" in section and "| 1000 |" in section
     )  # ms per update: A 2 s, B 1 s in the fake
-    assert row.startswith("| A vs B |") and "| holds |" in row
+    assert row.startswith("| A vs B |") and "| holds | holds |" in row
+    # a verdict Holm's correction does not keep reads undecided beside the raw one
+    _, dropped = claim_section(toy, sides, None, kept=False)
+    assert "| holds | undecided |" in dropped
     noted, _ = claim_section(dataclasses.replace(toy, notes="**Checked.** Parity."), sides, None)
     assert "**Checked.** Parity." in noted
     assert "**Checked.** Parity." not in section
 
 
 @pytest.mark.parametrize(
-    ("kind", "higher", "a", "b", "expected"),
+    ("kind", "higher", "margin", "a", "b", "expected"),
     [
-        ("better", True, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "within noise"),
-        ("not_worse", True, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "holds"),
-        ("better", True, [9.0, 9.1, 9.2], [10.0, 10.1, 10.2], "does not hold"),
-        ("not_worse", True, [9.0, 9.1, 9.2], [10.0, 10.1, 10.2], "does not hold"),
+        ("better", True, 0.0, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "undecided"),
+        # no worse by more than 0.3: the interval (-0.41, +0.41) reaches below -0.3
+        ("not_worse", True, 0.3, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "undecided"),
+        ("not_worse", True, 1.0, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "holds"),
+        ("better", True, 0.0, [9.0, 9.1, 9.2], [10.0, 10.1, 10.2], "does not hold"),
+        ("not_worse", True, 0.5, [9.0, 9.1, 9.2], [10.0, 10.1, 10.2], "does not hold"),
         # lower is better (perplexity): A's lower values win
-        ("better", False, [50.0, 50.5, 51.0], [60.0, 60.5, 61.0], "holds"),
-        ("better", False, [60.0, 60.5, 61.0], [50.0, 50.5, 51.0], "does not hold"),
+        ("better", False, 0.0, [50.0, 50.5, 51.0], [60.0, 60.5, 61.0], "holds"),
+        ("better", False, 0.0, [60.0, 60.5, 61.0], [50.0, 50.5, 51.0], "does not hold"),
+        ("report", True, 0.0, [60.0, 60.5, 61.0], [50.0, 50.5, 51.0], "A better"),
+        ("report", True, 0.0, [10.0, 10.2, 10.4], [10.1, 10.3, 10.2], "within noise"),
     ],
 )
-def test_verdict(kind: str, higher: bool, a: list[float], b: list[float], expected: str) -> None:
-    found, diff, noise = verdict(claim(kind, higher), a, b)
-    assert found == expected
+def test_verdict(
+    kind: str, higher: bool, margin: float, a: list[float], b: list[float], expected: str
+) -> None:
+    interval = welch(a, b, higher_is_better=higher)
+    found = decide(kind, interval, margin)
+    assert found.word == expected
     sign = 1 if higher else -1
-    assert diff == pytest.approx(sign * (sum(a) - sum(b)) / 3)
-    assert noise > 0
+    assert interval.difference == pytest.approx(sign * (sum(a) - sum(b)) / 3)
+    assert interval.low < interval.difference < interval.high
+    assert (found.p is None) == (expected in ("undecided", "A better", "within noise"))
+
+
+def test_welch_matches_scipys_test_and_a_hand_computed_interval() -> None:
+    from scipy import stats as scipy_stats
+
+    a, b = [1.0, 2.0, 4.0, 3.5], [0.5, 0.7, 0.9]
+    interval = welch(a, b, higher_is_better=True)
+    va, vb = 1.8958333333 / 4, 0.04 / 3  # the sample variances over n
+    assert interval.standard_error == pytest.approx(math.sqrt(va + vb))
+    assert interval.dof == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 2))
+    expected_p = scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
+    assert interval.p_value() == pytest.approx(expected_p)
+    t = scipy_stats.t.ppf(0.975, interval.dof)
+    assert interval.low == pytest.approx(interval.difference - t * interval.standard_error)
+    # lower is better flips the sign, not the width
+    flipped = welch(a, b, higher_is_better=False)
+    assert flipped.difference == pytest.approx(-interval.difference)
+    assert flipped.high - flipped.low == pytest.approx(interval.high - interval.low)
+    with pytest.raises(ValueError, match="two values a side"):
+        welch([1.0], b, higher_is_better=True)
+
+
+def test_a_noisy_baseline_does_not_make_no_worse_easy() -> None:
+    """The old rule called "no worse" held whenever the difference was within noise: the noisier
+    B, the easier. With a margin a noisier B widens the interval and leaves it undecided."""
+    a = [10.0, 10.1, 10.2]
+    quiet = welch(a, [10.1, 10.2, 10.3], higher_is_better=True)
+    noisy = welch(a, [8.0, 10.2, 12.4], higher_is_better=True)
+    # quiet: -0.1 [-0.33, +0.13]; noisy: -0.1 [-5.6, +5.4]
+    assert decide("not_worse", quiet, 0.4).word == "holds"
+    assert decide("not_worse", noisy, 0.4).word == "undecided"
+
+
+def test_holm_keeps_what_survives_the_step_down() -> None:
+    # family of four: 0.01 <= 0.05/4, 0.012 <= 0.05/3, 0.03 > 0.05/2 stops; 0.04 is not reached
+    kept = holm({"a": 0.03, "b": 0.01, "c": 0.012, "d": 0.04, "e": None})
+    assert kept == {"a": False, "b": True, "c": True, "d": False, "e": False}
+    assert holm({"a": 0.04}) == {"a": True}
+    assert holm({}) == {}
+
+
+def test_an_undecided_verdict_runs_two_more_seeds(tmp_path: Path) -> None:
+    runner = FakeRunner(gap=0.05)
+    decided = Study(tmp_path, runner).run_claim(claim())
+    assert decided.seeds == (2, 3, 4, 5, 6)
+    seeds = {(name, seed) for name, _, seed, length in runner.calls if length == 10}
+    assert {(m, s) for m in "AB" for s in (2, 3, 4, 5, 6)} <= seeds
+    # not where the study is told not to
+    other = FakeRunner(gap=0.05)
+    assert Study(tmp_path / "b", other, extra_seeds=False).run_claim(claim()).seeds == (2, 3, 4)
+    assert not any(seed in (5, 6) for _, _, seed, _ in other.calls)
+
+
+def tuned_spec(name: str) -> ModelSpec:
+    """A model whose warm-up is crossed with the rates and whose dropout is tried after."""
+    warmup = TuneStage("warm-up", (("short", ("task.scheduler.warmup_steps=10",)), ("recipe", ())))
+    dropout = TuneStage(
+        "dropout",
+        (("0.1", ("model.dropout=0.1",)), ("0.2", ()), ("0.4", ("model.dropout=0.4",))),
+    )
+    return dataclasses.replace(spec(name), tune=(warmup, dropout))
+
+
+class TunedRunner(FakeRunner):
+    """As FakeRunner; the short warm-up and dropout 0.4 lower the validation loss."""
+
+    def __call__(self, claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
+        super().__call__(claim, key, run_dir, extra)
+        if extra:
+            return
+        summary = json.loads((run_dir / "metrics.json").read_text())
+        options = dict(key.options)
+        bonus = 0.05 * (options.get("warm-up") == "short") + 0.02 * (
+            options.get("dropout") == "0.4"
+        )
+        summary["metrics"]["val/loss"] -= bonus
+        (run_dir / "metrics.json").write_text(json.dumps(summary))
+
+
+def test_tuned_stages_cross_the_rates_then_follow_the_best(tmp_path: Path) -> None:
+    runner = TunedRunner()
+    model = tuned_spec("A")
+    toy = claim(a=model)
+    tuned = Study(tmp_path, runner).tune(toy)["A"]
+    assert tuned.lr == 8e-3
+    assert tuned.options == (("warm-up", "short"), ("dropout", "0.4"))
+    grid = [(k.lr, k.options) for k in tuned.tried]
+    # both warm-ups over the grown rate grid, then the other two dropouts at the best: the
+    # experiment's own dropout (0.2) is the best run already, not a run again
+    short, recipe_ = (("warm-up", "short"),), ()
+    rates = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    assert grid[:10] == [(lr, short) for lr in rates] + [(lr, recipe_) for lr in rates]
+    assert grid[10:] == [
+        (8e-3, (("warm-up", "short"), ("dropout", "0.1"))),
+        (8e-3, (("warm-up", "short"), ("dropout", "0.4"))),
+    ]
+    a_calls = [k for k in runner.keys if k.model.name == "A"]
+    assert len(a_calls) == len(set(a_calls)) == 12
+    best = tuned.key(model, 2)
+    assert best.label == "lr0.008_s2_warm-up-short_dropout-0.4"
+    command = best.command(toy, tmp_path)
+    assert "task.scheduler.warmup_steps=10" in command and "model.dropout=0.4" in command
+
+
+def test_a_model_that_stops_early_gets_the_updates_of_the_slower_ones_time(
+    tmp_path: Path,
+) -> None:
+    b = dataclasses.replace(
+        spec("B"),
+        length_key="trainer.max_steps",
+        length=1000,
+        early_stopping=True,
+        equal_time_overrides=("~callbacks.early_stopping",),
+    )
+    toy = claim(b=b)
+    runner = FakeRunner()
+    decided = Study(tmp_path, runner).run_claim(toy)
+    # A: 100 updates in 200 s; B: 10,000 in 10,000 s. A is faster: as before, its length (10
+    # epochs) times the ratio of the times (50)
+    fast, length = decided.equal
+    assert fast.name == "A" and length == 500
+    # the other way round: A takes 40,000 s, and B (stopping early) is given the updates it makes
+    # in that time: 10,000 updates x 4
+    slow_a = dataclasses.replace(spec("A"), length=2000)
+    decided = Study(tmp_path / "2", FakeRunner()).run_claim(claim(a=slow_a, b=b))
+    fast, length = decided.equal
+    assert fast.name == "B" and length == 40000
+    key = decided.tuned["B"].key(b, 2, length)
+    assert key.equal_time and "~callbacks.early_stopping" in key.command(toy, tmp_path)
+
+
+def test_the_plan_counts_runs_and_hours_before_anything_runs(tmp_path: Path) -> None:
+    a = dataclasses.replace(tuned_spec("A"), estimate_minutes=3.0)
+    b = dataclasses.replace(spec("B"), estimate_minutes=1.5)
+    text = plan(tmp_path, [claim(a=a, b=b)])
+    # A: 2 warm-ups x (3 to 5 rates) + dropout 2 to 3 + 3 to 5 seeds; B: 3 to 5 rates + 3 to 5
+    # the next decision waits for the first grid (the short warm-up's three rates)
+    assert "A: 11-18 x 3.0 min = 33-54; 0 finished; 3 due next" in text
+    assert "B: 6-10 x 1.5 min = 9-15; 0 finished; 3 due next" in text
+    assert "equal time: 0-5 x 3.0 min = 0-15" in text
+    assert text.splitlines()[-1].startswith("total: 0.7-1.4 CPU-thread hours")
+    # measured run times replace the estimates once runs have finished
+    Study(tmp_path, FakeRunner()).run_claim(claim(a=spec("A"), b=spec("B")))
+    measured = plan(tmp_path, [claim()])
+    assert "A: 6-10 x 0.0 min" not in measured and "finished; 0 due next" in measured
+
+
+def test_a_runs_recipe_comes_from_its_resolved_config(tmp_path: Path) -> None:
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(
+        "task:\n  scheduler:\n    warmup_steps: 1080\n    warmup_init_lr: 1.0e-07\n"
+        "model:\n  dropout: 0.08\n  attention_dropout: 0.03\n  shuffle: true\n"
+        "callbacks:\n  early_stopping:\n    patience: 4\n"
+    )
+    assert recipe(tmp_path) == (
+        "warm-up 1080; dropout 0.08, attention 0.03; early stopping (patience 4)"
+    )
+    assert recipe(tmp_path / "none") == "—"
 
 
 def test_every_claim_config_loads_and_names_two_models_with_three_rates() -> None:
     claims = load_claims()
     assert claims, "conf/study/ has no claims"
     for found in claims:
-        assert found.seeds == (1, 2, 3)
+        assert found.seeds == (2, 3, 4) and 1 not in found.extra_seeds
+        assert found.kind != "not_worse" or (found.margin > 0 and found.margin_source)
+        assert found.would_change, f"{found.name}: what would change its verdict?"
         for model in found.models:
             assert len(model.lrs) >= 3
             # a factor of two apart, as the grid grows
@@ -229,6 +415,19 @@ def test_a_bad_claim_is_named(tmp_path: Path) -> None:
         load_claim(path)
     with pytest.raises(SystemExit, match="unknown claim"):
         load_claims(["no_such_claim"])
+    good = (
+        "title: x\nstatement: y\nsource: z\nmetric: m\nhigher_is_better: true\n"
+        "models:\n" + "  - {name: a, overrides: [experiment=a], lrs: [1, 2, 4], "
+        "length_key: trainer.max_epochs, length: 3}\n" * 2
+    )
+    path.write_text(good + "kind: not_worse\n")
+    with pytest.raises(ValueError, match="states its margin"):
+        load_claim(path)
+    path.write_text(good + "kind: better\nseeds: [1, 2, 3]\n")
+    with pytest.raises(ValueError, match="fresh"):
+        load_claim(path)
+    path.write_text(good + "kind: better\n")
+    assert load_claim(path).seeds == (2, 3, 4)
 
 
 def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
@@ -243,7 +442,7 @@ def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
         False,
         "better",
         (model, model),
-        (1, 2, 3),
+        (2, 3, 4),
         "task.optimizer.lr",
     )
     key = RunKey(model, 2e-3, 1, 8)
@@ -274,7 +473,7 @@ def test_the_study_help_lists_every_claim_and_explains_every_option() -> None:
     assert "  charlm  " in out and "Group-Transformer G = 2 vs Transformer-XL (pydoc chars)" in out
     options = out.split("options:\n", 1)[1].split("\n\n", 1)[0]
     for option in ("--out OUT", "--jobs JOBS", "--threads THREADS", "--extend EXTEND", "--report",
-                   "--multirun", "--doc DOC"):  # fmt: skip
+                   "--multirun", "--doc DOC", "--plan", "--no-extra-seeds"):  # fmt: skip
         line = next(line for line in options.splitlines() if line.strip().startswith(option))
         assert len(line.split(option, 1)[1].strip()) > 10, f"{option} is not explained: {line!r}"
 
@@ -294,7 +493,7 @@ def test_claims_that_compare_the_same_model_share_its_runs(tmp_path: Path) -> No
         True,
         "better",
         (spec("A"), spec("C")),
-        (1, 2, 3),
+        (2, 3, 4),
         "task.optimizer.lr",
     )
     experiment.run_claim(other)
@@ -342,11 +541,11 @@ def test_the_cost_from_scratch_replays_the_claims_decisions(tmp_path: Path) -> N
     ran = {(n, lr, seed, length) for n, lr, seed, length in runner.calls}
     assert {(k.model.name, k.lr, k.seed, k.length) for k in keys} == ran
     runs, minutes = compute_minutes(tmp_path, keys)
-    # A: 5 grid rates + 2 seeds, 200 s + 5 each;
-    # B: 3 rates + 2 seeds at 100 s, 3 at equal time 200 s
-    assert runs == len(ran) == 7 + 5 + 3
-    assert minutes == pytest.approx((7 * 205 + 5 * 105 + 3 * 205) / 60)
-    assert "15 runs" in cost_line(runs, minutes, 2)
+    # A: 5 grid rates + 3 seeds, 200 s + 5 each;
+    # B: 3 rates + 3 seeds at 100 s, 3 at equal time 200 s
+    assert runs == len(ran) == 8 + 6 + 3
+    assert minutes == pytest.approx((8 * 205 + 6 * 105 + 3 * 205) / 60)
+    assert "17 runs" in cost_line(runs, minutes, 2)
     # a missing run: no cost yet, and nothing is run to find it
     (RunKey(toy.a, 8e-3, 2, 10).run_dir(tmp_path) / "metrics.json").unlink()
     assert claim_runs(tmp_path, toy) is None
@@ -373,8 +572,8 @@ def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> N
 
     Study(tmp_path, runner, jobs=jobs).run_claim(claim())
     assert most[0] == jobs
-    # A: 5 rates + 2 seeds; B: 3 rates + 2 seeds + 3 at equal time, each once
-    assert len(fake.calls) == len(set(fake.calls)) == 15
+    # A: 5 rates + 3 seeds; B: 3 rates + 3 seeds + 3 at equal time, each once
+    assert len(fake.calls) == len(set(fake.calls)) == 17
 
 
 def test_one_chains_failure_lets_the_other_chain_finish(tmp_path: Path) -> None:
@@ -423,7 +622,7 @@ def test_multirun_commands_name_the_runs_due_and_write_where_the_study_reads(
         False,
         "better",
         (model, other),
-        (1, 2, 3),
+        (2, 3, 4),
         "task.optimizer.lr",
     )
     due = due_runs(tmp_path, toy)

@@ -1,29 +1,36 @@
-"""The papers' claims, tested fairly: two models at equal parameters, each learning rate tuned.
+"""The papers' claims, tested fairly: two models at equal parameters, each one's settings tuned.
 
     python study.py                    # every claim of conf/study/, then docs/claims.md
     python study.py delight_mt pru_lm  # some of them
+    python study.py --plan             # the budget first: runs and CPU hours, done and due
     python study.py --report           # only re-write docs/claims.md from the runs there are
     python study.py pru_lm --multirun  # print the Hydra multirun commands of the runs due next
 
 Each claim (``conf/study/<name>.yaml``) names two models, each a list of ``train.py`` overrides
 (its experiment: its own recipe, sized to within 1% of the other's parameters). For each model:
 
-1. a learning-rate grid (at least three values a factor of two apart) at seed 1; the value with
-   the lowest validation loss wins, and while the winner sits at an edge of the grid the grid grows
-   by one more factor of two on that side (at most ``--extend`` times);
-2. the winning rate at the other seeds (three seeds in all);
-3. at equal wall time: the model whose training was faster runs again at the three seeds, its
-   run (``length_key``: epochs or updates) lengthened by the ratio of the two models' mean
-   training times, so it gets the slower one's time.
+1. tuning at seed 1, on the lowest validation loss: a learning-rate grid (at least three values a
+   factor of two apart), grown by one more factor of two while the winner sits at an edge (at most
+   ``--extend`` times), crossed with the options of the model's first tuned stage (e.g. the
+   warm-up); then each further stage (e.g. the dropout) tried at the best settings so far;
+2. the chosen settings at the verdict's seeds, fresh ones (2, 3, 4): the tuning seed would favour
+   its model. Where three seeds leave the verdict undecided, two more (5, 6);
+3. at equal wall time: the model whose training was faster runs again at those seeds, lengthened
+   by the ratio of the two models' mean training times (a model that stops at a plateau gets the
+   updates it makes in the slower one's time, early stopping off).
+
+The verdict (:mod:`src.commands.study.stats`): Welch's interval on the difference of the means,
+against 0 (A beats B) or against the claim's stated margin (A no worse than B); Holm's correction
+over the claims beside it; the paired bootstrap over the test sentences for BLEU and accuracy.
 
 Runs go ``--jobs`` at a time (default 2), each with ``--threads`` PyTorch threads (default 1), as
 ``train.py`` processes in ``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``;
 claims that compare the same model share its runs). A run whose ``metrics.json`` says finished is
 never run again, so an interrupted study resumes where it stopped.
 The report (``docs/claims.md`` and one curve plot per claim) gives per model the parameters, the
-grid, test metric mean ± std over the seeds, validation loss, updates, training time and time per
-update, and a verdict: **holds**, **does not hold** or **within noise** (the difference of the
-means within two standard errors of the difference).
+recipe, the tuning runs, test metric mean ± std over the seeds, validation loss, updates, training
+time and time per update, the intervals, and a verdict: **holds**, **does not hold** or
+**undecided**.
 
 On a cluster, ``--multirun`` prints instead the ``python train.py -m`` commands of the runs that the
 claim's next decision waits for (the grid, then the seeds, then the equal-time runs), writing into
@@ -41,6 +48,7 @@ import time
 from pathlib import Path
 
 from src.commands.study.claims import ROOT, load_claims
+from src.commands.study.plan import plan
 from src.commands.study.report import write_report
 from src.commands.study.runner import Study, due_runs, multirun_commands, subprocess_runner
 
@@ -84,6 +92,18 @@ def main(argv: list[str] | None = None) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--no-extra-seeds",
+        action="store_true",
+        help="never run the extra seeds (5, 6) of a verdict three seeds leave undecided (a "
+        "smaller budget)",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="run nothing: print each claim's runs from scratch (least and most), a run's "
+        "minutes, the CPU hours in all, and what is finished and due next",
+    )
+    parser.add_argument(
         "--report",
         action="store_true",
         help="run nothing: only write the report from the runs in --out",
@@ -103,10 +123,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     claims = load_claims(args.claims)
-    study = Study(args.out, subprocess_runner(args.threads), jobs=args.jobs, extend=args.extend)
+    extra = not args.no_extra_seeds
+    study = Study(
+        args.out,
+        subprocess_runner(args.threads),
+        jobs=args.jobs,
+        extend=args.extend,
+        extra_seeds=extra,
+    )
+    if args.plan:
+        print(plan(args.out, claims, args.extend, extra, args.jobs))
+        return
     if args.multirun:
         for claim in claims:
-            due = due_runs(args.out, claim, args.extend)
+            due = due_runs(args.out, claim, args.extend, extra)
             print(
                 f"# {claim.name}: "
                 + (f"{len(due)} runs due" if due else "complete (python study.py --report)")

@@ -1,5 +1,6 @@
 """The study's specs: the claims of ``conf/study/``, each the comparison of two models with their
-``train.py`` overrides, learning-rate grids and seeds."""
+``train.py`` overrides, their tuning grids (the learning rate, and stages of other settings such
+as the warm-up or the dropout) and the seeds of the verdict."""
 
 from __future__ import annotations
 
@@ -12,8 +13,23 @@ from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDY_CONF = ROOT / "conf" / "study"
-SELECT_KEY = "val/loss"  # the learning rate is chosen on the validation loss, lower is better
-FIRST_SEED = 1
+SELECT_KEY = "val/loss"  # the settings are chosen on the validation loss, lower is better
+FIRST_SEED = 1  # the tuning runs' seed; the verdict's seeds are fresh ones
+VERDICT_SEEDS = (2, 3, 4)
+EXTRA_SEEDS = (5, 6)  # run where three seeds leave the verdict undecided
+
+
+@dataclass(frozen=True)
+class TuneStage:
+    """One tuned setting of a model: named options, each a list of ``train.py`` overrides (an
+    empty list: the experiment's own value). The first stage is crossed with the learning-rate
+    grid; each later one is tried at the best settings found before it."""
+
+    name: str
+    options: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def overrides(self, option: str) -> tuple[str, ...]:
+        return dict(self.options)[option]
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,14 @@ class ModelSpec:
     overrides: tuple[str, ...]
     lrs: tuple[float, ...]
     length_key: str  # trainer.max_epochs or trainer.max_steps: what equal time lengthens
-    length: int  # its value in the experiment
+    length: int  # its value in the experiment (the cap, when the run stops early)
+    tune: tuple[TuneStage, ...] = ()
+    # the run stops at a plateau of the validation loss (its overrides add early stopping); the
+    # equal-time run then gets a number of updates, with ``equal_time_overrides`` (early stopping
+    # off) added, rather than a multiple of ``length``
+    early_stopping: bool = False
+    equal_time_overrides: tuple[str, ...] = ()
+    estimate_minutes: float = 0.0  # a run's wall minutes measured once, for --plan
 
     def folder(self, out: Path) -> Path:
         """Where its runs live: named by its overrides, so claims that share a model share its
@@ -48,9 +71,13 @@ class Claim:
     higher_is_better: bool
     kind: str  # better: A beats B | not_worse: A matches B (or beats it) | report: no direction
     models: tuple[ModelSpec, ModelSpec]
-    seeds: tuple[int, ...]
+    seeds: tuple[int, ...]  # the verdict's seeds, none of them the tuning runs' seed
     lr_key: str
     notes: str = ""  # Markdown under the verdict: e.g. what rules out an implementation error
+    extra_seeds: tuple[int, ...] = EXTRA_SEEDS  # where the verdict is undecided; () for none
+    margin: float = 0.0  # not_worse: how much worse A may be, in the metric's units
+    margin_source: str = ""  # why that margin: the paper's own precision
+    would_change: str = ""  # what would change the verdict (scale, data, budget)
 
     @property
     def a(self) -> ModelSpec:
@@ -75,6 +102,18 @@ def load_claim(path: Path) -> Claim:
         raise ValueError(f"{path}: kind must be better, not_worse or report, got {conf['kind']!r}")
     models = []
     for spec in conf["models"]:
+        stages = tuple(
+            TuneStage(
+                name=str(stage["name"]),
+                options=tuple(
+                    (str(option), tuple(str(o) for o in overrides or ()))
+                    for option, overrides in stage["options"].items()
+                ),
+            )
+            for stage in spec.get("tune", ())
+        )
+        if any(len(stage.options) < 2 for stage in stages):
+            raise ValueError(f"{path}: model {spec['name']}: a tuned stage needs two options")
         lrs = tuple(sorted(float(lr) for lr in spec["lrs"]))
         if len(lrs) < 3:
             raise ValueError(
@@ -87,13 +126,34 @@ def load_claim(path: Path) -> Claim:
                 lrs=lrs,
                 length_key=spec["length_key"],
                 length=int(spec["length"]),
+                tune=stages,
+                early_stopping=bool(spec.get("early_stopping", False)),
+                equal_time_overrides=tuple(spec.get("equal_time_overrides", ())),
+                estimate_minutes=float(spec.get("estimate_minutes", 0.0)),
             )
         )
+        if models[-1].early_stopping and models[-1].length_key != "trainer.max_steps":
+            raise ValueError(
+                f"{path}: model {spec['name']} stops early: its length_key must be "
+                "trainer.max_steps (the equal-time run is given a number of updates)"
+            )
     if len(models) != 2:
         raise ValueError(f"{path}: a claim compares two models, got {len(models)}")
-    seeds = tuple(int(s) for s in conf.get("seeds", (1, 2, 3)))
-    if seeds[0] != FIRST_SEED:
-        raise ValueError(f"{path}: the seeds start with {FIRST_SEED} (the grid's), got {seeds}")
+    seeds = tuple(int(s) for s in conf.get("seeds", VERDICT_SEEDS))
+    extra = tuple(int(s) for s in conf.get("extra_seeds", EXTRA_SEEDS))
+    if FIRST_SEED in seeds + extra or len(set(seeds + extra)) != len(seeds + extra):
+        raise ValueError(
+            f"{path}: the verdict's seeds must be distinct and fresh (not {FIRST_SEED}, the "
+            f"tuning runs' seed), got {seeds} and extra {extra}"
+        )
+    if len(seeds) < 2:
+        raise ValueError(f"{path}: the verdict needs at least two seeds, got {seeds}")
+    margin = float(conf.get("margin", 0.0))
+    if conf["kind"] == "not_worse" and not (margin > 0 and conf.get("margin_source")):
+        raise ValueError(
+            f"{path}: a not_worse claim states its margin (> 0, in {conf['metric']}) and "
+            "margin_source (why: the paper's own precision)"
+        )
     return Claim(
         name=path.stem,
         title=conf["title"],
@@ -106,6 +166,10 @@ def load_claim(path: Path) -> Claim:
         seeds=seeds,
         lr_key=conf.get("lr_key", "task.optimizer.lr"),
         notes=str(conf.get("notes", "")).strip(),
+        extra_seeds=extra,
+        margin=margin,
+        margin_source=str(conf.get("margin_source", "")).strip(),
+        would_change=str(conf.get("would_change", "")).strip(),
     )
 
 

@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -21,21 +22,51 @@ from pathlib import Path
 from typing import Any
 
 from src.commands.study.claims import FIRST_SEED, ROOT, SELECT_KEY, Claim, ModelSpec
+from src.commands.study.stats import UNDECIDED, decide, welch
+
+Options = tuple[tuple[str, str], ...]  # (stage, option) of a model's tuned stages
+
+
+def effective(model: ModelSpec, options: Options) -> Options:
+    """``options`` without those that override nothing (the experiment's own values), so that a
+    run is named by what it changes and one setting reached twice is one run."""
+    stages = {stage.name: stage for stage in model.tune}
+    return tuple((name, option) for name, option in options if stages[name].overrides(option))
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
 @dataclass(frozen=True)
 class RunKey:
-    """One training run of a claim: a model at a learning rate, seed and length."""
+    """One training run of a claim: a model at a learning rate, seed, length and tuned options
+    (those that override something). A length other than the model's is an equal-time run."""
 
     model: ModelSpec
     lr: float
     seed: int
     length: int
+    options: Options = ()
 
     @property
     def label(self) -> str:
         tag = f"lr{self.lr:g}_s{self.seed}"
+        tag += "".join(f"_{slug(stage)}-{slug(option)}" for stage, option in self.options)
         return tag if self.length == self.model.length else f"{tag}_{self.length}"
+
+    @property
+    def equal_time(self) -> bool:
+        return self.length != self.model.length
+
+    def overrides(self) -> list[str]:
+        """What the run adds to the model's overrides: its options, and for an equal-time run of
+        a model that stops early, early stopping off."""
+        stages = {stage.name: stage for stage in self.model.tune}
+        added = [o for name, option in self.options for o in stages[name].overrides(option)]
+        if self.equal_time:
+            added += self.model.equal_time_overrides
+        return added
 
     def run_dir(self, out: Path) -> Path:
         return self.model.folder(out) / self.label
@@ -45,12 +76,29 @@ class RunKey:
             sys.executable,
             str(ROOT / "train.py"),
             *self.model.overrides,
+            *self.overrides(),
             f"{claim.lr_key}={self.lr:g}",
             f"seed={self.seed}",
             f"{self.model.length_key}={self.length}",
             f"task_name=study_{self.model.folder(Path()).name}",
             f"hydra.run.dir={run_dir}",
         ]
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A model's tuning at seed 1: the chosen rate and options (every stage's, by name), and every
+    run the choice looked at (the report's grid)."""
+
+    lr: float
+    options: Options
+    tried: tuple[RunKey, ...]
+
+    def key(self, model: ModelSpec, seed: int, length: int | None = None) -> RunKey:
+        return RunKey(
+            model, self.lr, seed, model.length if length is None else length,
+            effective(model, self.options),
+        )  # fmt: skip
 
 
 @dataclass
@@ -131,9 +179,16 @@ class Study:
     """Runs (or reuses) the runs of claims and remembers their results."""
 
     def __init__(
-        self, out: Path, runner: Runner, jobs: int = 2, extend: int = 2, verbose: bool = True
+        self,
+        out: Path,
+        runner: Runner,
+        jobs: int = 2,
+        extend: int = 2,
+        verbose: bool = True,
+        extra_seeds: bool = True,
     ) -> None:
         self.out = out
+        self.extra_seeds = extra_seeds
         self.verbose = verbose
         # the runs of both models' chains share the slots: at most ``jobs`` at a time in all
         self.slots = threading.Semaphore(jobs)
@@ -170,29 +225,54 @@ class Study:
         if missing:
             raise RuntimeError(f"{claim.name}: runs finished without metrics.json: {missing}")
 
-    def grid(self, claim: Claim, model: ModelSpec, lrs: Iterable[float]) -> list[RunKey]:
-        return [RunKey(model, lr, FIRST_SEED, model.length) for lr in lrs]
+    def val_loss(self, claim: Claim, key: RunKey) -> float:
+        result = self.result(claim, key)
+        return result.val_loss if result else math.inf
 
-    def chosen_lr(self, claim: Claim, model: ModelSpec, lrs: Sequence[float]) -> float:
-        results = {
-            lr: self.result(claim, RunKey(model, lr, FIRST_SEED, model.length)) for lr in lrs
-        }
-        return min(lrs, key=lambda lr: results[lr].val_loss if results[lr] else math.inf)
+    def grid(self, model: ModelSpec, lrs: Iterable[float], options: Options = ()) -> list[RunKey]:
+        options = effective(model, options)
+        return [RunKey(model, lr, FIRST_SEED, model.length, options) for lr in lrs]
 
-    def tune_model(self, claim: Claim, model: ModelSpec) -> list[float]:
-        """The model's grid at seed 1, grown while its best value is at an edge."""
+    def tune_lr(self, claim: Claim, model: ModelSpec, options: Options = ()) -> list[RunKey]:
+        """The learning-rate grid at seed 1 with ``options``, grown by a factor of two while its
+        best value is at an edge (at most ``extend`` times)."""
         lrs = sorted(model.lrs)
-        self.ensure(claim, self.grid(claim, model, lrs))
+        self.ensure(claim, self.grid(model, lrs, options))
         for _ in range(self.extend):
-            best = self.chosen_lr(claim, model, lrs)
+            best = min(self.grid(model, lrs, options), key=lambda k: self.val_loss(claim, k)).lr
             if best == lrs[0]:
                 lrs.insert(0, lrs[0] / 2)
             elif best == lrs[-1]:
                 lrs.append(lrs[-1] * 2)
             else:
                 break
-            self.ensure(claim, self.grid(claim, model, lrs))
-        return lrs
+            self.ensure(claim, self.grid(model, lrs, options))
+        return self.grid(model, lrs, options)
+
+    def tune_model(self, claim: Claim, model: ModelSpec) -> Tuned:
+        """The model's settings at seed 1: the learning-rate grid crossed with the first tuned
+        stage's options, then each later stage's options at the best settings so far
+        (coordinate-wise); lowest validation loss wins."""
+        first = model.tune[0] if model.tune else None
+        starts: list[Options] = [((first.name, o),) for o, _ in first.options] if first else [()]
+        tried: list[RunKey] = []
+        named: dict[RunKey, Options] = {}  # a run -> every stage's option by name
+        for options in starts:
+            for key in self.tune_lr(claim, model, options):
+                tried.append(key)
+                named.setdefault(key, options)
+        best = min(tried, key=lambda k: self.val_loss(claim, k))
+        lr, options = best.lr, named[best]
+        for stage in model.tune[1:]:
+            candidates = [(*options, (stage.name, option)) for option, _ in stage.options]
+            keys = [
+                RunKey(model, lr, FIRST_SEED, model.length, effective(model, c)) for c in candidates
+            ]
+            self.ensure(claim, keys)
+            tried += keys
+            scores = [self.val_loss(claim, k) for k in keys]
+            options = candidates[scores.index(min(scores))]
+        return Tuned(lr, options, tuple(dict.fromkeys(tried)))
 
     def each_model(self, claim: Claim, work: Callable[[Claim, ModelSpec], Any]) -> dict[str, Any]:
         """``work`` for both models at once, so that one model's grid extension runs beside the
@@ -204,28 +284,51 @@ class Study:
             wait(futures)
         return {model.name: future.result() for model, future in zip(claim.models, futures)}
 
-    def tune(self, claim: Claim) -> dict[str, list[float]]:
-        """Each model's grid: the rates tried at seed 1."""
+    def tune(self, claim: Claim) -> dict[str, Tuned]:
+        """Each model's tuning at seed 1."""
         return self.each_model(claim, self.tune_model)
 
-    def seeds(
-        self, claim: Claim, model: ModelSpec, lr: float, length: int | None = None
+    def seed_keys(
+        self, model: ModelSpec, tuned: Tuned, seeds: Sequence[int], length: int | None = None
     ) -> list[RunKey]:
-        return [RunKey(model, lr, seed, length or model.length) for seed in claim.seeds]
+        return [tuned.key(model, seed, length) for seed in seeds]
+
+    def metric_values(
+        self, claim: Claim, tuned: dict[str, Tuned], seeds: Sequence[int], model: ModelSpec
+    ) -> list[float]:
+        runs = [self.result(claim, k) for k in self.seed_keys(model, tuned[model.name], seeds)]
+        return [r.metrics[claim.metric] for r in runs if r is not None]
+
+    def verdict_seeds(self, claim: Claim, tuned: dict[str, Tuned]) -> tuple[int, ...]:
+        """The verdict's seeds: the claim's (fresh: not the tuning seed), and its extra seeds
+        where those leave the verdict undecided (and the study runs extra seeds)."""
+        if not (self.extra_seeds and claim.extra_seeds) or claim.kind == "report":
+            return claim.seeds
+        a, b = (self.metric_values(claim, tuned, claim.seeds, m) for m in claim.models)
+        interval = welch(a, b, higher_is_better=claim.higher_is_better)
+        if decide(claim.kind, interval, claim.margin).word == UNDECIDED:
+            return claim.seeds + claim.extra_seeds
+        return claim.seeds
 
     def equal_time_length(
-        self, claim: Claim, lrs: dict[str, float]
+        self, claim: Claim, tuned: dict[str, Tuned], seeds: Sequence[int]
     ) -> tuple[ModelSpec, int] | None:
-        """The faster model and its lengthened run, from the mean training times at the
-        chosen rates; None when their times are within 5% (equal time is the main comparison)."""
-        times = {}
+        """The faster model and its equal-time run's length, from the mean training times at the
+        chosen settings; None when their times are within 5% (equal time is the main
+        comparison). A model that stops early gets the updates it makes in the slower one's time;
+        another its length times the ratio of the times."""
+        times, updates = {}, {}
         for model in claim.models:
-            runs = [self.result(claim, k) for k in self.seeds(claim, model, lrs[model.name])]
-            times[model.name] = statistics.mean(r.fit_time_s for r in runs if r is not None)
+            runs = [self.result(claim, k) for k in self.seed_keys(model, tuned[model.name], seeds)]
+            done = [r for r in runs if r is not None]
+            times[model.name] = statistics.mean(r.fit_time_s for r in done)
+            updates[model.name] = statistics.mean(r.updates for r in done)
         fast, slow = sorted(claim.models, key=lambda m: times[m.name])
         ratio = times[slow.name] / times[fast.name]
         if ratio < 1.05:
             return None
+        if fast.early_stopping:
+            return fast, round(updates[fast.name] * ratio)
         return fast, max(fast.length + 1, round(fast.length * ratio))
 
     def prepare(self, claim: Claim) -> None:
@@ -241,27 +344,45 @@ class Study:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("the data is prepared\n")
 
-    def tune_and_seed(self, claim: Claim, model: ModelSpec) -> float:
-        """The chosen rate, after its runs at every seed."""
-        lr = self.chosen_lr(claim, model, self.tune_model(claim, model))
-        self.ensure(claim, self.seeds(claim, model, lr))
-        return lr
+    def tune_and_seed(self, claim: Claim, model: ModelSpec) -> Tuned:
+        """The model's tuning, then its runs at the verdict's first seeds."""
+        tuned = self.tune_model(claim, model)
+        self.ensure(claim, self.seed_keys(model, tuned, claim.seeds))
+        return tuned
 
-    def run_claim(self, claim: Claim, prepare: bool = True) -> None:
+    def run_claim(self, claim: Claim, prepare: bool = True) -> Decisions:
+        """Every run of the claim: tuning, the verdict's seeds, the equal-time runs."""
         if prepare:
             self.prepare(claim)
-        lrs = self.each_model(claim, self.tune_and_seed)
-        equal = self.equal_time_length(claim, lrs)
+        tuned = self.each_model(claim, self.tune_and_seed)
+        seeds = self.verdict_seeds(claim, tuned)
+        self.ensure(
+            claim, [k for m in claim.models for k in self.seed_keys(m, tuned[m.name], seeds)]
+        )
+        equal = self.equal_time_length(claim, tuned, seeds)
         if equal is not None:
             fast, length = equal
-            self.ensure(claim, self.seeds(claim, fast, lrs[fast.name], length))
+            self.ensure(claim, self.seed_keys(fast, tuned[fast.name], seeds, length))
+        return Decisions(tuned, seeds, equal)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """A claim's decisions: each model's tuning, the verdict's seeds, and the faster model with
+    its equal-time length (None: times within 5%)."""
+
+    tuned: dict[str, Tuned]
+    seeds: tuple[int, ...]
+    equal: tuple[ModelSpec, int] | None
 
 
 class _Missing(LookupError):
     pass
 
 
-def replay(out: Path, claim: Claim, extend: int = 2) -> tuple[list[RunKey], list[RunKey]]:
+def replay(
+    out: Path, claim: Claim, extend: int = 2, extra_seeds: bool = True
+) -> tuple[list[RunKey], list[RunKey]]:
     """The claim's decisions replayed on its finished runs, running nothing: (the runs they
     used, the unfinished runs the next decisions wait for, [] when the claim is complete)."""
     due: list[RunKey] = []
@@ -270,7 +391,7 @@ def replay(out: Path, claim: Claim, extend: int = 2) -> tuple[list[RunKey], list
         due.append(key)
         raise _Missing(key.label)
 
-    study = Study(out, record, extend=extend, verbose=False)
+    study = Study(out, record, extend=extend, verbose=False, extra_seeds=extra_seeds)
     try:
         study.run_claim(claim, prepare=False)
     except _Missing:
@@ -278,29 +399,48 @@ def replay(out: Path, claim: Claim, extend: int = 2) -> tuple[list[RunKey], list
     # the models' chains, and the runs of one decision, record at once: order them as the claim
     # does (model, length, rate, seed), not as the threads happened to
     due = sorted(
-        dict.fromkeys(due), key=lambda k: (claim.models.index(k.model), k.length, k.lr, k.seed)
+        dict.fromkeys(due),
+        key=lambda k: (claim.models.index(k.model), k.length, k.options, k.lr, k.seed),
     )
     return study.used.get(claim.name, []), due
 
 
-def claim_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey] | None:
+def decisions(
+    out: Path, claim: Claim, extend: int = 2, extra_seeds: bool = True
+) -> Decisions | None:
+    """The claim's decisions replayed on its finished runs; None while a run they need is
+    missing."""
+
+    def refuse(claim: Claim, key: RunKey, run_dir: Path, extra: Sequence[str] = ()) -> None:
+        raise _Missing(key.label)
+
+    study = Study(out, refuse, extend=extend, verbose=False, extra_seeds=extra_seeds)
+    try:
+        return study.run_claim(claim, prepare=False)
+    except _Missing:
+        return None
+
+
+def claim_runs(
+    out: Path, claim: Claim, extend: int = 2, extra_seeds: bool = True
+) -> list[RunKey] | None:
     """The runs that ``python study.py <claim>`` needs from scratch with the claim's grids as
     configured, None while one of them is missing."""
-    used, due = replay(out, claim, extend)
+    used, due = replay(out, claim, extend, extra_seeds)
     return None if due else used
 
 
-def due_runs(out: Path, claim: Claim, extend: int = 2) -> list[RunKey]:
+def due_runs(out: Path, claim: Claim, extend: int = 2, extra_seeds: bool = True) -> list[RunKey]:
     """The unfinished runs that the claim's next decisions wait for; [] when it is complete."""
-    return replay(out, claim, extend)[1]
+    return replay(out, claim, extend, extra_seeds)[1]
 
 
 def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[str]:
     """``python train.py -m`` commands that run ``keys`` into the folders the study reads: one
     per model, length and seed, sweeping the rates (or per rate, sweeping the seeds)."""
-    groups: dict[tuple[ModelSpec, int], list[RunKey]] = {}
+    groups: dict[tuple[ModelSpec, int, Options], list[RunKey]] = {}
     for key in keys:
-        groups.setdefault((key.model, key.length), []).append(key)
+        groups.setdefault((key.model, key.length, key.options), []).append(key)
     commands = []
     for model in dict.fromkeys(k.model for k in keys):
         if not (model.folder(out) / "prepared").is_file():
@@ -309,7 +449,7 @@ def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[s
             args = ["python", "train.py", *model.overrides, "trainer.fast_dev_run=true",
                     "test=false", f"hydra.run.dir={run_dir}"]  # fmt: skip
             commands.append(" ".join(shlex.quote(a) for a in args))
-    for (model, length), group in groups.items():
+    for (model, length, options), group in groups.items():
         by_lr = len({k.lr for k in group}) == 1
         sweeps: dict[object, list[RunKey]] = {}
         for key in group:
@@ -317,12 +457,13 @@ def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[s
         for runs in sweeps.values():
             lrs = ",".join(dict.fromkeys(f"{k.lr:g}" for k in runs))
             seeds = ",".join(dict.fromkeys(str(k.seed) for k in runs))
-            # the sub-folder names RunKey.label gives: lr<lr>_s<seed>[_<length>]
-            subdir = f"lr${{{claim.lr_key}}}_s${{seed}}" + (
+            # the sub-folder names RunKey.label gives: lr<lr>_s<seed>[_<options>][_<length>]
+            tags = "".join(f"_{slug(stage)}-{slug(option)}" for stage, option in options)
+            subdir = f"lr${{{claim.lr_key}}}_s${{seed}}{tags}" + (
                 "" if length == model.length else f"_{length}"
             )
             args = [
-                "python", "train.py", "-m", *model.overrides,
+                "python", "train.py", "-m", *model.overrides, *group[0].overrides(),
                 f"{claim.lr_key}={lrs}", f"seed={seeds}", f"{model.length_key}={length}",
                 f"task_name=study_{model.folder(Path()).name}",
                 f"hydra.sweep.dir={shown(model.folder(out))}", f"hydra.sweep.subdir={subdir}",
