@@ -3,7 +3,9 @@
 Hydra composes ``conf/train.yaml``; this script only instantiates and wires: seed, datamodule,
 network, task, callbacks, loggers and Trainer; fit (or resume with ``ckpt_path=...``); test the
 best checkpoint when the data has a test split; write ``metrics.json`` into the run directory
-(status ``finished``, ``interrupted`` or ``failed``).
+(status ``finished``, ``interrupted`` or ``failed``), and beside it ``test_outputs.json`` when the
+task keeps its per-example test results (``task.test_outputs``: translation, text
+classification), which paired comparisons of two models resample.
 The building functions it shares with the other entry points are in :mod:`src.build`.
 """
 
@@ -213,6 +215,10 @@ def fit_and_test(cfg: DictConfig) -> dict[str, Any]:
     if resumed is not None:
         summary["resumed_from"] = str(cfg.ckpt_path)
     if trainer.is_global_zero:
+        test_outputs = getattr(task, "test_outputs", None)
+        if test_outputs is not None:
+            # before metrics.json: a run that reads as finished has its outputs already
+            write_json(output_dir / "test_outputs.json", test_outputs)
         write_json(output_dir / "metrics.json", summary)
         log.info("metrics: %s", metrics)
         log.info("run directory: %s", output_dir)

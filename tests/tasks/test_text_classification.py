@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
 from torch import nn
 
+from src.commands.train import train
 from src.datamodules.text_classification import SentimentTweetsDataModule
 from src.models.text_classifier import DeLighTClassifier
 from src.tasks.text_classification import TextClassificationTask
@@ -94,3 +97,32 @@ def test_fit_logs_the_test_curve_every_epoch(tmp_path: Path) -> None:
     header = rows[0].split(",")
     epochs = [r.split(",") for r in rows[1:] if r.split(",")[header.index("test_epoch/acc")]]
     assert [int(r[header.index("epoch")]) for r in epochs] == [0, 1]
+
+
+def test_a_run_leaves_its_test_predictions_in_the_split_order(make_cfg, tmp_path: Path) -> None:
+    """``test_outputs.json`` holds one prediction per test text, in the order of the test split
+    (under DDP a process sees every other text), and its accuracy is the logged test/acc."""
+    cfg = make_cfg(
+        "data=sentiment_tweets",
+        f"data.root={tmp_path / 'spm'}",
+        f"data.csv_path={tweets_file(tmp_path / 't.csv')}",
+        "data.vocab_size=48",
+        "data.max_length=8",
+        "data.batch_size=16",
+        "data.eval_batch_size=5",  # several test batches
+        "model.d_model=32",
+        "model.num_blocks=1",
+        "trainer.max_epochs=3",
+        "trainer.num_sanity_val_steps=0",
+        "callbacks.progress_bar=null",
+    )
+    summary = train(cfg)
+    outputs = json.loads((Path(summary["output_dir"]) / "test_outputs.json").read_text())
+    data = instantiate(cfg.data)
+    data.setup("test")
+    labels = [label for _, label in data.encoded["test"]]
+    assert outputs["kind"] == "classification" and len(labels) == 12
+    assert outputs["ids"] == list(range(12)) and outputs["labels"] == labels
+    assert len(outputs["predictions"]) == 12 and set(outputs["predictions"]) <= {0, 1, 2}
+    correct = sum(p == y for p, y in zip(outputs["predictions"], outputs["labels"]))
+    assert correct / 12 == pytest.approx(summary["metrics"]["test/acc"], abs=1e-6)

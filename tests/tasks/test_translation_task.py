@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from src.commands.train import train
 from src.datamodules.dictionary import EOS_ID, PAD_ID
+from src.evaluation.bleu import sacre_bleu
 from src.models.delight_mt import DeLighTEncoderDecoder
 from src.tasks.translation import TranslationTask
 from tests.conftest import ROOT
@@ -110,7 +111,7 @@ def test_translation_run_reaches_bleu_and_translate_py_uses_it(make_cfg, tmp_pat
         "task.max_len_b=2",
         "trainer=cpu",
         "trainer.max_steps=-1",
-        "trainer.max_epochs=20",
+        "trainer.max_epochs=12",
         "trainer.check_val_every_n_epoch=10",
         "callbacks.progress_bar=null",
     )
@@ -129,3 +130,44 @@ def test_translation_run_reaches_bleu_and_translate_py_uses_it(make_cfg, tmp_pat
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "v3 v2 v1"
+
+
+def test_a_run_leaves_its_test_translations_in_the_split_order(make_cfg, tmp_path) -> None:
+    """``test_outputs.json`` holds one translation per test pair, in the test files' order (the
+    batches group pairs by length), and its sacreBLEU is the logged test/sacrebleu."""
+    corpus = reversal_corpus(tmp_path / "corpus", n_train=64)
+    cfg = make_cfg(
+        "data=iwslt14_de_en",
+        f"data.root={corpus}",
+        "data.source_lang=xx",
+        "data.target_lang=yy",
+        "data.src_vocab_size=null",
+        "data.tgt_vocab_size=null",
+        "data.max_tokens=128",
+        "data.eval_max_tokens=64",  # several test batches
+        "model.d_model=64",
+        "model.n_min=2",
+        "model.n_max=3",
+        "task.optimizer.lr=5e-3",
+        "task.scheduler.warmup_steps=4",
+        "task.val_decoding=none",
+        "task.beam_size=2",
+        "task.max_len_a=1.0",
+        "task.max_len_b=2",
+        "trainer.max_steps=-1",
+        "trainer.max_epochs=12",
+        "trainer.num_sanity_val_steps=0",
+        "callbacks.progress_bar=null",
+    )
+    summary = train(cfg)
+    run_dir = Path(summary["output_dir"])
+    outputs = json.loads((run_dir / "test_outputs.json").read_text())
+    references = (corpus / "test.yy").read_text().splitlines()
+    assert outputs["kind"] == "translation" and len(references) == 40
+    assert outputs["ids"] == list(range(40))
+    assert outputs["references"] == references
+    assert len(outputs["hypotheses"]) == 40 and any(outputs["hypotheses"])
+    logged = summary["metrics"]["test/sacrebleu"]
+    assert logged > 0.0
+    # logged as a float32 tensor
+    assert sacre_bleu(outputs["hypotheses"], outputs["references"]) == pytest.approx(logged, 1e-6)
