@@ -174,7 +174,7 @@ def test_loggers_instantiate(logger: str, tmp_path, monkeypatch) -> None:
     assert isinstance(instance, L.pytorch.loggers.Logger)
 
 
-@pytest.mark.parametrize("callbacks", options("callbacks"))
+@pytest.mark.parametrize("callbacks", [o for o in options("callbacks") if "/" not in o])
 def test_callbacks_instantiate(callbacks: str, tmp_path) -> None:
     cfg = compose_config("train", [f"callbacks={callbacks}"], tmp_path)
     built = [instantiate(c) for c in cfg.callbacks.values()]
@@ -183,6 +183,21 @@ def test_callbacks_instantiate(callbacks: str, tmp_path) -> None:
     assert {"ModelCheckpoint", "LearningRateMonitor", "RichProgressBar", "FiniteLossGuard"} <= names
     if callbacks == "ema":
         assert "EMAWeightAveraging" in names
+
+
+@pytest.mark.parametrize("added", [o for o in options("callbacks") if "/" in o])
+def test_callback_groups_add_to_any_callbacks_option(added: str, tmp_path) -> None:
+    """``conf/callbacks/<name>/<option>.yaml`` is one more callback, ``callbacks.<name>``, added on
+    top of the chosen option (``+callbacks/<name>=<option>``)."""
+    name, option = added.split("/")
+    for callbacks in ("default", "ema"):
+        cfg = compose_config(
+            "train", [f"callbacks={callbacks}", f"+callbacks/{name}={option}"], tmp_path
+        )
+        built = {key: instantiate(c) for key, c in cfg.callbacks.items()}
+        assert isinstance(built[name], L.Callback)
+        assert {"model_checkpoint", "finite_loss"} <= set(built)
+        assert ("ema" in built) == (callbacks == "ema")
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))

@@ -54,6 +54,7 @@ turn (each process gets the same number).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import zlib
@@ -752,6 +753,12 @@ class GettextTranslationDataModule(TranslationDataModule):
     ``test_percent`` of 100 buckets), so a split never shares a message with another and stays
     the same when packages add messages. Line breaks inside a message become spaces.
 
+    The files are a cache keyed on the split: ``split.<language>.json`` beside them records the
+    percentages they were written with, and a root written with other percentages (or before
+    the record existed) is written again, so its SentencePiece model, named by the training
+    text's hash, is another one too. Runs of different splits at the same time need different
+    roots (``data.root``): each would rewrite the other's files.
+
     Args:
         root: where the corpus files and the SentencePiece model are written.
         language: the catalogues' language (``de``).
@@ -786,6 +793,7 @@ class GettextTranslationDataModule(TranslationDataModule):
         super().__init__(root, source_lang, target_lang, **kwargs)
         self.language = language
         self.bounds = (valid_percent, valid_percent + test_percent)
+        self.split_record = {"valid_percent": valid_percent, "test_percent": test_percent}
 
     def split_of(self, message: str) -> str:
         bucket = zlib.crc32(message.encode("utf-8")) % 100
@@ -793,12 +801,31 @@ class GettextTranslationDataModule(TranslationDataModule):
             "valid" if bucket < self.bounds[0] else "test" if bucket < self.bounds[1] else "train"
         )
 
+    @property
+    def split_file(self) -> Path:
+        """The record of the percentages the corpus files under ``root`` were written with."""
+        return self.root / f"split.{self.language}.json"
+
+    def written_split(self) -> dict | None:
+        """The percentages of the files under ``root``; None when a file or the record is
+        missing."""
+        files = [
+            self.path(s, lang) for s in SPLITS for lang in (self.source_lang, self.target_lang)
+        ]
+        if not self.split_file.is_file() or not all(f.is_file() for f in files):
+            return None
+        return json.loads(self.split_file.read_text())
+
     def check_files(self) -> None:
-        if not all(
-            self.path(s, lang).is_file()
-            for s in SPLITS
-            for lang in (self.source_lang, self.target_lang)
-        ):
+        written = self.written_split()
+        if written != self.split_record:
+            if written is not None:
+                log.warning(
+                    "%s holds the split %s; writing it again for %s",
+                    self.root,
+                    written,
+                    self.split_record,
+                )
             self.write_corpus()
         super().check_files()
 
@@ -825,6 +852,8 @@ class GettextTranslationDataModule(TranslationDataModule):
             atomic_write_text(
                 self.path(split, lang), "".join(f"{line}\n" for line in text), self.encoding
             )
+        # last: a record names files that are all written
+        atomic_write_text(self.split_file, json.dumps(self.split_record, sort_keys=True))
         log.info(
             "wrote %d %s-en messages to %s: %s",
             count,

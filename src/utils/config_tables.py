@@ -28,7 +28,8 @@ GROUPS = {
     "trainer": "Lightning Trainer, device and strategy",
     "callbacks": (
         "checkpoints (best + `last.ckpt`), LR monitor, progress bar, finite-loss guard, RNG state; "
-        "`ema` adds weight averaging"
+        "`ema` adds weight averaging; `+callbacks/early_stopping=default` adds early stopping on "
+        "val/loss to any of them"
     ),
     "monitor": "the checkpointed metric of each task; chosen by the task",
     "logger": "combine with `logger=[csv,wandb]`",

@@ -3,8 +3,10 @@ input the loader refuses or reports."""
 
 from __future__ import annotations
 
+import json
 import logging
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -175,6 +177,51 @@ def test_gettext_corpus_splits_by_message(tmp_path, monkeypatch) -> None:
 
 def dm_source(tmp_path: Path, line: int) -> str:
     return (tmp_path / "gt" / "test.de").read_text().splitlines()[line]
+
+
+def test_gettext_files_are_a_cache_keyed_on_the_split(tmp_path, monkeypatch, caplog) -> None:
+    """Another split in the same root writes the corpus again (and so trains another
+    SentencePiece model); going back finds the first split's model; a root written before the
+    split was recorded is written again."""
+    messages = [CatalogueEntry(f"message {i}", f"Nachricht {i}", "x.mo") for i in range(400)]
+    monkeypatch.setattr(translation_module, "parallel_messages", lambda language: iter(messages))
+    root = tmp_path / "gt"
+
+    def built(test_percent: int) -> GettextTranslationDataModule:
+        dm = GettextTranslationDataModule(
+            str(root), test_percent=test_percent, sentencepiece_vocab_size=60, max_tokens=64
+        )
+        dm.setup()
+        return dm
+
+    def sizes(dm: GettextTranslationDataModule) -> tuple[int, int, int]:
+        return tuple(len(dm.splits[s]) for s in ("train", "valid", "test"))
+
+    five = built(5)
+    model = five.codecs["source"].model_file
+    assert json.loads((root / "split.de.json").read_text()) == {
+        "test_percent": 5,
+        "valid_percent": 5,
+    }
+    with caplog.at_level(logging.WARNING, logger=translation_module.__name__):
+        fifteen = built(15)
+    assert "writing it again for {'valid_percent': 5, 'test_percent': 15}" in caplog.text
+    bucket = lambda m: zlib.crc32(m.encode()) % 100  # noqa: E731
+    expected = {
+        "valid": sum(bucket(e.source) < 5 for e in messages),
+        "test": sum(5 <= bucket(e.source) < 20 for e in messages),
+    }
+    assert sizes(fifteen) == (400 - sum(expected.values()), expected["valid"], expected["test"])
+    assert sizes(fifteen)[2] > 2 * sizes(five)[2]
+    assert len((root / "test.en").read_text().splitlines()) == expected["test"]
+    assert fifteen.codecs["source"].model_file != model  # trained on the new training split
+    again = built(5)
+    assert sizes(again) == sizes(five) and again.codecs["source"].model_file == model
+    # a root from before the record: its files are taken for unknown and written again
+    (root / "split.de.json").unlink()
+    (root / "test.en").write_text("stale\n")
+    (root / "test.de").write_text("veraltet\n")
+    assert sizes(built(15)) == sizes(fifteen)
 
 
 # -- batches ----------------------------------------------------------------------------------
