@@ -518,6 +518,17 @@ def test_every_claims_models_compose_with_the_keys_the_study_sets() -> None:
             assert OmegaConf.select(cfg, model.length_key) is not None, (found.name, model.name)
             # the claim's length is the experiment's own, unless the claim says why it differs
             assert model.length > 0
+            # every tuned option and the equal-time overrides compose, and change what they say
+            for stage in model.tune:
+                for option, overrides in stage.options:
+                    tuned = compose_config("train", [*model.overrides, *overrides])
+                    for override in overrides:
+                        key, value = override.split("=", 1)
+                        assert str(OmegaConf.select(tuned, key)) == value, (stage.name, option)
+            if model.early_stopping:
+                assert OmegaConf.select(cfg, "callbacks.early_stopping") is not None
+                longer = compose_config("train", [*model.overrides, *model.equal_time_overrides])
+                assert OmegaConf.select(longer, "callbacks.early_stopping") is None
 
 
 def test_a_rate_still_at_the_grids_edge_is_flagged(tmp_path: Path) -> None:
