@@ -205,6 +205,40 @@ def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
     assert "**Checked.** Parity." not in section
 
 
+class OutputsRunner(FakeRunner):
+    """As FakeRunner, and each run leaves its per-example test results: 200 test texts, A right on
+    160 of them and B on 120 (the same texts for every seed)."""
+
+    def __call__(self, claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
+        super().__call__(claim, key, run_dir, extra)
+        if extra:
+            return
+        right = 160 if key.model.name == "A" else 120
+        labels = [i % 3 for i in range(200)]
+        predictions = [label if i < right else (label + 1) % 3 for i, label in enumerate(labels)]
+        outputs = {"kind": "classification", "ids": list(range(200)), "labels": labels,
+                   "predictions": predictions}  # fmt: skip
+        (run_dir / "test_outputs.json").write_text(json.dumps(outputs))
+
+
+def test_the_report_gives_the_paired_bootstrap_where_runs_kept_their_test_outputs(
+    tmp_path: Path,
+) -> None:
+    toy = claim()
+    experiment = Study(tmp_path, OutputsRunner())
+    experiment.run_claim(toy)
+    section, row = claim_section(toy, collect(experiment, toy), None, kept=True)
+    # accuracy 0.8 against 0.6 on every seed: +0.2, the interval about +-2 standard errors of a
+    # paired difference of 200 texts (sqrt(0.2 * 0.8 / 200) ~ 0.028)
+    found = section.split("paired bootstrap over the test examples ", 1)[1].split(";")[0]
+    difference, low, high = (
+        float(v) for v in found.replace("[", "").replace("]", "").replace(",", "").split()
+    )
+    assert difference == pytest.approx(0.2)
+    assert 0.13 < low < 0.2 < high < 0.27
+    assert f"| {found} |" in row
+
+
 @pytest.mark.parametrize(
     ("kind", "higher", "margin", "a", "b", "expected"),
     [
