@@ -22,7 +22,7 @@ import pytest
 
 from src.commands.study.claims import Claim, ModelSpec, TuneStage, load_claim, load_claims
 from src.commands.study.plan import plan
-from src.commands.study.report import claim_section, collect, cost_line, fmt, recipe
+from src.commands.study.report import claim_section, collect, cost_line, fmt, mean_curve, recipe
 from src.commands.study.runner import (
     RunKey,
     RunResult,
@@ -34,7 +34,7 @@ from src.commands.study.runner import (
     read_run,
     subprocess_runner,
 )
-from src.commands.study.stats import decide, holm, mean_curve, welch
+from src.commands.study.stats import decide, holm, welch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,8 +22,15 @@ from src.commands.study.runner import (
     decisions,
     shown,
 )
-from src.commands.study.stats import LEVEL, UNDECIDED, Verdict, Welch, decide, holm, mean_curve
-from src.commands.study.stats import mean_std as mean_std
+from src.commands.study.stats import (
+    LEVEL,
+    UNDECIDED,
+    Verdict,
+    Welch,
+    decide,
+    holm,
+    mean_std,
+)
 from src.commands.study.stats import welch as welch_interval
 from src.utils.extras import require
 
@@ -294,6 +301,16 @@ def claim_section(
         f"{main.verdict.word} | {holm_word(main.verdict, kept)} | {per_update} |"
     )
     return "\n".join(lines), row
+
+
+def mean_curve(runs: Sequence[RunResult]) -> tuple[list[float], list[tuple[float, float]]]:
+    """The seeds' validation curves averaged point by point: (mean update, (mean, std)) of the
+    k-th validation of every seed, whose update counts can differ (variable BPTT windows give
+    each seed its own number of updates per epoch)."""
+    curves = [sorted(r.curve.items()) for r in runs]
+    count = min((len(c) for c in curves), default=0)
+    steps = [statistics.mean(c[k][0] for c in curves) for k in range(count)]
+    return steps, [mean_std([c[k][1] for c in curves]) for k in range(count)]
 
 
 def plot_curves(claim: Claim, sides: list[Side], path: Path) -> Path:

@@ -1,6 +1,6 @@
 """The statistics over a claim's seeds: mean and standard deviation, Welch's t interval on the
 difference of the means, the verdict it gives (with a stated margin for "no worse" claims), Holm's
-correction over the family of claims, and the mean validation curve.
+correction over the family of claims.
 
 Every difference is taken in the metric's "better" direction (positive: A better), so that one
 rule serves BLEU and accuracy (higher is better) and perplexity or bpc (lower is better).
@@ -12,12 +12,8 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from scipy import stats as scipy_stats
-
-if TYPE_CHECKING:
-    from src.commands.study.runner import RunResult
 
 LEVEL = 0.95  # the intervals' confidence; the family's error rate for Holm is 1 - LEVEL
 UNDECIDED = "undecided"
@@ -105,13 +101,3 @@ def holm(p_values: Mapping[str, float | None], alpha: float = 1 - LEVEL) -> dict
             break
         kept[name] = True
     return kept
-
-
-def mean_curve(runs: Sequence[RunResult]) -> tuple[list[float], list[tuple[float, float]]]:
-    """The seeds' validation curves averaged point by point: (mean update, (mean, std)) of the
-    k-th validation of every seed, whose update counts can differ (variable BPTT windows give
-    each seed its own number of updates per epoch)."""
-    curves = [sorted(r.curve.items()) for r in runs]
-    count = min((len(c) for c in curves), default=0)
-    steps = [statistics.mean(c[k][0] for c in curves) for k in range(count)]
-    return steps, [mean_std([c[k][1] for c in curves]) for k in range(count)]
