@@ -20,6 +20,7 @@ from src.commands.study.runner import (
     claim_runs,
     compute_minutes,
     decisions,
+    effective,
     shown,
 )
 from src.commands.study.stats import (
@@ -222,10 +223,10 @@ def claim_section(
     )
     lines.append("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for side in sides:
-        # the best rate still at an edge after the grid's extensions: a better one may lie beyond
-        tried = [
-            k.lr for k, r in side.grid if r is not None and k.options == side.grid[0][0].options
-        ]
+        # the best rate still at an edge of its grid (the chosen first-stage option's) after the
+        # grid's extensions: a better one may lie beyond
+        first = effective(side.model, side.tuned.options[:1])
+        tried = [k.lr for k, r in side.grid if r is not None and k.options == first]
         edge = " (grid edge)" if tried and side.lr in (min(tried), max(tried)) else ""
         rows = [(side.model.name, side.runs, side.run_dirs)]
         if side.equal_time:
