@@ -86,17 +86,24 @@ def reversal_corpus(root: Path, n_train: int = 600) -> Path:
     return root
 
 
-@pytest.mark.slow
-def test_translation_run_reaches_bleu_and_translate_py_uses_it(make_cfg, tmp_path) -> None:
-    corpus = tmp_path / "corpus"
-    reversal_corpus(corpus)
-    cfg = make_cfg(
+def reversal_data(corpus: Path) -> list[str]:
+    """The overrides that train on :func:`reversal_corpus`'s files with their own vocabularies."""
+    return [
         "data=iwslt14_de_en",
         f"data.root={corpus}",
         "data.source_lang=xx",
         "data.target_lang=yy",
         "data.src_vocab_size=null",
         "data.tgt_vocab_size=null",
+    ]
+
+
+@pytest.mark.slow
+def test_translation_run_reaches_bleu_and_translate_py_uses_it(make_cfg, tmp_path) -> None:
+    corpus = tmp_path / "corpus"
+    reversal_corpus(corpus)
+    cfg = make_cfg(
+        *reversal_data(corpus),
         "data.max_tokens=256",
         "model.d_model=64",
         "model.n_min=2",
@@ -137,12 +144,7 @@ def test_a_run_leaves_its_test_translations_in_the_split_order(make_cfg, tmp_pat
     batches group pairs by length), and its sacreBLEU is the logged test/sacrebleu."""
     corpus = reversal_corpus(tmp_path / "corpus", n_train=64)
     cfg = make_cfg(
-        "data=iwslt14_de_en",
-        f"data.root={corpus}",
-        "data.source_lang=xx",
-        "data.target_lang=yy",
-        "data.src_vocab_size=null",
-        "data.tgt_vocab_size=null",
+        *reversal_data(corpus),
         "data.max_tokens=128",
         "data.eval_max_tokens=64",  # several test batches
         "model.d_model=64",
