@@ -44,6 +44,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from src.datamodules.dictionary import PAD_ID, UNK_ID
+from src.datamodules.length_pools import LengthPoolSampler
 from src.datamodules.subword import SentencePieceCodec, train_sentencepiece
 from src.datamodules.text_files import DEFAULT_ENCODING, check_encoding, decode_text, read_text
 from src.utils.errors import UserError
@@ -199,6 +200,9 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         eval_batch_size: validation/test batch size.
         train_size: train on a fixed random ``train_size`` of the training examples (a smaller
             budget); all of them when None.
+        length_pool: training batches of texts of similar length, sorted within pools of this
+            many batches (:class:`src.datamodules.length_pools.LengthPoolSampler`): less padding,
+            less compute a batch; 0 draws batches at random.
         test_each_epoch: evaluate the test split after every epoch too (a second validation
             loader, logged as ``test_epoch/...``).
         num_workers: DataLoader workers.
@@ -219,6 +223,7 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         batch_size: int = 64,
         eval_batch_size: int = 256,
         train_size: int | None = None,
+        length_pool: int = 0,
         test_each_epoch: bool = False,
         num_workers: int = 0,
         padding_idx: int = PAD_ID,
@@ -241,6 +246,8 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
                 f"vocab_size, max_length, the batch sizes and train_size must be positive, got "
                 f"{vocab_size}, {max_length}, {batch_size}, {eval_batch_size}, {train_size}"
             )
+        if length_pool < 0:
+            raise ValueError(f"length_pool must be 0 (off) or positive, got {length_pool}")
         self.root = Path(root)
         self.num_classes = num_classes
         self.vocab_size = vocab_size
@@ -248,6 +255,7 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.train_size = train_size
+        self.length_pool = length_pool
         self.test_each_epoch = test_each_epoch
         self.num_workers = num_workers
         self.padding_idx = padding_idx
@@ -319,10 +327,16 @@ class TextClassificationDataModule(L.LightningDataModule, metaclass=ABCMeta):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         indexed = [(tokens, label, i) for i, (tokens, label) in enumerate(self.encoded[split])]
+        batch_size = self.batch_size if shuffle else self.eval_batch_size
+        sampler = None
+        if shuffle and self.length_pool:
+            lengths = [len(tokens) for tokens, _ in self.encoded[split]]
+            sampler = LengthPoolSampler(lengths, batch_size, self.length_pool)
         return DataLoader(
             indexed,
-            batch_size=self.batch_size if shuffle else self.eval_batch_size,
-            shuffle=shuffle,
+            batch_size=batch_size,
+            shuffle=shuffle and sampler is None,
+            sampler=sampler,
             collate_fn=collate,
             num_workers=self.num_workers,
         )
