@@ -65,7 +65,12 @@ def plan(
     done_total = 0.0
     for claim in claims:
         used, due = replay(out, claim, extend, extra_seeds)
-        finished = [k for k in used if k not in due and read_run(k.run_dir(out)) is not None]
+        # each finished run's wall minutes, read once
+        finished = {}
+        for key in used:
+            result = read_run(key.run_dir(out)) if key not in due else None
+            if result is not None:
+                finished[key] = result.wall_time_s / 60
         lines.append(f"{claim.name}: {claim.title}")
         for model in claim.models:
             folder = model.folder(out)
@@ -85,7 +90,7 @@ def plan(
             if not shared:
                 least_total += budget.cpu_minutes(least)
                 most_total += budget.cpu_minutes(most)
-            done_total += sum(read_run(k.run_dir(out)).wall_time_s / 60 for k in mine if not shared)
+            done_total += 0.0 if shared else sum(finished[k] for k in mine)
         # the faster model's equal-time runs: as many again as the verdict's seeds, at about the
         # slower model's run time
         slow = max(budgets[m.folder(out)].minutes for m in claim.models)

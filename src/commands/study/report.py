@@ -207,10 +207,12 @@ def claim_section(
     plot: str | None,
     cost: str | None = None,
     kept: bool | None = None,
+    main: Outcome | None = None,
 ) -> tuple[str, str]:
     """The claim's Markdown section and its row of the summary table; ``cost`` is what the
     claim's runs take from scratch, ``kept`` whether Holm's correction over the family keeps its
-    verdict (None: not in the family)."""
+    verdict (None: not in the family), ``main`` the comparison when already computed (the
+    bootstrap is the costly part)."""
     metric = claim.metric
     seeds = len(sides[0].runs)
     lines = [f"## {claim.title}", "", f"**Claim** ({claim.source}): {claim.statement}", ""]
@@ -252,7 +254,7 @@ def claim_section(
             )
     a, b = sides
     d = digits_for(statistics.mean(r.metrics[metric] for r in a.runs))
-    main = outcome(claim, a, b)
+    main = main or outcome(claim, a, b)
     better = "higher is better" if claim.higher_is_better else "lower is better"
     params = a.runs[0].params / b.runs[0].params - 1
     w = main.welch
@@ -358,10 +360,11 @@ def write_report(study: Study, claims: Sequence[Claim], path: Path, command: str
     for claim in claims:
         sides = collect(study, claim)
         (complete if sides is not None else pending).append((claim, sides))
+    outcomes = {claim.name: outcome(claim, *sides) for claim, sides in complete}
     # Holm's correction over the family of the claims decided (measurements are not in it)
     p_values = {
-        claim.name: outcome(claim, *sides).verdict.p
-        for claim, sides in complete
+        claim.name: outcomes[claim.name].verdict.p
+        for claim, _ in complete
         if claim.kind != "report"
     }
     kept = holm(p_values)
@@ -374,7 +377,12 @@ def write_report(study: Study, claims: Sequence[Claim], path: Path, command: str
             cost = cost_line(*compute_minutes(study.out, keys), study.jobs)
         plot = plot_curves(claim, sides, path.parent / f"claims_{claim.name}.png")
         section, row = claim_section(
-            claim, sides, plot.name, cost, kept.get(claim.name) if claim.name in p_values else None
+            claim,
+            sides,
+            plot.name,
+            cost,
+            kept.get(claim.name) if claim.name in p_values else None,
+            outcomes[claim.name],
         )
         sections.append(section)
         rows.append(row)
