@@ -22,7 +22,15 @@ import pytest
 
 from src.commands.study.claims import Claim, ModelSpec, TuneStage, load_claim, load_claims
 from src.commands.study.plan import plan
-from src.commands.study.report import claim_section, collect, cost_line, fmt, mean_curve, recipe
+from src.commands.study.report import (
+    claim_section,
+    collect,
+    cost_line,
+    fmt,
+    loaded_line,
+    mean_curve,
+    recipe,
+)
 from src.commands.study.runner import (
     RunKey,
     RunResult,
@@ -60,8 +68,16 @@ def claim(kind: str = "better", higher: bool = True, a=None, b=None, margin=0.0)
     )
 
 
-def write_run(run_dir: Path, val_loss: float, score: float, fit_time: float, updates: int) -> None:
-    """What train.py leaves in a finished run directory."""
+def write_run(
+    run_dir: Path,
+    val_loss: float,
+    score: float,
+    fit_time: float,
+    updates: int,
+    fit_cpu: float | None = None,
+) -> None:
+    """What train.py leaves in a finished run directory (one thread; the CPU seconds when
+    ``fit_cpu`` is given)."""
     (run_dir / "csv" / "version_0").mkdir(parents=True, exist_ok=True)
     with (run_dir / "csv" / "version_0" / "metrics.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=["step", "epoch", "val/loss"])
@@ -75,7 +91,10 @@ def write_run(run_dir: Path, val_loss: float, score: float, fit_time: float, upd
         "wall_time_s": fit_time + 5,
         "fit_time_s": fit_time,
         "updates": updates,
+        "threads": 1,
     }
+    if fit_cpu is not None:
+        summary["fit_cpu_s"] = fit_cpu
     (run_dir / "metrics.json").write_text(json.dumps(summary))
 
 
@@ -166,6 +185,53 @@ def test_a_claim_runs_fresh_seeds_at_the_chosen_rate_and_the_faster_model_at_equ
     before = len(runner.calls)
     Study(tmp_path, runner).run_claim(toy)
     assert len(runner.calls) == before and runner.prepared == ["A", "B"]
+
+
+class LoadedRunner(FakeRunner):
+    """As FakeRunner (A takes 2 CPU seconds an update, B 1), but other work on the machine
+    slowed B's runs at the verdict's seeds to a third of the CPU: 3 wall seconds an update."""
+
+    def __init__(self, cpu_on_record: bool) -> None:
+        super().__init__()
+        self.cpu_on_record = cpu_on_record
+
+    def __call__(self, claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
+        super().__call__(claim, key, run_dir, extra)
+        if extra:
+            return
+        summary = json.loads((run_dir / "metrics.json").read_text())
+        cpu = summary["fit_time_s"]
+        if key.model.name == "B" and key.seed != 1:
+            summary["fit_time_s"] = 3 * cpu
+        if self.cpu_on_record:
+            summary["fit_cpu_s"] = cpu
+        (run_dir / "metrics.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize("cpu_on_record", [True, False])
+def test_equal_time_is_judged_on_cpu_seconds_when_other_work_slowed_the_runs(
+    tmp_path: Path, cpu_on_record: bool
+) -> None:
+    decided = Study(tmp_path, LoadedRunner(cpu_on_record)).run_claim(claim())
+    assert decided.equal is not None
+    fast, length = decided.equal
+    if cpu_on_record:
+        # B is the faster model per CPU second (1 against 2): twice A's 10 epochs
+        assert (fast.name, length) == ("B", 20)
+    else:
+        # wall seconds alone: B's slowed runs (3 s an update) make A look faster by 1.5x
+        assert (fast.name, length) == ("A", 15)
+    sides = collect(Study(tmp_path, LoadedRunner(cpu_on_record)), claim())
+    assert sides is not None
+    line = loaded_line(sides)
+    if cpu_on_record:
+        # B's three seeds and its three equal-time runs had a third of the CPU; none of A's
+        assert line is not None and line.startswith("6 of the claim's 17 runs")
+        assert "CPU share 0.33–0.33" in line
+        section, _ = claim_section(claim(), sides, None)
+        assert line in section
+    else:
+        assert line is None
 
 
 def test_the_report_has_the_numbers_and_the_verdicts(tmp_path: Path) -> None:
@@ -488,6 +554,9 @@ def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:
     assert result is not None
     assert result.updates == 8
     assert 0 < result.fit_time_s
+    # the run's CPU seconds and threads are on record: its CPU share is known
+    assert result.threads == 1 and result.fit_cpu_s is not None and 0 < result.fit_cpu_s
+    assert result.cpu_share is not None and result.cpu_share > 0
     assert set(result.curve) == {4, 8}  # val/loss at steps 4 and 8
     assert math.isfinite(result.val_loss) and result.metrics["test/bpc"] > 0
     config = (run_dir / ".hydra" / "config.yaml").read_text()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -179,7 +180,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, Any]:
     def elapsed() -> float:
         return round(previous_time + time.perf_counter() - start, 2)
 
-    fit_start = time.perf_counter()
+    fit_start, fit_cpu_start = time.perf_counter(), time.process_time()
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
     except (SystemExit, KeyboardInterrupt):
@@ -189,6 +190,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, Any]:
     # training and validation, the final test excluded: what comparisons at equal time use (a
     # resumed run adds the wall time its checkpoint recorded, setup included)
     fit_time = round(previous_time + time.perf_counter() - fit_start, 2)
+    # this process's CPU seconds over the same span (all its threads): against the wall time it
+    # tells a run slowed by other work on the machine from a slow model
+    fit_cpu = round(time.process_time() - fit_cpu_start, 2)
     metrics = scalars({k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
 
     checkpoint = trainer.checkpoint_callback
@@ -208,11 +212,14 @@ def fit_and_test(cfg: DictConfig) -> dict[str, Any]:
         **complexity.as_dict(),
         "wall_time_s": elapsed(),
         "fit_time_s": fit_time,
+        "threads": torch.get_num_threads(),
         "updates": trainer.global_step,
         "best_checkpoint": best_path or None,
         "output_dir": str(output_dir),
     }
-    if resumed is not None:
+    if resumed is None:  # a resumed run's earlier CPU seconds are not on record
+        summary["fit_cpu_s"] = fit_cpu
+    else:
         summary["resumed_from"] = str(cfg.ckpt_path)
     if trainer.is_global_zero:
         test_outputs = getattr(task, "test_outputs", None)

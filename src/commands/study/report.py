@@ -151,6 +151,27 @@ def ms_per_update(side: Side) -> float:
     return 1e3 * fit / max(1, statistics.mean(r.updates for r in side.runs))
 
 
+LOADED_SHARE = 0.85  # under this share of its threads' time on the CPU a run counts as slowed
+
+
+def loaded_line(sides: Sequence[Side]) -> str | None:
+    """A line counting the claim's runs (tuning, seeds, equal time) that other work on the
+    machine slowed (their CPU share: process CPU seconds / (training seconds x threads)), None
+    when every run with a share on record ran with the CPU to itself."""
+    # the tuning runs are at seed 1, the verdict's at fresh seeds: no run is counted twice
+    runs = [r for s in sides for _, r in s.grid if r is not None]
+    runs += [r for s in sides for r in (*s.runs, *s.equal_time)]
+    known = [r for r in runs if r.cpu_share is not None]
+    slowed = [r.cpu_share for r in known if r.cpu_share < LOADED_SHARE]
+    if not slowed:
+        return None
+    return (
+        f"{len(slowed)} of the claim's {len(known)} runs with CPU time on record ran on a "
+        f"loaded machine (CPU share {min(slowed):.2f}–{max(slowed):.2f}, under "
+        f"{LOADED_SHARE:.2f}): their training times are inflated, their metrics are not."
+    )
+
+
 def cost_line(runs: int, minutes: float, jobs: int) -> str:
     return (
         f"{runs} runs, {minutes:.0f} CPU-thread minutes: about {minutes / jobs:.0f} min "
@@ -252,6 +273,9 @@ def claim_section(
                 f"{side.lr:g}{edge} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | "
                 f"{fit:,.0f} s | {per:.0f} |"
             )
+    loaded = loaded_line(sides)
+    if loaded:
+        lines += ["", loaded]
     a, b = sides
     d = digits_for(statistics.mean(r.metrics[metric] for r in a.runs))
     main = main or outcome(claim, a, b)
@@ -401,7 +425,9 @@ def write_report(study: Study, claims: Sequence[Claim], path: Path, command: str
         "two (grown while the best is at an edge), crossed with a claim's first tuned setting, "
         "then any further setting at the best so far. The verdict uses fresh seeds (2, 3, 4; 5 "
         "and 6 as well where three leave it undecided), never the tuning seed. The faster model "
-        "runs again at equal training time.",
+        "runs again at equal training time (judged on the runs' CPU seconds where they are on "
+        "record: other work on the machine inflates wall times, hardly a lone thread's CPU "
+        "time).",
         "",
         f"Statistics: Welch's {LEVEL:.0%} t interval on the difference of the means (positive: A "
         "better). A claim that A beats B holds when the interval lies above 0 and does not hold "

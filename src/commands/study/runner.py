@@ -111,6 +111,16 @@ class RunResult:
     updates: int
     curve: dict[int, float] = field(default_factory=dict)  # step -> val/loss
     wall_time_s: float = 0.0  # the whole train.py command: data, training, test
+    fit_cpu_s: float | None = None  # the process's CPU seconds over fit_time_s (None: unknown)
+    threads: int | None = None  # PyTorch's threads in the run
+
+    @property
+    def cpu_share(self) -> float | None:
+        """The share of its threads' time the run had the CPU for: about 1 on a quiet machine,
+        under 1 when other work took cores (its times inflated, its metrics unaffected)."""
+        if self.fit_cpu_s is None or not self.threads or self.fit_time_s <= 0:
+            return None
+        return self.fit_cpu_s / (self.fit_time_s * self.threads)
 
     @property
     def val_loss(self) -> float:
@@ -148,6 +158,8 @@ def read_run(run_dir: Path) -> RunResult | None:
         updates=int(summary.get("updates", 0)),
         curve=read_curve(run_dir),
         wall_time_s=float(summary["wall_time_s"]),
+        fit_cpu_s=float(summary["fit_cpu_s"]) if "fit_cpu_s" in summary else None,
+        threads=int(summary["threads"]) if "threads" in summary else None,
     )
 
 
@@ -314,15 +326,27 @@ class Study:
         self, claim: Claim, tuned: dict[str, Tuned], seeds: Sequence[int]
     ) -> tuple[ModelSpec, int] | None:
         """The faster model and its equal-time run's length, from the mean training times at the
-        chosen settings; None when their times are within 5% (equal time is the main
-        comparison). A model that stops early gets the updates it makes in the slower one's time;
-        another its length times the ratio of the times."""
-        times, updates = {}, {}
-        for model in claim.models:
-            runs = [self.result(claim, k) for k in self.seed_keys(model, tuned[model.name], seeds)]
-            done = [r for r in runs if r is not None]
-            times[model.name] = statistics.mean(r.fit_time_s for r in done)
-            updates[model.name] = statistics.mean(r.updates for r in done)
+        chosen settings (CPU seconds where every run is one thread and has them); None when their
+        times are within 5% (equal time is the main comparison). A model that stops early gets
+        the updates it makes in the slower one's time; another its length times the ratio of the
+        times."""
+        done = {
+            model.name: [
+                r
+                for k in self.seed_keys(model, tuned[model.name], seeds)
+                if (r := self.result(claim, k)) is not None
+            ]
+            for model in claim.models
+        }
+        runs = [r for rs in done.values() for r in rs]
+        # one-thread runs' CPU seconds when every run has them: other work on the machine
+        # inflates wall times (and could flip the choice), hardly a lone thread's CPU time
+        cpu = all(r.fit_cpu_s is not None and r.threads == 1 for r in runs)
+        times = {
+            name: statistics.mean(r.fit_cpu_s if cpu else r.fit_time_s for r in rs)
+            for name, rs in done.items()
+        }
+        updates = {name: statistics.mean(r.updates for r in rs) for name, rs in done.items()}
         fast, slow = sorted(claim.models, key=lambda m: times[m.name])
         ratio = times[slow.name] / times[fast.name]
         if ratio < 1.05:
