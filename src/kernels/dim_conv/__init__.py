@@ -251,6 +251,9 @@ def dim_conv_reference(
     x, weight_channel, weight_height, weight_width = autocast_operands(x.device.type, x, *weights)
     channels, height, width = x.shape[1:]
     h_b, w_b = weight_height.shape[0], weight_width.shape[0]
+    if exporting() and static_build_size(x, h_b, w_b):
+        cast = (weight_channel, weight_height, weight_width)
+        return dim_conv_exported(x, cast, dilation=dilation, interleave=interleave)
     half = (weight_channel.shape[-1] - 1) // 2
     d_c, d_h, d_w = dilation
     y_channel = F.conv2d(x, weight_channel, padding=half * d_c, dilation=d_c, groups=channels)
@@ -274,6 +277,57 @@ def dim_conv_reference(
         out = torch.stack(rows, dim=-1 if interleave else -2).flatten(-2)
         return out.permute(0, 3, 1, 2)
     # interleave: 3 x (B, C, H, W) -> (B, C, 3, H, W) -> (B, 3C, H, W); else concatenate
+    if interleave:
+        return torch.stack(branches, dim=2).flatten(1, 2)
+    return torch.cat(branches, dim=1)
+
+
+def static_build_size(x: Tensor, height: int, width: int) -> bool:
+    """Whether ``x`` (B, C, H, W) is at the build size (H_b, W_b) = (``height``, ``width``) in
+    a graph whose height and width are static: ``torch.export`` gives a dynamic size as a
+    symbol, so a plain int is the graph's one size (``torch.jit.trace`` gives ints for dynamic
+    sizes too, so it never counts as static)."""
+    size = x.shape[-2:]
+    static = all(isinstance(n, int) for n in size) and not torch.jit.is_tracing()
+    return static and tuple(size) == (height, width)
+
+
+def dim_conv_exported(
+    x: Tensor,
+    weights: Weights,
+    *,
+    dilation: tuple[int, int, int] = (1, 1, 1),
+    interleave: bool = True,
+) -> Tensor:
+    """DimConv as the graph an exported network holds at its build size, for runtimes that
+    run each node as written (onnxruntime, XNNPACK): the same map as
+    :func:`dim_conv_reference`, without its resize products (identities at the build size) and
+    with every transpose moving one axis. The width-wise branch convolves
+    (B, W, C, H) with its kernels' axes swapped to (channel, height) instead of the reference's
+    (B, W, H, C): the reference reaches that from x through (B, H, C, W), and with the identity
+    products gone the exporter merges the two into one transpose reversing axes 1-3, which
+    onnxruntime copies 7-13x slower than a one-axis move (a (1, 232, 28, 28) map: 680 us
+    against 51-89 us on one core).
+
+    Shape:
+        x (B, C, H_b, W_b), weights as :data:`~src.kernels.dim_conv.contract.Weights`
+        -> (B, 3C, H_b, W_b)
+    """
+    weight_channel, weight_height, weight_width = weights
+    half = (weight_channel.shape[-1] - 1) // 2
+    d_c, d_h, d_w = dilation
+    channels, height, width = x.shape[1:]
+    y_channel = F.conv2d(x, weight_channel, padding=half * d_c, dilation=d_c, groups=channels)
+    # height-wise: (B, C, H, W) -> (B, H, C, W), H groups, kernel over (C, W), and back
+    x_h = x.transpose(1, 2)
+    y_h = F.conv2d(x_h, weight_height, padding=half * d_h, dilation=d_h, groups=height)
+    y_height = y_h.transpose(1, 2)
+    # width-wise: (B, C, H, W) -> (B, W, C, H), W groups, kernel over (C, H), and back
+    x_w = x.permute(0, 3, 1, 2)
+    kernel = weight_width.transpose(2, 3)  # (W, 1, height tap, channel tap) -> (channel, height)
+    y_w = F.conv2d(x_w, kernel, padding=half * d_w, dilation=d_w, groups=width)
+    y_width = y_w.permute(0, 2, 3, 1)
+    branches = (y_channel, y_height, y_width)
     if interleave:
         return torch.stack(branches, dim=2).flatten(1, 2)
     return torch.cat(branches, dim=1)
