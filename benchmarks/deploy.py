@@ -24,6 +24,7 @@ format=executorch`` does), and timed through the Python runtime in a round-robin
 the others (XNNPACK's thread pool stays busy after a call and slowed the next runner).
 
     python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy] [--executorch]
+    python benchmarks/deploy.py --out /tmp/deploy --reuse   # measure the files written before
 """
 
 from __future__ import annotations
@@ -234,6 +235,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--out", type=Path, help="keep the .onnx files here (default: a temporary folder)"
     )
     parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --out: take the .onnx files already there instead of exporting again (export "
+        "on a busy machine, then measure on a quiet one)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="add onnxruntime's per-op-type time shares"
     )
     parser.add_argument(
@@ -255,14 +262,12 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         x = torch.randn(shape)
         plain = name.endswith(("_plain", "_prelu_node"))
-        fp32 = export(
-            net,
-            x,
-            folder / f"{name}.onnx",
-            project_prelu=not name.endswith("_prelu_node"),
-            rewrite=not plain,
-        )
-        int8 = quantize(fp32, shape, args.calibration, folder / f"{name}.int8.onnx")
+        reuse = args.reuse and args.out is not None
+        fp32, int8 = folder / f"{name}.onnx", folder / f"{name}.int8.onnx"
+        if not (reuse and fp32.is_file()):
+            export(net, x, fp32, project_prelu=not name.endswith("_prelu_node"), rewrite=not plain)
+        if not (reuse and int8.is_file()):
+            quantize(fp32, shape, args.calibration, int8)
         classifier = list(shape) == list(CLASSIFICATION)
         with torch.no_grad():
             reference = net(x)
@@ -275,9 +280,9 @@ def main(argv: list[str] | None = None) -> dict:
         if classifier:  # the variants: without the NCHWc layout, int8 of every operator
             runs["onnxruntime_fp32_extended"] = session(fp32, args.threads, extended=True)
             every_op = folder / f"{name}.int8_every_op.onnx"
-            runs["onnxruntime_int8_every_op"] = session(
-                quantize(fp32, shape, args.calibration, every_op, every_op=True), args.threads
-            )
+            if not (reuse and every_op.is_file()):
+                quantize(fp32, shape, args.calibration, every_op, every_op=True)
+            runs["onnxruntime_int8_every_op"] = session(every_op, args.threads)
         exported = runs["onnxruntime_fp32"].run(None, feeds)[0]
         info[name] = {
             "input": list(shape),
