@@ -282,7 +282,7 @@ def export_files(cfg: DictConfig) -> tuple[dict, list[Path]]:
         settings = {key: getattr(task, key) for key in NMS_SETTINGS}
         spec = ssd_nms_spec(net, first, settings)
     else:
-        spec = vision_spec(net, first[:EXPORT_BATCH])
+        spec = vision_spec(net, first[:EXPORT_BATCH], fixed_size=bool(cfg.get("fixed_size")))
     if cfg.format == "executorch":
         return executorch_card(cfg, task, datamodule, net, images, out, progress)
     progress.begin("export: %s to ONNX (the exporter takes one to three minutes on 2 cores)", name)

@@ -68,3 +68,26 @@ def test_export_matches_eager(tmp_path, name: str, side: int, overrides: dict) -
     for check in checks:
         assert check["max_abs"] <= TOLERANCE, check
         assert check["max_rel"] <= TOLERANCE, check
+
+
+def test_a_fixed_size_spec_has_a_dynamic_batch_only() -> None:
+    net = build("espnetv2", 64, {"scale": 0.5})
+    spec = vision_spec(net, torch.randn(2, 3, 64, 64), fixed_size=True)
+    assert spec.dynamic == {"image": {0: "batch"}} and other_sizes(spec) == []
+    assert any("fixed_size" in note for note in spec.notes)
+    dynamic = vision_spec(net, torch.randn(2, 3, 64, 64))
+    assert dynamic.dynamic == {"image": {0: "batch", 2: "height", 3: "width"}}
+
+
+@pytest.mark.slow  # about 25 s: a small DiCENet at 32x32, unlike the heavy exports above
+def test_a_fixed_size_dicenet_graph_has_no_resize_products(tmp_path) -> None:
+    # input_size 32 builds the DiCE units for the maps a 32x32 image gives: at that one size
+    # their resizes are identities, left out of the graph
+    net = build("dicenet", 32, {"scale": 0.2, "stem_stride": 1})
+    spec = vision_spec(net, torch.randn(2, 3, 32, 32), fixed_size=True)
+    path = export_onnx(spec, tmp_path / "dicenet.onnx")
+    (image,) = graph_inputs(path)
+    assert image["dynamic"] == [0]
+    assert "MatMul" not in op_counts(path)
+    check = parity(session(path), spec, (torch.randn(3, 3, 32, 32),))
+    assert check["max_abs"] <= TOLERANCE, check
