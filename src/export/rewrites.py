@@ -8,6 +8,16 @@ changes.
   slopes it is the same map, bit for bit. The slopes are the graph's initializers, so a PReLU
   with any slope outside [0, 1] keeps the four-node form. In DiCENet s=1.0 (71 PReLUs) it took
   onnxruntime's element-wise share from about 25% to 15% of the run.
+- **PReLU over a multiple of 16 channels** (:func:`prelu_blocked`, after :func:`prelu_as_max`):
+  ``Relu(x) + (-slope) * Relu(-1 * x)``, which onnxruntime keeps in its blocked NCHWc layout on
+  x86 (the per-channel products become 1x1 depth-wise NCHWc convolutions, the sum fuses into
+  the second; blocks of 8 channels with AVX2, 16 with AVX-512, so a multiple of 16 is blocked on
+  both), where ``Max`` takes the map out of the layout and back (a ReorderOutput and a
+  ReorderInput around each PReLU between blocked convolutions). The same map bit for bit: x >= 0
+  gives x + (-slope) * 0, x < 0 gives 0 + slope * x. ESPNetv2 s=1.0 (53 of its 57 PReLUs):
+  6.64 -> 5.75 ms, 0.87x (2 threads); DiCENet's maps (116, 232, 464 channels) keep ``Max``
+  (rewritten, all 71 PReLUs of DiCENet s=1.0 ran 1.07x slower). Measured with onnxruntime on x86
+  only: runtimes without the NCHWc layout run five nodes where ``Max`` needs two.
 """
 
 from __future__ import annotations
@@ -108,3 +118,67 @@ def drop_unused_initializers(model: onnx.ModelProto) -> None:
     kept = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+
+
+BLOCK = 16  # onnxruntime's NCHWc block: 8 channels with AVX2, 16 with AVX-512
+
+
+def prelu_blocked(model: onnx.ModelProto, block: int = BLOCK) -> int:
+    """Rewrite, in place, each ``Max(x, slope * x)`` of the main graph (:func:`prelu_as_max`'s
+    PReLU) whose constant per-channel slope has a multiple of ``block`` entries as
+    ``Relu(x) + (-slope) * Relu(-1 * x)``, the same map bit for bit, which onnxruntime's NCHWc
+    layout keeps blocked. Returns how many were rewritten.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    values = _initializer_values(model)
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    drop, replace, added = set(), {}, []
+    for maximum in graph.node:
+        if maximum.op_type != "Max" or len(maximum.input) != 2:
+            continue
+        mul = next((producer.get(n) for n in maximum.input if n in producer
+                    and producer[n].op_type == "Mul"), None)  # fmt: skip
+        if mul is None or consumers.get(mul.output[0], 0) != 1:
+            continue
+        x = next((n for n in maximum.input if n != mul.output[0]), None)
+        if x is None or x not in mul.input:
+            continue
+        slope = next((n for n in mul.input if n != x), None)
+        value = values.get(slope)
+        # a per-channel slope (C, 1, 1) of a blocked width; a single slope says nothing of C
+        if value is None or value.size <= 1 or value.size % block:
+            continue
+        stem = maximum.output[0]
+        minus_one, minus_slope = f"{stem}_minus_one", f"{stem}_minus_slope"
+        added += [
+            numpy_helper.from_array(np.full_like(value, -1), minus_one),
+            numpy_helper.from_array(-value, minus_slope),
+        ]
+        replace[id(maximum)] = [
+            helper.make_node("Relu", [x], [f"{stem}_pos"], name=f"{stem}_relu"),
+            helper.make_node("Mul", [x, minus_one], [f"{stem}_neg_x"], name=f"{stem}_negate"),
+            helper.make_node("Relu", [f"{stem}_neg_x"], [f"{stem}_neg"], name=f"{stem}_relu_neg"),
+            helper.make_node(
+                "Mul", [f"{stem}_neg", minus_slope], [f"{stem}_tail"], name=f"{stem}_slope"
+            ),
+            helper.make_node(
+                "Add", [f"{stem}_pos", f"{stem}_tail"], list(maximum.output), name=f"{stem}_sum"
+            ),
+        ]
+        drop.add(id(mul))
+    nodes = []
+    for node in graph.node:
+        if id(node) in drop:
+            continue
+        nodes.extend(replace.get(id(node), [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(added)
+    drop_unused_initializers(model)
+    return len(replace)

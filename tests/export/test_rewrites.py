@@ -76,3 +76,55 @@ def test_prelu_outside_unit_interval_keeps_min(tmp_path) -> None:
     assert op_counts(path) == plain
     check = parity(session(path), spec, (torch.randn(2, 4, 16, 16),))
     assert check["max_abs"] <= TOLERANCE, check
+
+
+class ConvPReLU(nn.Module):
+    """A 1x1 convolution to ``channels`` maps, then their PReLU (slopes spread over [0, 1]).
+
+    Shape:
+        (B, 4, H, W) -> (B, channels, H, W)
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, channels, 1)
+        self.act = PReLU(channels)
+        with torch.no_grad():
+            self.act.weight.copy_(torch.linspace(0.0, 1.0, channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))
+
+
+@pytest.mark.parametrize(("channels", "blocked"), [(32, True), (24, False)])
+def test_prelu_blocked(tmp_path, channels: int, blocked: bool) -> None:
+    from src.export.rewrites import prelu_as_max, prelu_blocked
+
+    torch.manual_seed(0)
+    spec = spec_of(ConvPReLU(channels), 8, dynamic=False)
+    plain = export_onnx(spec, tmp_path / "plain.onnx", rewrite=False)
+    as_max = onnx.load(str(plain))
+    assert prelu_as_max(as_max) == 1
+    rewritten = onnx.load(str(plain))
+    prelu_as_max(rewritten)
+    # 32 channels are whole NCHWc blocks (8 or 16): rewritten; 24 are not whole blocks of 16
+    assert prelu_blocked(rewritten) == int(blocked)
+    ops = [node.op_type for node in rewritten.graph.node]
+    if blocked:
+        assert "Max" not in ops and ops.count("Relu") == 2, ops
+    else:
+        assert "Relu" not in ops and ops.count("Max") == 1, ops
+    paths = []
+    for name, model in (("max", as_max), ("blocked", rewritten)):
+        paths.append(tmp_path / f"{name}.onnx")
+        onnx.save(model, str(paths[-1]))
+    x = torch.randn(2, 4, 8, 8) * 4  # the static batch of spec_of
+    feeds = {"image": x.numpy()}
+    expected, got = (session(path).run(None, feeds)[0] for path in paths)
+    # the same map bit for bit: x >= 0 gives x + (-slope) * 0, x < 0 gives 0 + slope * x
+    assert (got == expected).all()
+    assert check_parity(spec, paths[1], x)
+
+
+def check_parity(spec: ExportSpec, path, x: torch.Tensor) -> bool:
+    return parity(session(path), spec, (x,))["max_abs"] <= TOLERANCE
