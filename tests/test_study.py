@@ -781,3 +781,23 @@ def test_the_runs_due_come_in_the_claims_order_whichever_chain_records_first(
     assert [(k.model.name, k.lr, k.seed) for k in due] == [
         (name, lr, 1) for name in ("A", "B") for lr in (1e-3, 2e-3, 4e-3)
     ]
+
+
+def test_equal_time_runs_that_retrace_the_shorter_ones_are_named() -> None:
+    from types import SimpleNamespace
+
+    from src.commands.study.report import same_best_note
+
+    def run(score: float, curve: dict[int, float]) -> RunResult:
+        return RunResult({"test/score": score}, 1, 1.0, max(curve), curve=curve)
+
+    short = [run(10.0, {100: 3.0, 200: 2.5}), run(11.0, {100: 3.1, 200: 2.6})]
+    # the longer runs retrace the shorter ones, then do worse on validation
+    retraced = [run(10.0, {100: 3.0, 200: 2.5, 300: 2.7}), run(11.0, {100: 3.1, 200: 2.6})]
+    note = same_best_note(SimpleNamespace(runs=short, equal_time=retraced), "test/score")
+    assert "score exactly as the shorter ones" in note and "(update 200)" in note
+    # a longer run that improves, or one on another path, is a comparison of its own
+    improved = [run(10.5, {100: 3.0, 200: 2.5, 300: 2.4}), retraced[1]]
+    assert same_best_note(SimpleNamespace(runs=short, equal_time=improved), "test/score") == ""
+    other_path = [run(10.0, {100: 2.9, 200: 2.5}), retraced[1]]
+    assert same_best_note(SimpleNamespace(runs=short, equal_time=other_path), "test/score") == ""

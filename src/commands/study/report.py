@@ -151,6 +151,27 @@ def ms_per_update(side: Side) -> float:
     return 1e3 * fit / max(1, statistics.mean(r.updates for r in side.runs))
 
 
+def same_best_note(side: Side, metric: str) -> str:
+    """A sentence for equal-time runs whose scores are their shorter runs' own (their schedule
+    does not depend on the length, so they retrace the shorter runs and then do not beat the
+    best validation loss those reached); empty otherwise."""
+    pairs = list(zip(side.runs, side.equal_time))
+    if not pairs or any(
+        short.metrics[metric] != long.metrics[metric]
+        or short.val_loss != long.val_loss
+        or any(long.curve.get(step) != value for step, value in short.curve.items())
+        for short, long in pairs
+    ):
+        return ""
+    best = sorted({min(r.curve, key=r.curve.get) for r, _ in pairs if r.curve})
+    at = f" (update {', '.join(f'{step:,}' for step in best)})" if best else ""
+    return (
+        " The longer runs score exactly as the shorter ones: they retrace them (the schedule does "
+        "not depend on the length) and their validation loss never improves on the best the "
+        f"shorter runs reached{at}, whose checkpoint is tested in both."
+    )
+
+
 LOADED_SHARE = 0.85  # under this share of its threads' time on the CPU a run counts as slowed
 
 
@@ -306,7 +327,7 @@ def claim_section(
         lines.append(
             f"At equal training time ({faster.model.name} given {other.model.name}'s): "
             f"{interval_text(eq.welch.difference, eq.welch.low, eq.welch.high, d)}: "
-            f"{eq.verdict.word}."
+            f"{eq.verdict.word}." + same_best_note(faster, metric)
         )
     if claim.would_change:
         lines += ["", f"**What would change this verdict.** {claim.would_change}"]
