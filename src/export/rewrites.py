@@ -32,6 +32,8 @@ changes.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,6 +52,36 @@ def _initializer_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return values
 
 
+def _index(model: onnx.ModelProto) -> tuple[list, dict, Counter]:
+    """The main graph's nodes, held in a list so that their ids stay unique while a rewrite keys
+    on them; each name's producing node; how many nodes (and graph outputs) read each name."""
+    graph = model.graph
+    nodes = list(graph.node)
+    producer = {out: node for node in nodes for out in node.output}
+    consumers = Counter(name for node in nodes for name in node.input)
+    consumers.update(out.name for out in graph.output)
+    return nodes, producer, consumers
+
+
+def _rewrite(
+    model: onnx.ModelProto,
+    nodes: list,
+    replace: dict[int, list],
+    drop: Collection[int] = frozenset(),
+    added: Sequence = (),
+) -> int:
+    """Write the main graph's ``nodes`` back in order, each node whose id is in ``replace`` as
+    its replacement nodes and those in ``drop`` left out, with the ``added`` initializers and
+    without the ones no node reads any more. Returns how many nodes were replaced."""
+    graph = model.graph
+    kept = [new for node in nodes if id(node) not in drop for new in replace.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(added)
+    drop_unused_initializers(model)
+    return len(replace)
+
+
 def prelu_as_max(model: onnx.ModelProto) -> int:
     """Rewrite, in place, each ``Max(x, 0) + slope * Min(x, 0)`` of the main graph (the PReLU of
     :func:`src.export.onnx.prelu_as_min_max`) whose constant slopes are all in [0, 1] as
@@ -58,22 +90,15 @@ def prelu_as_max(model: onnx.ModelProto) -> int:
     """
     from onnx import helper
 
-    graph = model.graph
     values = _initializer_values(model)
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
-    for out in graph.output:
-        consumers[out.name] = consumers.get(out.name, 0) + 1
+    nodes, producer, consumers = _index(model)
 
     def is_zero(name: str) -> bool:
         value = values.get(name)
         return value is not None and value.size == 1 and float(value.reshape(())) == 0.0
 
     drop, replace = set(), {}
-    for add in graph.node:
+    for add in nodes:
         if add.op_type != "Add" or len(add.input) != 2:
             continue
         parents = [producer.get(name) for name in add.input]
@@ -102,15 +127,7 @@ def prelu_as_max(model: onnx.ModelProto) -> int:
             helper.make_node("Max", [x, scaled], list(add.output), name=f"{add.name}_max"),
         ]
         drop.update(id(node) for node in (maximum, minimum, mul))
-    nodes = []
-    for node in graph.node:
-        if id(node) in drop:
-            continue
-        nodes.extend(replace.get(id(node), [node]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    drop_unused_initializers(model)
-    return len(replace)
+    return _rewrite(model, nodes, replace, drop)
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> None:
@@ -141,15 +158,10 @@ def prelu_blocked(model: onnx.ModelProto, block: int = BLOCK) -> int:
     """
     from onnx import helper, numpy_helper
 
-    graph = model.graph
     values = _initializer_values(model)
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
+    nodes, producer, consumers = _index(model)
     drop, replace, added = set(), {}, []
-    for maximum in graph.node:
+    for maximum in nodes:
         if maximum.op_type != "Max" or len(maximum.input) != 2:
             continue
         mul = next((producer.get(n) for n in maximum.input if n in producer
@@ -182,16 +194,7 @@ def prelu_blocked(model: onnx.ModelProto, block: int = BLOCK) -> int:
             ),
         ]
         drop.add(id(mul))
-    nodes = []
-    for node in graph.node:
-        if id(node) in drop:
-            continue
-        nodes.extend(replace.get(id(node), [node]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(added)
-    drop_unused_initializers(model)
-    return len(replace)
+    return _rewrite(model, nodes, replace, drop, added)
 
 
 DEPTHWISE_PADDED_BELOW = 64  # channels: wider depth-wise convolutions padded paid less (module doc)
@@ -207,9 +210,8 @@ def depthwise_blocked(
     """
     from onnx import helper, numpy_helper
 
-    graph = model.graph
     values = _initializer_values(model)
-    nodes = list(graph.node)  # the wrappers held: their ids stay unique while rewriting
+    nodes, _, _ = _index(model)
     replace, added = {}, []
     for conv in nodes:
         if conv.op_type != "Conv" or len(conv.input) < 2:
@@ -253,8 +255,4 @@ def depthwise_blocked(
                 name=f"{stem}_slice",
             ),
         ]
-    del graph.node[:]
-    graph.node.extend(node for old in nodes for node in replace.get(id(old), [old]))
-    graph.initializer.extend(added)
-    drop_unused_initializers(model)
-    return len(replace)
+    return _rewrite(model, nodes, replace, added=added)
