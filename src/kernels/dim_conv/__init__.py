@@ -5,7 +5,8 @@ op it runs, on one of three paths:
 
 - :func:`dim_conv_reference`: three depth-wise convolutions in PyTorch, at any input size (off the
   build size the height- and width-wise branches are resized, :func:`resize_axis`); the test
-  oracle, and the path under export;
+  oracle, and the path under export (at the build size of a graph of static size as
+  :func:`dim_conv_exported`, the same map without resize products, for runtimes);
 - the fused Triton kernel (:mod:`.triton_kernel`) at the build size, on CUDA or with
   ``impl="triton"``;
 - the C++ kernels (``dim_conv.cpp``, :func:`dim_conv_cpu`) with ``impl="auto"`` at the build size
