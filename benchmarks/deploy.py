@@ -44,7 +44,7 @@ from torch import nn
 
 from src.export.onnx import custom_translations
 from src.export.quantize import dense_nodes
-from src.export.rewrites import depthwise_blocked, prelu_as_max, prelu_blocked
+from src.export.rewrites import prelu_as_max, prelu_blocked
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
@@ -96,7 +96,6 @@ def export(
         model = onnx.load(str(path))
         prelu_as_max(model)
         prelu_blocked(model)
-        depthwise_blocked(model)
         onnx.save(model, str(path))
     return path
 

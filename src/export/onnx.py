@@ -198,7 +198,7 @@ def export_onnx(
     same map)."""
     import onnx
 
-    from src.export.rewrites import depthwise_blocked, prelu_as_max, prelu_blocked
+    from src.export.rewrites import prelu_as_max, prelu_blocked
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -224,7 +224,6 @@ def export_onnx(
             model = onnx.load(str(temporary))
             prelu_as_max(model)
             prelu_blocked(model)
-            depthwise_blocked(model)
             onnx.save(model, str(temporary))
     return path
 

@@ -18,16 +18,6 @@ changes.
   6.64 -> 5.75 ms, 0.87x (2 threads); DiCENet's maps (116, 232, 464 channels) keep ``Max``
   (rewritten, all 71 PReLUs of DiCENet s=1.0 ran 1.07x slower). Measured with onnxruntime on x86
   only: runtimes without the NCHWc layout run five nodes where ``Max`` needs two.
-- **Depth-wise convolutions of few channels** (:func:`depthwise_blocked`): a depth-wise
-  convolution over fewer than 64 channels that are not whole blocks of 16 runs on onnxruntime's
-  generic grouped path, one small product per channel over a large plane: DimConv's height- and
-  width-wise branches (7 to 56 groups over (C, W) and (C, H) planes) were its costliest
-  convolution nodes. Padded with zero channels to a multiple of 16 (zero kernels, the output
-  sliced back) it takes the NCHWc depth-wise kernel: DiCENet s=1.0 (39 padded) 10.40 -> 9.58,
-  9.48 -> 8.46, 10.07 -> 8.88, 10.64 -> 10.10 and 12.70 -> 11.89 ms in five side-by-side runs
-  (0.88-0.95x; padding every depth-wise convolution, the 116- to 464-channel ones too:
-  0.92-0.95x); ESPNetv2 s=1.0 (4 padded) 0.94-1.05x; ShuffleNetV2 x1.0 (5 padded) 0.96-0.97x.
-  The same map: the padded channels are computed and dropped.
 """
 
 from __future__ import annotations
@@ -195,64 +185,3 @@ def prelu_blocked(model: onnx.ModelProto, block: int = BLOCK) -> int:
         ]
         drop.add(id(mul))
     return _rewrite(model, nodes, replace, drop, added)
-
-
-DEPTHWISE_PADDED_BELOW = 64  # channels: wider depth-wise convolutions padded paid less (module doc)
-
-
-def depthwise_blocked(
-    model: onnx.ModelProto, block: int = BLOCK, below: int = DEPTHWISE_PADDED_BELOW
-) -> int:
-    """Pad, in place, each depth-wise ``Conv`` of the main graph over C < ``below`` channels, C
-    not a multiple of ``block``, to the next multiple of ``block`` channels: a ``Pad`` of zero
-    channels before it, zero kernels (and biases) for them, a ``Slice`` of the C channels after
-    it. The same map. Returns how many were padded.
-    """
-    from onnx import helper, numpy_helper
-
-    values = _initializer_values(model)
-    nodes, _, _ = _index(model)
-    replace, added = {}, []
-    for conv in nodes:
-        if conv.op_type != "Conv" or len(conv.input) < 2:
-            continue
-        weight = values.get(conv.input[1])
-        attributes = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
-        if weight is None or weight.ndim != 4 or weight.shape[1] != 1:
-            continue
-        channels = weight.shape[0]
-        if attributes.get("group", 1) != channels or channels % block == 0 or channels >= below:
-            continue
-        pad = -channels % block
-        stem = conv.output[0]
-        zeros = np.zeros((pad, *weight.shape[1:]), weight.dtype)
-        inputs = [f"{stem}_padded_in", f"{stem}_padded_weight"]
-        added += [
-            numpy_helper.from_array(np.concatenate([weight, zeros]), inputs[1]),
-            # (N, C, H, W): pad only the end of the channel axis
-            numpy_helper.from_array(np.array([0, 0, 0, 0, 0, pad, 0, 0], np.int64), f"{stem}_pads"),
-            numpy_helper.from_array(np.array([0], np.int64), f"{stem}_start"),
-            numpy_helper.from_array(np.array([channels], np.int64), f"{stem}_end"),
-            numpy_helper.from_array(np.array([1], np.int64), f"{stem}_axis"),
-        ]
-        if len(conv.input) > 2 and conv.input[2]:
-            bias = values[conv.input[2]]
-            padded_bias = np.concatenate([bias, np.zeros(pad, bias.dtype)])
-            added.append(numpy_helper.from_array(padded_bias, f"{stem}_padded_bias"))
-            inputs.append(f"{stem}_padded_bias")
-        attributes["group"] = channels + pad
-        replace[id(conv)] = [
-            helper.make_node(
-                "Pad", [conv.input[0], f"{stem}_pads"], [inputs[0]], name=f"{stem}_pad"
-            ),
-            helper.make_node(
-                "Conv", inputs, [f"{stem}_padded"], name=f"{stem}_blocked", **attributes
-            ),
-            helper.make_node(
-                "Slice",
-                [f"{stem}_padded", f"{stem}_start", f"{stem}_end", f"{stem}_axis"],
-                list(conv.output),
-                name=f"{stem}_slice",
-            ),
-        ]
-    return _rewrite(model, nodes, replace, added=added)

@@ -73,11 +73,7 @@ def test_prelu_outside_unit_interval_keeps_min(tmp_path) -> None:
     spec = spec_of(net, 16, dynamic=False)
     path = export_onnx(spec, tmp_path / "net.onnx")
     plain = op_counts(export_onnx(spec, tmp_path / "plain.onnx", rewrite=False))
-    prelu_ops = ("Max", "Min", "Mul", "Add", "Relu")
-    # the PReLU keeps its four nodes (the 4-channel depth-wise conv is padded, not the PReLU)
-    assert {op: op_counts(path).get(op) for op in prelu_ops} == {
-        op: plain.get(op) for op in prelu_ops
-    }
+    assert op_counts(path) == plain
     check = parity(session(path), spec, (torch.randn(2, 4, 16, 16),))
     assert check["max_abs"] <= TOLERANCE, check
 
@@ -132,51 +128,3 @@ def test_prelu_blocked(tmp_path, channels: int, blocked: bool) -> None:
 
 def check_parity(spec: ExportSpec, path, x: torch.Tensor) -> bool:
     return parity(session(path), spec, (x,))["max_abs"] <= TOLERANCE
-
-
-class DepthwiseConvs(nn.Module):
-    """Depth-wise 3x3 convolutions over 24 (padded to 32), 32 (whole blocks) and 80 channels (too
-    wide to pad), each from a 1x1 convolution of the input.
-
-    Shape:
-        (B, 4, H, W) -> (B, 136, H, W)
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.widths = (24, 32, 80)
-        self.expand = nn.ModuleList(nn.Conv2d(4, c, 1) for c in self.widths)
-        self.depthwise = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1, groups=c) for c in self.widths)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([dw(e(x)) for e, dw in zip(self.expand, self.depthwise)], dim=1)
-
-
-def test_depthwise_blocked(tmp_path) -> None:
-    from src.export.rewrites import depthwise_blocked
-
-    torch.manual_seed(0)
-    spec = spec_of(DepthwiseConvs(), 8, dynamic=True)
-    plain = export_onnx(spec, tmp_path / "plain.onnx", rewrite=False)
-    model = onnx.load(str(plain))
-    assert depthwise_blocked(model) == 1  # the 24-channel convolution only
-    groups = sorted(
-        attribute.i
-        for node in model.graph.node
-        if node.op_type == "Conv"
-        for attribute in node.attribute
-        if attribute.name == "group" and attribute.i > 1
-    )
-    assert groups == [32, 32, 80]
-    ops = [node.op_type for node in model.graph.node]
-    assert (ops.count("Pad"), ops.count("Slice")) == (1, 1), ops
-    path = tmp_path / "blocked.onnx"
-    onnx.save(model, str(path))
-    x = torch.randn(3, 4, 8, 16)  # another batch and width: the padding is on channels only
-    expected = session(plain).run(None, {"image": x.numpy()})[0]
-    got = session(path).run(None, {"image": x.numpy()})[0]
-    assert got.shape == expected.shape == (3, 136, 8, 16)
-    assert abs(got - expected).max() <= 1e-5
-    assert check_parity(spec, path, x)
-    # export_onnx applies it: the written file has the padded convolution
-    assert op_counts(export_onnx(spec, tmp_path / "net.onnx"))["Pad"] == 1
