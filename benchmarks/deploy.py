@@ -205,6 +205,18 @@ def executorch_runs(
     }
 
 
+def header(threads: int, repeats: int) -> dict:
+    """What a deployment timing ran with, for the head of its JSON."""
+    import onnxruntime
+
+    return {
+        "threads": threads,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
 def round_robin(
     runners: dict[tuple[str, str], Callable[[], object]], warmup: int, repeats: int
 ) -> dict[tuple[str, str], list[float]]:
@@ -376,11 +388,8 @@ def main(argv: list[str] | None = None) -> dict:
             )
         )
     result = {
-        "threads": args.threads,
-        "repeats": args.repeats,
+        **header(args.threads, args.repeats),
         "calibration": f"{args.calibration} random images (latency only)",
-        "torch": torch.__version__,
-        "onnxruntime": __import__("onnxruntime").__version__,
         "rows": rows,
     }
     print(json.dumps(result))

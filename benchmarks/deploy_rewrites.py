@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torchvision
 
-from benchmarks.deploy import export, round_robin, session
+from benchmarks.deploy import export, header, round_robin, session
 from src.export.rewrites import prelu_as_max, prelu_blocked
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
@@ -124,13 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{row['min_ms']:>9.2f}{row['vs_base']:>8.2f}{row[f'vs_{BASELINE}']:>8.2f}"
             f"{row['max_abs_difference']:>12.1e}"
         )
-    result = {
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "torch": torch.__version__,
-        "onnxruntime": __import__("onnxruntime").__version__,
-        "rows": rows,
-    }
+    result = {**header(args.threads, args.repeats), "rows": rows}
     print(json.dumps(result))
     return result
 
