@@ -277,7 +277,16 @@ def dim_conv_reference(
         rows = [branch.permute(0, 2, 3, 1) for branch in branches]
         out = torch.stack(rows, dim=-1 if interleave else -2).flatten(-2)
         return out.permute(0, 3, 1, 2)
-    # interleave: 3 x (B, C, H, W) -> (B, C, 3, H, W) -> (B, 3C, H, W); else concatenate
+    return join(branches, interleave)
+
+
+def join(branches: tuple[Tensor, Tensor, Tensor], interleave: bool) -> Tensor:
+    """DimConv's output from its three branches: interleaved, 3 x (B, C, H, W) -> (B, C, 3, H, W)
+    -> (B, 3C, H, W), or concatenated [channel, height, width].
+
+    Shape:
+        3 x (B, C, H, W) -> (B, 3C, H, W)
+    """
     if interleave:
         return torch.stack(branches, dim=2).flatten(1, 2)
     return torch.cat(branches, dim=1)
@@ -328,10 +337,7 @@ def dim_conv_exported(
     kernel = weight_width.transpose(2, 3)  # (W, 1, height tap, channel tap) -> (channel, height)
     y_w = F.conv2d(x_w, kernel, padding=half * d_w, dilation=d_w, groups=width)
     y_width = y_w.permute(0, 2, 3, 1)
-    branches = (y_channel, y_height, y_width)
-    if interleave:
-        return torch.stack(branches, dim=2).flatten(1, 2)
-    return torch.cat(branches, dim=1)
+    return join((y_channel, y_height, y_width), interleave)
 
 
 def _cpu_applies(x: Tensor, weights: Weights) -> bool:
