@@ -801,3 +801,38 @@ def test_equal_time_runs_that_retrace_the_shorter_ones_are_named() -> None:
     assert same_best_note(SimpleNamespace(runs=short, equal_time=improved), "test/score") == ""
     other_path = [run(10.0, {100: 2.9, 200: 2.5}), retraced[1]]
     assert same_best_note(SimpleNamespace(runs=short, equal_time=other_path), "test/score") == ""
+
+
+def test_claims_side_by_side_share_the_slots_and_run_a_shared_run_once(tmp_path: Path) -> None:
+    """Two claims comparing A with B and with C run together in 2 slots: never more than 2 runs
+    at once, A's runs once each, and the decisions equal those of the claims run one by one."""
+    import threading
+    import time
+
+    fake = FakeRunner()
+    lock, active, most = threading.Lock(), [0], [0]
+
+    def runner(claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.01)
+        fake(claim, key, run_dir, extra)
+        with lock:
+            active[0] -= 1
+
+    other = dataclasses.replace(claim(), name="toy2", models=(spec("A"), spec("C")))
+    decided = Study(tmp_path / "together", runner, jobs=2).run_claims([claim(), other])
+    assert most[0] == 2
+    assert len(fake.calls) == len(set(fake.calls))
+    assert fake.prepared.count("A") == 1
+    alone = FakeRunner()
+    study = Study(tmp_path / "alone", alone, jobs=1)
+    expected = {c.name: study.run_claim(c) for c in (claim(), other)}
+    assert sorted(fake.calls) == sorted(alone.calls)
+    for name in expected:
+        assert decided[name].seeds == expected[name].seeds
+        assert decided[name].equal == expected[name].equal
+        assert {m: t.lr for m, t in decided[name].tuned.items()} == {
+            m: t.lr for m, t in expected[name].tuned.items()
+        }

@@ -23,9 +23,10 @@ The verdict (:mod:`src.commands.study.stats`): Welch's interval on the differenc
 against 0 (A beats B) or against the claim's stated margin (A no worse than B); Holm's correction
 over the claims beside it; the paired bootstrap over the test sentences for BLEU and accuracy.
 
-Runs go ``--jobs`` at a time (default 2), each with ``--threads`` PyTorch threads (default 1), as
-``train.py`` processes in ``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``;
-claims that compare the same model share its runs). A run whose ``metrics.json`` says finished is
+The claims go side by side; their runs go ``--jobs`` at a time in all (default 2), each with
+``--threads`` PyTorch threads (default 1), as ``train.py`` processes in
+``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``; claims that compare the same
+model share its runs, which go once). A run whose ``metrics.json`` says finished is
 never run again, so an interrupted study resumes where it stopped.
 The report (``docs/claims.md`` and one curve plot per claim) gives per model the parameters, the
 recipe, the tuning runs, test metric mean ± std over the seeds, validation loss, updates, training
@@ -44,7 +45,6 @@ This module is the command line; the claims are read by :mod:`src.commands.study
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from src.commands.study.claims import ROOT, load_claims
@@ -145,9 +145,6 @@ def main(argv: list[str] | None = None) -> None:
                 print(command)
         return
     if not args.report:
-        for claim in claims:
-            start = time.perf_counter()
-            study.run_claim(claim)
-            print(f"{claim.name}: {(time.perf_counter() - start) / 60:.1f} min", flush=True)
+        study.run_claims(claims)
     write_report(study, load_claims(), args.doc, "python study.py")
     print(f"wrote {args.doc}")

@@ -204,6 +204,11 @@ class Study:
         self.verbose = verbose
         # the runs of both models' chains share the slots: at most ``jobs`` at a time in all
         self.slots = threading.Semaphore(jobs)
+        # claims run side by side (:meth:`run_claims`): a run two claims share goes once, and
+        # data is prepared by one claim at a time
+        self.run_locks: dict[Path, threading.Lock] = {}
+        self.locks_lock = threading.Lock()
+        self.prepare_lock = threading.Lock()
         self.runner = runner
         self.jobs = jobs
         self.extend = extend
@@ -213,13 +218,18 @@ class Study:
         return read_run(key.run_dir(self.out))
 
     def _run(self, claim: Claim, key: RunKey) -> None:
-        with self.slots:
+        run_dir = key.run_dir(self.out)
+        with self.locks_lock:
+            run_lock = self.run_locks.setdefault(run_dir, threading.Lock())
+        with run_lock, self.slots:
+            if self.result(claim, key) is not None:  # another claim ran it meanwhile
+                return
             if self.verbose:  # one write per line: the two chains print at once
                 sys.stdout.write(
                     f"[{time.strftime('%H:%M:%S')}] {claim.name}: {key.model.name} {key.label}\n"
                 )
                 sys.stdout.flush()
-            self.runner(claim, key, key.run_dir(self.out), ())
+            self.runner(claim, key, run_dir, ())
 
     def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
         """Runs those of ``keys`` that have not finished, ``jobs`` at a time."""
@@ -360,13 +370,15 @@ class Study:
         two runs must not write a corpus's caches at the same time."""
         for model in claim.models:
             marker = model.folder(self.out) / "prepared"
-            if marker.is_file():
-                continue
-            key = RunKey(model, model.lrs[0], FIRST_SEED, model.length)
-            extra = ("trainer.fast_dev_run=true", "test=false")
-            self.runner(claim, key, model.folder(self.out) / "prepare", extra)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text("the data is prepared\n")
+            with self.prepare_lock:
+                if marker.is_file():
+                    continue
+                key = RunKey(model, model.lrs[0], FIRST_SEED, model.length)
+                extra = ("trainer.fast_dev_run=true", "test=false")
+                with self.slots:  # a slot, like every run: another claim may be training
+                    self.runner(claim, key, model.folder(self.out) / "prepare", extra)
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text("the data is prepared\n")
 
     def tune_and_seed(self, claim: Claim, model: ModelSpec) -> Tuned:
         """The model's tuning, then its runs at the verdict's first seeds."""
@@ -388,6 +400,26 @@ class Study:
             fast, length = equal
             self.ensure(claim, self.seed_keys(fast, tuned[fast.name], seeds, length))
         return Decisions(tuned, seeds, equal)
+
+    def run_claims(self, claims: Sequence[Claim]) -> dict[str, Decisions]:
+        """Every claim's runs, the claims side by side in the same ``jobs`` slots: a claim
+        waiting on its last run (a grid's edge, the last seed) leaves its slot to the next claim
+        instead of idling a core. A run shared by two claims goes once."""
+        with ThreadPoolExecutor(max_workers=max(1, len(claims))) as pool:
+            futures = {claim.name: pool.submit(self.timed_claim, claim) for claim in claims}
+            wait(futures.values())
+        return {name: future.result() for name, future in futures.items()}
+
+    def timed_claim(self, claim: Claim) -> Decisions:
+        start = time.perf_counter()
+        decided = self.run_claim(claim)
+        if self.verbose:
+            minutes = (time.perf_counter() - start) / 60
+            sys.stdout.write(
+                f"[{time.strftime('%H:%M:%S')}] {claim.name}: done, {minutes:.1f} min\n"
+            )
+            sys.stdout.flush()
+        return decided
 
 
 @dataclass(frozen=True)
