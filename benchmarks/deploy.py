@@ -183,18 +183,22 @@ def profile(path: Path, feeds: dict, threads: int, runs: int = 10, top: int = 6)
 
 
 def executorch_runs(
-    net: nn.Module, x: torch.Tensor, stem: Path, calibration: int, runs: dict
+    net: nn.Module, x: torch.Tensor, stem: Path, calibration: int, runs: dict, reuse: bool = False
 ) -> dict[str, float]:
     """Lower ``net`` to XNNPACK ExecuTorch programs, fp32 and int8 (PT2E, XNNPACK quantizer,
-    calibrated on random images) as ``export.py format=executorch`` does; adds their loaded
-    programs to ``runs`` and returns their sizes and the fp32 program's error against eager."""
+    calibrated on random images) as ``export.py format=executorch`` does (``reuse``: take the
+    programs already at ``stem``); adds their loaded programs to ``runs`` and returns their sizes
+    and the fp32 program's error against eager."""
     from src.export.executorch import export_executorch, load_program
     from src.export.spec import ExportSpec
 
     spec = ExportSpec("network", net, (x,), ["image"], ["logits"])
-    fp32 = export_executorch(spec, stem.with_suffix(".pte"))
-    images = [(torch.randn_like(x),) for _ in range(calibration)]
-    int8 = export_executorch(spec, stem.with_suffix(".int8.pte"), calibration=images)
+    fp32, int8 = stem.with_suffix(".pte"), stem.with_suffix(".int8.pte")
+    if not (reuse and fp32.is_file()):
+        export_executorch(spec, fp32)
+    if not (reuse and int8.is_file()):
+        images = [(torch.randn_like(x),) for _ in range(calibration)]
+        export_executorch(spec, int8, calibration=images)
     runs["executorch_fp32"], runs["executorch_int8"] = load_program(fp32), load_program(int8)
     with torch.no_grad():
         error = (runs["executorch_fp32"]([x])[0] - net(x)).abs().max().item()
@@ -250,8 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="with --out: take the .onnx files already there instead of exporting again (export "
-        "on a busy machine, then measure on a quiet one)",
+        help="with --out: take the .onnx (and .pte) files already there instead of exporting "
+        "again (export on a busy machine, then measure on a quiet one)",
     )
     parser.add_argument(
         "--profile", action="store_true", help="add onnxruntime's per-op-type time shares"
@@ -308,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
             info[name]["fp32_profile"] = profile(fp32, feeds, args.threads)
             info[name]["int8_profile"] = profile(int8, feeds, args.threads)
         if args.executorch and classifier and not plain:
-            info[name].update(executorch_runs(net, x, folder / name, args.calibration, runs))
+            info[name].update(executorch_runs(net, x, folder / name, args.calibration, runs, reuse))
         runners[(name, "eager")] = lambda net=net, x=x: net(x)
         for runtime, sess in runs.items():
             if runtime.startswith("executorch"):  # a loaded program: inputs -> outputs

@@ -9,8 +9,10 @@ activations) calibrated on the batches given; the quantised graph is lowered the
 
 from __future__ import annotations
 
+import collections
 import copy
 import importlib.metadata
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from src.export.spec import ExportSpec
 from src.kernels.dispatch import capture_for_export
 from src.utils.extras import MissingExtraError
 from src.utils.files import atomic_write_bytes
+
+log = logging.getLogger(__name__)
 
 
 def require_executorch() -> None:
@@ -104,10 +108,34 @@ def export_executorch(
             program = captured_program(spec)
         else:
             program = quantized_program(spec, calibration)
-        lowered = to_edge_transform_and_lower(
-            program, partitioner=[XnnpackPartitioner()]
-        ).to_executorch()
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        delegates, outside = delegate_summary(edge.exported_program().graph)
+        # every node outside a delegate runs on ExecuTorch's portable kernels, and each edge
+        # between them and XNNPACK converts the layout: a split program is several times slower
+        # (DiCENet s=1.0 in 18 delegates: 19.2 ms; in one: 7.9 ms)
+        level = logging.WARNING if outside else logging.INFO
+        log.log(
+            level,
+            "%s: %d XNNPACK delegate(s); outside them: %s",
+            Path(path).name,
+            delegates,
+            dict(outside) or "nothing",
+        )
+        lowered = edge.to_executorch()
     return atomic_write_bytes(path, lowered.buffer)
+
+
+def delegate_summary(graph: torch.fx.Graph) -> tuple[int, collections.Counter[str]]:
+    """The number of delegate calls in a lowered program's ``graph`` and the ops left outside
+    them (by name; tuple indexing excluded)."""
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    delegates = sum(1 for n in calls if "call_delegate" in str(n.target))
+    outside = collections.Counter(
+        getattr(n.target, "__name__", str(n.target))
+        for n in calls
+        if "call_delegate" not in str(n.target) and str(n.target) != "<built-in function getitem>"
+    )
+    return delegates, outside
 
 
 def load_program(path: str | Path) -> Callable[[Sequence[Tensor]], list[Tensor]]:

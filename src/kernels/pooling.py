@@ -1,4 +1,5 @@
-"""Max and average pooling run in the layout PyTorch's CPU kernels vectorise.
+"""Max and average pooling run in the layout PyTorch's CPU kernels vectorise, and exported in the
+form every runtime's delegate takes.
 
 PyTorch's CPU pooling kernels vectorise over channels only for channels-last input; on NCHW maps
 they loop per plane. For the 3x3 stride-2 pools of the EdgeNets models the two layout copies cost
@@ -6,19 +7,47 @@ far less than they save: on 2 cores, max pooling a (8, 24, 112, 112) map takes 9
 2.1 ms with the copies; average pooling a (8, 116, 28, 28) map 1.29 ms and 0.43 ms. These modules
 are ``nn.MaxPool2d`` / ``nn.AvgPool2d`` (same arguments, no parameters) that pool CPU inputs
 channels-last and return the input's layout (NCHW in these models).
+
+In an exported graph (:func:`src.kernels.dispatch.exporting`) the layout copies are left out (the
+runtime picks its own layout; ExecuTorch's XNNPACK partitioner does not take a change of dim
+order, and each one split DiCENet's and ESPNetv2's programs between delegates), and an average
+pool that counts its zero padding (the official models' ``nn.AvgPool2d(3, 2, 1)``) is the
+explicit zero padding, then the pool without padding: the same map (each window divides by the
+kernel's area either way), which XNNPACK runs while it refuses a padded pool that counts its
+padding.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from src.kernels.dispatch import exporting
 
 
 def _channels_last_on_cpu(pool: nn.Module, x: Tensor) -> Tensor:
-    if not x.is_cpu or x.dim() != 4 or x.is_contiguous(memory_format=torch.channels_last):
+    if (
+        exporting()
+        or not x.is_cpu
+        or x.dim() != 4
+        or x.is_contiguous(memory_format=torch.channels_last)
+    ):
         return pool(x)
     # (B, C, H, W) NCHW -> channels-last copy -> pool -> NCHW copy
     return pool(x.contiguous(memory_format=torch.channels_last)).contiguous()
+
+
+def avg_pool2d(x: Tensor, kernel_size: int, stride: int, padding: int) -> Tensor:
+    """``F.avg_pool2d`` counting the zero padding (its default); exported as the explicit padding
+    and an unpadded pool (the module's docstring says why).
+
+    Shape:
+        (B, C, H, W) -> (B, C, H', W') as ``F.avg_pool2d``
+    """
+    if exporting() and padding:
+        return F.avg_pool2d(F.pad(x, (padding,) * 4), kernel_size, stride)
+    return F.avg_pool2d(x, kernel_size, stride, padding)
 
 
 class MaxPool2d(nn.MaxPool2d):
@@ -33,11 +62,26 @@ class MaxPool2d(nn.MaxPool2d):
 
 
 class AvgPool2d(nn.AvgPool2d):
-    """``nn.AvgPool2d``, pooling CPU inputs channels-last.
+    """``nn.AvgPool2d``, pooling CPU inputs channels-last; exported as the explicit padding and an
+    unpadded pool where it counts its padding.
 
     Shape:
         (B, C, H, W) -> (B, C, H', W') as ``nn.AvgPool2d``
     """
 
+    def _pool(self, x: Tensor) -> Tensor:
+        plain = not self.ceil_mode and self.count_include_pad and self.divisor_override is None
+        square = all(
+            isinstance(v, int) or len(set(v)) == 1
+            for v in (self.kernel_size, self.stride, self.padding)
+        )
+        if exporting() and plain and square and self.padding:
+            k, s, p = (
+                v if isinstance(v, int) else v[0]
+                for v in (self.kernel_size, self.stride, self.padding)
+            )
+            return avg_pool2d(x, k, s, p)
+        return super().forward(x)
+
     def forward(self, x: Tensor) -> Tensor:
-        return _channels_last_on_cpu(super().forward, x)  # type: ignore[arg-type]
+        return _channels_last_on_cpu(self._pool, x)  # type: ignore[arg-type]

@@ -377,7 +377,8 @@ class DiCEShuffleUnit(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # (B, C_in, H, W) -> (B, passed, H, W) and (B, C_in - passed, H, W)
-        left, right = x.split((self.passed, self.in_channels - self.passed), dim=1)
+        # slices, not split: XNNPACK's partitioner takes slices, and a split ended its delegate
+        left, right = x[:, : self.passed], x[:, self.passed :]
         # [(B, passed, H, W), (B, C_out - passed, H, W)] -> (B, C_out, H, W), shuffled
         return concat_shuffle((left, self.dice(self.reduce(right))), self.groups)
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from src.kernels import check_impl
 from src.kernels.batch_norm import BatchNorm2d
@@ -43,7 +42,7 @@ from src.kernels.depthwise_conv import DepthwiseConv2d
 from src.kernels.eesp import folded_forward, fused_pyramid
 from src.kernels.inference_folding import ConvBNPReLU
 from src.kernels.pointwise_conv import PointwiseConv2d
-from src.kernels.pooling import AvgPool2d
+from src.kernels.pooling import AvgPool2d, avg_pool2d
 from src.kernels.prelu import PReLU
 
 
@@ -307,7 +306,7 @@ def halve(image: Tensor) -> Tensor:
     Shape:
         (B, C, H, W) -> (B, C, ceil(H / 2), ceil(W / 2))
     """
-    return F.avg_pool2d(image, 3, stride=2, padding=1)
+    return avg_pool2d(image, 3, stride=2, padding=1)
 
 
 def image_pyramid(image: Tensor, steps: int) -> list[Tensor]:

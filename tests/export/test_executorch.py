@@ -3,6 +3,8 @@ quantizer) stays close to it and keeps the digits' predictions."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -28,11 +30,14 @@ def network() -> DiCENet:
     return net.to(memory_format=torch.channels_last)
 
 
-def test_fp32_program_matches_eager(network: DiCENet, tmp_path) -> None:
+def test_fp32_program_matches_eager(network: DiCENet, tmp_path, caplog) -> None:
     x = torch.randn(1, 3, 32, 32)
-    path = export_executorch(
-        ExportSpec("network", network, (x,), ["image"], ["logits"]), tmp_path / "dicenet.pte"
-    )
+    with caplog.at_level(logging.INFO, logger="src.export.executorch"):
+        path = export_executorch(
+            ExportSpec("network", network, (x,), ["image"], ["logits"]), tmp_path / "dicenet.pte"
+        )
+    # the whole network in one XNNPACK delegate (tests/export/test_delegate_graph.py says why)
+    assert "dicenet.pte: 1 XNNPACK delegate(s); outside them: nothing" in caplog.text
     program = load_program(path)
     for seed in (1, 2):
         image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,104 @@
+"""The exported graphs of DiCENet and ESPNetv2 hold only what XNNPACK's partitioner takes, so an
+ExecuTorch program is one delegate: no channel ``split`` (slices instead), no change of memory
+format (the eager pools' channels-last copies), no average pool that counts its padding (the
+explicit zero padding, then an unpadded pool). Each rule below broke DiCENet s=1.0's program
+into 18 delegates and ESPNetv2's into 5 under executorch 1.5.1; the graphs stay equal to eager.
+
+No ExecuTorch is needed here: the constraints are checked on ``torch.export``'s graph, as the
+lowering sees it (``tests/export/test_executorch.py`` lowers for real where it is installed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from src.kernels.dispatch import capture_for_export
+from src.kernels.pooling import AvgPool2d, avg_pool2d
+from src.models.dicenet import DiCENet
+from src.models.espnetv2 import ESPNetv2
+
+
+def exported(net: nn.Module, x: torch.Tensor) -> torch.export.ExportedProgram:
+    with torch.no_grad(), capture_for_export():
+        return torch.export.export(net.eval(), (x,))
+
+
+def calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    return [n for n in program.graph.nodes if n.op == "call_function"]
+
+
+def refused_by_xnnpack(node: torch.fx.Node) -> str | None:
+    """Why executorch 1.5.1's XNNPACK partitioner would leave ``node`` out of its delegate (the
+    three cases these networks met), or None."""
+    name = str(node.target)
+    if "split" in name or "chunk" in name:
+        return "split (not a partitioned op)"
+    if "contiguous" in name or ("clone" in name and "memory_format" in node.kwargs):
+        return "a change of memory format"
+    if name == "aten.avg_pool2d.default":
+        args = list(node.args) + [None] * 7
+        padding, ceil_mode, count_pad = args[3], args[4], args[5]
+        counts = count_pad is None or bool(count_pad)
+        if bool(ceil_mode) or (counts and padding and any(padding)):
+            return "an average pool counting its padding"
+    return None
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: DiCENet(scale=0.5, num_classes=10, input_size=64, stem_stride=2),
+        lambda: ESPNetv2(scale=0.5, num_classes=10),
+    ],
+    ids=["dicenet", "espnetv2"],
+)
+def test_the_exported_network_is_one_delegate_and_equals_eager(build) -> None:
+    torch.manual_seed(0)
+    net = build().eval()
+    x = torch.randn(1, 3, 64, 64)
+    program = exported(net, x)
+    refused = [(str(n.target), why) for n in calls(program) if (why := refused_by_xnnpack(n))]
+    assert refused == []
+    names = {str(n.target) for n in calls(program)}
+    assert "aten.avg_pool2d.default" in names and "aten.pad.default" in names
+    with torch.no_grad():
+        expected = net(x)
+        got = program.module()(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 9, 9), (2, 4, 8, 11)])
+def test_the_exported_average_pool_pads_explicitly_and_equals_torch(shape) -> None:
+    x = torch.randn(*shape)
+    pool = AvgPool2d(3, 2, 1)
+
+    def image_pool(t: torch.Tensor) -> torch.Tensor:
+        return avg_pool2d(t, 3, 2, 1)
+
+    for module in (pool, image_pool):
+        wrapped = module if isinstance(module, nn.Module) else _Fn(module)
+        program = exported(wrapped, x)
+        pools = [n for n in calls(program) if str(n.target) == "aten.avg_pool2d.default"]
+        assert len(pools) == 1 and refused_by_xnnpack(pools[0]) is None
+        expected = nn.AvgPool2d(3, 2, 1)(x)  # counts the padding: each window divides by 9
+        torch.testing.assert_close(program.module()(x), expected, rtol=1e-6, atol=1e-7)
+    # eager keeps the padded pool (and its channels-last copies on the CPU)
+    torch.testing.assert_close(pool(x), nn.AvgPool2d(3, 2, 1)(x), rtol=0, atol=0)
+
+
+def test_a_pool_that_does_not_count_its_padding_is_left_as_it_is() -> None:
+    x = torch.randn(1, 4, 9, 9)
+    pool = AvgPool2d(3, 2, 1, count_include_pad=False)
+    program = exported(pool, x)
+    assert "aten.pad.default" not in {str(n.target) for n in calls(program)}
+    torch.testing.assert_close(program.module()(x), pool(x), rtol=0, atol=0)
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
