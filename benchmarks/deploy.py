@@ -362,13 +362,13 @@ def main(argv: list[str] | None = None) -> dict:
     def cell(row: dict, key: str, width: int, digits: int = 2) -> str:
         return f"{'' if key not in row else f'{row[key]:.{digits}f}':>{width}}"
 
-    header = (
+    columns = (
         f"{'model':<20}{'input':>12}{'MMACs':>8}{'eager ms':>10}{'ort fp32':>10}{'fp32 min':>10}"
     )
-    header += f"{'ext':>8}{'ort int8':>10}{'int8 x':>8}{'int8 all':>10}{'all x':>7}"
-    header += f"{'fp32 / SNv2':>13}{'min / SNv2':>12}{'max |err|':>11}"
-    header += f"{'et fp32':>9}{'et int8':>9}{'et x':>6}" if args.executorch else ""
-    print(header)
+    columns += f"{'ext':>8}{'ort int8':>10}{'int8 x':>8}{'int8 all':>10}{'all x':>7}"
+    columns += f"{'fp32 / SNv2':>13}{'min / SNv2':>12}{'max |err|':>11}"
+    columns += f"{'et fp32':>9}{'et int8':>9}{'et x':>6}" if args.executorch else ""
+    print(columns)
     for row in rows:
         print(
             f"{row['model']:<20}{'x'.join(map(str, row['input'][1:])):>12}{row['macs'] / 1e6:>8.1f}"
