@@ -113,6 +113,12 @@ class DiCE(nn.Module):
         _reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.dim_conv.interleave and not self.training:
+            # exported at the build size: the branches fused without their join
+            # (DimFuse.fuse_branches says why)
+            branches = self.dim_conv.exported_branches(x)
+            if branches is not None:
+                return self.dim_fuse.fuse_branches(branches)
         fused = dice_path(self, x)  # the kernels' fused path for this input, if one applies
         if fused is not None:
             return fused(x)

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from src.kernels import check_impl
-from src.kernels.dim_conv import dim_conv
+from src.kernels.dim_conv import dim_conv, dim_conv_branches_exported, static_build_size
+from src.kernels.dispatch import exporting
 
 
 class DimConv(nn.Module):
@@ -105,6 +106,18 @@ class DimConv(nn.Module):
         return dim_conv(
             x, weights, dilation=self.dilation, interleave=self.interleave, impl=self.impl
         )
+
+    def exported_branches(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """In a graph being exported at the build size (a static size): the three branches,
+        not joined (:func:`~src.kernels.dim_conv.dim_conv_branches_exported`); None elsewhere.
+
+        Shape:
+            (B, C, H_b, W_b) -> 3 x (B, C, H_b, W_b)
+        """
+        if not (exporting() and static_build_size(x, self.height, self.width)):
+            return None
+        weights = (self.weight_channel, self.weight_height, self.weight_width)
+        return dim_conv_branches_exported(x, weights, dilation=self.dilation)
 
     def extra_repr(self) -> str:
         return (

@@ -9,6 +9,8 @@ lowering sees it (``tests/export/test_executorch.py`` lowers for real where it i
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -20,8 +22,9 @@ from src.models.espnetv2 import ESPNetv2
 
 
 def exported(net: nn.Module, x: torch.Tensor) -> torch.export.ExportedProgram:
+    # a copy, as the exporters take: tracing leaves fake tensors in the folded-inference caches
     with torch.no_grad(), capture_for_export():
-        return torch.export.export(net.eval(), (x,))
+        return torch.export.export(copy.deepcopy(net).eval(), (x,))
 
 
 def calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
@@ -102,3 +105,53 @@ class _Fn(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fn(x)
+
+
+def trained_like(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Non-trivial BN statistics and PReLU slopes, so that a misplaced parameter shows."""
+    generator = torch.Generator().manual_seed(seed)
+    for sub in module.modules():
+        if isinstance(sub, nn.BatchNorm2d):
+            sub.running_mean.copy_(torch.randn(sub.num_features, generator=generator) * 0.1)
+            sub.running_var.copy_(torch.rand(sub.num_features, generator=generator) + 0.5)
+            sub.weight.data.copy_(torch.rand(sub.num_features, generator=generator) + 0.5)
+            sub.bias.data.copy_(torch.randn(sub.num_features, generator=generator) * 0.1)
+        if isinstance(sub, nn.PReLU):
+            sub.weight.data.copy_(torch.rand(sub.weight.shape, generator=generator) * 0.5)
+    return module.eval()
+
+
+def test_dimfuse_of_the_unjoined_branches_equals_dimfuse_of_their_interleave() -> None:
+    from src.kernels.dim_conv import join
+    from src.ops.dim_fuse import DimFuse
+
+    fuse = trained_like(DimFuse(8, 12))
+    generator = torch.Generator().manual_seed(1)
+    branches = tuple(torch.randn(2, 8, 5, 7, generator=generator) for _ in range(3))
+    with torch.no_grad():
+        expected = fuse(join(branches, interleave=True))
+        got = fuse.fuse_branches(branches)
+    assert got.shape == (2, 12, 5, 7)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_dice_unit_is_exported_without_the_join_at_its_build_size(shuffle: bool) -> None:
+    from src.ops.dice import DiCE
+
+    unit = trained_like(DiCE(8, 16, 6, 10, shuffle=shuffle))
+    x = torch.randn(1, 8, 6, 10)
+    names = [str(n.target) for n in calls(exported(unit, x))]
+    # interleaved: three branches fused per channel, no stack and no grouped local conv;
+    # concatenated (consecutive channels fused, not one channel's branches): the join stays
+    joined = any("stack" in name or "cat" in name for name in names)
+    assert joined is not shuffle
+    with torch.no_grad():
+        expected = unit(x)
+        got = exported(unit, x).module()(x)
+        # off the build size the reference's join (and resize products) stay
+        other = torch.randn(1, 8, 12, 20)
+        off = exported(unit, other)
+        assert any("stack" in str(n.target) for n in calls(off)) is shuffle
+        torch.testing.assert_close(off.module()(other), unit(other), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -323,6 +323,18 @@ def dim_conv_exported(
         x (B, C, H_b, W_b), weights as :data:`~src.kernels.dim_conv.contract.Weights`
         -> (B, 3C, H_b, W_b)
     """
+    return join(dim_conv_branches_exported(x, weights, dilation=dilation), interleave)
+
+
+def dim_conv_branches_exported(
+    x: Tensor, weights: Weights, *, dilation: tuple[int, int, int] = (1, 1, 1)
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The three branches of :func:`dim_conv_exported`, not yet joined (the DiCE unit's exported
+    graph fuses them per channel without the join: :meth:`src.ops.dim_fuse.DimFuse.fuse_branches`).
+
+    Shape:
+        x (B, C, H_b, W_b) -> 3 x (B, C, H_b, W_b): channel-, height- and width-wise responses
+    """
     weight_channel, weight_height, weight_width = weights
     half = (weight_channel.shape[-1] - 1) // 2
     d_c, d_h, d_w = dilation
@@ -337,7 +349,7 @@ def dim_conv_exported(
     kernel = weight_width.transpose(2, 3)  # (W, 1, height tap, channel tap) -> (channel, height)
     y_w = F.conv2d(x_w, kernel, padding=half * d_w, dilation=d_w, groups=width)
     y_width = y_w.permute(0, 2, 3, 1)
-    return join((y_channel, y_height, y_width), interleave)
+    return y_channel, y_height, y_width
 
 
 def _cpu_applies(x: Tensor, weights: Weights) -> bool:
