@@ -16,6 +16,9 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -666,13 +669,8 @@ def test_the_cost_from_scratch_replays_the_claims_decisions(tmp_path: Path) -> N
     assert len(runner.calls) == len(ran)
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> None:
-    """A's grid extensions run beside B's seeds, never more than ``jobs`` runs at once."""
-    import threading
-    import time
-
-    fake = FakeRunner()
+def overlap_counting(fake: FakeRunner) -> tuple[Callable[..., None], list[int]]:
+    """``fake`` as a runner taking 10 ms a run that counts the most runs at once (``most[0]``)."""
     lock, active, most = threading.Lock(), [0], [0]
 
     def runner(claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
@@ -684,6 +682,15 @@ def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> N
         with lock:
             active[0] -= 1
 
+    return runner, most
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> None:
+    """A's grid extensions run beside B's seeds, never more than ``jobs`` runs at once."""
+
+    fake = FakeRunner()
+    runner, most = overlap_counting(fake)
     Study(tmp_path, runner, jobs=jobs).run_claim(claim())
     assert most[0] == jobs
     # A: 5 rates + 3 seeds; B: 3 rates + 3 seeds + 3 at equal time, each once
@@ -693,7 +700,6 @@ def test_both_models_chains_share_the_runs_slots(tmp_path: Path, jobs: int) -> N
 def test_one_chains_failure_lets_the_other_chain_finish(tmp_path: Path) -> None:
     """A replay stops a chain at its first missing run; the other chain must still be replayed
     (not cancelled before it starts), so the runs due are both models' on any machine."""
-    import time
 
     done = []
 
@@ -806,21 +812,9 @@ def test_equal_time_runs_that_retrace_the_shorter_ones_are_named() -> None:
 def test_claims_side_by_side_share_the_slots_and_run_a_shared_run_once(tmp_path: Path) -> None:
     """Two claims comparing A with B and with C run together in 2 slots: never more than 2 runs
     at once, A's runs once each, and the decisions equal those of the claims run one by one."""
-    import threading
-    import time
 
     fake = FakeRunner()
-    lock, active, most = threading.Lock(), [0], [0]
-
-    def runner(claim: Claim, key: RunKey, run_dir: Path, extra=()) -> None:
-        with lock:
-            active[0] += 1
-            most[0] = max(most[0], active[0])
-        time.sleep(0.01)
-        fake(claim, key, run_dir, extra)
-        with lock:
-            active[0] -= 1
-
+    runner, most = overlap_counting(fake)
     other = dataclasses.replace(claim(), name="toy2", models=(spec("A"), spec("C")))
     decided = Study(tmp_path / "together", runner, jobs=2).run_claims([claim(), other])
     assert most[0] == 2

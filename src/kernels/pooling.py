@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
 
 from src.kernels.dispatch import exporting
 
@@ -38,15 +39,21 @@ def _channels_last_on_cpu(pool: nn.Module, x: Tensor) -> Tensor:
     return pool(x.contiguous(memory_format=torch.channels_last)).contiguous()
 
 
-def avg_pool2d(x: Tensor, kernel_size: int, stride: int, padding: int) -> Tensor:
+def avg_pool2d(
+    x: Tensor,
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int],
+    padding: int | tuple[int, int],
+) -> Tensor:
     """``F.avg_pool2d`` counting the zero padding (its default); exported as the explicit padding
     and an unpadded pool (the module's docstring says why).
 
     Shape:
         (B, C, H, W) -> (B, C, H', W') as ``F.avg_pool2d``
     """
-    if exporting() and padding:
-        return F.avg_pool2d(F.pad(x, (padding,) * 4), kernel_size, stride)
+    pad_h, pad_w = _pair(padding)
+    if exporting() and (pad_h or pad_w):
+        return F.avg_pool2d(F.pad(x, (pad_w, pad_w, pad_h, pad_h)), kernel_size, stride)
     return F.avg_pool2d(x, kernel_size, stride, padding)
 
 
@@ -70,17 +77,8 @@ class AvgPool2d(nn.AvgPool2d):
     """
 
     def _pool(self, x: Tensor) -> Tensor:
-        plain = not self.ceil_mode and self.count_include_pad and self.divisor_override is None
-        square = all(
-            isinstance(v, int) or len(set(v)) == 1
-            for v in (self.kernel_size, self.stride, self.padding)
-        )
-        if exporting() and plain and square and self.padding:
-            k, s, p = (
-                v if isinstance(v, int) else v[0]
-                for v in (self.kernel_size, self.stride, self.padding)
-            )
-            return avg_pool2d(x, k, s, p)
+        if not self.ceil_mode and self.count_include_pad and self.divisor_override is None:
+            return avg_pool2d(x, self.kernel_size, self.stride, self.padding)
         return super().forward(x)
 
     def forward(self, x: Tensor) -> Tensor:
