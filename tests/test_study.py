@@ -773,7 +773,6 @@ def test_the_runs_due_come_in_the_claims_order_whichever_chain_records_first(
 ) -> None:
     """The replay's chains run in threads; the runs due (and so --multirun's commands) do not
     depend on which thread records first."""
-    import time
 
     run = Study._run
 
