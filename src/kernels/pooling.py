@@ -14,7 +14,10 @@ order, and each one split DiCENet's and ESPNetv2's programs between delegates), 
 pool that counts its zero padding (the official models' ``nn.AvgPool2d(3, 2, 1)``) is the
 explicit zero padding, then the pool without padding: the same map (each window divides by the
 kernel's area either way), which XNNPACK runs while it refuses a padded pool that counts its
-padding.
+padding. An adaptive average pool (EPP's pyramid) is exported, where the graph's size is static,
+as a plain average pool when the sizes divide and as its two pooling matrices, one per axis,
+otherwise: XNNPACK takes neither ``adaptive_avg_pool2d`` nor a matmul that broadcasts a matrix over
+a batch (``expand_copy``), and each node it refuses split ESPNetv2's segmentation program.
 """
 
 from __future__ import annotations
@@ -37,6 +40,57 @@ def _channels_last_on_cpu(pool: nn.Module, x: Tensor) -> Tensor:
         return pool(x)
     # (B, C, H, W) NCHW -> channels-last copy -> pool -> NCHW copy
     return pool(x.contiguous(memory_format=torch.channels_last)).contiguous()
+
+
+def static_size(x: Tensor) -> tuple[int, int] | None:
+    """The (H, W) of ``x`` when the graph being built holds it as plain ints, else None:
+    ``torch.export`` gives a dynamic size as a symbol, and ``torch.jit.trace`` gives ints even for
+    the sizes it leaves dynamic, so nothing it traces counts as static."""
+    size = tuple(x.shape[-2:])
+    if torch.jit.is_tracing() or not all(isinstance(n, int) for n in size):
+        return None
+    return size  # type: ignore[return-value]
+
+
+def adaptive_pool_matrix(
+    n_in: int, n_out: int, *, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """Adaptive average pooling of one axis as a matrix: output i averages the inputs
+    ``[floor(i n_in / n_out), ceil((i + 1) n_in / n_out))`` (``F.adaptive_avg_pool1d``'s windows,
+    for a shorter or a longer output).
+
+    Shape:
+        (n_out, n_in)
+    """
+    out_idx = torch.arange(n_out, device=device, dtype=torch.float64)
+    in_idx = torch.arange(n_in, device=device, dtype=torch.float64)
+    start = torch.div(out_idx * n_in, n_out, rounding_mode="floor")
+    end = -torch.div(-(out_idx + 1) * n_in, n_out, rounding_mode="floor")  # ceil
+    inside = (in_idx >= start[:, None]) & (in_idx < end[:, None])
+    return (inside / (end - start)[:, None]).to(dtype)
+
+
+def adaptive_avg_pool2d(x: Tensor, size: tuple[int, int]) -> Tensor:
+    """``F.adaptive_avg_pool2d``; exported at a static size as an average pool where ``size``
+    divides the input's, else as one pooling matrix per axis (the module's docstring says why).
+
+    Shape:
+        (B, C, H, W) -> (B, C, *size)
+    """
+    shape = static_size(x) if exporting() else None
+    if shape is None:
+        return F.adaptive_avg_pool2d(x, size)
+    (height, width), (out_h, out_w) = shape, size
+    if height % out_h == 0 and width % out_w == 0:
+        window = (height // out_h, width // out_w)
+        return F.avg_pool2d(x, window, window)
+    options = {"dtype": x.dtype, "device": x.device}
+    pool_w = adaptive_pool_matrix(width, out_w, **options)  # (out_w, W)
+    pool_h = adaptive_pool_matrix(height, out_h, **options)  # (out_h, H)
+    # ``F.linear`` multiplies the last axis without broadcasting the matrix over the batch:
+    # (B, C, H, W) -> (B, C, H, out_w) -> (B, C, out_w, H) -> (B, C, out_w, out_h) -> back
+    x = F.linear(x, pool_w)
+    return F.linear(x.transpose(2, 3), pool_h).transpose(2, 3)
 
 
 def avg_pool2d(

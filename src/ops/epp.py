@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from src.kernels.batch_norm import BatchNorm2d
 from src.kernels.inference_folding import ConvBNPReLU
+from src.kernels.pooling import adaptive_avg_pool2d
 from src.kernels.prelu import PReLU
 from src.ops.shuffle import channel_shuffle
 
@@ -91,9 +92,9 @@ class EfficientPyramidPooling(nn.Module):
                 max(math.ceil(width * scale), EPP_MIN_SIZE),
             )
             if scale < 1.0:
-                branch = upsample(conv(F.adaptive_avg_pool2d(x, size)), (height, width))
+                branch = upsample(conv(adaptive_avg_pool2d(x, size)), (height, width))
             elif scale > 1.0:
-                branch = F.adaptive_avg_pool2d(conv(upsample(x, size)), (height, width))
+                branch = adaptive_avg_pool2d(conv(upsample(x, size)), (height, width))
             else:
                 branch = conv(x)
             branches.append(branch)

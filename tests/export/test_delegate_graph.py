@@ -3,6 +3,9 @@ ExecuTorch program is one delegate: no channel ``split`` (slices instead), no ch
 format (the eager pools' channels-last copies), no average pool that counts its padding (the
 explicit zero padding, then an unpadded pool). Each rule below broke DiCENet s=1.0's program
 into 18 delegates and ESPNetv2's into 5 under executorch 1.5.1; the graphs stay equal to eager.
+Their segmentation networks add two more: no adaptive pool to a size above 1x1 (EPP's pyramid:
+a plain pool, or one pooling matrix per axis) and no matrix broadcast over the batch
+(``expand_copy``, DiCE's resize products off its build size: a 1x1 convolution and a linear map).
 
 No ExecuTorch is needed here: the constraints are checked on ``torch.export``'s graph, as the
 lowering sees it (``tests/export/test_executorch.py`` lowers for real where it is installed)."""
@@ -16,7 +19,7 @@ import torch
 from torch import nn
 
 from src.kernels.dispatch import capture_for_export
-from src.kernels.pooling import AvgPool2d, avg_pool2d
+from src.kernels.pooling import AvgPool2d, adaptive_avg_pool2d, avg_pool2d
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 
@@ -33,12 +36,16 @@ def calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
 
 def refused_by_xnnpack(node: torch.fx.Node) -> str | None:
     """Why executorch 1.5.1's XNNPACK partitioner would leave ``node`` out of its delegate (the
-    three cases these networks met), or None."""
+    cases these networks met), or None."""
     name = str(node.target)
     if "split" in name or "chunk" in name:
         return "split (not a partitioned op)"
     if "contiguous" in name or ("clone" in name and "memory_format" in node.kwargs):
         return "a change of memory format"
+    if "expand" in name:
+        return "a matrix broadcast over the batch (expand_copy)"
+    if "adaptive_avg_pool2d" in name and tuple(node.args[1]) != (1, 1):
+        return "an adaptive pool to more than one value per map"
     if name == "aten.avg_pool2d.default":
         args = list(node.args) + [None] * 7
         padding, ceil_mode, count_pad = args[3], args[4], args[5]
@@ -155,3 +162,49 @@ def test_the_dice_unit_is_exported_without_the_join_at_its_build_size(shuffle: b
         assert any("stack" in str(n.target) for n in calls(off)) is shuffle
         torch.testing.assert_close(off.module()(other), unit(other), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class _AdaptivePool(nn.Module):
+    def __init__(self, size: tuple[int, int]) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return adaptive_avg_pool2d(x, self.size)
+
+
+@pytest.mark.parametrize(
+    ("shape", "size", "plain_pool"),
+    [
+        ((1, 3, 64, 32), (32, 16), True),  # EPP's scale 0.5 and the way back from scale 2
+        ((1, 3, 96, 48), (64, 32), False),  # back from scale 1.5: windows of 2 at strides 1 and 2
+        ((2, 3, 32, 16), (5, 5), False),  # scale 0.1, held at EPP's minimum of 5
+        ((1, 2, 3, 4), (5, 5), False),  # a map smaller than the minimum: the pool repeats
+    ],
+)
+def test_the_exported_adaptive_pool_is_a_plain_pool_or_two_products(shape, size, plain_pool):
+    x = torch.randn(*shape)
+    program = exported(_AdaptivePool(size), x)
+    assert [refused_by_xnnpack(n) for n in calls(program) if refused_by_xnnpack(n)] == []
+    names = [str(n.target) for n in calls(program)]
+    assert ("aten.avg_pool2d.default" in names) is plain_pool
+    expected = torch.nn.functional.adaptive_avg_pool2d(x, size)
+    torch.testing.assert_close(program.module()(x), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backbone", ["dicenet", "espnetv2"])
+def test_the_exported_segmentation_network_is_one_delegate_and_equals_eager(backbone) -> None:
+    from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+
+    build = dicenet_segmentation if backbone == "dicenet" else espnetv2_segmentation
+    torch.manual_seed(0)
+    net = trained_like(build(scale=0.5, num_classes=5))
+    # off DiCE's build size (224), and EPP's pyramids at sizes that do not divide (scales 1.5, 0.1)
+    x = torch.randn(1, 3, 96, 160)
+    program = exported(net, x)
+    refused = [(str(n.target), why) for n in calls(program) if (why := refused_by_xnnpack(n))]
+    assert refused == []
+    with torch.no_grad():
+        expected = net(x)
+        got = program.module()(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

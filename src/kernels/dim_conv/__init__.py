@@ -54,6 +54,7 @@ from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.dim_conv import contract as contract
 from src.kernels.dim_conv.contract import Weights
 from src.kernels.layout import is_channels_last
+from src.kernels.pooling import adaptive_pool_matrix, static_size
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -167,19 +168,15 @@ def resize_matrix(n_in: int, n_out: int, *, dtype: torch.dtype, device: torch.de
     Shape:
         (n_out, n_in)
     """
+    if n_out <= n_in:
+        return adaptive_pool_matrix(n_in, n_out, dtype=dtype, device=device)
     out_idx = torch.arange(n_out, device=device, dtype=torch.float64)
     in_idx = torch.arange(n_in, device=device, dtype=torch.float64)
-    if n_out > n_in:
-        pos = out_idx * ((n_in - 1) / (n_out - 1))  # n_out >= 2 here
-        low = pos.floor().clamp(max=n_in - 1)
-        high = (low + 1).clamp(max=n_in - 1)
-        frac = (pos - low)[:, None]
-        matrix = (1 - frac) * (in_idx == low[:, None]) + frac * (in_idx == high[:, None])
-    else:
-        start = torch.div(out_idx * n_in, n_out, rounding_mode="floor")
-        end = -torch.div(-(out_idx + 1) * n_in, n_out, rounding_mode="floor")  # ceil
-        inside = (in_idx >= start[:, None]) & (in_idx < end[:, None])
-        matrix = inside / (end - start)[:, None]
+    pos = out_idx * ((n_in - 1) / (n_out - 1))  # n_out >= 2 here
+    low = pos.floor().clamp(max=n_in - 1)
+    high = (low + 1).clamp(max=n_in - 1)
+    frac = (pos - low)[:, None]
+    matrix = (1 - frac) * (in_idx == low[:, None]) + frac * (in_idx == high[:, None])
     return matrix.to(dtype)
 
 
@@ -221,6 +218,13 @@ def resize_axis(x: Tensor, dim: int, size: int) -> Tensor:
         return x
     else:
         matrix = resize_matrix(n, size, dtype=x.dtype, device=x.device)
+    if exporting():
+        # the same products as a 1x1 convolution over axis 1 and a linear map of the last axis:
+        # the matmuls below broadcast the matrix over the batch (``expand_copy``), which
+        # ExecuTorch's XNNPACK partitioner leaves outside its delegates
+        if dim == 1:
+            return F.conv2d(x, matrix[:, :, None, None])
+        return F.linear(x, matrix)
     if dim == 1:
         # (size, N) @ (B, N, A * M) -> (B, size, A * M) -> (B, size, A, M)
         return (matrix @ x.flatten(2)).unflatten(2, x.shape[2:])
@@ -258,7 +262,9 @@ def dim_conv_reference(
     half = (weight_channel.shape[-1] - 1) // 2
     d_c, d_h, d_w = dilation
     y_channel = F.conv2d(x, weight_channel, padding=half * d_c, dilation=d_c, groups=channels)
-    x_hcw = x.transpose(1, 2).contiguous()  # (B, C, H, W) -> (B, H, C, W)
+    x_hcw = x.transpose(1, 2)  # (B, C, H, W) -> (B, H, C, W)
+    if not exporting():  # one copy both branches read (the docstring); a graph leaves it out,
+        x_hcw = x_hcw.contiguous()  # as XNNPACK's partitioner takes no change of memory format
     # height-wise: H groups, kernel over (C, W); resized to H_b rows and back
     x_h = resize_axis(x_hcw, 1, h_b)  # (B, H_b, C, W)
     y_h = F.conv2d(x_h, weight_height, padding=half * d_h, dilation=d_h, groups=h_b)
@@ -297,9 +303,7 @@ def static_build_size(x: Tensor, height: int, width: int) -> bool:
     a graph whose height and width are static: ``torch.export`` gives a dynamic size as a
     symbol, so a plain int is the graph's one size (``torch.jit.trace`` gives ints for dynamic
     sizes too, so it never counts as static)."""
-    size = x.shape[-2:]
-    static = all(isinstance(n, int) for n in size) and not torch.jit.is_tracing()
-    return static and tuple(size) == (height, width)
+    return static_size(x) == (height, width)
 
 
 def dim_conv_exported(
