@@ -18,10 +18,11 @@ median of ``--repeats`` runs after ``--warmup`` (and the minimum, less disturbed
 shared cores). Prints a table with the ratios the deployment targets name (DiCENet's fp32 latency
 over ShuffleNetV2's, each int8 speed-up over its fp32), then one JSON object.
 
-With ``--executorch`` (the ``[executorch]`` extra) the classifiers are also lowered to XNNPACK
-ExecuTorch programs, fp32 and int8 (PT2E with the XNNPACK quantizer, as ``export.py
-format=executorch`` does), and timed through the Python runtime in a round-robin of their own after
-the others (XNNPACK's thread pool stays busy after a call and slowed the next runner).
+With ``--executorch`` (the ``[executorch]`` extra) the networks are also lowered to XNNPACK
+ExecuTorch programs, fp32 and, for the classifiers, int8 (PT2E with the XNNPACK quantizer, as
+``export.py format=executorch`` does), and timed through the Python runtime in a round-robin of
+their own after the others (XNNPACK's thread pool stays busy after a call and slowed the next
+runner).
 
     python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy] [--executorch]
     python benchmarks/deploy.py --out /tmp/deploy --reuse   # measure the files written before
@@ -183,30 +184,37 @@ def profile(path: Path, feeds: dict, threads: int, runs: int = 10, top: int = 6)
 
 
 def executorch_runs(
-    net: nn.Module, x: torch.Tensor, stem: Path, calibration: int, runs: dict, reuse: bool = False
+    net: nn.Module,
+    x: torch.Tensor,
+    stem: Path,
+    calibration: int,
+    runs: dict,
+    reuse: bool = False,
+    int8: bool = True,
 ) -> dict[str, float]:
-    """Lower ``net`` to XNNPACK ExecuTorch programs, fp32 and int8 (PT2E, XNNPACK quantizer,
-    calibrated on random images) as ``export.py format=executorch`` does (``reuse``: take the
-    programs already at ``stem``); adds their loaded programs to ``runs`` and returns their sizes
-    and the fp32 program's error against eager."""
+    """Lower ``net`` to XNNPACK ExecuTorch programs, fp32 and (``int8``) int8 (PT2E, XNNPACK
+    quantizer, calibrated on random images) as ``export.py format=executorch`` does (``reuse``:
+    take the programs already at ``stem``); adds their loaded programs to ``runs`` and returns
+    their sizes and the fp32 program's error against eager."""
     from src.export.executorch import export_executorch, load_program
     from src.export.spec import ExportSpec
 
     spec = ExportSpec("network", net, (x,), ["image"], ["logits"])
-    fp32, int8 = stem.with_suffix(".pte"), stem.with_suffix(".int8.pte")
+    fp32 = stem.with_suffix(".pte")
     if not (reuse and fp32.is_file()):
         export_executorch(spec, fp32)
-    if not (reuse and int8.is_file()):
-        images = [(torch.randn_like(x),) for _ in range(calibration)]
-        export_executorch(spec, int8, calibration=images)
-    runs["executorch_fp32"], runs["executorch_int8"] = load_program(fp32), load_program(int8)
+    runs["executorch_fp32"] = load_program(fp32)
     with torch.no_grad():
         error = (runs["executorch_fp32"]([x])[0] - net(x)).abs().max().item()
-    return {
-        "executorch_fp32_max_abs_error": error,
-        "pte_mb": round(fp32.stat().st_size / 2**20, 2),
-        "pte_int8_mb": round(int8.stat().st_size / 2**20, 2),
-    }
+    info = {"executorch_fp32_max_abs_error": error, "pte_mb": round(fp32.stat().st_size / 2**20, 2)}
+    if int8:
+        quantized = stem.with_suffix(".int8.pte")
+        if not (reuse and quantized.is_file()):
+            images = [(torch.randn_like(x),) for _ in range(calibration)]
+            export_executorch(spec, quantized, calibration=images)
+        runs["executorch_int8"] = load_program(quantized)
+        info["pte_int8_mb"] = round(quantized.stat().st_size / 2**20, 2)
+    return info
 
 
 def header(threads: int, repeats: int) -> dict:
@@ -263,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--executorch",
         action="store_true",
-        help="add ExecuTorch XNNPACK fp32 and int8 programs of the classifiers (minutes to lower)",
+        help="add ExecuTorch XNNPACK programs: fp32, int8 of the classifiers (minutes to lower)",
     )
     args = parser.parse_args(argv)
     require("onnxruntime", "export", "benchmarks/deploy.py")
@@ -311,8 +319,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.profile:
             info[name]["fp32_profile"] = profile(fp32, feeds, args.threads)
             info[name]["int8_profile"] = profile(int8, feeds, args.threads)
-        if args.executorch and classifier and not plain:
-            info[name].update(executorch_runs(net, x, folder / name, args.calibration, runs, reuse))
+        if args.executorch and not plain:  # the segmentation networks in fp32 only
+            info[name].update(
+                executorch_runs(
+                    net, x, folder / name, args.calibration, runs, reuse, int8=classifier
+                )
+            )
         runners[(name, "eager")] = lambda net=net, x=x: net(x)
         for runtime, sess in runs.items():
             if runtime.startswith("executorch"):  # a loaded program: inputs -> outputs
