@@ -61,6 +61,16 @@ def exporting() -> bool:
     return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
+def static_size(x: Tensor) -> tuple[int, int] | None:
+    """The (H, W) of ``x`` when the graph being built holds it as plain ints, else None:
+    ``torch.export`` gives a dynamic size as a symbol, and ``torch.jit.trace`` gives ints even for
+    the sizes it leaves dynamic, so nothing it traces counts as static."""
+    size = tuple(x.shape[-2:])
+    if torch.jit.is_tracing() or not all(isinstance(n, int) for n in size):
+        return None
+    return size  # type: ignore[return-value]
+
+
 _EXPORT_CAPTURES: list[None] = []  # one entry per open capture_for_export block
 
 

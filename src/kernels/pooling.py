@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from src.kernels.dispatch import exporting
+from src.kernels.dispatch import exporting, static_size
 
 
 def _channels_last_on_cpu(pool: nn.Module, x: Tensor) -> Tensor:
@@ -40,16 +40,6 @@ def _channels_last_on_cpu(pool: nn.Module, x: Tensor) -> Tensor:
         return pool(x)
     # (B, C, H, W) NCHW -> channels-last copy -> pool -> NCHW copy
     return pool(x.contiguous(memory_format=torch.channels_last)).contiguous()
-
-
-def static_size(x: Tensor) -> tuple[int, int] | None:
-    """The (H, W) of ``x`` when the graph being built holds it as plain ints, else None:
-    ``torch.export`` gives a dynamic size as a symbol, and ``torch.jit.trace`` gives ints even for
-    the sizes it leaves dynamic, so nothing it traces counts as static."""
-    size = tuple(x.shape[-2:])
-    if torch.jit.is_tracing() or not all(isinstance(n, int) for n in size):
-        return None
-    return size  # type: ignore[return-value]
 
 
 def adaptive_pool_matrix(

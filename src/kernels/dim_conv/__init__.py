@@ -48,13 +48,14 @@ from src.kernels import (
     needs_backward,
     opaque_op,
     size_bucket,
+    static_size,
     use_triton,
 )
 from src.kernels.cpu import cpu_kernels_loaded, dispatch_mode_active
 from src.kernels.dim_conv import contract as contract
 from src.kernels.dim_conv.contract import Weights
 from src.kernels.layout import is_channels_last
-from src.kernels.pooling import adaptive_pool_matrix, static_size
+from src.kernels.pooling import adaptive_pool_matrix
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
