@@ -25,6 +25,7 @@ import pytest
 
 from src.commands.study.claims import Claim, ModelSpec, TuneStage, load_claim, load_claims
 from src.commands.study.plan import plan
+from src.commands.study.record import keep, keep_all, restore
 from src.commands.study.report import (
     claim_section,
     collect,
@@ -306,6 +307,43 @@ def test_the_report_gives_the_paired_bootstrap_where_runs_kept_their_test_output
     assert difference == pytest.approx(0.2)
     assert 0.13 < low < 0.2 < high < 0.27
     assert f"| {found} |" in row
+
+
+def test_the_record_lets_a_fresh_clone_resume_and_write_the_same_report(tmp_path: Path) -> None:
+    """Every finished run is kept in the record (its validation rows only, kilobytes); a study in
+    an empty folder restored from it runs nothing again and reports the same numbers."""
+    toy = claim()
+    first = Study(tmp_path / "logs", OutputsRunner(), record=tmp_path / "record")
+    first.run_claim(toy)
+    kept = sorted((tmp_path / "record").glob("runs/**/metrics.json"))
+    assert len(kept) == len(set(first.runner.keys))
+    # a CSV log with training rows: the record keeps the validation rows and columns only
+    log = next((tmp_path / "logs").glob("runs/**/csv/version_0/metrics.csv"))
+    run_dir = log.parents[2]
+    with log.open("a") as file:
+        file.write("99,0,\n")  # a training row: no validation
+    keep(run_dir, tmp_path / "logs", tmp_path / "record")
+    copied = (
+        tmp_path / "record" / run_dir.relative_to(tmp_path / "logs") / "csv/version_0/metrics.csv"
+    )
+    assert copied.read_text().splitlines()[0] == "step,epoch,val/loss"
+    assert len(copied.read_text().splitlines()) == 3  # the header and two validations
+    # a fresh clone: nothing in logs/, the record restored
+    fresh = tmp_path / "clone"
+    assert restore(tmp_path / "record", fresh) == len(kept)
+    assert restore(tmp_path / "record", fresh) == 0  # a finished run is never overwritten
+    runner = OutputsRunner()
+    again = Study(fresh, runner)
+    again.run_claim(toy)
+    assert runner.calls == []
+    before, _ = claim_section(toy, collect(first, toy), None, kept=True)
+    after, _ = claim_section(toy, collect(again, toy), None, kept=True)
+    assert after == before.replace(str(tmp_path / "logs"), str(fresh))
+    assert "paired bootstrap over the test examples +0.20" in after
+    # an unfinished run is neither kept nor restored
+    (run_dir / "metrics.json").write_text(json.dumps({"status": "running"}))
+    assert keep(run_dir, tmp_path / "logs", tmp_path / "elsewhere") is None
+    assert keep_all(tmp_path / "logs", tmp_path / "elsewhere") == len(kept) - 1
 
 
 @pytest.mark.parametrize(

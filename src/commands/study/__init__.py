@@ -28,6 +28,11 @@ The claims go side by side; their runs go ``--jobs`` at a time in all (default 2
 ``<out>/runs/<the model's overrides>/<run>/`` (default ``logs/study``; claims that compare the same
 model share its runs, which go once). A run whose ``metrics.json`` says finished is
 never run again, so an interrupted study resumes where it stopped.
+Each finished run's metrics, validation curve, test outputs and recipe are also kept in
+``--record`` (``docs/claims_runs`` for the default ``--out``: a few kilobytes a run, in the
+repository), and copied back into ``--out`` before anything else: a fresh clone re-writes the
+report and resumes the study without running again what has finished
+(:mod:`src.commands.study.record`).
 The report (``docs/claims.md`` and one curve plot per claim) gives per model the parameters, the
 recipe, the tuning runs, test metric mean ± std over the seeds, validation loss, updates, training
 time and time per update, the intervals, and a verdict: **holds**, **does not hold** or
@@ -49,8 +54,18 @@ from pathlib import Path
 
 from src.commands.study.claims import ROOT, load_claims
 from src.commands.study.plan import plan
+from src.commands.study.record import keep_all, restore
 from src.commands.study.report import write_report
-from src.commands.study.runner import Study, due_runs, multirun_commands, subprocess_runner
+from src.commands.study.runner import (
+    Study,
+    due_runs,
+    multirun_commands,
+    shown,
+    subprocess_runner,
+)
+
+DEFAULT_OUT = ROOT / "logs" / "study"
+DEFAULT_RECORD = ROOT / "docs" / "claims_runs"
 
 
 def claims_epilog() -> str:
@@ -73,10 +88,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=ROOT / "logs" / "study",
+        default=DEFAULT_OUT,
         help="the study's folder: each run of train.py in "
         "<out>/runs/<the model's overrides>/<run>/; a finished run there is never run again, "
         "so a study resumes where it stopped (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="the runs kept in the repository: each finished run's metrics, validation curve, test "
+        "outputs and recipe, copied back into --out first, so that a fresh clone resumes the "
+        "study and re-writes the report (default: docs/claims_runs with the default --out, "
+        "none with another)",
     )
     parser.add_argument(
         "--jobs", type=int, default=2, help="train.py runs at a time (default: %(default)s)"
@@ -122,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         "claim, and its curve plot claims_<name>.png beside it (default: %(default)s)",
     )
     args = parser.parse_args(argv)
+    if args.record is None and args.out == DEFAULT_OUT:
+        args.record = DEFAULT_RECORD
     claims = load_claims(args.claims)
     extra = not args.no_extra_seeds
     study = Study(
@@ -130,7 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         jobs=args.jobs,
         extend=args.extend,
         extra_seeds=extra,
+        record=args.record,
     )
+    if args.record is not None:
+        restored = restore(args.record, args.out)
+        kept = keep_all(args.out, args.record)  # runs that finished before they were kept
+        if restored or kept:
+            print(f"{restored} runs restored from {shown(args.record)}, {kept} kept there")
     if args.plan:
         print(plan(args.out, claims, args.extend, extra, args.jobs))
         return

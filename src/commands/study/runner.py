@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from src.commands.study.claims import FIRST_SEED, ROOT, SELECT_KEY, Claim, ModelSpec
+from src.commands.study.record import keep
 from src.commands.study.stats import UNDECIDED, decide, welch
 
 Options = tuple[tuple[str, str], ...]  # (stage, option) of a model's tuned stages
@@ -198,8 +199,11 @@ class Study:
         extend: int = 2,
         verbose: bool = True,
         extra_seeds: bool = True,
+        record: Path | None = None,
     ) -> None:
         self.out = out
+        # where each finished run is kept for a fresh clone (:mod:`src.commands.study.record`)
+        self.record = record
         self.extra_seeds = extra_seeds
         self.verbose = verbose
         # the runs of both models' chains share the slots: at most ``jobs`` at a time in all
@@ -230,6 +234,8 @@ class Study:
                 )
                 sys.stdout.flush()
             self.runner(claim, key, run_dir, ())
+            if self.record is not None:
+                keep(run_dir, self.out, self.record)
 
     def ensure(self, claim: Claim, keys: Iterable[RunKey]) -> None:
         """Runs those of ``keys`` that have not finished, ``jobs`` at a time."""
