@@ -340,6 +340,11 @@ def test_the_record_lets_a_fresh_clone_resume_and_write_the_same_report(tmp_path
     after, _ = claim_section(toy, collect(again, toy), None, kept=True)
     assert after == before.replace(str(tmp_path / "logs"), str(fresh))
     assert "paired bootstrap over the test examples +0.20" in after
+    # nor is the data-preparing run
+    preparing = tmp_path / "logs" / "runs" / "m" / "prepare"
+    preparing.mkdir(parents=True)
+    (preparing / "metrics.json").write_text(json.dumps({"status": "finished"}))
+    assert keep_all(tmp_path / "logs", tmp_path / "record") == 0
     # an unfinished run is neither kept nor restored
     (run_dir / "metrics.json").write_text(json.dumps({"status": "running"}))
     assert keep(run_dir, tmp_path / "logs", tmp_path / "elsewhere") is None

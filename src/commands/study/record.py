@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 
 METRICS = "metrics.json"
+PREPARE = "prepare"  # the folder of the study's data-preparing run (Study.prepare)
 # copied whole; the CSV logs are filtered (_validation_rows)
 # metrics.json last: a folder with it is complete (a copy cut short leaves no finished run)
 COPIED = ("test_outputs.json", ".hydra/config.yaml", ".hydra/overrides.yaml", METRICS)
@@ -87,6 +88,8 @@ def keep_all(out: Path, record: Path) -> int:
     kept = 0
     for path in sorted(out.glob(f"runs/**/{METRICS}")):
         run_dir = path.parent
+        if run_dir.name == PREPARE:  # a one-batch run that only prepared the data
+            continue
         if not finished(record / run_dir.relative_to(out)) and keep(run_dir, out, record):
             kept += 1
     return kept

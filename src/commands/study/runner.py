@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from src.commands.study.claims import FIRST_SEED, ROOT, SELECT_KEY, Claim, ModelSpec
-from src.commands.study.record import keep
+from src.commands.study.record import PREPARE, keep
 from src.commands.study.stats import UNDECIDED, decide, welch
 
 Options = tuple[tuple[str, str], ...]  # (stage, option) of a model's tuned stages
@@ -382,7 +382,7 @@ class Study:
                 key = RunKey(model, model.lrs[0], FIRST_SEED, model.length)
                 extra = ("trainer.fast_dev_run=true", "test=false")
                 with self.slots:  # a slot, like every run: another claim may be training
-                    self.runner(claim, key, model.folder(self.out) / "prepare", extra)
+                    self.runner(claim, key, model.folder(self.out) / PREPARE, extra)
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text("the data is prepared\n")
 
