@@ -102,9 +102,15 @@ def export(
 
 
 def quantize(
-    fp32: Path, shape: tuple[int, ...], count: int, path: Path, every_op: bool = False
+    fp32: Path,
+    shape: tuple[int, ...],
+    count: int,
+    path: Path,
+    every_op: bool = False,
+    nodes: list[str] | None = None,
 ) -> Path:
-    """The int8 QDQ file of ``fp32``: its dense products, or ``every_op`` the quantizer takes."""
+    """The int8 QDQ file of ``fp32``: its dense products, ``every_op`` the quantizer takes, or the
+    named ``nodes`` (of the pre-processed graph)."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -134,7 +140,7 @@ def quantize(
         per_channel=True,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
-        nodes_to_quantize=None if every_op else dense_nodes(onnx.load(str(prepared))),
+        nodes_to_quantize=None if every_op else nodes or dense_nodes(onnx.load(str(prepared))),
     )
     return path
 
