@@ -92,15 +92,20 @@ def prelu_nodes(model) -> list[str]:
     return names
 
 
+def variant_files(folder: Path, suffix: str) -> dict[str, Path]:
+    """The three files of a runtime (variant -> path)."""
+    return {
+        "fp32": folder / f"dicenet.{suffix}",
+        "int8": folder / f"dicenet.int8.{suffix}",
+        "int8_quantisable_prelu": folder / f"dicenet_q.int8.{suffix}",
+    }
+
+
 def onnx_files(net: nn.Module, x: Tensor, folder: Path, reuse: bool) -> dict[str, Path]:
     import onnx
     from onnxruntime.quantization import quant_pre_process
 
-    files = {
-        "fp32": folder / "dicenet.onnx",
-        "int8": folder / "dicenet.int8.onnx",
-        "int8_quantisable_prelu": folder / "dicenet_q.int8.onnx",
-    }
+    files = variant_files(folder, "onnx")
     if reuse and all(p.is_file() for p in files.values()):
         return files
     export(net, x, files["fp32"])
@@ -121,11 +126,7 @@ def executorch_files(net: nn.Module, x: Tensor, folder: Path, reuse: bool) -> di
     from src.export.executorch import export_executorch
     from src.export.spec import ExportSpec
 
-    files = {
-        "fp32": folder / "dicenet.pte",
-        "int8": folder / "dicenet.int8.pte",
-        "int8_quantisable_prelu": folder / "dicenet_q.int8.pte",
-    }
+    files = variant_files(folder, "pte")
     if reuse and all(p.is_file() for p in files.values()):
         return files
     spec = ExportSpec("network", net, (x,), ["image"], ["logits"])
