@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         "claim, and its curve plot claims_<name>.png beside it (default: %(default)s)",
     )
     args = parser.parse_args(argv)
-    if args.record is None and args.out == DEFAULT_OUT:
+    if args.record is None and args.out.resolve() == DEFAULT_OUT.resolve():
         args.record = DEFAULT_RECORD
     claims = load_claims(args.claims)
     extra = not args.no_extra_seeds
