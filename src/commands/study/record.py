@@ -4,7 +4,7 @@ A run's folder holds checkpoints and logs of tens of megabytes and lives in ``lo
 git), so a fresh clone has none of the study's runs: the report could not be re-written, and
 the study would start over (many CPU hours). The record keeps, for each finished run, the few
 files the decisions and the report read (kilobytes), under the same relative path
-(``<record>/<the model's overrides>/<run>/``):
+(``<record>/runs/<the model's overrides>/<run>/``, as under the study's ``--out``):
 
 - ``metrics.json``: the test metrics, parameters, updates and times;
 - ``csv/version_*/metrics.csv``: the validation rows only (the curve and the best validation
@@ -29,6 +29,7 @@ METRICS = "metrics.json"
 PREPARE = "prepare"  # the folder of the study's data-preparing run (Study.prepare)
 # copied whole; the CSV logs are filtered (_validation_rows)
 # metrics.json last: a folder with it is complete (a copy cut short leaves no finished run)
+# (test_outputs.json is bootstrap.TEST_OUTPUTS, not imported: that module loads the BLEU metric)
 COPIED = ("test_outputs.json", ".hydra/config.yaml", ".hydra/overrides.yaml", METRICS)
 CURVES = "csv/version_*/metrics.csv"
 
