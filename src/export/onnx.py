@@ -184,6 +184,20 @@ def custom_translations() -> dict:
     }
 
 
+def traced_inputs(spec: ExportSpec) -> tuple[Tensor, ...]:
+    """``spec.inputs`` as traced: an input whose dynamic batch ("batch") is 1 in the example is
+    repeated to 2 along it, since ``torch.export`` specialises a dimension of size 1 to the
+    constant 1 (the export then fails with "Constraints violated (batch)"); the graph takes any
+    batch either way."""
+    inputs = []
+    for name, tensor in zip(spec.input_names, spec.inputs, strict=True):
+        for axis, dim in spec.dynamic.get(name, {}).items():
+            if dim == "batch" and tensor.shape[axis] == 1:
+                tensor = torch.cat([tensor, tensor], axis)
+        inputs.append(tensor)
+    return tuple(inputs)
+
+
 def export_onnx(
     spec: ExportSpec,
     path: str | Path,
@@ -208,7 +222,7 @@ def export_onnx(
     with torch.no_grad():
         program = torch.onnx.export(
             module,
-            spec.inputs,
+            traced_inputs(spec),
             dynamo=True,
             dynamic_shapes=dynamic_shapes(spec),
             input_names=spec.input_names,

@@ -94,3 +94,19 @@ def test_a_fixed_size_dicenet_graph_has_no_resize_products(tmp_path) -> None:
     assert "MatMul" not in op_counts(path)
     check = parity(session(path), spec, (torch.randn(3, 3, 32, 32),))
     assert check["max_abs"] <= TOLERANCE, check
+
+
+@pytest.mark.slow  # about 25 s, as above
+def test_an_example_batch_of_one_image_exports_a_dynamic_batch(tmp_path) -> None:
+    # torch.export makes a dimension of size 1 the constant 1, and the exporter's fallbacks fail
+    # on DiCE units ("Invalid ranges [2:1]"): export_onnx traces the example repeated to two
+    # images, and the graph takes any batch
+    net = build("dicenet", 32, {"scale": 0.2, "stem_stride": 1})
+    spec = vision_spec(net, torch.randn(1, 3, 32, 32), fixed_size=True)
+    path = export_onnx(spec, tmp_path / "dicenet.onnx")
+    (image,) = graph_inputs(path)
+    assert image["dynamic"] == [0]
+    runner = session(path)
+    for batch in (1, 3):
+        check = parity(runner, spec, (torch.randn(batch, 3, 32, 32),))
+        assert check["max_abs"] <= TOLERANCE, check
