@@ -24,8 +24,11 @@ mean; the target is >= 99% on every image) and the logits' signal-to-quantisatio
 - with ``--sensitivity``: each item alone (the logits' SQNR with only that item quantised), then
   the most harmful K items left in float (``--keep``), greedily by that ranking.
 
+With ``--executorch``, ExecuTorch's int8 as ``export.py format=executorch quantize=int8`` makes it
+(PT2E, the XNNPACK quantizer) on the same calibration images, its converted module run in PyTorch.
+
     python benchmarks/seg_int8_analysis.py [--reference DIR] [--only SUBSTRING] [--sensitivity]
-        [--keep 2,4,8,16,32,64] [--check-ort] [--work DIR] [--json PATH]
+        [--keep 2,4,8,16,32,64] [--check-ort] [--executorch] [--work DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Network:
     images: list[torch.Tensor]
     names: list[str]
     onnx_path: Path
+    module: torch.nn.Module | None = None
 
 
 def load_network(fixture: Path, reference: Path, work: Path) -> Network:
@@ -88,7 +92,7 @@ def load_network(fixture: Path, reference: Path, work: Path) -> Network:
     path = folder / "fp32.onnx"
     if not path.is_file():
         export_onnx(vision_spec(net, images[0]), path)
-    return Network(fixture.stem, images, names, path)
+    return Network(fixture.stem, images, names, path, net)
 
 
 class Simulation:
@@ -298,6 +302,25 @@ def ort_agreement(simulation: Simulation, work: Path) -> dict[str, float]:
     return {"lowest": result["lowest"], "mean": result["mean"], "sqnr_db": result["sqnr_db"]}
 
 
+def executorch_agreement(network: Network) -> dict[str, float]:
+    """ExecuTorch's int8 (PT2E, XNNPACK's quantizer: every operator it annotates, not only the
+    dense products) on the same calibration images, its converted module run in PyTorch, against
+    eager fp32."""
+    from src.export.executorch import quantized_module
+    from src.export.vision import vision_spec
+
+    assert network.module is not None
+    spec = vision_spec(network.module, network.images[0])
+    calibration = [(x,) for x in network.images] + [(x.flip(-1),) for x in network.images]
+    quantised = quantized_module(spec, calibration)
+    agreement = []
+    with torch.no_grad():
+        for image in network.images:
+            reference, found = network.module(image), quantised(image)
+            agreement.append(float((found.argmax(1) == reference.argmax(1)).double().mean()))
+    return {"lowest": min(agreement), "mean": float(np.mean(agreement))}
+
+
 def analyse(simulation: Simulation, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sim = simulation
     rows = {
@@ -315,6 +338,8 @@ def analyse(simulation: Simulation, args: argparse.Namespace, work: Path) -> dic
     }
     if args.check_ort:
         result["onnxruntime_int8"] = ort_agreement(sim, work)
+    if args.executorch:
+        result["executorch_int8"] = executorch_agreement(sim.network)
     if args.sensitivity:
         items = [("tensor", t) for t in sim.tensors] + [("weight", n) for n in sim.dense]
         alone = {}
@@ -347,6 +372,7 @@ def main() -> None:
     parser.add_argument("--sensitivity", action="store_true")
     parser.add_argument("--keep", default="2,4,8,16,32,64")
     parser.add_argument("--check-ort", action="store_true")
+    parser.add_argument("--executorch", action="store_true", help="ExecuTorch's int8 as well")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", default=str(ROOT / "logs" / "seg_int8_analysis"))
     parser.add_argument("--json", default=None)
@@ -388,6 +414,10 @@ def main() -> None:
             f"| {name} | " + " | ".join(cells) + f" | {worst[1]['within_tie']:.1%} ({worst[0]}) |"
         )
     for name, r in results.items():
+        if "executorch_int8" in r:
+            e = r["executorch_int8"]
+            print(f"{name}: ExecuTorch int8 (XNNPACK quantizer): lowest {e['lowest']:.1%}, "
+                  f"mean {e['mean']:.1%}")  # fmt: skip
         for k, row in r.get("kept_in_float", {}).items():
             print(f"{name}: the {k} most harmful items in float: lowest {row['lowest']:.1%}, "
                   f"mean {row['mean']:.1%}, SQNR {row['sqnr_db']:.1f} dB")  # fmt: skip
