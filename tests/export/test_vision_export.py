@@ -85,27 +85,15 @@ def test_a_fixed_size_spec_has_a_dynamic_batch_only() -> None:
 @pytest.mark.slow  # about 25 s: a small DiCENet at 32x32, unlike the heavy exports above
 def test_a_fixed_size_dicenet_graph_has_no_resize_products(tmp_path) -> None:
     # input_size 32 builds the DiCE units for the maps a 32x32 image gives: at that one size
-    # their resizes are identities, left out of the graph
-    net = build("dicenet", 32, {"scale": 0.2, "stem_stride": 1})
-    spec = vision_spec(net, torch.randn(2, 3, 32, 32), fixed_size=True)
-    path = export_onnx(spec, tmp_path / "dicenet.onnx")
-    (image,) = graph_inputs(path)
-    assert image["dynamic"] == [0]
-    assert "MatMul" not in op_counts(path)
-    check = parity(session(path), spec, (torch.randn(3, 3, 32, 32),))
-    assert check["max_abs"] <= TOLERANCE, check
-
-
-@pytest.mark.slow  # about 25 s, as above
-def test_an_example_batch_of_one_image_exports_a_dynamic_batch(tmp_path) -> None:
-    # torch.export makes a dimension of size 1 the constant 1, and the exporter's fallbacks fail
-    # on DiCE units ("Invalid ranges [2:1]"): export_onnx traces the example repeated to two
-    # images, and the graph takes any batch
+    # their resizes are identities, left out of the graph. The example is one image: torch.export
+    # makes a dimension of size 1 the constant 1, and the exporter's fallbacks fail on DiCE units
+    # ("Invalid ranges [2:1]"), so export_onnx traces it repeated to two; the batch stays dynamic
     net = build("dicenet", 32, {"scale": 0.2, "stem_stride": 1})
     spec = vision_spec(net, torch.randn(1, 3, 32, 32), fixed_size=True)
     path = export_onnx(spec, tmp_path / "dicenet.onnx")
     (image,) = graph_inputs(path)
     assert image["dynamic"] == [0]
+    assert "MatMul" not in op_counts(path)
     runner = session(path)
     for batch in (1, 3):
         check = parity(runner, spec, (torch.randn(batch, 3, 32, 32),))
