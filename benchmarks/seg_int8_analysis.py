@@ -125,8 +125,7 @@ class Simulation:
         )
         self.feeds = [{"image": x.numpy()} for x in network.images]
         self.calibration = self.feeds + [{"image": x.flip(-1).numpy()} for x in network.images]
-        self.ranges = self._ranges()
-        self.means = self._input_means()
+        self.ranges, self.means = self._calibrate()
         self.reference = self.run(self.model)
 
     def session(self, model: Any) -> Any:
@@ -150,33 +149,25 @@ class Simulation:
         model.graph.output.extend(infos[n] for n in names if n in infos and n not in outputs)
         return model, [n for n in names if n in infos or n in outputs]
 
-    def _ranges(self) -> dict[str, tuple[float, float]]:
-        """Each tensor's (min, max) over the calibration images, 0 included."""
+    def _calibrate(self) -> tuple[dict[str, tuple[float, float]], dict[str, np.ndarray]]:
+        """In one pass over the calibration images: each tensor's (min, max), 0 included, and the
+        channel means of each dense product's (B, C, H, W) input (a subset of the tensors)."""
         model, names = self._with_outputs([t for t in self.tensors if t != "image"])
         session = self.session(model)
+        inputs = set(self.nodes[n].input[0] for n in self.dense)
         low = {t: 0.0 for t in self.tensors}
         high = {t: 0.0 for t in self.tensors}
+        sums: dict[str, np.ndarray] = {}
         for feed in self.calibration:
             outputs = dict(zip(names, session.run(names, feed)))
             outputs.setdefault("image", feed["image"])
             for t in self.tensors:
                 low[t] = min(low[t], float(outputs[t].min()))
                 high[t] = max(high[t], float(outputs[t].max()))
-        return {t: (low[t], high[t]) for t in self.tensors}
-
-    def _input_means(self) -> dict[str, np.ndarray]:
-        """The calibration mean of each dense convolution's input channels."""
-        inputs = list(dict.fromkeys(self.nodes[n].input[0] for n in self.dense))
-        model, names = self._with_outputs([t for t in inputs if t != "image"])
-        session = self.session(model)
-        sums: dict[str, np.ndarray] = {}
-        for feed in self.calibration:
-            outputs = dict(zip(names, session.run(names, feed)))
-            outputs.setdefault("image", feed["image"])
-            for t in inputs:
-                if t in outputs and outputs[t].ndim == 4:
+                if t in inputs and outputs[t].ndim == 4:
                     sums[t] = sums.get(t, 0) + outputs[t].mean(axis=(0, 2, 3))
-        return {t: s / len(self.calibration) for t, s in sums.items()}
+        ranges = {t: (low[t], high[t]) for t in self.tensors}
+        return ranges, {t: total / len(self.calibration) for t, total in sums.items()}
 
     def rounded(self, node: str) -> np.ndarray:
         """The node's weight at int8, one symmetric scale per output channel."""
