@@ -63,25 +63,34 @@ class Network:
     module: torch.nn.Module | None = None
 
 
-def load_network(fixture: Path, reference: Path, work: Path) -> Network:
-    """The fixture's network with its official weights, exported once into ``work``."""
-    from src.commands.predict import preprocess, read_image
+def official_segmentation(
+    fixture: Path, reference: Path
+) -> tuple[torch.nn.Module, tuple[int, int]]:
+    """The network a ``<family>_s_<s>_pascal_<W>x<H>`` fixture names, with the official weights of
+    the same name under ``reference``, in eval mode, and its (W, H)."""
     from src.compat import load_official
-    from src.datamodules.voc_seg import VOCSegmentationDataModule
-    from src.export.onnx import export_onnx
-    from src.export.vision import vision_spec
     from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
 
     match = FIXTURE_NAME.fullmatch(fixture.stem)
-    assert match is not None, fixture
+    if match is None:
+        raise ValueError(f"{fixture.name} is not named <family>_s_<s>_pascal_<W>x<H>.npz")
     builder = {"dicenet": dicenet_segmentation, "espnetv2": espnetv2_segmentation}[match[1]]
     net = builder(float(match[2]), PASCAL_CLASSES)
     weights = reference / "edgenets" / "weights" / f"{fixture.stem}.pth"
     if not weights.is_file():
         raise FileNotFoundError(f"{fixture.name} needs the official weights at {weights}")
     load_official(net, torch.load(weights, map_location="cpu", weights_only=True))
-    net.eval()
-    size = (int(match[3]), int(match[4]))
+    return net.eval(), (int(match[3]), int(match[4]))
+
+
+def load_network(fixture: Path, reference: Path, work: Path) -> Network:
+    """The fixture's network with its official weights, exported once into ``work``."""
+    from src.commands.predict import preprocess, read_image
+    from src.datamodules.voc_seg import VOCSegmentationDataModule
+    from src.export.onnx import export_onnx
+    from src.export.vision import vision_spec
+
+    net, size = official_segmentation(fixture, reference)
     folder = work / fixture.stem
     datamodule = VOCSegmentationDataModule(root=str(folder / "voc"))  # its normalisation only
     names = [str(n) for n in np.load(fixture)["images"]]

@@ -13,29 +13,24 @@ agreement.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from benchmarks.seg_int8_analysis import FIXTURE_NAME, official_segmentation
 from src.commands.predict import preprocess, read_image
-from src.compat import load_official
 from src.datamodules.voc_seg import VOCSegmentationDataModule
 from src.export.onnx import export_onnx, parity, run_session, session
 from src.export.quantize import quantize_int8
 from src.export.vision import vision_spec
-from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
 from tests.parity.reference import fixtures, reference_dir
 
 pytest.importorskip("onnxruntime")
 # an ONNX export of a DiCE network takes minutes on 2 cores: run with -m heavy
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
-FIXTURE_NAME = re.compile(r"(dicenet|espnetv2)_s_(\d+(?:\.\d+)?)_pascal_(\d+)x(\d+)")
-BUILDERS = {"dicenet": dicenet_segmentation, "espnetv2": espnetv2_segmentation}
-PASCAL_CLASSES = 21
 MIN_AGREEMENT = 0.99
 # measured below MIN_AGREEMENT on these images (docs/deploy.md): 8-bit activations on every
 # network; 16-bit ones on these (the lowest image 0.96-0.99)
@@ -50,15 +45,10 @@ KNOWN_MISSES = {
 
 def official_network(fixture: Path) -> tuple[torch.nn.Module, tuple[int, int]]:
     """The network the fixture's name points to, with its official weights, and its (W, H)."""
-    match = FIXTURE_NAME.fullmatch(fixture.stem)
-    assert match is not None, fixture.name
-    family, scale = match.group(1), float(match.group(2))
-    weights = reference_dir() / "edgenets" / "weights" / f"{fixture.stem}.pth"
-    if not weights.is_file():
-        pytest.fail(f"{fixture.name} needs {weights}, which does not exist")
-    net = BUILDERS[family](scale, PASCAL_CLASSES)
-    load_official(net, torch.load(weights, map_location="cpu", weights_only=True))
-    return net.eval(), (int(match.group(3)), int(match.group(4)))
+    try:
+        return official_segmentation(fixture, reference_dir())
+    except FileNotFoundError as error:
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="module")
