@@ -170,16 +170,26 @@ def size_text(path: Path) -> str:
 
 
 def metric_text(metrics: dict[str, dict[str, Any]]) -> str:
-    """``accuracy eager 97.04%, fp32_onnx 97.04%, int8_onnx 97.04%`` (or ``miou ...``;
-    unlabelled: ``int8's class = fp32's for 98.44% of the pixels of 64 images``)."""
+    """``accuracy eager 97.04%, fp32_onnx 97.04%, int8_onnx 97.04%`` (or ``miou ...``; SSD:
+    ``map ...; map_coco ...``; unlabelled: ``int8's class = fp32's for 98.44% of the pixels of 64
+    images``, for SSD how many of fp32's confident detections int8 finds)."""
     if "int8_vs_fp32" in metrics:
         found = metrics["int8_vs_fp32"]
+        if found["of"] == "detections":
+            return (
+                f"int8 finds {found['agreement']:.2f}% of fp32's {found['detections']} detections "
+                f"scoring >= {found['score']} on {found['images']} images "
+                f"({found['precision']:.2f}% of its own {found['int8_detections']} match fp32's)"
+            )
         of = "" if found["of"] == "images" else "the pixels of "
         return (
             f"int8's class = fp32's for {found['agreement']:.2f}% of {of}{found['images']} images"
         )
-    (key,) = {key for values in metrics.values() for key in values}
-    return f"{key} " + ", ".join(f"{name} {values[key]:.2f}%" for name, values in metrics.items())
+    keys = list(next(iter(metrics.values())))
+    return "; ".join(
+        f"{key} " + ", ".join(f"{name} {values[key]:.2f}%" for name, values in metrics.items())
+        for key in keys
+    )
 
 
 def summary(card: dict[str, Any], files: list[Path]) -> str:
@@ -403,18 +413,21 @@ def executorch_card(
 
 
 def one_at_a_time(
-    predict: Callable[[Tensor], Tensor], size: tuple[int, ...]
-) -> Callable[[Tensor], Tensor]:
-    """``predict`` for a program planned for one image of ``size`` (C, H, W), over a batch:
-    each image alone (a batch's last, smaller one too)."""
+    predict: Callable[[Tensor], list[Tensor]], size: tuple[int, ...]
+) -> Callable[[Tensor], Any]:
+    """``predict`` (one image -> the program's outputs) for a program planned for one image of
+    ``size`` (C, H, W), over a batch: each image alone (a batch's last, smaller one too). Returns
+    the one output batched, or the tuple of them (SSD's locations and logits)."""
 
-    def run(images: Tensor) -> Tensor:
+    def run(images: Tensor) -> Any:
         if tuple(images.shape[1:]) != size:
             raise UsageError(
                 f"the program takes images of {size}; "
                 f"the validation split has {tuple(images.shape[1:])}"
             )
-        return torch.cat([predict(image[None]) for image in images])
+        outputs = [predict(image[None]) for image in images]
+        batched = tuple(torch.cat(parts) for parts in zip(*outputs))
+        return batched[0] if len(batched) == 1 else batched
 
     return run
 
@@ -434,9 +447,7 @@ def executorch_int8(
     from src.export.executorch import export_executorch, load_program
     from src.export.images import limited
 
-    if spec.output_names != ["logits"]:
-        raise UsageError("quantize=int8 measures classification and segmentation networks only")
-    kind = "segmentation" if first_output_is_map(spec) else "classification"
+    kind = task_kind(spec)
     size = tuple(spec.inputs[0].shape[1:])
     calibration = [
         (image[None],)
@@ -448,8 +459,8 @@ def executorch_int8(
     path = export_executorch(spec, out.with_suffix(".int8.pte"), calibration=calibration)
     progress.end("quantize: wrote %s", path)
     int8_program = load_program(path)
-    fp32 = one_at_a_time(lambda x: fp32_program([x])[0], size)
-    int8 = one_at_a_time(lambda x: int8_program([x])[0], size)
+    fp32 = one_at_a_time(lambda x: fp32_program([x]), size)
+    int8 = one_at_a_time(lambda x: int8_program([x]), size)
     metrics = int8_metrics(cfg, task, images, kind, fp32, int8, "executorch")
     progress.end("measure: %s", metric_text(metrics))
     return {
@@ -471,22 +482,27 @@ def int8_metrics(
     int8: Callable[[Tensor], Tensor],
     runtime: str,
 ) -> dict[str, dict[str, Any]]:
-    """The task metric (``kind``: classification or segmentation) of eager PyTorch and of the fp32
-    and int8 files (named ``fp32_<runtime>``, ``int8_<runtime>``) on the validation split; on
-    unlabelled images (``images=``) how often int8's class agrees with fp32's, on the first
-    ``calibration_images`` of them."""
+    """The task metric (``kind``: :func:`task_kind`) of eager PyTorch and of the fp32 and int8
+    files (named ``fp32_<runtime>``, ``int8_<runtime>``) on the validation split; on unlabelled
+    images (``images=``) how often int8's class agrees with fp32's (for SSD: how many of fp32's
+    confident detections int8 finds), on the first ``calibration_images`` of them."""
+    from src.export.detection_checks import detection_agreement, detection_map
     from src.export.images import limited
 
     if images.labelled is None:
         calibration = limited(images.calibration(), cfg.calibration_images)
+        if kind == "detection":
+            return {"int8_vs_fp32": detection_agreement(task, fp32, int8, calibration)}
         return {"int8_vs_fp32": agreement(fp32, int8, calibration)}
 
-    def eager(batch: Tensor) -> Tensor:
+    def eager(batch: Tensor) -> Any:
         with torch.no_grad():
             return task.net(batch)
 
-    ignore = getattr(task, "ignore_index", 255)
     predictors = (("eager", eager), (f"fp32_{runtime}", fp32), (f"int8_{runtime}", int8))
+    if kind == "detection":
+        return {name: detection_map(task, run, images.labelled()) for name, run in predictors}
+    ignore = getattr(task, "ignore_index", 255)
     return {name: task_metric(kind, run, images.labelled(), ignore) for name, run in predictors}
 
 
@@ -506,9 +522,7 @@ def quantized(
     from src.export.onnx import run_session, session
     from src.export.quantize import CALIBRATION_BATCH, CalibrationFeeds, quantize_int8
 
-    if spec.output_names != ["logits"]:
-        raise UsageError("quantize=int8 measures classification and segmentation networks only")
-    kind = "segmentation" if first_output_is_map(spec) else "classification"
+    kind = task_kind(spec)
     int8_path = onnx_path.with_suffix(".int8.onnx")
     feeds = CalibrationFeeds(images.calibration(), spec.input_names[0], cfg.calibration_images)
     progress.begin(
@@ -520,7 +534,9 @@ def quantized(
     progress.end("quantize: wrote %s", int8_path)
     int8_runner = session(int8_path)
 
-    def onnx_predict(which: Any) -> Callable[[Tensor], Tensor]:
+    def onnx_predict(which: Any) -> Callable[[Tensor], Any]:
+        if kind == "detection":
+            return lambda batch: tuple(run_session(which, spec.input_names, (batch,)))
         return lambda batch: run_session(which, spec.input_names, (batch,))[0]
 
     fp32, int8 = onnx_predict(runner), onnx_predict(int8_runner)
@@ -541,10 +557,15 @@ def quantized(
     }
 
 
-def first_output_is_map(spec: Any) -> bool:
-    """Whether the network's output is a per-pixel map (segmentation)."""
+def task_kind(spec: Any) -> str:
+    """What int8 is measured by: ``"detection"`` (SSD's locations and logits: mAP),
+    ``"segmentation"`` (logits per pixel: mIoU) or ``"classification"`` (top-1)."""
+    if spec.output_names == ["locations", "scores"]:
+        return "detection"
+    if spec.output_names != ["logits"]:
+        raise UsageError("quantize=int8 measures classification, segmentation and SSD networks")
     with torch.no_grad():
-        return spec.module(*spec.inputs).dim() == 4
+        return "segmentation" if spec.module(*spec.inputs).dim() == 4 else "classification"
 
 
 def record_of_run(cfg: DictConfig) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import lightning as L
 import torch
 from PIL import Image
 from torch import Tensor
+from torch.utils.data import DataLoader
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
@@ -172,6 +173,21 @@ def folder_images(datamodule: L.LightningDataModule, folder: str | Path) -> Expo
     )
 
 
+def training_images(datamodule: L.LightningDataModule) -> Iterator[Tensor]:
+    """Every image of the training split, in batches, shuffled as its loader shuffles. A training
+    loader drops its last partial batch: one over a split smaller than a batch would give none."""
+    loader = datamodule.train_dataloader()
+    if isinstance(loader, DataLoader) and loader.drop_last:
+        loader = DataLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            shuffle=True,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+        )
+    return (images_of(batch) for batch in loader)
+
+
 def dataset_images(datamodule: L.LightningDataModule) -> ExportImages:
     """The data config's splits (after ``setup("fit")``), read :data:`BATCH` images at a time."""
     # the loaders read the datamodule's batch_size when they are built, as Lightning's batch-size
@@ -184,7 +200,7 @@ def dataset_images(datamodule: L.LightningDataModule) -> ExportImages:
         source="dataset",
         description=f"{len(check)} images of the validation split",
         check=check,
-        calibration=lambda: (images_of(batch) for batch in datamodule.train_dataloader()),
+        calibration=lambda: training_images(datamodule),
         calibration_source="images of the training split",
         labelled=lambda: val,
     )

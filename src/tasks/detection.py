@@ -154,7 +154,9 @@ class DetectionTask(FusedOptimizerClipping, L.LightningModule):
         )
         return loss, locations, logits
 
-    def _detect(self, locations: Tensor, logits: Tensor, targets: list[dict]) -> tuple[list, list]:
+    def detections(
+        self, locations: Tensor, logits: Tensor, targets: list[dict]
+    ) -> tuple[list, list]:
         """Detections and ground truth of the batch in pixels, as the metrics take them."""
         detections = postprocess(
             locations.detach(),
@@ -186,11 +188,11 @@ class DetectionTask(FusedOptimizerClipping, L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, list[dict]], batch_idx: int) -> None:
         _, locations, logits = self._loss(batch, "val")
-        self.val_map.update(*self._detect(locations, logits, batch[1]))
+        self.val_map.update(*self.detections(locations, logits, batch[1]))
 
     def test_step(self, batch: tuple[Tensor, list[dict]], batch_idx: int) -> None:
         _, locations, logits = self._loss(batch, "test")
-        preds, truths = self._detect(locations, logits, batch[1])
+        preds, truths = self.detections(locations, logits, batch[1])
         self.test_map.update(preds, truths)
         self.test_coco.update(
             preds, [{k: t[k] for k in ("boxes", "labels", "iscrowd")} for t in truths]

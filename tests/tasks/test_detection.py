@@ -242,7 +242,7 @@ def test_perfect_detections_score_one() -> None:
 def test_metrics_see_pixel_boxes() -> None:
     task = DetectionTask(oracle(), SGD)
     images, targets = next(iter(loader(2)))
-    preds, truths = task._detect(*task(images), targets)
+    preds, truths = task.detections(*task(images), targets)
     # normalised x by the width 100, y by the height 200
     assert truths[0]["boxes"][0].tolist() == [0.0, 0.0, 25.0, 50.0]
     assert truths[0]["iscrowd"].tolist() == [0, 0, 1]
