@@ -3,7 +3,10 @@
 DiCENet and ESPNetv2 (s = 1.0) and torchvision's ShuffleNetV2 x1.0 and MobileNetV2 classify one
 224x224 image (variants: ``_plain`` without the rewrites of :mod:`src.export.rewrites`, as exported
 before them; ``dicenet_prelu_node`` also with ONNX's own ``PRelu`` node instead of the Max/Min
-form); the ESPNetv2 and DiCENet segmentation networks label one 512x256 (W x H) image. Each
+form); the ESPNetv2 and DiCENet segmentation networks label one 512x256 (W x H) image; SSD300
+with the DiCENet s = 1.0 and ESPNetv2 s = 2.0 backbones (VOC's 21 classes) gives its priors'
+offsets and logits for one 300x300 image (decoding and NMS are not timed: they are the caller's,
+as ``export.py`` exports SSD). Each
 network is exported the same way (``torch.onnx.export``, dynamo exporter, opset 18, static
 batch-1 shapes, eval mode, the rewrites of :mod:`src.export.rewrites` as ``export.py`` applies
 them) and run by onnxruntime on the CPU with ``--threads`` intra-op threads (``ORT_ENABLE_ALL``;
@@ -19,10 +22,10 @@ shared cores). Prints a table with the ratios the deployment targets name (DiCEN
 over ShuffleNetV2's, each int8 speed-up over its fp32), then one JSON object.
 
 With ``--executorch`` (the ``[executorch]`` extra) the networks are also lowered to XNNPACK
-ExecuTorch programs, fp32 and, for the classifiers, int8 (PT2E with the XNNPACK quantizer, as
-``export.py format=executorch`` does), and timed through the Python runtime in a round-robin of
-their own after the others (XNNPACK's thread pool stays busy after a call and slowed the next
-runner).
+ExecuTorch programs, fp32 and, for the classifiers and SSD, int8 (PT2E with the XNNPACK
+quantizer, as ``export.py format=executorch`` does), and timed through the Python runtime in a
+round-robin of their own after the others (XNNPACK's thread pool stays busy after a call and
+slowed the next runner).
 
     python benchmarks/deploy.py [--threads 2] [--repeats 21] [--out /tmp/deploy] [--executorch]
     python benchmarks/deploy.py --out /tmp/deploy --reuse   # measure the files written before
@@ -49,12 +52,14 @@ from src.export.rewrites import prelu_as_max, prelu_blocked
 from src.models.dicenet import DiCENet
 from src.models.espnetv2 import ESPNetv2
 from src.models.segmentation import dicenet_segmentation, espnetv2_segmentation
+from src.models.ssd import SSD
 from src.utils.complexity import measure
 from src.utils.extras import require
 
 BASELINE = "shufflenet_v2_x1_0"
 CLASSIFICATION = (1, 3, 224, 224)
 SEGMENTATION = (1, 3, 256, 512)  # 512x256 (W x H), the Cityscapes stage-1 size
+DETECTION = (1, 3, 300, 300)  # SSD300
 
 
 def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
@@ -71,6 +76,8 @@ def networks() -> list[tuple[str, nn.Module, tuple[int, ...]]]:
         ),
         ("dicenet_seg", dicenet_segmentation(scale=1.0, num_classes=20), SEGMENTATION),
         ("espnetv2_seg", espnetv2_segmentation(scale=1.0, num_classes=20), SEGMENTATION),
+        ("ssd_dicenet", SSD(21, backbone="dicenet", scale=1.0), DETECTION),
+        ("ssd_espnetv2", SSD(21, backbone="espnetv2", scale=2.0), DETECTION),
     ]
     return [(name, net.eval(), shape) for name, net, shape in nets]
 
@@ -205,13 +212,17 @@ def executorch_runs(
     from src.export.executorch import export_executorch, load_program
     from src.export.spec import ExportSpec
 
-    spec = ExportSpec("network", net, (x,), ["image"], ["logits"])
+    with torch.no_grad():
+        expected = net(x)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    names = ["locations", "scores"] if len(expected) == 2 else ["logits"]
+    spec = ExportSpec("network", net, (x,), ["image"], names)
     fp32 = stem.with_suffix(".pte")
     if not (reuse and fp32.is_file()):
         export_executorch(spec, fp32)
     runs["executorch_fp32"] = load_program(fp32)
-    with torch.no_grad():
-        error = (runs["executorch_fp32"]([x])[0] - net(x)).abs().max().item()
+    got = runs["executorch_fp32"]([x])
+    error = max((a - b).abs().max().item() for a, b in zip(got, expected))
     info = {"executorch_fp32_max_abs_error": error, "pte_mb": round(fp32.stat().st_size / 2**20, 2)}
     if int8:
         quantized = stem.with_suffix(".int8.pte")
@@ -277,7 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--executorch",
         action="store_true",
-        help="add ExecuTorch XNNPACK programs: fp32, int8 of the classifiers (minutes to lower)",
+        help="add ExecuTorch XNNPACK programs: fp32, int8 of the classifiers and SSD "
+        "(minutes to lower)",
     )
     args = parser.parse_args(argv)
     require("onnxruntime", "export", "benchmarks/deploy.py")
@@ -326,10 +338,9 @@ def main(argv: list[str] | None = None) -> dict:
             info[name]["fp32_profile"] = profile(fp32, feeds, args.threads)
             info[name]["int8_profile"] = profile(int8, feeds, args.threads)
         if args.executorch and not plain:  # the segmentation networks in fp32 only
+            int8_too = list(shape) != list(SEGMENTATION)
             info[name].update(
-                executorch_runs(
-                    net, x, folder / name, args.calibration, runs, reuse, int8=classifier
-                )
+                executorch_runs(net, x, folder / name, args.calibration, runs, reuse, int8_too)
             )
         runners[(name, "eager")] = lambda net=net, x=x: net(x)
         for runtime, sess in runs.items():
