@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
+from src.evaluation.coco_eval import coco_metric
 from src.evaluation.voc_eval import VOCMeanAP
 from src.models.ssd_boxes import postprocess
-from src.tasks.detection import coco_metric
 
 Predictor = Callable[[Tensor], tuple[Tensor, Tensor]]
 

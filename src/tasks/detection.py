@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from pycocotools.cocoeval import Params
 from torch import Tensor, nn
-from torchmetrics.detection import MeanAveragePrecision
 
+from src.evaluation.coco_eval import coco_metric
 from src.evaluation.voc_eval import VOCMeanAP
 from src.models.ssd_boxes import match_priors, multibox_loss, postprocess, to_pixels
 from src.optim.clipping import FusedOptimizerClipping
@@ -21,32 +20,15 @@ from src.tasks.finetune import freeze_batch_norm_parameters, load_network_weight
 from src.utils.memory_format import channels_last_images, channels_last_network
 
 
-def coco_metric() -> MeanAveragePrecision:
-    """COCO AP@[.5:.95], AP50 and AP75 (``map``, ``map_50``, ``map_75``) by pycocotools' COCOeval
-    on (x1, y1, x2, y2) pixel boxes, at most 100 detections per image and class as COCOeval keeps;
-    ``iscrowd`` ground truth is ignored the COCO way."""
-    # COCOeval's own recall thresholds (float64): torchmetrics' default float32 ones move a recall
-    # that lands exactly on a threshold (1 of 5 boxes found) to the next, up to 3e-3 AP apart
-    metric = MeanAveragePrecision(
-        box_format="xyxy",
-        iou_type="bbox",
-        backend="pycocotools",
-        rec_thresholds=Params(iouType="bbox").recThrs.tolist(),
-    )
-    # up to max_per_class detections per class are expected: no warning past 100 per image
-    metric.warn_on_many_detections = False
-    return metric
-
-
 class DetectionTask(FusedOptimizerClipping, L.LightningModule):
     """Trains an SSD network with the multibox loss; evaluates VOC07 and COCO mean AP.
 
     The batch's ground truth is matched to ``net.priors`` in each step. Training logs
     ``train/loss`` and its parts ``train/loss_loc`` and ``train/loss_cls``; validation logs
     ``val/loss`` and ``val/map`` (VOC07 11-point AP at IoU 0.5, difficult boxes ignored); test
-    logs ``test/loss``, ``test/map`` and the COCO numbers of :func:`coco_metric`:
-    ``test/map_coco`` (AP@[.5:.95]), ``test/map50`` and ``test/map75``; difficult boxes are COCO
-    crowd regions there. Both metrics see boxes in the
+    logs ``test/loss``, ``test/map`` and the COCO numbers of
+    :func:`~src.evaluation.coco_eval.coco_metric`: ``test/map_coco`` (AP@[.5:.95]), ``test/map50``
+    and ``test/map75``; difficult boxes are COCO crowd regions there. Both metrics see boxes in the
     pixels of the original image (``orig_size``). The code chooses its checkpoint by the
     validation loss; ``val/map`` is logged for that choice too.
 

@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchmetrics.detection import MeanAveragePrecision
 
+from src.evaluation.coco_eval import coco_metric
 from src.models.ssd_boxes import match_priors
-from src.tasks.detection import DetectionTask, coco_metric
+from src.tasks.detection import DetectionTask
 
 SGD = functools.partial(torch.optim.SGD, lr=0.1)
 
