@@ -27,6 +27,7 @@ from src.commands.study.claims import Claim, ModelSpec, TuneStage, load_claim, l
 from src.commands.study.plan import plan
 from src.commands.study.record import keep, keep_all, restore
 from src.commands.study.report import (
+    Side,
     claim_section,
     collect,
     cost_line,
@@ -34,11 +35,13 @@ from src.commands.study.report import (
     loaded_line,
     mean_curve,
     recipe,
+    stopping_line,
 )
 from src.commands.study.runner import (
     RunKey,
     RunResult,
     Study,
+    Tuned,
     claim_runs,
     compute_minutes,
     due_runs,
@@ -872,3 +875,30 @@ def test_claims_side_by_side_share_the_slots_and_run_a_shared_run_once(tmp_path:
         assert {m: t.lr for m, t in decided[name].tuned.items()} == {
             m: t.lr for m, t in expected[name].tuned.items()
         }
+
+
+def test_the_report_says_which_runs_stopped_early_and_how_far_capped_ones_still_fell() -> None:
+    stopping = dataclasses.replace(
+        spec("A", length=1600), length_key="trainer.max_steps", early_stopping=True
+    )
+
+    def run(updates: int, values: list[float]) -> RunResult:
+        curve = {128 * (k + 1): v for k, v in enumerate(values)}
+        return RunResult({"test/score": 1.0}, 1000, 100.0, updates, curve)
+
+    runs = [
+        run(1600, [4.0, 3.6, 3.50, 3.45, 3.42, 3.40]),  # fell 0.10 over its last 3 validations
+        run(1600, [4.0, 3.6, 3.50, 3.49, 3.48, 3.47]),  # 0.03
+        run(896, [4.0, 3.5, 3.3, 3.31, 3.32, 3.33]),  # early stopping, 3 validations past its best
+    ]
+    sides = [
+        Side(stopping, Tuned(1e-3, (), ()), [], runs, [], [], [], None),
+        Side(spec("B"), Tuned(1e-3, (), ()), [], runs, [], [], [], None),
+    ]
+    line = stopping_line(sides)
+    assert line == (
+        "Early stopping: A: 1 of 3 runs stopped at a plateau, 2 at the cap of 1,600 updates "
+        "(validation loss still falling by 0.030–0.100 over their last 3 validations)."
+    )
+    # B trains for a fixed length: no line for it, none at all without a model that stops early
+    assert stopping_line(sides[1:]) is None

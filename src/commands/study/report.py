@@ -193,6 +193,40 @@ def loaded_line(sides: Sequence[Side]) -> str | None:
     )
 
 
+PLATEAU_VALIDATIONS = (
+    3  # the early stopping's patience (conf/callbacks/early_stopping/default.yaml)
+)
+
+
+def stopping_line(sides: Sequence[Side]) -> str | None:
+    """For models that train to a plateau: how many of the verdict's runs early stopping ended,
+    and for those the update cap ended instead, how much their validation loss still fell over
+    their last validations (what a higher cap could still give). None when no model stops early."""
+    parts = []
+    for side in sides:
+        if not side.model.early_stopping or not side.runs:
+            continue
+        capped = [r for r in side.runs if r.updates >= side.model.length]
+        text = (
+            f"{side.model.name}: {len(side.runs) - len(capped)} of {len(side.runs)} runs "
+            "stopped at a plateau"
+        )
+        falls = []
+        for run in capped:
+            values = [v for _, v in sorted(run.curve.items())]
+            if len(values) > PLATEAU_VALIDATIONS:
+                falls.append(values[-1 - PLATEAU_VALIDATIONS] - values[-1])
+        if capped:
+            text += f", {len(capped)} at the cap of {side.model.length:,} updates"
+            if falls:
+                text += (
+                    f" (validation loss still falling by {min(falls):.3f}–{max(falls):.3f} over "
+                    f"their last {PLATEAU_VALIDATIONS} validations)"
+                )
+        parts.append(text)
+    return "Early stopping: " + "; ".join(parts) + "." if parts else None
+
+
 def cost_line(runs: int, minutes: float, jobs: int) -> str:
     return (
         f"{runs} runs, {minutes:.0f} CPU-thread minutes: about {minutes / jobs:.0f} min "
@@ -294,9 +328,9 @@ def claim_section(
                 f"{side.lr:g}{edge} | {fmt(*test)} | {fmt(*val, 3)} | {updates:,.0f} | "
                 f"{fit:,.0f} s | {per:.0f} |"
             )
-    loaded = loaded_line(sides)
-    if loaded:
-        lines += ["", loaded]
+    for extra in (stopping_line(sides), loaded_line(sides)):
+        if extra:
+            lines += ["", extra]
     a, b = sides
     d = digits_for(statistics.mean(r.metrics[metric] for r in a.runs))
     main = main or outcome(claim, a, b)
