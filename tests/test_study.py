@@ -511,6 +511,40 @@ def test_a_model_that_stops_early_gets_the_updates_of_the_slower_ones_time(
     assert key.equal_time and "~callbacks.early_stopping" in key.command(toy, tmp_path)
 
 
+def test_a_run_of_one_epoch_gets_its_equal_time_in_updates(tmp_path: Path) -> None:
+    """One epoch a run: a time ratio of 1.3 is 1.3x the updates, not two epochs."""
+    a = dataclasses.replace(spec("A", length=1), equal_time_key="trainer.max_steps")
+    b = dataclasses.replace(spec("B"), length=2)
+    # A: 10 updates (one epoch) in 20 s; B: 20 updates in 20 s, plus 6 s that FakeRunner does
+    # not know of: the ratio is 26 / 20 = 1.3
+    runner = FakeRunner()
+    toy = claim(a=a, b=b)
+    study = Study(tmp_path, runner)
+    found = study.tune(toy)
+
+    class Slower(FakeRunner):
+        def __call__(self, claim, key, run_dir, extra=()):
+            super().__call__(claim, key, run_dir, extra)
+            if key.model.name == "B" and not extra:
+                summary = json.loads((run_dir / "metrics.json").read_text())
+                summary["fit_time_s"] += 6
+                (run_dir / "metrics.json").write_text(json.dumps(summary))
+
+    study = Study(tmp_path, Slower())
+    study.ensure(toy, study.seed_keys(b, found["B"], (2, 3, 4)))
+    study.ensure(toy, study.seed_keys(a, found["A"], (2, 3, 4)))
+    fast, length = study.equal_time_length(toy, found, (2, 3, 4))
+    assert fast.name == "A" and length == 13  # 10 updates x 1.3
+    command = found["A"].key(a, 2, length).command(toy, tmp_path)
+    assert "trainer.max_steps=13" in command
+    assert not any(c.startswith("trainer.max_epochs=") for c in command)
+    # a model's own runs keep their length in epochs
+    assert "trainer.max_epochs=1" in found["A"].key(a, 2).command(toy, tmp_path)
+    # without equal_time_key, the same ratio rounds up to a whole second epoch (2x the time)
+    epochs = spec("A", length=1)
+    assert study.equal_time_length(claim(a=epochs, b=b), found, (2, 3, 4)) == (epochs, 2)
+
+
 def test_the_plan_counts_runs_and_hours_before_anything_runs(tmp_path: Path) -> None:
     a = dataclasses.replace(tuned_spec("A"), estimate_minutes=3.0)
     b = dataclasses.replace(spec("B"), estimate_minutes=1.5)
@@ -577,6 +611,11 @@ def test_a_bad_claim_is_named(tmp_path: Path) -> None:
         load_claim(path)
     path.write_text(good + "kind: better\n")
     assert load_claim(path).seeds == (2, 3, 4)
+    path.write_text(
+        good.replace("length: 3}", "length: 3, equal_time_key: seed}") + "kind: better\n"
+    )
+    with pytest.raises(ValueError, match="equal_time_key must be trainer.max_steps"):
+        load_claim(path)
 
 
 def test_a_real_run_through_the_study_command_line(tmp_path: Path) -> None:

@@ -47,7 +47,22 @@ class ModelSpec:
     # off) added, rather than a multiple of ``length``
     early_stopping: bool = False
     equal_time_overrides: tuple[str, ...] = ()
+    # the key the equal-time run's length is given in (default: ``length_key``): a number of
+    # updates (trainer.max_steps) where one unit of ``length_key`` is too coarse, e.g. runs of
+    # one epoch, where a time ratio of 1.14 would round to two epochs
+    equal_time_key: str = ""
     estimate_minutes: float = 0.0  # a run's wall minutes measured once, for --plan
+
+    @property
+    def equal_key(self) -> str:
+        """The key of the equal-time run's length."""
+        return self.equal_time_key or self.length_key
+
+    @property
+    def equal_in_updates(self) -> bool:
+        """Whether the equal-time run is given a number of updates rather than a multiple of
+        ``length``: the models that stop early, and those whose ``equal_time_key`` says so."""
+        return self.early_stopping or self.equal_key != self.length_key
 
     def folder(self, out: Path) -> Path:
         """Where its runs live: named by its overrides, so claims that share a model share its
@@ -129,6 +144,7 @@ def load_claim(path: Path) -> Claim:
                 tune=stages,
                 early_stopping=bool(spec.get("early_stopping", False)),
                 equal_time_overrides=tuple(spec.get("equal_time_overrides", ())),
+                equal_time_key=str(spec.get("equal_time_key", "")),
                 estimate_minutes=float(spec.get("estimate_minutes", 0.0)),
             )
         )
@@ -136,6 +152,11 @@ def load_claim(path: Path) -> Claim:
             raise ValueError(
                 f"{path}: model {spec['name']} stops early: its length_key must be "
                 "trainer.max_steps (the equal-time run is given a number of updates)"
+            )
+        if models[-1].equal_key not in (models[-1].length_key, "trainer.max_steps"):
+            raise ValueError(
+                f"{path}: model {spec['name']}: equal_time_key must be trainer.max_steps (a "
+                f"number of updates) or its length_key, got {models[-1].equal_key}"
             )
     if len(models) != 2:
         raise ValueError(f"{path}: a claim compares two models, got {len(models)}")

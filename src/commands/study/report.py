@@ -308,7 +308,7 @@ def claim_section(
         edge = " (grid edge)" if tried and side.lr in (min(tried), max(tried)) else ""
         rows = [(side.model.name, side.runs, side.run_dirs)]
         if side.equal_time:
-            unit = side.model.length_key.split(".")[-1]
+            unit = side.model.equal_key.split(".")[-1]
             rows.append(
                 (
                     f"{side.model.name}, equal time ({unit} {side.equal_length})",

@@ -60,6 +60,11 @@ class RunKey:
     def equal_time(self) -> bool:
         return self.length != self.model.length
 
+    @property
+    def length_key(self) -> str:
+        """The key its length is given in: an equal-time run's may be a number of updates."""
+        return self.model.equal_key if self.equal_time else self.model.length_key
+
     def overrides(self) -> list[str]:
         """What the run adds to the model's overrides: its options, and for an equal-time run of
         a model that stops early, early stopping off."""
@@ -80,7 +85,7 @@ class RunKey:
             *self.overrides(),
             f"{claim.lr_key}={self.lr:g}",
             f"seed={self.seed}",
-            f"{self.model.length_key}={self.length}",
+            f"{self.length_key}={self.length}",
             f"task_name=study_{self.model.folder(Path()).name}",
             f"hydra.run.dir={run_dir}",
         ]
@@ -367,7 +372,7 @@ class Study:
         ratio = times[slow.name] / times[fast.name]
         if ratio < 1.05:
             return None
-        if fast.early_stopping:
+        if fast.equal_in_updates:
             return fast, round(updates[fast.name] * ratio)
         return fast, max(fast.length + 1, round(fast.length * ratio))
 
@@ -526,7 +531,7 @@ def multirun_commands(out: Path, claim: Claim, keys: Sequence[RunKey]) -> list[s
             )
             args = [
                 "python", "train.py", "-m", *model.overrides, *group[0].overrides(),
-                f"{claim.lr_key}={lrs}", f"seed={seeds}", f"{model.length_key}={length}",
+                f"{claim.lr_key}={lrs}", f"seed={seeds}", f"{group[0].length_key}={length}",
                 f"task_name=study_{model.folder(Path()).name}",
                 f"hydra.sweep.dir={shown(model.folder(out))}", f"hydra.sweep.subdir={subdir}",
             ]  # fmt: skip
