@@ -36,6 +36,7 @@ from src.commands.study.report import (
     mean_curve,
     recipe,
     stopping_line,
+    write_report,
 )
 from src.commands.study.runner import (
     RunKey,
@@ -941,3 +942,22 @@ def test_the_report_says_which_runs_stopped_early_and_how_far_capped_ones_still_
     )
     # B trains for a fixed length: no line for it, none at all without a model that stops early
     assert stopping_line(sides[1:]) is None
+
+
+@pytest.mark.parametrize("extra_seeds", [True, False])
+def test_the_report_page_says_which_seeds_the_verdicts_use(
+    tmp_path: Path, extra_seeds: bool
+) -> None:
+    toy = claim()
+    study = Study(tmp_path / "runs", FakeRunner(), extra_seeds=extra_seeds)
+    study.run_claim(toy)
+    page = write_report(study, [toy], tmp_path / "docs" / "claims.md", "python study.py")
+    assert (tmp_path / "docs" / "claims.md").read_text() == page
+    assert (tmp_path / "docs" / "claims_toy.png").is_file()
+    # the summary row: A 12.40 vs B 10.40, Welch's interval +2.00 [+1.77, +2.23], holds
+    assert "| A vs B | A beats B | A 12.40 ± 0.10 vs B 10.40 ± 0.10 test/score (3 seeds) |" in page
+    assert "| +2.00 [+1.77, +2.23] | — | holds | holds |" in page
+    if extra_seeds:
+        assert "2, 3, 4, and 5 and 6 as well where three leave it undecided." in page
+    else:
+        assert "2, 3 and 4 (run with `--no-extra-seeds`" in page

@@ -485,8 +485,15 @@ def write_report(study: Study, claims: Sequence[Claim], path: Path, command: str
         + ". Each model runs its own recipe at equal parameters (within 1%). Its "
         f"settings are tuned at seed 1 on {SELECT_KEY}: the learning rate on a grid of factors of "
         "two (grown while the best is at an edge), crossed with a claim's first tuned setting, "
-        "then any further setting at the best so far. The verdict uses fresh seeds (2, 3, 4; 5 "
-        "and 6 as well where three leave it undecided), never the tuning seed. The faster model "
+        "then any further setting at the best so far. The verdict uses fresh seeds, never the "
+        "tuning seed: "
+        + (
+            "2, 3, 4, and 5 and 6 as well where three leave it undecided. "
+            if study.extra_seeds
+            else "2, 3 and 4 (run with `--no-extra-seeds`: seeds 5 and 6, which the study adds "
+            "where three leave a verdict undecided, would exceed its budget). "
+        )
+        + "The faster model "
         "runs again at equal training time (judged on the runs' CPU seconds where they are on "
         "record: other work on the machine inflates wall times, hardly a lone thread's CPU "
         "time).",
