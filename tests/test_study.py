@@ -236,8 +236,10 @@ def test_equal_time_is_judged_on_cpu_seconds_when_other_work_slowed_the_runs(
         # B's three seeds and its three equal-time runs had a third of the CPU; none of A's
         assert line is not None and line.startswith("6 of the claim's 17 runs")
         assert "CPU share 0.33–0.33" in line
-        section, _ = claim_section(claim(), sides, None)
+        section, row = claim_section(claim(), sides, None)
         assert line in section
+        # times and ms / update from CPU seconds: B's 1 s an update, not its slowed 3 wall s
+        assert row.endswith("| 2000 vs 1000 |") and "| 3000 |" not in section
     else:
         assert line is None
 
