@@ -202,9 +202,8 @@ def loaded_line(sides: Sequence[Side]) -> str | None:
     )
 
 
-PLATEAU_VALIDATIONS = (
-    3  # the early stopping's patience (conf/callbacks/early_stopping/default.yaml)
-)
+# the early stopping's patience (conf/callbacks/early_stopping/default.yaml)
+PLATEAU_VALIDATIONS = 3
 
 
 def stopping_line(sides: Sequence[Side]) -> str | None:
