@@ -145,17 +145,9 @@ def interval_text(difference: float, low: float, high: float, digits: int) -> st
     return f"{difference:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
-def training_seconds(run: RunResult) -> float:
-    """The run's training time: its CPU seconds per thread where on record (other work on the
-    machine inflates wall seconds, hardly a lone thread's CPU time), else its wall seconds."""
-    if run.fit_cpu_s is not None and run.threads:
-        return run.fit_cpu_s / run.threads
-    return run.fit_time_s
-
-
 def ms_per_update(side: Side) -> float:
     """Training milliseconds per update of the seeds at the chosen settings (mean over them)."""
-    fit = statistics.mean(training_seconds(r) for r in side.runs)
+    fit = statistics.mean(r.training_s for r in side.runs)
     return 1e3 * fit / max(1, statistics.mean(r.updates for r in side.runs))
 
 
@@ -328,7 +320,7 @@ def claim_section(
             test = mean_std([r.metrics[metric] for r in runs])
             val = mean_std([r.val_loss for r in runs])
             updates = statistics.mean(r.updates for r in runs)
-            fit = statistics.mean(training_seconds(r) for r in runs)
+            fit = statistics.mean(r.training_s for r in runs)
             per = 1e3 * fit / updates if updates else float("nan")
             grid = grid_text(side) if runs is side.runs else "(same settings)"
             lines.append(

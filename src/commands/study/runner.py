@@ -129,6 +129,14 @@ class RunResult:
         return self.fit_cpu_s / (self.fit_time_s * self.threads)
 
     @property
+    def training_s(self) -> float:
+        """The training time: CPU seconds per thread where on record (other work on the machine
+        inflates wall seconds, hardly a lone thread's CPU time), else wall seconds."""
+        if self.fit_cpu_s is not None and self.threads:
+            return self.fit_cpu_s / self.threads
+        return self.fit_time_s
+
+    @property
     def val_loss(self) -> float:
         """The best validation loss of the run (the lr criterion)."""
         values = list(self.curve.values())
