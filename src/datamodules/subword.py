@@ -16,6 +16,8 @@ Two codecs with one interface (``encode(text) -> ids``, ``decode(ids) -> text``,
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -111,30 +113,38 @@ def train_sentencepiece(
     Writes ``<model_prefix>.model`` and ``.vocab``. Every character of the text is covered
     (``character_coverage=1.0``: names in many scripts must not become ``<unk>``). One thread, so
     the same text gives the same model.
+
+    The files are written under a temporary name and moved into place (``.vocab`` first): the
+    ``.model`` that callers test for as the cache appears whole or not at all. Under DDP every
+    process trains the same model into the same cache, and a process that found the file while
+    another was still writing it would load a truncated model.
     """
     model_prefix = Path(model_prefix)
     model_prefix.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts),
-            model_prefix=str(model_prefix),
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=1.0,
-            bos_id=BOS_ID,
-            pad_id=PAD_ID,
-            eos_id=EOS_ID,
-            unk_id=UNK_ID,
-            num_threads=1,
-            minloglevel=2,
-        )
-    except (
-        RuntimeError
-    ) as error:  # e.g. "Vocabulary size is too high (2000). Please set it to a value <= 1500."
-        raise ValueError(
-            f"cannot train a SentencePiece model of {vocab_size} pieces on {len(texts)} sentences: "
-            f"{error}. Choose a smaller vocabulary size."
-        ) from error
+    with tempfile.TemporaryDirectory(dir=model_prefix.parent, prefix=".spm-") as scratch:
+        scratch_prefix = Path(scratch) / model_prefix.name
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_prefix=str(scratch_prefix),
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=1.0,
+                bos_id=BOS_ID,
+                pad_id=PAD_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                num_threads=1,
+                minloglevel=2,
+            )
+        except RuntimeError as error:
+            # e.g. "Vocabulary size is too high (2000). Please set it to a value <= 1500."
+            raise ValueError(
+                f"cannot train a SentencePiece model of {vocab_size} pieces on {len(texts)} "
+                f"sentences: {error}. Choose a smaller vocabulary size."
+            ) from error
+        for suffix in (".vocab", ".model"):
+            os.replace(f"{scratch_prefix}{suffix}", f"{model_prefix}{suffix}")
     log.info(
         "trained a %s SentencePiece model of %d pieces: %s.model",
         model_type,
