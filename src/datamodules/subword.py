@@ -114,7 +114,8 @@ def train_sentencepiece(
     (``character_coverage=1.0``: names in many scripts must not become ``<unk>``). One thread, so
     the same text gives the same model.
 
-    The files are written under a temporary name and moved into place (``.vocab`` first): the
+    The trainer writes both files into a scratch folder beside the cache, and they are moved into
+    place (``.vocab`` first; :mod:`src.utils.files` does the same for single files): the
     ``.model`` that callers test for as the cache appears whole or not at all. Under DDP every
     process trains the same model into the same cache, and a process that found the file while
     another was still writing it would load a truncated model.
