@@ -939,11 +939,47 @@ def test_the_report_says_which_runs_stopped_early_and_how_far_capped_ones_still_
     ]
     line = stopping_line(sides)
     assert line == (
-        "Early stopping: A: 1 of 3 runs stopped at a plateau, 2 at the cap of 1,600 updates "
+        "Early stopping: A: 1 of 3 runs stopped early (3 validations without a new best), 2 at "
+        "the cap of 1,600 updates "
         "(validation loss still falling by 0.030–0.100 over their last 3 validations)."
     )
     # B trains for a fixed length: no line for it, none at all without a model that stops early
     assert stopping_line(sides[1:]) is None
+
+
+def test_early_stops_that_the_longer_runs_of_the_same_seed_pass_are_called_pauses() -> None:
+    from src.commands.study.report import pause_note
+
+    stopping = dataclasses.replace(
+        spec("A", length=1600), length_key="trainer.max_steps", early_stopping=True
+    )
+
+    def run(values: list[float]) -> RunResult:
+        curve = {128 * (k + 1): v for k, v in enumerate(values)}
+        return RunResult({"test/score": 1.0}, 1000, 100.0, max(curve), curve)
+
+    stopped = [run([4.0, 3.26, 3.30, 3.28, 3.27]), run([4.0, 3.30, 3.31, 3.32, 3.33])]
+    # the equal-time runs of the same seeds retrace them (to within another CPU's rounding),
+    # then the first passes its stop's best (3.26) at update 896; the second never does
+    longer = [
+        run([4.0, 3.2601, 3.30, 3.28, 3.27, 3.27, 3.25, 3.22]),
+        run([4.0, 3.30, 3.31, 3.32, 3.33, 3.31, 3.30]),
+    ]
+
+    def side(model, runs, equal):
+        return Side(model, Tuned(1e-3, (), ()), [], runs, [], equal, [], 2950)
+
+    note = pause_note(side(stopping, stopped, longer))
+    assert note == (
+        " Early stopping ended 2 of A's runs before the cap; the equal-time runs retrace them and "
+        "pass their best validation loss in 1 (first at update 896; best 3.260 → 3.220): those "
+        "stops were pauses of more than 3 validations, not plateaus."
+    )
+    # none passed, a longer run on another path, or a model that trains for a fixed length
+    assert pause_note(side(stopping, stopped, [longer[1], longer[1]])) == ""
+    off_path = [run([4.0, 3.1, 3.0, 2.9, 2.8, 2.7]), longer[1]]
+    assert pause_note(side(stopping, stopped, off_path)) == ""
+    assert pause_note(side(spec("A", length=1600), stopped, longer)) == ""
 
 
 @pytest.mark.parametrize("extra_seeds", [True, False])

@@ -4,6 +4,7 @@ finished runs."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -209,7 +210,7 @@ def stopping_line(sides: Sequence[Side]) -> str | None:
         capped = [r for r in side.runs if r.updates >= side.model.length]
         text = (
             f"{side.model.name}: {len(side.runs) - len(capped)} of {len(side.runs)} runs "
-            "stopped at a plateau"
+            f"stopped early ({PLATEAU_VALIDATIONS} validations without a new best)"
         )
         falls = []
         for run in capped:
@@ -225,6 +226,45 @@ def stopping_line(sides: Sequence[Side]) -> str | None:
                 )
         parts.append(text)
     return "Early stopping: " + "; ".join(parts) + "." if parts else None
+
+
+# curves of one seed on two machines (or builds) agree to about this relative tolerance
+RETRACE_TOLERANCE = 1e-3
+
+
+def pause_note(side: Side) -> str:
+    """A sentence for a model that stops early when its equal-time runs (same seeds, no early
+    stopping, a schedule that does not depend on the length) retrace the early-stopped runs and
+    then pass their best validation loss: those stops ended the runs at a pause, not a plateau.
+    Empty otherwise."""
+    if not side.model.early_stopping:
+        return ""
+    stopped = [
+        (short, long)
+        for short, long in zip(side.runs, side.equal_time)
+        if short.curve
+        and short.updates < side.model.length
+        and all(
+            step in long.curve and math.isclose(long.curve[step], v, rel_tol=RETRACE_TOLERANCE)
+            for step, v in short.curve.items()
+        )
+    ]
+    passed = []
+    for short, long in stopped:
+        best, stop = min(short.curve.values()), max(short.curve)
+        later = [step for step, v in sorted(long.curve.items()) if step > stop and v < best]
+        if later:
+            passed.append((later[0], best, min(long.curve.values())))
+    if not passed:
+        return ""
+    firsts = ", ".join(f"{step:,}" for step, _, _ in passed)
+    falls = ", ".join(f"{best:.3f} → {low:.3f}" for _, best, low in passed)
+    return (
+        f" Early stopping ended {len(stopped)} of {side.model.name}'s runs before the cap; the "
+        f"equal-time runs retrace them and pass their best validation loss in {len(passed)} "
+        f"(first at update {firsts}; best {falls}): those stops were pauses of more than "
+        f"{PLATEAU_VALIDATIONS} validations, not plateaus."
+    )
 
 
 def cost_line(runs: int, minutes: float, jobs: int) -> str:
@@ -361,7 +401,7 @@ def claim_section(
         lines.append(
             f"At equal training time ({faster.model.name} given {other.model.name}'s): "
             f"{interval_text(eq.welch.difference, eq.welch.low, eq.welch.high, d)}: "
-            f"{eq.verdict.word}." + same_best_note(faster, metric)
+            f"{eq.verdict.word}." + same_best_note(faster, metric) + pause_note(faster)
         )
     if claim.would_change:
         lines += ["", f"**What would change this verdict.** {claim.would_change}"]
