@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from src.commands.study.claims import SELECT_KEY, Claim, ModelSpec
+from src.commands.study.claims import SELECT_KEY, STUDY_CONF, Claim, ModelSpec
 from src.commands.study.runner import (
     RunKey,
     RunResult,
@@ -195,8 +195,10 @@ def loaded_line(sides: Sequence[Side]) -> str | None:
     )
 
 
-# the early stopping's patience (conf/callbacks/early_stopping/default.yaml)
-PLATEAU_VALIDATIONS = 3
+# the early stopping's patience, as the claims add it (+callbacks/early_stopping=default)
+PLATEAU_VALIDATIONS: int = OmegaConf.load(
+    STUDY_CONF.parent / "callbacks" / "early_stopping" / "default.yaml"
+).patience
 
 
 def stopping_line(sides: Sequence[Side]) -> str | None:
@@ -252,9 +254,9 @@ def pause_note(side: Side) -> str:
     passed = []
     for short, long in stopped:
         best, stop = min(short.curve.values()), max(short.curve)
-        later = [step for step, v in sorted(long.curve.items()) if step > stop and v < best]
-        if later:
-            passed.append((later[0], best, min(long.curve.values())))
+        first = next((n for n, v in sorted(long.curve.items()) if n > stop and v < best), None)
+        if first is not None:
+            passed.append((first, best, min(long.curve.values())))
     if not passed:
         return ""
     firsts = ", ".join(f"{step:,}" for step, _, _ in passed)
